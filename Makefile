@@ -1,0 +1,181 @@
+# kvstash: one plain GNU Makefile.
+#
+#   make            build the release variant (build/release/)
+#   make run        deps + build + kvstashd in the foreground with conf/kvstashd.conf
+#   make test       deps + build + the whole test suite
+#   make help       every target
+#
+# Variants never mix: VARIANT=release|debug|asan picks build/<variant>/.
+
+VARIANT ?= release
+V ?= 0
+RDMA ?= 1
+PREFIX ?= /usr/local
+BUILD := build/$(VARIANT)
+
+CC ?= cc
+PKGS := libevent_core libevent_pthreads msgpack lmdb
+WARN := -std=c11 -Wall -Wextra -pedantic -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
+        -Wformat=2 -Wpointer-arith -Wno-format-nonliteral -Werror
+CPPFLAGS_BASE := -D_GNU_SOURCE -Isrc -Iprotocol -Istorage -Irdma -MMD -MP
+
+ifeq ($(VARIANT),release)
+  OPT := -O2 -g
+else ifeq ($(VARIANT),debug)
+  OPT := -O0 -g3
+else ifeq ($(VARIANT),asan)
+  OPT := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
+  SANLDFLAGS := -fsanitize=address,undefined
+else
+  $(error VARIANT must be release, debug or asan)
+endif
+
+PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS = $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+
+CFLAGS_ALL = $(WARN) $(OPT) $(CPPFLAGS_BASE) $(PKG_CFLAGS) -fPIC $(CFLAGS)
+LDFLAGS_ALL = $(SANLDFLAGS) $(LDFLAGS)
+LIBS_ALL = $(PKG_LIBS) -lpthread $(LIBS)
+
+ifeq ($(V),0)
+  Q := @
+  say = @printf '  %-6s %s\n' $(1) $(2);
+else
+  Q :=
+  say =
+endif
+
+# ---- sources ----
+CORE_SRC := src/kverr.c src/config.c src/log.c \
+            storage/alloc.c storage/store.c \
+            protocol/frame.c protocol/mp.c protocol/outq.c protocol/rpc.c
+ifeq ($(RDMA),1)
+  CORE_SRC += rdma/rdma_stub.c
+else
+  CORE_SRC += rdma/rdma_stub.c
+endif
+DAEMON_SRC := src/main.c src/server.c src/conn.c src/stats.c
+CLIENT_SRC := protocol/kvstash.c protocol/mp.c protocol/frame.c src/kverr.c
+CLI_SRC := protocol/kvstash_cli.c
+BENCH_SRC := tests/bench/kvstash_bench.c
+UNIT_SRC := $(wildcard tests/unit/test_*.c)
+INTEG_SRC := $(wildcard tests/integration/test_*.c) $(wildcard tests/lib/*.c)
+
+obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
+CORE_OBJ := $(call obj,$(CORE_SRC))
+DAEMON_OBJ := $(call obj,$(DAEMON_SRC))
+CLIENT_OBJ := $(call obj,$(CLIENT_SRC))
+
+KVSTASHD := $(BUILD)/kvstashd
+KVSTASH := $(BUILD)/kvstash
+BENCH := $(BUILD)/kvstash-bench
+LIBCORE := $(BUILD)/libkvcore.a
+LIBCLIENT_A := $(BUILD)/libkvstash.a
+LIBCLIENT_SO := $(BUILD)/libkvstash.so
+UNIT := $(BUILD)/unit-tests
+INTEG := $(BUILD)/integration-tests
+
+.PHONY: all run test deps asan fuzz bench install uninstall format clean help \
+        test-unit test-integration test-python check-deps
+
+all: $(KVSTASHD) $(KVSTASH) $(BENCH) $(LIBCLIENT_A) $(LIBCLIENT_SO)
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(call say,CC,$<)$(CC) $(CFLAGS_ALL) -c $< -o $@
+
+$(LIBCORE): $(CORE_OBJ)
+	$(call say,AR,$@)rm -f $@ && ar rcs $@ $^
+
+$(LIBCLIENT_A): $(CLIENT_OBJ)
+	$(call say,AR,$@)rm -f $@ && ar rcs $@ $^
+
+$(LIBCLIENT_SO): $(CLIENT_OBJ)
+	$(call say,LD,$@)$(CC) -shared $(LDFLAGS_ALL) -o $@ $^ -lmsgpackc
+
+$(KVSTASHD): $(DAEMON_OBJ) $(LIBCORE)
+	$(call say,LD,$@)$(CC) $(LDFLAGS_ALL) -o $@ $(DAEMON_OBJ) $(LIBCORE) $(LIBS_ALL)
+
+$(KVSTASH): $(call obj,$(CLI_SRC)) $(LIBCLIENT_A)
+	$(call say,LD,$@)$(CC) $(LDFLAGS_ALL) -o $@ $^ -lmsgpackc
+
+$(BENCH): $(call obj,$(BENCH_SRC)) $(LIBCLIENT_A)
+	$(call say,LD,$@)$(CC) $(LDFLAGS_ALL) -o $@ $^ -lmsgpackc -lpthread
+
+$(UNIT): $(call obj,$(UNIT_SRC)) $(LIBCORE)
+	$(call say,LD,$@)$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIBS_ALL) -lcriterion
+
+$(INTEG): $(call obj,$(INTEG_SRC)) $(LIBCLIENT_A) $(LIBCORE)
+	$(call say,LD,$@)$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIBS_ALL) -lcriterion
+
+# ---- dependencies (Debian 12 packages) ----
+DEB_PKGS := build-essential pkg-config libevent-dev libmsgpack-dev libssl-dev liblmdb-dev \
+            libibverbs-dev libcriterion-dev python3 python3-msgpack python3-pytest
+
+deps:
+	@missing=""; for p in $(DEB_PKGS); do \
+	    dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	    echo "make deps: installing$$missing"; \
+	    if [ "$$(id -u)" != 0 ]; then SUDO=sudo; else SUDO=; fi; \
+	    $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q $$missing; \
+	fi
+
+# ---- running ----
+run: deps
+	$(Q)$(MAKE) --no-print-directory all
+	mkdir -p var
+	exec $(KVSTASHD) --config conf/kvstashd.conf
+
+# ---- tests ----
+TEST_JOBS ?= 2
+
+test: deps
+	$(Q)$(MAKE) --no-print-directory all $(UNIT) $(INTEG)
+	$(Q)$(MAKE) --no-print-directory test-unit test-integration test-python
+
+test-unit: $(UNIT)
+	$(UNIT) --jobs $(TEST_JOBS)
+
+test-integration: $(INTEG) $(KVSTASHD) $(KVSTASH)
+	KVSTASHD=$(abspath $(KVSTASHD)) KVSTASH_CLI=$(abspath $(KVSTASH)) $(INTEG) --jobs 1
+
+test-python: $(KVSTASHD)
+	KVSTASHD=$(abspath $(KVSTASHD)) /usr/bin/python3 -m pytest -q tests/integration
+
+asan:
+	$(Q)$(MAKE) --no-print-directory VARIANT=asan test
+
+bench: deps
+	$(Q)$(MAKE) --no-print-directory all
+	KVSTASHD=$(abspath $(KVSTASHD)) BENCH=$(abspath $(BENCH)) tests/bench/run.sh
+
+fuzz:
+	@echo "fuzz: libFuzzer targets arrive with the fuzzing issue (tests/fuzz/)"; exit 1
+
+# ---- install ----
+install: all
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include
+	install -m 0755 $(KVSTASHD) $(KVSTASH) $(DESTDIR)$(PREFIX)/bin/
+	install -m 0644 $(LIBCLIENT_A) $(DESTDIR)$(PREFIX)/lib/
+	install -m 0755 $(LIBCLIENT_SO) $(DESTDIR)$(PREFIX)/lib/
+	install -m 0644 protocol/kvstash.h $(DESTDIR)$(PREFIX)/include/
+
+uninstall:
+	rm -f $(DESTDIR)$(PREFIX)/bin/kvstashd $(DESTDIR)$(PREFIX)/bin/kvstash \
+	      $(DESTDIR)$(PREFIX)/lib/libkvstash.a $(DESTDIR)$(PREFIX)/lib/libkvstash.so \
+	      $(DESTDIR)$(PREFIX)/include/kvstash.h
+
+format:
+	clang-format -i $(wildcard src/*.[ch] protocol/*.[ch] storage/*.[ch] rdma/*.[ch] \
+	    tests/*/*.[ch])
+
+clean:
+	rm -rf build
+
+help:
+	@echo "targets: all run test deps asan fuzz bench install uninstall format clean help"
+	@echo "vars:    VARIANT=release|debug|asan  V=1 (verbose)  PREFIX=$(PREFIX)"
+
+-include $(shell find build -name '*.d' 2>/dev/null)

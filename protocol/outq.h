@@ -1,0 +1,73 @@
+/*
+ * outq: a connection's queue of reply bytes waiting for the socket.
+ *
+ * Replies are a mix of small encoded headers and object values. Headers are
+ * copied into recycled fixed-size chunks; values are never copied: outq_obj
+ * queues the object's arena extents by reference and holds a store reference
+ * until the last byte of it has been written, so eviction and remove leave
+ * that memory alone meanwhile. The socket side takes iovecs with
+ * outq_peek and reports progress with outq_consume.
+ *
+ * Pure memory: no sockets, no locks. One outq belongs to one connection and
+ * is used by the thread that owns the connection.
+ */
+#ifndef OUTQ_H
+#define OUTQ_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+struct store;
+struct store_obj;
+struct outq_chunk;
+
+#define OUTQ_CHUNK_SIZE (16u * 1024u)
+
+struct outq {
+    struct store *store;        /* for store_obj_unref; borrowed */
+    struct iovec *iov;          /* queued segments, [head, tail) */
+    uintptr_t *own;             /* per segment: 0, a store_obj* to unref, or a chunk|1 */
+    size_t head, tail, cap;
+    struct outq_chunk *cur;     /* chunk being appended to (referenced by its iovs too) */
+    struct outq_chunk *spare;   /* one recycled chunk */
+    uint64_t pending;           /* unsent bytes */
+    int failed;                 /* an allocation failed: the connection must close */
+};
+
+/* outq_init: an empty queue; store is borrowed for the queue's life. */
+void outq_init(struct outq *q, struct store *store);
+
+/* outq_deinit: drop everything queued (unreferencing objects). Idempotent. */
+void outq_deinit(struct outq *q);
+
+/*
+ * outq_write: copy n bytes to the end of the queue. Returns 0, or -ENOMEM
+ * (q->failed is then set and the queue must be discarded).
+ */
+int outq_write(struct outq *q, const void *p, size_t n);
+
+/*
+ * outq_obj: queue the value of o by reference. Takes over the caller's
+ * reference (released when sent or dropped). Returns 0 or -ENOMEM (the
+ * reference is released and q->failed set).
+ */
+int outq_obj(struct outq *q, struct store_obj *o);
+
+/* outq_pack_write: msgpack_packer write callback; data is a struct outq *. */
+int outq_pack_write(void *data, const char *buf, size_t len);
+
+/* outq_peek: the first unsent segments (at most max of them); returns the count. */
+int outq_peek(const struct outq *q, struct iovec *iov, int max);
+
+/* outq_consume: n bytes from the front have been sent. */
+void outq_consume(struct outq *q, size_t n);
+
+/* outq_pending: unsent bytes. */
+static inline uint64_t
+outq_pending(const struct outq *q)
+{
+    return q->pending;
+}
+
+#endif

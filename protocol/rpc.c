@@ -1,0 +1,974 @@
+/*
+ * rpc: request decoding, method handlers and reply encoding.
+ *
+ * Each handler first checks the whole shape of its params (types, arity,
+ * batch size) without side effects, so a bad request is answered with one
+ * request-level error and changes nothing; then it acts key by key, putting
+ * per-key outcomes into the result. Replies are packed with msgpack-c into
+ * the connection's outq; values go out by reference (outq_obj), never copied.
+ *
+ * This module never touches sockets or the event loop, and reaches objects
+ * only through storage/store.h.
+ */
+#include "rpc.h"
+
+#include <errno.h>
+#include <msgpack.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <string.h>
+
+#include "kverr.h"
+#include "mp.h"
+#include "outq.h"
+#include "store.h"
+
+#define RPC_STATS_MAX 96
+
+static const char *const rpc_names[RPC_METHOD_COUNT] = {
+    [RPC_PING] = "ping",
+    [RPC_HELLO] = "hello",
+    [RPC_PUT] = "put",
+    [RPC_BATCH_PUT] = "batch_put",
+    [RPC_GET] = "get",
+    [RPC_BATCH_GET] = "batch_get",
+    [RPC_IS_EXIST] = "is_exist",
+    [RPC_BATCH_IS_EXIST] = "batch_is_exist",
+    [RPC_PREFIX_MATCH] = "prefix_match",
+    [RPC_GET_SIZE] = "get_size",
+    [RPC_BATCH_GET_SIZE] = "batch_get_size",
+    [RPC_REMOVE] = "remove",
+    [RPC_BATCH_REMOVE] = "batch_remove",
+    [RPC_REMOVE_ALL] = "remove_all",
+    [RPC_PIN] = "pin",
+    [RPC_UNPIN] = "unpin",
+    [RPC_STATS] = "stats",
+};
+
+/* One request being handled. */
+struct rpc_req {
+    struct rpc_ctx *ctx;
+    struct mp_reader rd;        /* positioned at the first param */
+    uint32_t nparams;
+    uint64_t msgid;
+    msgpack_packer pk;
+    struct outq *out;
+    const char *errmsg;         /* optional text for a request-level error */
+};
+
+typedef int rpc_handler_fn(struct rpc_req *rq);
+
+static inline void
+ctr_add(_Atomic uint64_t *c, uint64_t n)
+{
+    /* single writer: a plain load/store pair, no locked instruction */
+    atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + n,
+                          memory_order_relaxed);
+}
+
+const char *
+rpc_method_name(int method)
+{
+    if (method < 0 || method >= RPC_METHOD_COUNT) {
+        return "unknown";
+    }
+    return rpc_names[method];
+}
+
+static int
+rpc_method_lookup(const char *name, uint32_t len)
+{
+    for (int i = 0; i < RPC_METHOD_COUNT; i++) {
+        if (mp_str_eq(name, len, rpc_names[i])) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+/* ---- reply helpers ---- */
+
+static void
+rpc_reply_head(struct rpc_req *rq)
+{
+    msgpack_pack_array(&rq->pk, 4);
+    msgpack_pack_uint8(&rq->pk, 1);
+    msgpack_pack_uint64(&rq->pk, rq->msgid);
+    msgpack_pack_nil(&rq->pk);
+}
+
+static void
+rpc_reply_error(struct rpc_req *rq, int status, const char *msg)
+{
+    msgpack_pack_array(&rq->pk, 4);
+    msgpack_pack_uint8(&rq->pk, 1);
+    msgpack_pack_uint64(&rq->pk, rq->msgid);
+    mp_pack_error(&rq->pk, status, msg);
+    msgpack_pack_nil(&rq->pk);
+}
+
+static int
+rpc_invalid(struct rpc_req *rq, const char *why)
+{
+    rq->errmsg = why;
+    return KV_INVALID_ARGUMENT;
+}
+
+/* ---- param helpers ---- */
+
+static void
+rpc_key(struct rpc_req *rq, const uint8_t *p, uint32_t len, struct kv_key *k)
+{
+    k->tenant = rq->ctx->tenant;
+    k->ptr = p;
+    k->len = len;
+}
+
+/*
+ * Check that the next param is an array of keys within max_batch; leave the
+ * reader on the first key and return the count through *n. A key over
+ * max_key_size is not an error here: each method answers it per key.
+ */
+static int
+rpc_keys_check(struct rpc_req *rq, uint32_t *n)
+{
+    struct mp_reader probe;
+    const uint8_t *p;
+    uint32_t len;
+
+    if (mp_read_array(&rq->rd, n) != 0) {
+        return rpc_invalid(rq, "keys must be an array of bin or str");
+    }
+    if (*n > rq->ctx->lim->max_batch) {
+        rq->errmsg = "batch larger than max_batch";
+        return KV_TOO_LARGE;
+    }
+    probe = rq->rd;
+    for (uint32_t i = 0; i < *n; i++) {
+        if (mp_read_key(&probe, &p, &len) != 0) {
+            return rpc_invalid(rq, "keys must be an array of bin or str");
+        }
+    }
+    return 0;
+}
+
+/* Read an optional trailing opts map: force and group_size are the keys known now. */
+struct rpc_opts {
+    bool force;
+    uint64_t group_size;
+};
+
+static int
+rpc_opts_read(struct rpc_req *rq, uint32_t idx, struct rpc_opts *o)
+{
+    uint32_t n;
+
+    memset(o, 0, sizeof(*o));
+    if (rq->nparams <= idx) {
+        return 0;
+    }
+    if (mp_peek(&rq->rd) == MP_NIL) {
+        mp_read_nil(&rq->rd);
+        return 0;
+    }
+    if (mp_read_map(&rq->rd, &n) != 0) {
+        return rpc_invalid(rq, "opts must be a map");
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        const char *name;
+        uint32_t nlen;
+        if (mp_read_str(&rq->rd, &name, &nlen) != 0) {
+            return rpc_invalid(rq, "opts keys must be strings");
+        }
+        if (mp_str_eq(name, nlen, "force")) {
+            if (mp_read_bool(&rq->rd, &o->force) != 0) {
+                return rpc_invalid(rq, "opts.force must be a bool");
+            }
+        } else if (mp_str_eq(name, nlen, "group_size")) {
+            if (mp_read_uint(&rq->rd, &o->group_size) != 0 || o->group_size == 0) {
+                return rpc_invalid(rq, "opts.group_size must be a positive integer");
+            }
+        } else if (mp_skip(&rq->rd) != 0) {
+            return rpc_invalid(rq, "malformed opts");
+        }
+    }
+    return 0;
+}
+
+static int
+rpc_arity(struct rpc_req *rq, uint32_t min, uint32_t max)
+{
+    if (rq->nparams < min || rq->nparams > max) {
+        return rpc_invalid(rq, "wrong number of params");
+    }
+    return 0;
+}
+
+/* ---- handlers ---- */
+
+static int
+rpc_ping(struct rpc_req *rq)
+{
+    int rc = rpc_arity(rq, 0, 0);
+    if (rc != 0) {
+        return rc;
+    }
+    rpc_reply_head(rq);
+    msgpack_pack_str_with_body(&rq->pk, "pong", 4);
+    return 0;
+}
+
+static void
+rpc_pack_kv_uint(msgpack_packer *pk, const char *k, uint64_t v)
+{
+    mp_pack_cstr(pk, k);
+    msgpack_pack_uint64(pk, v);
+}
+
+static int
+rpc_hello(struct rpc_req *rq)
+{
+    const struct rpc_server *srv = rq->ctx->srv;
+    const struct rpc_limits *lim = rq->ctx->lim;
+    int rc = rpc_arity(rq, 0, 1);
+
+    if (rc != 0) {
+        return rc;
+    }
+    if (rq->nparams == 1 && mp_peek(&rq->rd) != MP_MAP && mp_peek(&rq->rd) != MP_NIL) {
+        return rpc_invalid(rq, "hello opts must be a map");
+    }
+    rpc_reply_head(rq);
+    msgpack_pack_map(&rq->pk, 10);
+    mp_pack_cstr(&rq->pk, "server");
+    mp_pack_cstr(&rq->pk, "kvstashd");
+    mp_pack_cstr(&rq->pk, "version");
+    mp_pack_cstr(&rq->pk, srv->version);
+    rpc_pack_kv_uint(&rq->pk, "protocol", 1);
+    mp_pack_cstr(&rq->pk, "node_id");
+    mp_pack_cstr(&rq->pk, srv->node_id);
+    rpc_pack_kv_uint(&rq->pk, "max_key_size", lim->max_key_size);
+    rpc_pack_kv_uint(&rq->pk, "max_value_size", lim->max_value_size);
+    rpc_pack_kv_uint(&rq->pk, "max_batch", lim->max_batch);
+    rpc_pack_kv_uint(&rq->pk, "max_message_size", lim->max_message_size);
+    rpc_pack_kv_uint(&rq->pk, "lease_ttl_ms", lim->lease_ttl_ms);
+    mp_pack_cstr(&rq->pk, "transports");
+    msgpack_pack_array(&rq->pk, (size_t)srv->ntransports);
+    for (int i = 0; i < srv->ntransports; i++) {
+        mp_pack_cstr(&rq->pk, srv->transports[i]);
+    }
+    return 0;
+}
+
+/*
+ * Store one put value: spilled (already in a reservation) or inline bytes.
+ * Returns the key's outcome code.
+ */
+static int
+rpc_store_value(struct rpc_req *rq, const uint8_t *kp, uint32_t klen, const uint8_t *vp,
+                uint64_t vlen, const struct mp_hole *hole)
+{
+    const struct rpc_limits *lim = rq->ctx->lim;
+    struct kv_key key;
+
+    if (hole != NULL) {
+        struct rpc_spill *sp = hole->tag;
+        struct store_obj *o = sp->obj;
+        if (o == NULL) {
+            return sp->code;
+        }
+        sp->obj = NULL;
+        return store_commit(rq->ctx->srv->store, o);
+    }
+    if (klen > lim->max_key_size || vlen > lim->max_value_size) {
+        return KV_TOO_LARGE;
+    }
+    rpc_key(rq, kp, klen, &key);
+    int rc = store_put(rq->ctx->srv->store, &key, vp, vlen);
+    return rc < 0 ? KV_INTERNAL : rc;
+}
+
+static int
+rpc_put(struct rpc_req *rq)
+{
+    const uint8_t *kp, *vp;
+    uint32_t klen;
+    uint64_t vlen;
+    const struct mp_hole *hole;
+    struct rpc_opts opts;
+    int rc = rpc_arity(rq, 2, 3);
+
+    if (rc != 0) {
+        return rc;
+    }
+    if (mp_read_key(&rq->rd, &kp, &klen) != 0) {
+        return rpc_invalid(rq, "key must be bin or str");
+    }
+    if (mp_read_bin_ref(&rq->rd, &vp, &vlen, &hole) != 0) {
+        return rpc_invalid(rq, "value must be bin");
+    }
+    rc = rpc_opts_read(rq, 2, &opts);
+    if (rc != 0) {
+        return rc;
+    }
+    rc = rpc_store_value(rq, kp, klen, vp, vlen, hole);
+    rpc_reply_head(rq);
+    msgpack_pack_int(&rq->pk, rc);
+    return 0;
+}
+
+static int
+rpc_batch_put(struct rpc_req *rq)
+{
+    struct mp_reader keys, vals, probe;
+    uint32_t nkeys, nvals;
+    struct rpc_opts opts;
+    const uint8_t *kp, *vp;
+    uint32_t klen;
+    uint64_t vlen;
+    const struct mp_hole *hole;
+    int rc = rpc_arity(rq, 2, 3);
+
+    if (rc != 0) {
+        return rc;
+    }
+    rc = rpc_keys_check(rq, &nkeys);
+    if (rc != 0) {
+        return rc;
+    }
+    keys = rq->rd;
+    for (uint32_t i = 0; i < nkeys; i++) {
+        mp_read_key(&rq->rd, &kp, &klen);
+    }
+    if (mp_read_array(&rq->rd, &nvals) != 0) {
+        return rpc_invalid(rq, "values must be an array of bin");
+    }
+    if (nvals != nkeys) {
+        return rpc_invalid(rq, "keys and values differ in length");
+    }
+    vals = rq->rd;
+    probe = rq->rd;
+    for (uint32_t i = 0; i < nvals; i++) {
+        if (mp_read_bin_ref(&probe, &vp, &vlen, &hole) != 0) {
+            return rpc_invalid(rq, "values must be an array of bin");
+        }
+    }
+    rq->rd = probe;
+    rc = rpc_opts_read(rq, 2, &opts);
+    if (rc != 0) {
+        return rc;
+    }
+    rpc_reply_head(rq);
+    msgpack_pack_array(&rq->pk, nkeys);
+    for (uint32_t i = 0; i < nkeys; i++) {
+        mp_read_key(&keys, &kp, &klen);
+        mp_read_bin_ref(&vals, &vp, &vlen, &hole);
+        msgpack_pack_int(&rq->pk, rpc_store_value(rq, kp, klen, vp, vlen, hole));
+    }
+    return 0;
+}
+
+/* Append the reply value of one get: the bin by reference, or nil. */
+static void
+rpc_pack_get(struct rpc_req *rq, const uint8_t *kp, uint32_t klen)
+{
+    struct store_obj *o;
+    struct kv_key key;
+
+    if (klen > rq->ctx->lim->max_key_size) {
+        ctr_add(&rq->ctx->ctr->misses, 1);
+        msgpack_pack_nil(&rq->pk);
+        return;
+    }
+    rpc_key(rq, kp, klen, &key);
+    if (store_get(rq->ctx->srv->store, &key, &o) != 0) {
+        ctr_add(&rq->ctx->ctr->misses, 1);
+        msgpack_pack_nil(&rq->pk);
+        return;
+    }
+    ctr_add(&rq->ctx->ctr->hits, 1);
+    msgpack_pack_bin(&rq->pk, (size_t)store_obj_size(o));
+    outq_obj(rq->out, o);
+}
+
+static int
+rpc_get(struct rpc_req *rq)
+{
+    const uint8_t *kp;
+    uint32_t klen;
+    int rc = rpc_arity(rq, 1, 1);
+
+    if (rc != 0) {
+        return rc;
+    }
+    if (mp_read_key(&rq->rd, &kp, &klen) != 0) {
+        return rpc_invalid(rq, "key must be bin or str");
+    }
+    rpc_reply_head(rq);
+    rpc_pack_get(rq, kp, klen);
+    return 0;
+}
+
+static int
+rpc_batch_get(struct rpc_req *rq)
+{
+    const uint8_t *kp;
+    uint32_t n, klen;
+    int rc = rpc_arity(rq, 1, 1);
+
+    if (rc == 0) {
+        rc = rpc_keys_check(rq, &n);
+    }
+    if (rc != 0) {
+        return rc;
+    }
+    rpc_reply_head(rq);
+    msgpack_pack_array(&rq->pk, n);
+    for (uint32_t i = 0; i < n; i++) {
+        mp_read_key(&rq->rd, &kp, &klen);
+        rpc_pack_get(rq, kp, klen);
+    }
+    return 0;
+}
+
+static bool
+rpc_exists(struct rpc_req *rq, const uint8_t *kp, uint32_t klen)
+{
+    struct kv_key key;
+
+    if (klen > rq->ctx->lim->max_key_size) {
+        return false;
+    }
+    rpc_key(rq, kp, klen, &key);
+    return store_exists(rq->ctx->srv->store, &key) == 1;
+}
+
+static int
+rpc_is_exist(struct rpc_req *rq)
+{
+    const uint8_t *kp;
+    uint32_t klen;
+    int rc = rpc_arity(rq, 1, 1);
+
+    if (rc != 0) {
+        return rc;
+    }
+    if (mp_read_key(&rq->rd, &kp, &klen) != 0) {
+        return rpc_invalid(rq, "key must be bin or str");
+    }
+    rpc_reply_head(rq);
+    if (rpc_exists(rq, kp, klen)) {
+        msgpack_pack_true(&rq->pk);
+    } else {
+        msgpack_pack_false(&rq->pk);
+    }
+    return 0;
+}
+
+static int
+rpc_batch_is_exist(struct rpc_req *rq)
+{
+    const uint8_t *kp;
+    uint32_t n, klen;
+    int rc = rpc_arity(rq, 1, 1);
+
+    if (rc == 0) {
+        rc = rpc_keys_check(rq, &n);
+    }
+    if (rc != 0) {
+        return rc;
+    }
+    rpc_reply_head(rq);
+    msgpack_pack_array(&rq->pk, n);
+    for (uint32_t i = 0; i < n; i++) {
+        mp_read_key(&rq->rd, &kp, &klen);
+        if (rpc_exists(rq, kp, klen)) {
+            msgpack_pack_true(&rq->pk);
+        } else {
+            msgpack_pack_false(&rq->pk);
+        }
+    }
+    return 0;
+}
+
+static int
+rpc_prefix_match(struct rpc_req *rq)
+{
+    struct mp_reader keys;
+    struct rpc_opts opts;
+    const uint8_t *kp;
+    uint32_t n, klen;
+    uint64_t groups = 0;
+    int rc = rpc_arity(rq, 1, 2);
+
+    if (rc == 0) {
+        rc = rpc_keys_check(rq, &n);
+    }
+    if (rc != 0) {
+        return rc;
+    }
+    keys = rq->rd;
+    for (uint32_t i = 0; i < n; i++) {
+        mp_read_key(&rq->rd, &kp, &klen);
+    }
+    rc = rpc_opts_read(rq, 1, &opts);
+    if (rc != 0) {
+        return rc;
+    }
+    uint64_t g = opts.group_size ? opts.group_size : 1;
+    if (n % g != 0) {
+        return rpc_invalid(rq, "number of keys is not a multiple of group_size");
+    }
+    /* Probe in order and stop at the first miss: later keys are not touched. */
+    for (uint32_t i = 0; i < n; i += (uint32_t)g) {
+        bool all = true;
+        for (uint64_t j = 0; j < g; j++) {
+            mp_read_key(&keys, &kp, &klen);
+            if (all && !rpc_exists(rq, kp, klen)) {
+                all = false;
+            }
+        }
+        if (!all) {
+            break;
+        }
+        groups++;
+    }
+    rpc_reply_head(rq);
+    msgpack_pack_uint64(&rq->pk, groups);
+    return 0;
+}
+
+static void
+rpc_pack_size(struct rpc_req *rq, const uint8_t *kp, uint32_t klen)
+{
+    struct kv_key key;
+    uint64_t size;
+
+    rpc_key(rq, kp, klen, &key);
+    if (klen <= rq->ctx->lim->max_key_size && store_size(rq->ctx->srv->store, &key, &size) == 0) {
+        msgpack_pack_uint64(&rq->pk, size);
+    } else {
+        msgpack_pack_nil(&rq->pk);
+    }
+}
+
+static int
+rpc_get_size(struct rpc_req *rq)
+{
+    const uint8_t *kp;
+    uint32_t klen;
+    int rc = rpc_arity(rq, 1, 1);
+
+    if (rc != 0) {
+        return rc;
+    }
+    if (mp_read_key(&rq->rd, &kp, &klen) != 0) {
+        return rpc_invalid(rq, "key must be bin or str");
+    }
+    rpc_reply_head(rq);
+    rpc_pack_size(rq, kp, klen);
+    return 0;
+}
+
+static int
+rpc_batch_get_size(struct rpc_req *rq)
+{
+    const uint8_t *kp;
+    uint32_t n, klen;
+    int rc = rpc_arity(rq, 1, 1);
+
+    if (rc == 0) {
+        rc = rpc_keys_check(rq, &n);
+    }
+    if (rc != 0) {
+        return rc;
+    }
+    rpc_reply_head(rq);
+    msgpack_pack_array(&rq->pk, n);
+    for (uint32_t i = 0; i < n; i++) {
+        mp_read_key(&rq->rd, &kp, &klen);
+        rpc_pack_size(rq, kp, klen);
+    }
+    return 0;
+}
+
+static int
+rpc_remove_one(struct rpc_req *rq, const uint8_t *kp, uint32_t klen, bool force)
+{
+    struct kv_key key;
+
+    if (klen > rq->ctx->lim->max_key_size) {
+        return KV_NOT_FOUND;
+    }
+    rpc_key(rq, kp, klen, &key);
+    return store_remove(rq->ctx->srv->store, &key, force);
+}
+
+static int
+rpc_remove(struct rpc_req *rq)
+{
+    const uint8_t *kp;
+    uint32_t klen;
+    struct rpc_opts opts;
+    int rc = rpc_arity(rq, 1, 2);
+
+    if (rc != 0) {
+        return rc;
+    }
+    if (mp_read_key(&rq->rd, &kp, &klen) != 0) {
+        return rpc_invalid(rq, "key must be bin or str");
+    }
+    rc = rpc_opts_read(rq, 1, &opts);
+    if (rc != 0) {
+        return rc;
+    }
+    rc = rpc_remove_one(rq, kp, klen, opts.force);
+    rpc_reply_head(rq);
+    msgpack_pack_int(&rq->pk, rc);
+    return 0;
+}
+
+static int
+rpc_batch_remove(struct rpc_req *rq)
+{
+    struct mp_reader keys;
+    struct rpc_opts opts;
+    const uint8_t *kp;
+    uint32_t n, klen;
+    int rc = rpc_arity(rq, 1, 2);
+
+    if (rc == 0) {
+        rc = rpc_keys_check(rq, &n);
+    }
+    if (rc != 0) {
+        return rc;
+    }
+    keys = rq->rd;
+    for (uint32_t i = 0; i < n; i++) {
+        mp_read_key(&rq->rd, &kp, &klen);
+    }
+    rc = rpc_opts_read(rq, 1, &opts);
+    if (rc != 0) {
+        return rc;
+    }
+    rpc_reply_head(rq);
+    msgpack_pack_array(&rq->pk, n);
+    for (uint32_t i = 0; i < n; i++) {
+        mp_read_key(&keys, &kp, &klen);
+        msgpack_pack_int(&rq->pk, rpc_remove_one(rq, kp, klen, opts.force));
+    }
+    return 0;
+}
+
+static int
+rpc_remove_all(struct rpc_req *rq)
+{
+    struct rpc_opts opts;
+    int rc = rpc_arity(rq, 0, 1);
+
+    if (rc == 0) {
+        rc = rpc_opts_read(rq, 0, &opts);
+    }
+    if (rc != 0) {
+        return rc;
+    }
+    uint64_t n = store_remove_all(rq->ctx->srv->store, rq->ctx->tenant, false, opts.force);
+    rpc_reply_head(rq);
+    msgpack_pack_uint64(&rq->pk, n);
+    return 0;
+}
+
+static int
+rpc_pin_keys(struct rpc_req *rq, uint32_t n, struct mp_reader keys, enum store_pin mode)
+{
+    const uint8_t *kp;
+    uint32_t klen;
+    struct kv_key key;
+
+    rpc_reply_head(rq);
+    msgpack_pack_array(&rq->pk, n);
+    for (uint32_t i = 0; i < n; i++) {
+        mp_read_key(&keys, &kp, &klen);
+        rpc_key(rq, kp, klen, &key);
+        int rc = klen > rq->ctx->lim->max_key_size
+                     ? KV_NOT_FOUND
+                     : store_pin(rq->ctx->srv->store, &key, mode);
+        msgpack_pack_int(&rq->pk, rc);
+    }
+    return 0;
+}
+
+static int
+rpc_pin(struct rpc_req *rq)
+{
+    struct mp_reader keys;
+    const uint8_t *kp;
+    const char *mode;
+    uint32_t n, klen, mlen;
+    enum store_pin pin;
+    int rc = rpc_arity(rq, 2, 2);
+
+    if (rc == 0) {
+        rc = rpc_keys_check(rq, &n);
+    }
+    if (rc != 0) {
+        return rc;
+    }
+    keys = rq->rd;
+    for (uint32_t i = 0; i < n; i++) {
+        mp_read_key(&rq->rd, &kp, &klen);
+    }
+    if (mp_read_str(&rq->rd, &mode, &mlen) != 0) {
+        return rpc_invalid(rq, "pin mode must be \"soft\" or \"hard\"");
+    }
+    if (mp_str_eq(mode, mlen, "soft")) {
+        pin = STORE_PIN_SOFT;
+    } else if (mp_str_eq(mode, mlen, "hard")) {
+        pin = STORE_PIN_HARD;
+    } else {
+        return rpc_invalid(rq, "pin mode must be \"soft\" or \"hard\"");
+    }
+    return rpc_pin_keys(rq, n, keys, pin);
+}
+
+static int
+rpc_unpin(struct rpc_req *rq)
+{
+    uint32_t n;
+    int rc = rpc_arity(rq, 1, 1);
+
+    if (rc == 0) {
+        rc = rpc_keys_check(rq, &n);
+    }
+    if (rc != 0) {
+        return rc;
+    }
+    return rpc_pin_keys(rq, n, rq->rd, STORE_PIN_NONE);
+}
+
+static int
+rpc_stats(struct rpc_req *rq)
+{
+    const struct rpc_server *srv = rq->ctx->srv;
+    const char *names[RPC_STATS_MAX];
+    uint64_t values[RPC_STATS_MAX];
+    int rc = rpc_arity(rq, 0, 1);
+
+    if (rc != 0) {
+        return rc;
+    }
+    int n = srv->stats_fn != NULL ? srv->stats_fn(srv->stats_arg, names, values, RPC_STATS_MAX)
+                                  : 0;
+    rpc_reply_head(rq);
+    msgpack_pack_map(&rq->pk, (size_t)n);
+    for (int i = 0; i < n; i++) {
+        rpc_pack_kv_uint(&rq->pk, names[i], values[i]);
+    }
+    return 0;
+}
+
+static rpc_handler_fn *const rpc_handlers[RPC_METHOD_COUNT] = {
+    [RPC_PING] = rpc_ping,
+    [RPC_HELLO] = rpc_hello,
+    [RPC_PUT] = rpc_put,
+    [RPC_BATCH_PUT] = rpc_batch_put,
+    [RPC_GET] = rpc_get,
+    [RPC_BATCH_GET] = rpc_batch_get,
+    [RPC_IS_EXIST] = rpc_is_exist,
+    [RPC_BATCH_IS_EXIST] = rpc_batch_is_exist,
+    [RPC_PREFIX_MATCH] = rpc_prefix_match,
+    [RPC_GET_SIZE] = rpc_get_size,
+    [RPC_BATCH_GET_SIZE] = rpc_batch_get_size,
+    [RPC_REMOVE] = rpc_remove,
+    [RPC_BATCH_REMOVE] = rpc_batch_remove,
+    [RPC_REMOVE_ALL] = rpc_remove_all,
+    [RPC_PIN] = rpc_pin,
+    [RPC_UNPIN] = rpc_unpin,
+    [RPC_STATS] = rpc_stats,
+};
+
+/* ---- dispatch ---- */
+
+/* Abort every spilled reservation a handler did not commit. */
+static void
+rpc_holes_release(struct rpc_ctx *ctx, const struct mp_hole *holes, size_t nholes)
+{
+    for (size_t i = 0; i < nholes; i++) {
+        struct rpc_spill *sp = holes[i].tag;
+        if (sp != NULL && sp->obj != NULL) {
+            store_abort(ctx->srv->store, sp->obj);
+            sp->obj = NULL;
+        }
+    }
+}
+
+int
+rpc_dispatch(struct rpc_ctx *ctx, const uint8_t *msg, size_t len, const struct mp_hole *holes,
+             size_t nholes, struct outq *out)
+{
+    struct rpc_req rq;
+    uint32_t n, mlen;
+    uint64_t type;
+    const char *mname;
+    int rc = KV_PROTOCOL_ERROR;
+
+    memset(&rq, 0, sizeof(rq));
+    rq.ctx = ctx;
+    rq.out = out;
+    mp_reader_init(&rq.rd, msg, len);
+    mp_reader_holes(&rq.rd, holes, nholes);
+    msgpack_packer_init(&rq.pk, out, outq_pack_write);
+
+    if (mp_read_array(&rq.rd, &n) != 0 || mp_read_uint(&rq.rd, &type) != 0) {
+        goto done;
+    }
+    if (type == 2 && n == 3) {
+        rc = 0; /* a client notification: nothing to answer */
+        goto done;
+    }
+    if (type != 0 || n != 4 || mp_read_uint(&rq.rd, &rq.msgid) != 0) {
+        goto done;
+    }
+    if (mp_read_str(&rq.rd, &mname, &mlen) != 0) {
+        rq.errmsg = "method must be a string";
+        rpc_reply_error(&rq, KV_INVALID_ARGUMENT, rq.errmsg);
+        ctr_add(&ctx->ctr->errors, 1);
+        rc = 0;
+        goto done;
+    }
+    int m = rpc_method_lookup(mname, mlen);
+    if (m < 0) {
+        rpc_reply_error(&rq, KV_METHOD_NOT_FOUND, "no such method");
+        ctr_add(&ctx->ctr->errors, 1);
+        rc = 0;
+        goto done;
+    }
+    ctr_add(&ctx->ctr->ops[m], 1);
+    if (mp_read_array(&rq.rd, &rq.nparams) != 0) {
+        rpc_reply_error(&rq, KV_INVALID_ARGUMENT, "params must be an array");
+        ctr_add(&ctx->ctr->errors, 1);
+        rc = 0;
+        goto done;
+    }
+    rc = rpc_handlers[m](&rq);
+    if (rc != 0) {
+        rpc_reply_error(&rq, rc, rq.errmsg);
+        ctr_add(&ctx->ctr->errors, 1);
+    }
+    rc = 0;
+done:
+    rpc_holes_release(ctx, holes, nholes);
+    if (out->failed) {
+        return -ENOMEM;
+    }
+    return rc;
+}
+
+int
+rpc_notify_error(struct outq *out, int status, const char *message)
+{
+    msgpack_packer pk;
+
+    msgpack_packer_init(&pk, out, outq_pack_write);
+    msgpack_pack_array(&pk, 3);
+    msgpack_pack_uint8(&pk, 2);
+    mp_pack_cstr(&pk, "error");
+    mp_pack_error(&pk, status, message);
+    return out->failed ? -ENOMEM : 0;
+}
+
+/* ---- spill decisions ---- */
+
+void
+rpc_spill_reset(struct rpc_spill_cursor *cur)
+{
+    memset(cur, 0, sizeof(*cur));
+}
+
+/* Parse the message prefix once: is it a put or batch_put, where are its keys? */
+static void
+rpc_spill_parse(struct rpc_spill_cursor *cur, const uint8_t *msg, size_t len)
+{
+    struct mp_reader rd;
+    uint32_t n, mlen, np;
+    uint64_t type, msgid;
+    const char *mname;
+
+    cur->state = -1;
+    mp_reader_init(&rd, msg, len);
+    if (mp_read_array(&rd, &n) != 0 || n != 4 || mp_read_uint(&rd, &type) != 0 || type != 0 ||
+        mp_read_uint(&rd, &msgid) != 0 || mp_read_str(&rd, &mname, &mlen) != 0 ||
+        mp_read_array(&rd, &np) != 0 || np < 2) {
+        return;
+    }
+    if (mp_str_eq(mname, mlen, "put")) {
+        cur->state = 1;
+        cur->key_off = (size_t)(rd.p - rd.base);
+    } else if (mp_str_eq(mname, mlen, "batch_put")) {
+        if (mp_read_array(&rd, &cur->nkeys) != 0) {
+            return;
+        }
+        cur->state = 2;
+        cur->key_idx = 0;
+        cur->key_off = (size_t)(rd.p - rd.base);
+    }
+}
+
+int
+rpc_spill_take(struct rpc_ctx *ctx, struct rpc_spill_cursor *cur, const uint8_t *msg, size_t len,
+               const uint32_t *path, int depth, uint64_t vlen, struct rpc_spill *sp)
+{
+    struct mp_reader rd;
+    const uint8_t *kp;
+    uint32_t klen;
+    struct kv_key key;
+
+    if (cur->state == 0) {
+        rpc_spill_parse(cur, msg, len);
+    }
+    if (cur->state == 1) {
+        if (depth != 2 || path[0] != 3 || path[1] != 1) {
+            return 0;
+        }
+    } else if (cur->state == 2) {
+        if (depth != 3 || path[0] != 3 || path[1] != 1) {
+            return 0;
+        }
+    } else {
+        return 0;
+    }
+
+    sp->obj = NULL;
+    sp->code = KV_INVALID_ARGUMENT;
+    mp_reader_init(&rd, msg, len);
+    rd.p = msg + cur->key_off;
+    if (cur->state == 2) {
+        uint32_t want = path[2];
+        if (want >= cur->nkeys || want < cur->key_idx) {
+            return 1; /* dispatch will answer the arity error */
+        }
+        while (cur->key_idx < want) {
+            if (mp_read_key(&rd, &kp, &klen) != 0) {
+                return 1;
+            }
+            cur->key_idx++;
+            cur->key_off = (size_t)(rd.p - rd.base);
+        }
+    }
+    if (mp_read_key(&rd, &kp, &klen) != 0) {
+        return 1;
+    }
+    if (klen > ctx->lim->max_key_size || vlen > ctx->lim->max_value_size) {
+        sp->code = KV_TOO_LARGE;
+        return 1;
+    }
+    key.tenant = ctx->tenant;
+    key.ptr = kp;
+    key.len = klen;
+    int rc = store_reserve(ctx->srv->store, &key, vlen, &sp->obj);
+    if (rc != 0) {
+        sp->obj = NULL;
+        sp->code = rc < 0 ? KV_INTERNAL : rc;
+    }
+    return 1;
+}

@@ -1,0 +1,123 @@
+/*
+ * rpc: the method table and request handlers of the msgpack-rpc protocol
+ * (protocol/SPEC.md). Bytes in, bytes out: a handler reads one decoded
+ * request with the mp cursor, calls the store facade, and appends exactly
+ * one response to an outq. No sockets, no event loop.
+ *
+ * Put values that were received straight into the store (spilled, see
+ * frame.h) reach rpc_dispatch as holes whose tag is a struct rpc_spill;
+ * rpc_spill_take is the decision made while such a value is still on the
+ * wire. Every spilled reservation handed to rpc_dispatch is committed or
+ * aborted before it returns, on every path.
+ *
+ * Threads: rpc functions run on the calling event-loop thread; the store is
+ * thread safe; an rpc_counters block has a single writer thread.
+ */
+#ifndef RPC_H
+#define RPC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct mp_hole;
+struct outq;
+struct store;
+struct store_obj;
+
+enum rpc_method {
+    RPC_PING, RPC_HELLO, RPC_PUT, RPC_BATCH_PUT, RPC_GET, RPC_BATCH_GET, RPC_IS_EXIST,
+    RPC_BATCH_IS_EXIST, RPC_PREFIX_MATCH, RPC_GET_SIZE, RPC_BATCH_GET_SIZE, RPC_REMOVE,
+    RPC_BATCH_REMOVE, RPC_REMOVE_ALL, RPC_PIN, RPC_UNPIN, RPC_STATS,
+    RPC_METHOD_COUNT
+};
+
+/* Counters of one event-loop thread: one writer, any readers (relaxed atomics). */
+struct rpc_counters {
+    _Atomic uint64_t ops[RPC_METHOD_COUNT];
+    _Atomic uint64_t hits;          /* get/batch_get keys found */
+    _Atomic uint64_t misses;        /* get/batch_get keys not found */
+    _Atomic uint64_t errors;        /* requests answered with a request-level error */
+};
+
+/* Limits in force for one request (a config snapshot). */
+struct rpc_limits {
+    uint64_t max_key_size;
+    uint64_t max_value_size;
+    uint64_t max_batch;
+    uint64_t max_message_size;
+    uint64_t lease_ttl_ms;
+};
+
+/*
+ * rpc_stats_fn: fill names[i]/values[i] with up to max counters of the
+ * whole daemon; return how many. names must stay valid until the next call
+ * on the same thread.
+ */
+typedef int rpc_stats_fn(void *arg, const char **names, uint64_t *values, int max);
+
+/* What handlers need from the daemon; borrowed, lives as long as the daemon. */
+struct rpc_server {
+    struct store *store;
+    const char *version;
+    const char *node_id;
+    const char *const *transports;
+    int ntransports;
+    rpc_stats_fn *stats_fn;
+    void *stats_arg;
+};
+
+struct rpc_ctx {
+    const struct rpc_server *srv;
+    const struct rpc_limits *lim;
+    struct rpc_counters *ctr;
+    uint32_t tenant;
+};
+
+/* A put value received straight into the store: its reservation, or why none. */
+struct rpc_spill {
+    struct store_obj *obj;   /* RESERVED object holding the value, or NULL */
+    int code;                /* when obj is NULL: the key's outcome (EXISTS, BUSY, ...) */
+};
+
+/* Where the spill decision has got to within one message (reset per message). */
+struct rpc_spill_cursor {
+    int state;               /* 0 = not parsed yet, 1 = put, 2 = batch_put, -1 = decline all */
+    uint32_t nkeys;
+    uint32_t key_idx;        /* index of the key at key_off */
+    size_t key_off;          /* message offset of key number key_idx */
+};
+
+/* rpc_method_name: the wire name of a method id. */
+const char *rpc_method_name(int method);
+
+/* rpc_spill_reset: start a new message. */
+void rpc_spill_reset(struct rpc_spill_cursor *cur);
+
+/*
+ * rpc_spill_take: a bin of vlen bytes at path[0..depth) of the message whose
+ * first len bytes are msg is about to arrive. When it is the value of a put
+ * or batch_put, return 1 and fill *sp: a reservation to receive it into, or
+ * a code when the key cannot be stored (the bytes are then to be discarded).
+ * Otherwise return 0: buffer it like any other bytes.
+ */
+int rpc_spill_take(struct rpc_ctx *ctx, struct rpc_spill_cursor *cur, const uint8_t *msg,
+                   size_t len, const uint32_t *path, int depth, uint64_t vlen,
+                   struct rpc_spill *sp);
+
+/*
+ * rpc_dispatch: handle one complete message msg[0..len) whose spilled put
+ * values are the holes (tags: struct rpc_spill *; all consumed here).
+ * Returns 0 when a reply was queued on out or none is due (a notification),
+ * KV_PROTOCOL_ERROR when the message is not a msgpack-rpc request (the
+ * caller sends the error notification and closes), or -ENOMEM.
+ */
+int rpc_dispatch(struct rpc_ctx *ctx, const uint8_t *msg, size_t len, const struct mp_hole *holes,
+                 size_t nholes, struct outq *out);
+
+/*
+ * rpc_notify_error: queue the notification [2, "error", [code, name, message]]
+ * that precedes closing a connection. Returns 0 or -ENOMEM.
+ */
+int rpc_notify_error(struct outq *out, int status, const char *message);
+
+#endif

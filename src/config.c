@@ -1,0 +1,1054 @@
+/*
+ * config: the option table and everything that reads it. conf_options[] below is the one
+ * place where a setting's name, type, bounds, default and reload rule live; conf_init,
+ * the file parser, --key=value flags, conf_diff, conf_apply_reloadable and conf_dump all
+ * walk that table, so adding an option is one line here plus its struct field. This module
+ * parses and validates text into a struct kv_config and nothing else: it never opens
+ * sockets, creates directories or logs (the caller decides what to do with an error
+ * message), and it keeps no state, so every function is safe on distinct configs from any
+ * thread.
+ */
+#include "config.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#define CONF_LINE_MAX 4096     /* longest line a config file may have, newline excluded */
+#define CONF_QUOTE_MAX 96      /* how much of an offending line an error message quotes */
+#define CONF_FRAME_OVERHEAD 64 /* request bytes around one key and value: header, msgpack */
+#define CONF_AUTO_THREADS_MAX 8
+#define CONF_NODE_ID_MAX 64
+
+#define KIB (UINT64_C(1) << 10)
+#define MIB (UINT64_C(1) << 20)
+#define GIB (UINT64_C(1) << 30)
+#define TIB (UINT64_C(1) << 40)
+#define NO_MAX UINT64_MAX
+#define HOUR_MS (UINT64_C(3600) * 1000)
+
+/* The size of sockaddr_un.sun_path, the bound on a unix socket path (NUL included). */
+#define CONF_SUN_PATH_MAX sizeof(((struct sockaddr_un *)NULL)->sun_path)
+
+enum conf_type {
+    CONF_T_STRING,   /* char[CONF_STR_MAX], bare or "double quoted" in a file */
+    CONF_T_SIZE,     /* uint64_t bytes: 4096, 64k, 1m, 4GiB */
+    CONF_T_DURATION, /* uint64_t milliseconds: 250, 500ms, 10s, 5m, 1h */
+    CONF_T_UINT,     /* uint64_t count, plain digits */
+    CONF_T_DOUBLE,   /* double in (dmin, dmax] */
+    CONF_T_LOGLEVEL, /* int, enum conf_log_level, by name */
+};
+
+/* An extra check for a string option: NULL if value is acceptable, else the reason. */
+typedef const char *conf_check_fn(const char *value);
+
+struct conf_option {
+    const char *name;      /* the key, also the struct field's name */
+    enum conf_type type;
+    size_t offset;         /* offsetof(struct kv_config, name) */
+    uint64_t min;          /* integer types: inclusive bounds */
+    uint64_t max;          /* NO_MAX: bounded only by 64 bits */
+    double dmin;           /* CONF_T_DOUBLE: dmin < x <= dmax */
+    double dmax;
+    const char *def;       /* the default, as it would be written in a config file */
+    bool reloadable;       /* SIGHUP applies it; otherwise it needs a restart */
+    conf_check_fn *check;  /* CONF_T_STRING only; NULL = any string that fits */
+};
+
+static conf_check_fn conf_check_listen;
+static conf_check_fn conf_check_unix_socket;
+static conf_check_fn conf_check_data_dir;
+static conf_check_fn conf_check_node_id;
+
+#define RELOAD true
+#define RESTART false
+
+#define OPT_INT(n, t, lo, hi, def, rl) \
+    { #n, t, offsetof(struct kv_config, n), lo, hi, 0.0, 0.0, def, rl, NULL }
+#define OPT_STRING(n, def, rl, chk) \
+    { #n, CONF_T_STRING, offsetof(struct kv_config, n), 0, 0, 0.0, 0.0, def, rl, chk }
+#define OPT_SIZE(n, lo, hi, def, rl) OPT_INT(n, CONF_T_SIZE, lo, hi, def, rl)
+#define OPT_DURATION(n, lo, hi, def, rl) OPT_INT(n, CONF_T_DURATION, lo, hi, def, rl)
+#define OPT_UINT(n, lo, hi, def, rl) OPT_INT(n, CONF_T_UINT, lo, hi, def, rl)
+#define OPT_DOUBLE(n, lo, hi, def, rl) \
+    { #n, CONF_T_DOUBLE, offsetof(struct kv_config, n), 0, 0, lo, hi, def, rl, NULL }
+#define OPT_LOGLEVEL(n, def, rl) OPT_INT(n, CONF_T_LOGLEVEL, 0, 0, def, rl)
+
+/*
+ * Table order is struct order and conf_dump order. conf/kvstashd.conf documents each row
+ * (tests/unit/test_config.c checks that it does). Integer bounds are inclusive; a double
+ * must satisfy min < x <= max.
+ */
+/* clang-format off */
+static const struct conf_option conf_options[] = {
+    /*         name                     default           reload   extra check */
+    OPT_STRING(listen,                  "127.0.0.1:7431", RESTART, conf_check_listen),
+    OPT_STRING(unix_socket,             "",               RESTART, conf_check_unix_socket),
+    OPT_STRING(data_dir,                "./var",          RESTART, conf_check_data_dir),
+    OPT_STRING(node_id,                 "",               RESTART, conf_check_node_id),
+    /*         name                     min       max        default  reload */
+    OPT_SIZE(memory_size,               MIB,      NO_MAX,    "1g",    RESTART),
+    OPT_SIZE(max_key_size,              1,        64 * KIB,  "1k",    RELOAD),
+    OPT_SIZE(max_value_size,            1,        TIB,       "256m",  RELOAD),
+    OPT_UINT(max_batch,                 1,        1048576,   "16384", RELOAD),
+    OPT_SIZE(max_message_size,          64 * KIB, 4 * GIB,   "1g",    RELOAD),
+    OPT_UINT(max_connections,           1,        1000000,   "1024",  RELOAD),
+    OPT_UINT(io_threads,                0,        64,        "0",     RESTART),
+    OPT_DURATION(lease_ttl_ms,          1,        HOUR_MS,   "10s",   RELOAD),
+    OPT_SIZE(client_output_limit,       64 * KIB, NO_MAX,    "64m",   RELOAD),
+    OPT_DURATION(shutdown_timeout_ms,   0,        HOUR_MS,   "10s",   RELOAD),
+    OPT_DOUBLE(eviction_high_watermark, 0.0,      1.0,       "0.90",  RELOAD),
+    OPT_DOUBLE(eviction_low_watermark,  0.0,      1.0,       "0.80",  RELOAD),
+    /*           name                   default           reload */
+    OPT_LOGLEVEL(log_level,             "info",           RELOAD),
+    OPT_STRING(log_file,                "",               RELOAD,  NULL),
+};
+/* clang-format on */
+
+#define CONF_NOPTIONS (sizeof(conf_options) / sizeof(conf_options[0]))
+
+/* Indexed by enum conf_log_level. */
+static const char *const conf_log_level_names[] = {"error", "warn", "info", "debug"};
+
+/* ---- small helpers ---- */
+
+static bool
+conf_is_space(char ch)
+{
+    return ch == ' ' || ch == '\t' || ch == '\r' || ch == '\n' || ch == '\v' || ch == '\f';
+}
+
+static bool
+conf_is_digit(char ch)
+{
+    return ch >= '0' && ch <= '9';
+}
+
+static char
+conf_lower(char ch)
+{
+    return (ch >= 'A' && ch <= 'Z') ? (char)(ch - 'A' + 'a') : ch;
+}
+
+static const struct conf_option *
+conf_find(const char *key)
+{
+    for (size_t i = 0; i < CONF_NOPTIONS; i++) {
+        if (strcmp(conf_options[i].name, key) == 0) {
+            return &conf_options[i];
+        }
+    }
+    return NULL;
+}
+
+static void *
+conf_field(struct kv_config *c, const struct conf_option *o)
+{
+    return (char *)c + o->offset;
+}
+
+static const void *
+conf_cfield(const struct kv_config *c, const struct conf_option *o)
+{
+    return (const char *)c + o->offset;
+}
+
+static size_t
+conf_field_size(const struct conf_option *o)
+{
+    switch (o->type) {
+    case CONF_T_STRING:
+        return CONF_STR_MAX;
+    case CONF_T_DOUBLE:
+        return sizeof(double);
+    case CONF_T_LOGLEVEL:
+        return sizeof(int);
+    case CONF_T_SIZE:
+    case CONF_T_DURATION:
+    case CONF_T_UINT:
+        break;
+    }
+    return sizeof(uint64_t);
+}
+
+/*
+ * Parse a run of decimal digits at *s into *out, advancing *s. -EINVAL when there is no digit,
+ * -ERANGE when the number does not fit in 64 bits.
+ */
+static int
+conf_parse_digits(const char **s, uint64_t *out)
+{
+    const char *p = *s;
+    uint64_t v = 0;
+
+    if (!conf_is_digit(*p)) {
+        return -EINVAL;
+    }
+    for (; conf_is_digit(*p); p++) {
+        unsigned d = (unsigned)(*p - '0');
+        if (v > (UINT64_MAX - d) / 10) {
+            return -ERANGE;
+        }
+        v = v * 10 + d;
+    }
+    *s = p;
+    *out = v;
+    return 0;
+}
+
+/* Case-insensitive: does s equal one of the NULL-terminated words? */
+static bool
+conf_suffix_is(const char *s, const char *const *words)
+{
+    for (; *words != NULL; words++) {
+        if (strcasecmp(s, *words) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* conf_parse_size, with -EINVAL for bad syntax and -ERANGE for a 64-bit overflow. */
+static int
+conf_size_parse(const char *s, uint64_t *out)
+{
+    static const char *const unit_suffixes[] = {"", "b", "ib", NULL};
+    uint64_t v;
+    unsigned shift;
+    int rc;
+
+    rc = conf_parse_digits(&s, &v);
+    if (rc != 0) {
+        return rc;
+    }
+    switch (conf_lower(*s)) {
+    case '\0':
+        *out = v;
+        return 0;
+    case 'b':
+        if (s[1] != '\0') {
+            return -EINVAL;
+        }
+        *out = v;
+        return 0;
+    case 'k':
+        shift = 10;
+        break;
+    case 'm':
+        shift = 20;
+        break;
+    case 'g':
+        shift = 30;
+        break;
+    case 't':
+        shift = 40;
+        break;
+    default:
+        return -EINVAL;
+    }
+    if (!conf_suffix_is(s + 1, unit_suffixes)) {
+        return -EINVAL;
+    }
+    if (v > (UINT64_MAX >> shift)) {
+        return -ERANGE;
+    }
+    *out = v << shift;
+    return 0;
+}
+
+/* conf_parse_duration_ms, with -EINVAL for bad syntax and -ERANGE for a 64-bit overflow. */
+static int
+conf_duration_parse(const char *s, uint64_t *out)
+{
+    uint64_t v, mul;
+    int rc;
+
+    rc = conf_parse_digits(&s, &v);
+    if (rc != 0) {
+        return rc;
+    }
+    if (*s == '\0' || strcasecmp(s, "ms") == 0) {
+        mul = 1;
+    } else if (strcasecmp(s, "s") == 0) {
+        mul = 1000;
+    } else if (strcasecmp(s, "m") == 0) {
+        mul = 60 * 1000;
+    } else if (strcasecmp(s, "h") == 0) {
+        mul = HOUR_MS;
+    } else {
+        return -EINVAL;
+    }
+    if (v > UINT64_MAX / mul) {
+        return -ERANGE;
+    }
+    *out = v * mul;
+    return 0;
+}
+
+static int
+conf_uint_parse(const char *s, uint64_t *out)
+{
+    int rc = conf_parse_digits(&s, out);
+
+    if (rc == 0 && *s != '\0') {
+        return -EINVAL;
+    }
+    return rc;
+}
+
+/* A plain decimal number such as 0.85 or 85e-2 (no hex, inf, nan or surrounding space). */
+static int
+conf_double_parse(const char *s, double *out)
+{
+    char *end;
+    double d;
+
+    if (*s == '\0' || strspn(s, "0123456789.eE+-") != strlen(s)) {
+        return -EINVAL;
+    }
+    errno = 0;
+    d = strtod(s, &end);
+    if (end == s || *end != '\0' || errno == ERANGE) {
+        return -EINVAL;
+    }
+    *out = d;
+    return 0;
+}
+
+/* Shortest text that reads back as exactly d. */
+static void
+conf_format_double(double d, char *buf, size_t len)
+{
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(buf, len, "%.*g", prec, d);
+        if (strtod(buf, NULL) == d) {
+            return;
+        }
+    }
+}
+
+/* A size in the largest binary unit that divides it exactly: 65536 -> "64k". */
+static void
+conf_format_size(uint64_t v, char *buf, size_t len)
+{
+    static const char units[] = "tgmk";
+
+    for (int i = 0; i < 4; i++) {
+        unsigned shift = (unsigned)(40 - 10 * i);
+        if (v != 0 && (v & ((UINT64_C(1) << shift) - 1)) == 0) {
+            snprintf(buf, len, "%llu%c", (unsigned long long)(v >> shift), units[i]);
+            return;
+        }
+    }
+    snprintf(buf, len, "%llu", (unsigned long long)v);
+}
+
+/* A duration in the largest unit that divides it exactly: 10000 -> "10s". */
+static void
+conf_format_duration(uint64_t ms, char *buf, size_t len)
+{
+    if (ms == 0) {
+        snprintf(buf, len, "0");
+    } else if (ms % HOUR_MS == 0) {
+        snprintf(buf, len, "%lluh", (unsigned long long)(ms / HOUR_MS));
+    } else if (ms % 60000 == 0) {
+        snprintf(buf, len, "%llum", (unsigned long long)(ms / 60000));
+    } else if (ms % 1000 == 0) {
+        snprintf(buf, len, "%llus", (unsigned long long)(ms / 1000));
+    } else {
+        snprintf(buf, len, "%llums", (unsigned long long)ms);
+    }
+}
+
+static void
+conf_format_uint(const struct conf_option *o, uint64_t v, char *buf, size_t len)
+{
+    if (o->type == CONF_T_SIZE) {
+        conf_format_size(v, buf, len);
+    } else if (o->type == CONF_T_DURATION) {
+        conf_format_duration(v, buf, len);
+    } else {
+        snprintf(buf, len, "%llu", (unsigned long long)v);
+    }
+}
+
+/* ---- string checks ---- */
+
+static const char *
+conf_check_port(const char *p)
+{
+    uint64_t port;
+
+    if (conf_uint_parse(p, &port) != 0 || port > 65535) {
+        return "bad listen port (use 0-65535)";
+    }
+    return NULL;
+}
+
+static const char *
+conf_check_listen(const char *v)
+{
+    char host[CONF_STR_MAX];
+    const char *colon;
+    size_t n;
+
+    if (*v == '\0') {
+        return NULL; /* no TCP listener */
+    }
+    if (*v == '[') {
+        struct in6_addr a6;
+        const char *close = strchr(v, ']');
+
+        if (close == NULL || close[1] != ':') {
+            return "bad listen address (use [ipv6]:port, e.g. [::1]:7431)";
+        }
+        n = (size_t)(close - v - 1);
+        memcpy(host, v + 1, n);
+        host[n] = '\0';
+        if (inet_pton(AF_INET6, host, &a6) != 1) {
+            return "bad IPv6 address (use e.g. [::1]:7431)";
+        }
+        return conf_check_port(close + 2);
+    }
+    colon = strrchr(v, ':');
+    if (colon == NULL) {
+        return "missing port (use host:port, e.g. 127.0.0.1:7431)";
+    }
+    n = (size_t)(colon - v);
+    if (memchr(v, ':', n) != NULL) {
+        return "an IPv6 address needs brackets (use e.g. [::1]:7431)";
+    }
+    if (n == 0) {
+        return "missing host (use 0.0.0.0:port for every interface)";
+    }
+    memcpy(host, v, n);
+    host[n] = '\0';
+    if (strspn(host, "0123456789.") == n) {
+        struct in_addr a4;
+        if (inet_pton(AF_INET, host, &a4) != 1) {
+            return "bad IPv4 address (use e.g. 127.0.0.1:7431)";
+        }
+    } else if (n > 253 || strspn(host, "abcdefghijklmnopqrstuvwxyz"
+                                       "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_") != n) {
+        return "bad host name (use a name, an IPv4 address or [ipv6])";
+    }
+    return conf_check_port(colon + 1);
+}
+
+static const char *
+conf_check_unix_socket(const char *v)
+{
+    if (strlen(v) >= CONF_SUN_PATH_MAX) {
+        return "path too long for a unix socket (max 107 bytes)";
+    }
+    return NULL;
+}
+
+static const char *
+conf_check_data_dir(const char *v)
+{
+    return *v == '\0' ? "must not be empty" : NULL;
+}
+
+static const char *
+conf_check_node_id(const char *v)
+{
+    size_t n = strlen(v);
+
+    if (n > CONF_NODE_ID_MAX ||
+        strspn(v, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:-") != n) {
+        return "bad node_id (use up to 64 letters, digits, '.', '_', ':' or '-')";
+    }
+    return NULL;
+}
+
+/* ---- setting one option ---- */
+
+/*
+ * Parse text (already unquoted) as option o and store it in c. On failure c is unchanged
+ * and why holds the reason, without the key or source.
+ */
+static int
+conf_store(struct kv_config *c, const struct conf_option *o, const char *text, char *why,
+           size_t whylen)
+{
+    char lo[32], hi[32];
+    const char *reason;
+    uint64_t u = 0;
+    double d;
+    int rc = 0;
+
+    switch (o->type) {
+    case CONF_T_STRING: {
+        size_t n = strlen(text);
+
+        if (n >= CONF_STR_MAX) {
+            snprintf(why, whylen, "too long (max %d bytes)", CONF_STR_MAX - 1);
+            return -1;
+        }
+        if (o->check != NULL && (reason = o->check(text)) != NULL) {
+            snprintf(why, whylen, "%s", reason);
+            return -1;
+        }
+        memcpy(conf_field(c, o), text, n + 1);
+        return 0;
+    }
+    case CONF_T_DOUBLE:
+        if (conf_double_parse(text, &d) != 0) {
+            snprintf(why, whylen, "bad number (use e.g. 0.85)");
+            return -1;
+        }
+        if (!(d > o->dmin && d <= o->dmax)) {
+            conf_format_double(o->dmin, lo, sizeof(lo));
+            conf_format_double(o->dmax, hi, sizeof(hi));
+            snprintf(why, whylen, "out of range (%s < x <= %s)", lo, hi);
+            return -1;
+        }
+        memcpy(conf_field(c, o), &d, sizeof(d));
+        return 0;
+    case CONF_T_LOGLEVEL:
+        for (int i = 0; i <= LOG_LEVEL_DEBUG; i++) {
+            if (strcasecmp(text, conf_log_level_names[i]) == 0) {
+                memcpy(conf_field(c, o), &i, sizeof(i));
+                return 0;
+            }
+        }
+        snprintf(why, whylen, "bad log level (use error, warn, info or debug)");
+        return -1;
+    case CONF_T_SIZE:
+        rc = conf_size_parse(text, &u);
+        reason = "bad size (use e.g. 64k, 1m, 4g, 4GiB)";
+        break;
+    case CONF_T_DURATION:
+        rc = conf_duration_parse(text, &u);
+        reason = "bad duration (use e.g. 250ms, 10s, 5m, 1h; a bare number is ms)";
+        break;
+    case CONF_T_UINT:
+        rc = conf_uint_parse(text, &u);
+        reason = "bad number (use a whole number, e.g. 1024)";
+        break;
+    default:
+        snprintf(why, whylen, "internal error: option type %d", (int)o->type);
+        return -1;
+    }
+    if (rc == -ERANGE) {
+        snprintf(why, whylen, "too large (does not fit in 64 bits)");
+        return -1;
+    }
+    if (rc != 0) {
+        snprintf(why, whylen, "%s", reason);
+        return -1;
+    }
+    if (u < o->min || u > o->max) {
+        conf_format_uint(o, o->min, lo, sizeof(lo));
+        conf_format_uint(o, o->max, hi, sizeof(hi));
+        if (o->max == NO_MAX) {
+            snprintf(why, whylen, "out of range (min %s)", lo);
+        } else {
+            snprintf(why, whylen, "out of range (min %s, max %s)", lo, hi);
+        }
+        return -1;
+    }
+    memcpy(conf_field(c, o), &u, sizeof(u));
+    return 0;
+}
+
+static void conf_errorf(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void
+conf_errorf(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+
+    if (err == NULL || errlen == 0) {
+        return;
+    }
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+/* "where: 'text': reason", quoting at most CONF_QUOTE_MAX bytes of text. */
+static void
+conf_error(char *err, size_t errlen, const char *where, const char *text, size_t textlen,
+           const char *reason)
+{
+    if (textlen > CONF_QUOTE_MAX) {
+        conf_errorf(err, errlen, "%s: '%.*s...': %s", where, CONF_QUOTE_MAX, text, reason);
+    } else {
+        conf_errorf(err, errlen, "%s: '%.*s': %s", where, (int)textlen, text, reason);
+    }
+}
+
+void
+conf_init(struct kv_config *c)
+{
+    char why[256];
+
+    memset(c, 0, sizeof(*c));
+    for (size_t i = 0; i < CONF_NOPTIONS; i++) {
+        const struct conf_option *o = &conf_options[i];
+
+        if (conf_store(c, o, o->def, why, sizeof(why)) != 0) {
+            /* A bad default is a bug in the table above, found by the first test run. */
+            fprintf(stderr, "config: default '%s %s': %s\n", o->name, o->def, why);
+            abort();
+        }
+    }
+}
+
+int
+conf_set(struct kv_config *c, const char *key, const char *value, const char *source,
+         char *err, size_t errlen)
+{
+    char flag[CONF_QUOTE_MAX + 8];
+    char text[CONF_QUOTE_MAX + 2];
+    char why[256];
+    const struct conf_option *o;
+    int n;
+
+    o = conf_find(key);
+    if (o == NULL) {
+        snprintf(why, sizeof(why), "unknown key '%.*s'", CONF_QUOTE_MAX, key);
+    } else if (conf_store(c, o, value, why, sizeof(why)) == 0) {
+        return 0;
+    }
+    if (source == NULL) {
+        snprintf(flag, sizeof(flag), "--%.*s", CONF_QUOTE_MAX, key);
+        source = flag;
+    }
+    /* A flag reads "--key=value: reason"; anything else "source: 'key value': reason". */
+    if (source[0] == '-') {
+        conf_errorf(err, errlen, "%s=%.*s%s: %s", source, CONF_QUOTE_MAX, value,
+                    strlen(value) > CONF_QUOTE_MAX ? "..." : "", why);
+    } else {
+        n = snprintf(text, sizeof(text), "%s %s", key, value);
+        conf_error(err, errlen, source, text, n < 0 ? 0 : (size_t)n, why);
+    }
+    return -1;
+}
+
+/* ---- the file format ---- */
+
+/*
+ * Decode the value token at s into out: bare text runs to the next whitespace; a value that
+ * starts with '"' runs to the closing quote, with \" and \\ as the only escapes. *end is set
+ * past the token. Returns 0, or -1 with *reason set.
+ */
+static int
+conf_scan_value(const char *s, const char **end, char *out, size_t outlen, const char **reason)
+{
+    size_t n = 0;
+
+    if (*s != '"') {
+        while (*s != '\0' && !conf_is_space(*s)) {
+            if (n + 1 >= outlen) {
+                *reason = "value too long";
+                return -1;
+            }
+            out[n++] = *s++;
+        }
+        out[n] = '\0';
+        *end = s;
+        return 0;
+    }
+    for (s++; *s != '"'; s++) {
+        if (*s == '\0') {
+            *reason = "unterminated quote";
+            return -1;
+        }
+        if (*s == '\\' && (s[1] == '"' || s[1] == '\\')) {
+            s++;
+        }
+        if (n + 1 >= outlen) {
+            *reason = "value too long";
+            return -1;
+        }
+        out[n++] = *s;
+    }
+    out[n] = '\0';
+    *end = s + 1;
+    return 0;
+}
+
+/*
+ * Read one line into buf (newline dropped). Returns 1 for a line, 0 at end of file, -EFBIG
+ * when the line is longer than CONF_LINE_MAX, -EILSEQ for a NUL byte, -errno on a read error.
+ */
+static int
+conf_read_line(FILE *f, char *buf, size_t cap)
+{
+    size_t n = 0;
+    int ch;
+
+    while ((ch = getc(f)) != EOF && ch != '\n') {
+        if (ch == '\0') {
+            return -EILSEQ;
+        }
+        if (n + 1 >= cap) {
+            return -EFBIG;
+        }
+        buf[n++] = (char)ch;
+    }
+    buf[n] = '\0';
+    if (ch == EOF) {
+        if (ferror(f)) {
+            return errno != 0 ? -errno : -EIO;
+        }
+        if (n == 0) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Apply one line of a config file; where is "path:line". */
+static int
+conf_parse_line(struct kv_config *c, const char *line, const char *where, char *err,
+                size_t errlen)
+{
+    char value[CONF_LINE_MAX + 1];
+    char name[64];
+    char why[256];
+    const struct conf_option *o = NULL;
+    const char *reason, *key, *end;
+    const char *p = line;
+    size_t keylen;
+
+    while (conf_is_space(*p)) {
+        p++;
+    }
+    if (*p == '\0' || *p == '#') {
+        return 0;
+    }
+    key = p;
+    while (*p != '\0' && !conf_is_space(*p)) {
+        p++;
+    }
+    keylen = (size_t)(p - key);
+    while (conf_is_space(*p)) {
+        p++;
+    }
+    if (*p == '\0' || *p == '#') {
+        conf_error(err, errlen, where, key, keylen, "missing value (write \"\" for an empty one)");
+        return -1;
+    }
+    if (conf_scan_value(p, &end, value, sizeof(value), &reason) != 0) {
+        conf_error(err, errlen, where, key, strlen(key), reason);
+        return -1;
+    }
+    p = end;
+    if (*p != '\0' && !conf_is_space(*p)) {
+        conf_error(err, errlen, where, key, strlen(key), "unexpected text after the closing quote");
+        return -1;
+    }
+    while (conf_is_space(*p)) {
+        p++;
+    }
+    if (*p != '\0' && *p != '#') {
+        conf_error(err, errlen, where, key, strlen(key),
+                   "unexpected text after the value (put a value with spaces in double quotes)");
+        return -1;
+    }
+    /* From here on the error quotes "key value" as written, without a trailing comment. */
+    if (keylen < sizeof(name)) {
+        memcpy(name, key, keylen);
+        name[keylen] = '\0';
+        o = conf_find(name);
+    }
+    if (o == NULL) {
+        snprintf(why, sizeof(why), "unknown key '%.*s'",
+                 (int)(keylen > CONF_QUOTE_MAX ? CONF_QUOTE_MAX : keylen), key);
+        conf_error(err, errlen, where, key, (size_t)(end - key), why);
+        return -1;
+    }
+    if (conf_store(c, o, value, why, sizeof(why)) != 0) {
+        conf_error(err, errlen, where, key, (size_t)(end - key), why);
+        return -1;
+    }
+    return 0;
+}
+
+int
+conf_load_file(struct kv_config *c, const char *path, char *err, size_t errlen)
+{
+    char line[CONF_LINE_MAX + 1];
+    char where[CONF_STR_MAX + 32];
+    unsigned lineno = 0;
+    FILE *f;
+    int rc;
+
+    f = fopen(path, "re");
+    if (f == NULL) {
+        rc = -errno;
+        conf_errorf(err, errlen, "%s: cannot open: %s", path, strerror(-rc));
+        return rc;
+    }
+    for (;;) {
+        char *text = line;
+
+        rc = conf_read_line(f, line, sizeof(line));
+        lineno++;
+        snprintf(where, sizeof(where), "%s:%u", path, lineno);
+        if (rc == 0) {
+            break;
+        }
+        if (rc == -EFBIG) {
+            conf_errorf(err, errlen, "%s: line too long (max %d bytes)", where, CONF_LINE_MAX);
+            rc = -1;
+            break;
+        }
+        if (rc == -EILSEQ) {
+            conf_errorf(err, errlen, "%s: NUL byte in line (not a text file?)", where);
+            rc = -1;
+            break;
+        }
+        if (rc < 0) {
+            conf_errorf(err, errlen, "%s: read error: %s", where, strerror(-rc));
+            break;
+        }
+        if (lineno == 1 && strncmp(text, "\xEF\xBB\xBF", 3) == 0) {
+            text += 3; /* UTF-8 byte order mark */
+        }
+        rc = conf_parse_line(c, text, where, err, errlen);
+        if (rc != 0) {
+            break;
+        }
+    }
+    fclose(f);
+    return rc;
+}
+
+/* ---- whole-config operations ---- */
+
+int
+conf_finalize(struct kv_config *c, char *err, size_t errlen)
+{
+    char a[32], b[32], d[32];
+    char sock[CONF_STR_MAX];
+    uint64_t need;
+
+    if (c->eviction_low_watermark > c->eviction_high_watermark) {
+        conf_format_double(c->eviction_low_watermark, a, sizeof(a));
+        conf_format_double(c->eviction_high_watermark, b, sizeof(b));
+        conf_errorf(err, errlen,
+                 "eviction_low_watermark (%s) must not be above eviction_high_watermark (%s)", a,
+                 b);
+        return -1;
+    }
+    /* Both operands are bounded by the table (1t, 64k), so the sum cannot overflow. */
+    need = c->max_value_size + c->max_key_size + CONF_FRAME_OVERHEAD;
+    if (need > c->max_message_size) {
+        conf_format_size(c->max_message_size, a, sizeof(a));
+        conf_format_size(c->max_value_size, b, sizeof(b));
+        conf_format_size(c->max_key_size, d, sizeof(d));
+        conf_errorf(err, errlen,
+                 "max_message_size (%s) must hold max_value_size (%s) + max_key_size (%s) + %d "
+                 "bytes of framing = %llu bytes: raise max_message_size or lower max_value_size",
+                 a, b, d, CONF_FRAME_OVERHEAD, (unsigned long long)need);
+        return -1;
+    }
+    if (c->unix_socket[0] == '\0') {
+        size_t n = strlen(c->data_dir);
+        int len;
+
+        while (n > 1 && c->data_dir[n - 1] == '/') {
+            n--;
+        }
+        len = snprintf(sock, sizeof(sock), "%.*s/kvstashd.sock", (int)n, c->data_dir);
+        if (len < 0 || (size_t)len >= CONF_SUN_PATH_MAX) {
+            conf_errorf(err, errlen,
+                     "unix_socket: the default <data_dir>/kvstashd.sock is longer than a unix "
+                     "socket path may be (max %zu bytes): set unix_socket to a shorter path, "
+                     "or none",
+                     CONF_SUN_PATH_MAX - 1);
+            return -1;
+        }
+    } else {
+        snprintf(sock, sizeof(sock), "%s", c->unix_socket);
+    }
+    /* Every check passed: now derive, so a failed finalize leaves c as it was. */
+    memcpy(c->unix_socket, sock, sizeof(sock));
+    if (c->io_threads == 0) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+
+        if (cores < 1) {
+            cores = 1;
+        }
+        c->io_threads = cores > CONF_AUTO_THREADS_MAX ? CONF_AUTO_THREADS_MAX : (uint64_t)cores;
+    }
+    return 0;
+}
+
+static bool
+conf_field_equal(const struct conf_option *o, const struct kv_config *a,
+                 const struct kv_config *b)
+{
+    const void *fa = conf_cfield(a, o);
+    const void *fb = conf_cfield(b, o);
+
+    switch (o->type) {
+    case CONF_T_STRING:
+        return strcmp(fa, fb) == 0;
+    case CONF_T_DOUBLE: {
+        double da, db;
+
+        memcpy(&da, fa, sizeof(da));
+        memcpy(&db, fb, sizeof(db));
+        return da == db;
+    }
+    case CONF_T_SIZE:
+    case CONF_T_DURATION:
+    case CONF_T_UINT:
+    case CONF_T_LOGLEVEL:
+        break;
+    }
+    return memcmp(fa, fb, conf_field_size(o)) == 0;
+}
+
+int
+conf_diff(const struct kv_config *a, const struct kv_config *b, conf_diff_fn *fn, void *arg)
+{
+    int n = 0;
+
+    for (size_t i = 0; i < CONF_NOPTIONS; i++) {
+        const struct conf_option *o = &conf_options[i];
+
+        if (!conf_field_equal(o, a, b)) {
+            n++;
+            if (fn != NULL) {
+                fn(o->name, o->reloadable, arg);
+            }
+        }
+    }
+    return n;
+}
+
+void
+conf_apply_reloadable(struct kv_config *dst, const struct kv_config *src)
+{
+    for (size_t i = 0; i < CONF_NOPTIONS; i++) {
+        const struct conf_option *o = &conf_options[i];
+
+        if (o->reloadable) {
+            memmove(conf_field(dst, o), conf_cfield(src, o), conf_field_size(o));
+        }
+    }
+}
+
+int
+conf_parse_size(const char *s, uint64_t *out)
+{
+    return conf_size_parse(s, out) == 0 ? 0 : -1;
+}
+
+int
+conf_parse_duration_ms(const char *s, uint64_t *out)
+{
+    return conf_duration_parse(s, out) == 0 ? 0 : -1;
+}
+
+/* An snprintf-like sink: copies what fits, counts everything, keeps buf NUL-terminated. */
+struct conf_out {
+    char *buf;
+    size_t len;
+    size_t n;
+};
+
+static void
+conf_out_add(struct conf_out *out, const char *s, size_t n)
+{
+    if (out->n + 1 < out->len) {
+        size_t room = out->len - 1 - out->n;
+        size_t k = n < room ? n : room;
+
+        memcpy(out->buf + out->n, s, k);
+        out->buf[out->n + k] = '\0';
+    }
+    out->n += n;
+}
+
+static void
+conf_out_str(struct conf_out *out, const char *s)
+{
+    conf_out_add(out, s, strlen(s));
+}
+
+/* A string value: bare when it reads back as itself, else quoted with \" and \\ escaped. */
+static void
+conf_out_value(struct conf_out *out, const char *s)
+{
+    bool quote = *s == '\0' || *s == '"';
+
+    for (const char *p = s; *p != '\0' && !quote; p++) {
+        quote = conf_is_space(*p) || *p == '#';
+    }
+    if (!quote) {
+        conf_out_str(out, s);
+        return;
+    }
+    conf_out_add(out, "\"", 1);
+    for (const char *p = s; *p != '\0'; p++) {
+        if (*p == '"' || *p == '\\') {
+            conf_out_add(out, "\\", 1);
+        }
+        conf_out_add(out, p, 1);
+    }
+    conf_out_add(out, "\"", 1);
+}
+
+/*
+ * Returns the length of the whole dump, like snprintf: a result >= len means buf was too
+ * small and holds a truncated, NUL-terminated prefix.
+ */
+int
+conf_dump(const struct kv_config *c, char *buf, size_t len)
+{
+    struct conf_out out = {buf, len, 0};
+
+    if (len > 0) {
+        buf[0] = '\0';
+    }
+    for (size_t i = 0; i < CONF_NOPTIONS; i++) {
+        const struct conf_option *o = &conf_options[i];
+        const void *f = conf_cfield(c, o);
+        char val[64];
+        uint64_t u;
+        double d;
+        int lvl;
+
+        conf_out_str(&out, o->name);
+        conf_out_add(&out, " ", 1);
+        switch (o->type) {
+        case CONF_T_STRING:
+            conf_out_value(&out, f);
+            break;
+        case CONF_T_DOUBLE:
+            memcpy(&d, f, sizeof(d));
+            conf_format_double(d, val, sizeof(val));
+            conf_out_str(&out, val);
+            break;
+        case CONF_T_LOGLEVEL:
+            memcpy(&lvl, f, sizeof(lvl));
+            conf_out_str(&out, lvl >= 0 && lvl <= LOG_LEVEL_DEBUG ? conf_log_level_names[lvl]
+                                                                  : "info");
+            break;
+        case CONF_T_SIZE:
+        case CONF_T_DURATION:
+        case CONF_T_UINT:
+            memcpy(&u, f, sizeof(u));
+            conf_format_uint(o, u, val, sizeof(val));
+            conf_out_str(&out, val);
+            break;
+        }
+        conf_out_add(&out, "\n", 1);
+    }
+    return out.n > INT32_MAX ? INT32_MAX : (int)out.n;
+}

@@ -1,0 +1,96 @@
+/*
+ * config: the daemon's settings. One option table in config.c (name, type,
+ * bounds, default, reloadable) is the only place defaults live; everything
+ * else (conf/kvstashd.conf, --key=value flags, SIGHUP reload) goes through it.
+ *
+ * A struct kv_config is a plain value: build one with conf_init, fill it
+ * with conf_load_file / conf_set, check it with conf_finalize, then treat
+ * it as read-only. The daemon publishes a finalized config by pointer swap;
+ * threads read whichever snapshot they loaded.
+ *
+ * Error messages name the source (file:line or --flag), the text and the
+ * reason, e.g.  "kvstashd.conf:12: 'memory_size 12q': bad size (use 64k, 1m, 4g, 4GiB)".
+ */
+#ifndef CONFIG_H
+#define CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define CONF_STR_MAX 512
+
+enum conf_log_level { LOG_LEVEL_ERROR = 0, LOG_LEVEL_WARN, LOG_LEVEL_INFO, LOG_LEVEL_DEBUG };
+
+struct kv_config {
+    char listen[CONF_STR_MAX];        /* host:port; "" disables TCP. default 127.0.0.1:7431 */
+    char unix_socket[CONF_STR_MAX];   /* path; "" before finalize = <data_dir>/kvstashd.sock; "none" disables */
+    char data_dir[CONF_STR_MAX];      /* default ./var */
+    char node_id[CONF_STR_MAX];       /* "" = generated once and kept in <data_dir>/node_id */
+    uint64_t memory_size;             /* DRAM tier bytes; default 1 GiB */
+    uint64_t max_key_size;            /* default 1 KiB */
+    uint64_t max_value_size;          /* default 256 MiB */
+    uint64_t max_batch;               /* keys per batch request; default 16384 */
+    uint64_t max_message_size;        /* wire bytes of one request; default 1 GiB */
+    uint64_t max_connections;         /* default 1024 */
+    uint64_t io_threads;              /* event loops; 0 before finalize = cores, at most 8 */
+    uint64_t lease_ttl_ms;            /* default 10 s */
+    uint64_t client_output_limit;     /* stop reading a connection above this much unsent output; default 64 MiB */
+    uint64_t shutdown_timeout_ms;     /* SIGTERM drain deadline; default 10 s */
+    double eviction_high_watermark;   /* default 0.90 */
+    double eviction_low_watermark;    /* default 0.80 */
+    int log_level;                    /* enum conf_log_level; default info */
+    char log_file[CONF_STR_MAX];      /* "" = stderr */
+};
+
+/* conf_init: fill c with every default from the option table. */
+void conf_init(struct kv_config *c);
+
+/*
+ * conf_load_file: read `key value` lines from path into c ('#' starts a
+ * comment, blank lines ignored, a key given twice keeps the last value).
+ * Returns 0, or -1 with a message in err naming path:line, the text and the
+ * reason (unknown key, bad value, out of bounds), or -errno when the file
+ * cannot be read (err says which file and why).
+ */
+int conf_load_file(struct kv_config *c, const char *path, char *err, size_t errlen);
+
+/*
+ * conf_set: set one key from its text form. source names where it came from
+ * for the error message ("--memory_size" or "file.conf:3"). Returns 0 or -1
+ * with err filled (unknown key, bad value, out of bounds).
+ */
+int conf_set(struct kv_config *c, const char *key, const char *value, const char *source,
+             char *err, size_t errlen);
+
+/*
+ * conf_finalize: derive what defaults depend on (unix_socket from data_dir,
+ * io_threads from the core count) and check cross-key rules (low watermark
+ * <= high watermark, max_key_size < max_message_size, ...). Returns 0 or -1
+ * with err filled.
+ */
+int conf_finalize(struct kv_config *c, char *err, size_t errlen);
+
+/*
+ * conf_diff: call fn(key, reloadable, arg) for every key whose value differs
+ * between a and b. Returns the number of differing keys.
+ */
+typedef void conf_diff_fn(const char *key, bool reloadable, void *arg);
+int conf_diff(const struct kv_config *a, const struct kv_config *b, conf_diff_fn *fn, void *arg);
+
+/*
+ * conf_apply_reloadable: copy every reloadable key from src into dst,
+ * leaving the others as they are. Used on SIGHUP.
+ */
+void conf_apply_reloadable(struct kv_config *dst, const struct kv_config *src);
+
+/* conf_parse_size: "4096", "64k", "1m", "4g", "4GiB", "1t" (binary units). 0 or -1. */
+int conf_parse_size(const char *s, uint64_t *out);
+
+/* conf_parse_duration_ms: "250" (ms), "500ms", "10s", "5m", "1h". 0 or -1. */
+int conf_parse_duration_ms(const char *s, uint64_t *out);
+
+/* conf_dump: write every key and its current value as a config file to buf. */
+int conf_dump(const struct kv_config *c, char *buf, size_t len);
+
+#endif

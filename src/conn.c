@@ -1,0 +1,671 @@
+/*
+ * conn: the per-connection state machine: read, frame, spill, dispatch,
+ * write, backpressure, close.
+ *
+ * Everything here runs on the owning worker's thread; the only shared thing
+ * it calls is the store (through rpc). It owns the socket fd, its two
+ * libevent events, the input buffer, the spill bookkeeping of the message
+ * being received, and the outq. It must never block: sockets are
+ * non-blocking, and reads per wake-up are bounded so one busy client cannot
+ * starve the others on the same loop.
+ */
+#include "conn.h"
+
+#include <errno.h>
+#include <event2/event.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <arpa/inet.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "frame.h"
+#include "kverr.h"
+#include "log.h"
+#include "mp.h"
+#include "outq.h"
+#include "rpc.h"
+#include "server.h"
+#include "store.h"
+
+#define CONN_IBUF_MIN (64u * 1024u)
+#define CONN_READS_PER_WAKE 16
+#define CONN_SPILL_MIN (16u * 1024u)
+#define CONN_DISCARD_SIZE (256u * 1024u)
+#define CONN_IOV_MAX 256
+
+struct conn {
+    struct worker *w;
+    struct conn *next, *prev;
+    int fd;
+    int is_unix;
+    uint64_t id;
+    char peer[64];
+    struct event *ev_read, *ev_write;
+    bool reading;                /* ev_read is armed */
+    bool writing;                /* ev_write is armed */
+    bool paused;                 /* not reading: output over the limit */
+    bool closing;                /* close at the end of the current callback */
+    bool eof;                    /* peer closed its side */
+
+    uint8_t *ibuf;               /* message bytes (minus spilled bodies) + read-ahead */
+    size_t icap, ilen, rpos;     /* current message starts at rpos */
+    struct frame_scan scan;
+    struct frame_limits flim;
+    struct rpc_spill_cursor sc;
+
+    struct mp_hole *holes;       /* spilled bodies of the current message */
+    struct rpc_spill *spills;    /* parallel to holes */
+    size_t nholes, capholes;
+    uint64_t spill_left;         /* body bytes of the active spill still on the wire */
+    uint64_t spill_off;          /* bytes of it already received */
+
+    struct outq out;
+    struct rpc_ctx ctx;
+};
+
+static _Atomic uint64_t conn_next_id = 1;
+
+static void conn_on_read(evutil_socket_t fd, short what, void *arg);
+static void conn_on_write(evutil_socket_t fd, short what, void *arg);
+
+/* ---- lifecycle ---- */
+
+static void
+conn_spills_abort(struct conn *c)
+{
+    struct store *store = c->w->srv->store;
+
+    for (size_t i = 0; i < c->nholes; i++) {
+        if (c->spills[i].obj != NULL) {
+            store_abort(store, c->spills[i].obj);
+            c->spills[i].obj = NULL;
+        }
+    }
+    c->nholes = 0;
+    c->spill_left = 0;
+    c->spill_off = 0;
+}
+
+static void
+conn_free(struct conn *c)
+{
+    struct worker *w = c->w;
+
+    log_debug("conn %llu %s: closed", (unsigned long long)c->id, c->peer);
+    conn_spills_abort(c);
+    outq_deinit(&c->out);
+    if (c->ev_read != NULL) {
+        event_free(c->ev_read);
+    }
+    if (c->ev_write != NULL) {
+        event_free(c->ev_write);
+    }
+    if (c->fd >= 0) {
+        close(c->fd);
+    }
+    if (c->prev != NULL) {
+        c->prev->next = c->next;
+    } else if (w->conns == c) {
+        w->conns = c->next;
+    }
+    if (c->next != NULL) {
+        c->next->prev = c->prev;
+    }
+    free(c->ibuf);
+    free(c->holes);
+    free(c->spills);
+    free(c);
+    atomic_fetch_sub_explicit(&w->srv->connections, 1, memory_order_relaxed);
+    if (w->draining && w->conns == NULL) {
+        event_base_loopbreak(w->base);
+    }
+}
+
+static void
+conn_peer_name(struct conn *c)
+{
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof(ss);
+
+    if (c->is_unix) {
+        snprintf(c->peer, sizeof(c->peer), "unix");
+        return;
+    }
+    if (getpeername(c->fd, (struct sockaddr *)&ss, &len) != 0) {
+        snprintf(c->peer, sizeof(c->peer), "?");
+        return;
+    }
+    char host[INET6_ADDRSTRLEN] = "?";
+    unsigned port = 0;
+    if (ss.ss_family == AF_INET) {
+        struct sockaddr_in *a = (struct sockaddr_in *)&ss;
+        inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
+        port = ntohs(a->sin_port);
+    } else if (ss.ss_family == AF_INET6) {
+        struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
+        inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
+        port = ntohs(a->sin6_port);
+    }
+    snprintf(c->peer, sizeof(c->peer), "%s:%u", host, port);
+}
+
+/* Load the config snapshot into the worker's limits when it changed. */
+static void
+conn_refresh_limits(struct worker *w)
+{
+    const struct kv_config *conf = server_conf(w->srv);
+
+    if (conf == w->conf) {
+        return;
+    }
+    w->conf = conf;
+    w->lim.max_key_size = conf->max_key_size;
+    w->lim.max_value_size = conf->max_value_size;
+    w->lim.max_batch = conf->max_batch;
+    w->lim.max_message_size = conf->max_message_size;
+    w->lim.lease_ttl_ms = conf->lease_ttl_ms;
+}
+
+int
+conn_adopt(struct worker *w, int fd, int is_unix)
+{
+    struct conn *c = calloc(1, sizeof(*c));
+
+    if (c == NULL) {
+        log_error("conn: out of memory adopting fd %d", fd);
+        close(fd);
+        atomic_fetch_sub_explicit(&w->srv->connections, 1, memory_order_relaxed);
+        return -ENOMEM;
+    }
+    c->w = w;
+    c->fd = fd;
+    c->is_unix = is_unix;
+    c->id = atomic_fetch_add_explicit(&conn_next_id, 1, memory_order_relaxed);
+    conn_peer_name(c);
+    conn_refresh_limits(w);
+    c->ctx.srv = &w->srv->rpc;
+    c->ctx.lim = &w->lim;
+    c->ctx.ctr = &w->ctr;
+    c->ctx.tenant = 0;
+    outq_init(&c->out, w->srv->store);
+    frame_scan_init(&c->scan);
+    rpc_spill_reset(&c->sc);
+    c->ibuf = malloc(CONN_IBUF_MIN);
+    c->icap = CONN_IBUF_MIN;
+    c->ev_read = event_new(w->base, fd, EV_READ | EV_PERSIST, conn_on_read, c);
+    c->ev_write = event_new(w->base, fd, EV_WRITE | EV_PERSIST, conn_on_write, c);
+    c->next = w->conns;
+    if (w->conns != NULL) {
+        w->conns->prev = c;
+    }
+    w->conns = c;
+    if (c->ibuf == NULL || c->ev_read == NULL || c->ev_write == NULL ||
+        event_add(c->ev_read, NULL) != 0) {
+        log_error("conn %llu %s: cannot set up (out of memory)", (unsigned long long)c->id,
+                  c->peer);
+        conn_free(c);
+        return -ENOMEM;
+    }
+    c->reading = true;
+    log_debug("conn %llu %s: open on worker %d", (unsigned long long)c->id, c->peer, w->idx);
+    return 0;
+}
+
+/* ---- event arming ---- */
+
+static void
+conn_set_reading(struct conn *c, bool on)
+{
+    if (on == c->reading) {
+        return;
+    }
+    if (on) {
+        event_add(c->ev_read, NULL);
+    } else {
+        event_del(c->ev_read);
+    }
+    c->reading = on;
+}
+
+static void
+conn_set_writing(struct conn *c, bool on)
+{
+    if (on == c->writing) {
+        return;
+    }
+    if (on) {
+        event_add(c->ev_write, NULL);
+    } else {
+        event_del(c->ev_write);
+    }
+    c->writing = on;
+}
+
+/* Idle: no partial message, no spill in progress, nothing left to send. */
+static bool
+conn_idle(const struct conn *c)
+{
+    return c->ilen == c->rpos && c->spill_left == 0 && c->nholes == 0 &&
+           outq_pending(&c->out) == 0;
+}
+
+/* ---- output ---- */
+
+/* Write as much as the socket takes. Returns 0, or -1 when the connection broke. */
+static int
+conn_flush(struct conn *c)
+{
+    struct iovec iov[CONN_IOV_MAX];
+
+    while (outq_pending(&c->out) > 0) {
+        int n = outq_peek(&c->out, iov, CONN_IOV_MAX);
+        ssize_t wr = writev(c->fd, iov, n);
+        if (wr < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                break;
+            }
+            if (errno == EINTR) {
+                continue;
+            }
+            if (errno != EPIPE && errno != ECONNRESET) {
+                log_info("conn %llu %s: writev: %s", (unsigned long long)c->id, c->peer,
+                         strerror(errno));
+            }
+            return -1;
+        }
+        outq_consume(&c->out, (size_t)wr);
+        atomic_store_explicit(&c->w->bytes_out,
+                              atomic_load_explicit(&c->w->bytes_out, memory_order_relaxed) +
+                                  (uint64_t)wr,
+                              memory_order_relaxed);
+    }
+    conn_set_writing(c, outq_pending(&c->out) > 0);
+    return 0;
+}
+
+/* Send the error notification once and close. */
+static void
+conn_fail(struct conn *c, int status, const char *why)
+{
+    struct worker *w = c->w;
+
+    log_info("conn %llu %s: %s: %s; closing", (unsigned long long)c->id, c->peer,
+             kv_errname(status), why);
+    if (status == KV_PROTOCOL_ERROR) {
+        atomic_store_explicit(&w->protocol_errors,
+                              atomic_load_explicit(&w->protocol_errors, memory_order_relaxed) + 1,
+                              memory_order_relaxed);
+    }
+    conn_spills_abort(c);
+    if (rpc_notify_error(&c->out, status, why) == 0) {
+        (void)conn_flush(c); /* best effort: the peer may not be reading */
+    }
+    c->closing = true;
+}
+
+/* ---- input ---- */
+
+static void
+conn_message_reset(struct conn *c)
+{
+    frame_scan_init(&c->scan);
+    rpc_spill_reset(&c->sc);
+    c->nholes = 0;
+}
+
+/* Record a spill of the current message; returns its index or -1 (no memory). */
+static int
+conn_hole_add(struct conn *c, uint64_t len)
+{
+    if (c->nholes == c->capholes) {
+        size_t cap = c->capholes ? c->capholes * 2 : 8;
+        struct mp_hole *h = realloc(c->holes, cap * sizeof(*h));
+        if (h == NULL) {
+            return -1;
+        }
+        c->holes = h;
+        struct rpc_spill *sp = realloc(c->spills, cap * sizeof(*sp));
+        if (sp == NULL) {
+            return -1;
+        }
+        c->spills = sp;
+        c->capholes = cap;
+    }
+    size_t i = c->nholes++;
+    c->holes[i].off = c->scan.pos;
+    c->holes[i].len = len;
+    c->holes[i].tag = NULL;
+    c->spills[i].obj = NULL;
+    c->spills[i].code = 0;
+    return (int)i;
+}
+
+/* Copy n received body bytes of the active spill into its reservation (or drop them). */
+static void
+conn_spill_fill(struct conn *c, const uint8_t *p, size_t n)
+{
+    struct rpc_spill *sp = &c->spills[c->nholes - 1];
+
+    if (sp->obj != NULL && n > 0) {
+        store_obj_write(sp->obj, c->spill_off, p, n);
+    }
+    c->spill_off += n;
+    c->spill_left -= n;
+}
+
+/* Dispatch one complete message of scan.pos bytes at rpos. Returns 0 or -1 (close). */
+static int
+conn_dispatch(struct conn *c)
+{
+    for (size_t i = 0; i < c->nholes; i++) {
+        c->holes[i].tag = &c->spills[i];
+    }
+    int rc = rpc_dispatch(&c->ctx, c->ibuf + c->rpos, c->scan.pos, c->holes, c->nholes, &c->out);
+    c->rpos += c->scan.pos;
+    conn_message_reset(c);
+    if (rc == KV_PROTOCOL_ERROR) {
+        conn_fail(c, KV_PROTOCOL_ERROR, "not a msgpack-rpc request ([0, msgid, method, params])");
+        return -1;
+    }
+    if (rc != 0) {
+        log_error("conn %llu %s: out of memory building a reply; closing",
+                  (unsigned long long)c->id, c->peer);
+        c->closing = true;
+        return -1;
+    }
+    return 0;
+}
+
+/*
+ * Scan and dispatch what is buffered. Stops at a partial message, at a spill
+ * (the body must be read first), or when output is over the limit.
+ * Returns 0 or -1 (closing).
+ */
+static int
+conn_process(struct conn *c)
+{
+    uint64_t out_limit = c->w->conf->client_output_limit;
+
+    c->flim.max_message_size = c->w->lim.max_message_size;
+    c->flim.max_depth = FRAME_MAX_DEPTH;
+    c->flim.spill_min = CONN_SPILL_MIN;
+
+    while (c->spill_left == 0 && c->rpos < c->ilen) {
+        if (outq_pending(&c->out) > out_limit) {
+            c->paused = true;
+            return 0;
+        }
+        int st = frame_scan(&c->scan, c->ibuf + c->rpos, c->ilen - c->rpos, &c->flim);
+        if (st == FRAME_DONE) {
+            if (conn_dispatch(c) != 0) {
+                return -1;
+            }
+            continue;
+        }
+        if (st == FRAME_NEED_MORE) {
+            break;
+        }
+        if (st == FRAME_ERROR) {
+            conn_fail(c, KV_PROTOCOL_ERROR, c->scan.error ? c->scan.error : "malformed message");
+            return -1;
+        }
+        /* FRAME_SPILL */
+        struct rpc_spill sp;
+        if (!rpc_spill_take(&c->ctx, &c->sc, c->ibuf + c->rpos, c->scan.pos, c->scan.path,
+                            c->scan.depth, c->scan.spill_len, &sp)) {
+            frame_scan_decline(&c->scan);
+            continue;
+        }
+        if (conn_hole_add(c, c->scan.spill_len) < 0) {
+            store_abort(c->w->srv->store, sp.obj);
+            log_error("conn %llu %s: out of memory; closing", (unsigned long long)c->id, c->peer);
+            c->closing = true;
+            return -1;
+        }
+        c->spills[c->nholes - 1] = sp;
+        c->spill_left = c->scan.spill_len;
+        c->spill_off = 0;
+        size_t at = c->rpos + c->scan.pos;
+        conn_spill_fill(c, c->ibuf + at, c->scan.spill_have);
+        c->ilen = at; /* the buffered part of the body now lives in the store */
+    }
+    if (c->rpos == c->ilen) {
+        c->rpos = c->ilen = 0;
+    }
+    return 0;
+}
+
+/* Make room in ibuf for more of the current message. Returns 0 or -1 (no memory). */
+static int
+conn_ibuf_room(struct conn *c)
+{
+    if (c->ilen < c->icap) {
+        return 0;
+    }
+    if (c->rpos > 0) {
+        memmove(c->ibuf, c->ibuf + c->rpos, c->ilen - c->rpos);
+        c->ilen -= c->rpos;
+        c->rpos = 0;
+        return 0;
+    }
+    /* The frame scanner bounds a message by max_message_size, so this growth is bounded. */
+    size_t cap = c->icap * 2;
+    uint8_t *p = realloc(c->ibuf, cap);
+    if (p == NULL) {
+        return -1;
+    }
+    c->ibuf = p;
+    c->icap = cap;
+    return 0;
+}
+
+/* Give a big buffer back once the message that needed it is gone. */
+static void
+conn_ibuf_shrink(struct conn *c)
+{
+    if (c->icap > 4 * CONN_IBUF_MIN && c->ilen == 0) {
+        uint8_t *p = malloc(CONN_IBUF_MIN);
+        if (p != NULL) {
+            free(c->ibuf);
+            c->ibuf = p;
+            c->icap = CONN_IBUF_MIN;
+        }
+    }
+}
+
+/* One read syscall: into the active spill (and the buffer behind it) or the buffer. */
+static ssize_t
+conn_read_once(struct conn *c)
+{
+    struct iovec iov[STORE_MAX_EXTENTS + 1];
+    int n = 0;
+    uint64_t body = 0;
+
+    if (c->spill_left > 0) {
+        struct rpc_spill *sp = &c->spills[c->nholes - 1];
+        if (sp->obj != NULL) {
+            struct iovec ext[STORE_MAX_EXTENTS];
+            int ne = store_obj_iov(sp->obj, ext, STORE_MAX_EXTENTS);
+            uint64_t skip = c->spill_off;
+            for (int i = 0; i < ne; i++) {
+                if (skip >= ext[i].iov_len) {
+                    skip -= ext[i].iov_len;
+                    continue;
+                }
+                iov[n].iov_base = (uint8_t *)ext[i].iov_base + skip;
+                iov[n].iov_len = ext[i].iov_len - skip;
+                skip = 0;
+                n++;
+            }
+            body = c->spill_left;
+        } else {
+            body = c->spill_left < CONN_DISCARD_SIZE ? c->spill_left : CONN_DISCARD_SIZE;
+            iov[n].iov_base = c->w->discard;
+            iov[n].iov_len = body;
+            n++;
+        }
+    }
+    /* Read ahead into the buffer only past the end of the body. */
+    if (body == c->spill_left) {
+        if (conn_ibuf_room(c) != 0) {
+            return -ENOMEM;
+        }
+        iov[n].iov_base = c->ibuf + c->ilen;
+        iov[n].iov_len = c->icap - c->ilen;
+        n++;
+    }
+
+    ssize_t rd = readv(c->fd, iov, n);
+    if (rd <= 0) {
+        return rd < 0 ? -errno : 0;
+    }
+    atomic_store_explicit(&c->w->bytes_in,
+                          atomic_load_explicit(&c->w->bytes_in, memory_order_relaxed) +
+                              (uint64_t)rd,
+                          memory_order_relaxed);
+    uint64_t got = (uint64_t)rd;
+    if (body > 0) {
+        uint64_t k = got < body ? got : body;
+        /* Bytes went straight into the reservation: account, do not copy. */
+        c->spill_off += k;
+        c->spill_left -= k;
+        got -= k;
+        if (c->spill_left == 0) {
+            frame_scan_spilled(&c->scan);
+        }
+    }
+    c->ilen += got;
+    return rd;
+}
+
+static void
+conn_maybe_finish_drain(struct conn *c)
+{
+    if (c->w->draining && !c->closing) {
+        if (conn_idle(c)) {
+            c->closing = true;
+        } else if (c->ilen == c->rpos && c->spill_left == 0 && c->nholes == 0) {
+            conn_set_reading(c, false); /* every received request is answered: read no more */
+        }
+    }
+}
+
+static void
+conn_on_read(evutil_socket_t fd, short what, void *arg)
+{
+    struct conn *c = arg;
+    (void)fd;
+    (void)what;
+
+    conn_refresh_limits(c->w);
+    for (int i = 0; i < CONN_READS_PER_WAKE && !c->closing; i++) {
+        ssize_t rd = conn_read_once(c);
+        if (rd == 0) {
+            c->eof = true;
+            break;
+        }
+        if (rd < 0) {
+            if (rd == -EAGAIN || rd == -EWOULDBLOCK) {
+                break;
+            }
+            if (rd == -EINTR) {
+                continue;
+            }
+            if (rd != -ECONNRESET) {
+                log_info("conn %llu %s: read: %s", (unsigned long long)c->id, c->peer,
+                         kv_strerror((int)rd));
+            }
+            c->closing = true;
+            break;
+        }
+        if (conn_process(c) != 0 || c->paused) {
+            break;
+        }
+    }
+    if (!c->closing && conn_flush(c) != 0) {
+        c->closing = true;
+    }
+    if (!c->closing && c->paused) {
+        conn_set_reading(c, false);
+    }
+    if (!c->closing && c->eof) {
+        /* Peer is done sending: answer what it sent, then close. */
+        conn_set_reading(c, false);
+        if (c->rpos != c->ilen || c->spill_left > 0 || c->nholes > 0) {
+            c->closing = true; /* a message cut short: nothing of it is kept */
+        } else if (outq_pending(&c->out) == 0) {
+            c->closing = true;
+        }
+    }
+    conn_maybe_finish_drain(c);
+    if (c->closing) {
+        conn_free(c);
+    } else {
+        conn_ibuf_shrink(c);
+    }
+}
+
+static void
+conn_on_write(evutil_socket_t fd, short what, void *arg)
+{
+    struct conn *c = arg;
+    (void)fd;
+    (void)what;
+
+    conn_refresh_limits(c->w);
+    if (conn_flush(c) != 0) {
+        conn_free(c);
+        return;
+    }
+    if (c->paused && outq_pending(&c->out) <= c->w->conf->client_output_limit / 2) {
+        c->paused = false;
+        if (conn_process(c) != 0) {
+            conn_free(c);
+            return;
+        }
+        if (conn_flush(c) != 0) {
+            conn_free(c);
+            return;
+        }
+        if (!c->paused && !c->eof) {
+            conn_set_reading(c, true);
+        }
+    }
+    if (c->eof && outq_pending(&c->out) == 0) {
+        c->closing = true;
+    }
+    conn_maybe_finish_drain(c);
+    if (c->closing) {
+        conn_free(c);
+    }
+}
+
+void
+conn_drain_all(struct worker *w)
+{
+    struct conn *c = w->conns;
+
+    while (c != NULL) {
+        struct conn *next = c->next;
+        conn_maybe_finish_drain(c);
+        if (c->closing) {
+            conn_free(c);
+        }
+        c = next;
+    }
+}
+
+void
+conn_close_all(struct worker *w)
+{
+    while (w->conns != NULL) {
+        conn_free(w->conns);
+    }
+}

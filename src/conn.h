@@ -1,0 +1,38 @@
+/*
+ * conn: one client connection (TCP or Unix socket), owned by one worker
+ * thread from adoption to close.
+ *
+ * Read path: bytes go into the connection buffer and through frame_scan;
+ * a put value big enough to matter is received straight into its store
+ * reservation (readv into the arena) instead of the buffer; each complete
+ * message goes to rpc_dispatch. Write path: replies queue in an outq and
+ * leave with writev, values straight from the arena. A connection whose
+ * unsent output passes client_output_limit is not read until it drains.
+ *
+ * A framing violation is answered once with the error notification, then the
+ * connection closes. A connection is freed only by conn_close, at the end of
+ * its own event callback or by its worker, never from inside rpc code.
+ */
+#ifndef CONN_H
+#define CONN_H
+
+struct worker;
+
+/*
+ * conn_adopt: make a connection of an accepted non-blocking fd on worker w
+ * (called on w's thread). is_unix tells the transport. On failure the fd is
+ * closed and the error logged. Returns 0 or -errno.
+ */
+int conn_adopt(struct worker *w, int fd, int is_unix);
+
+/*
+ * conn_drain_all: the server is stopping: close idle connections of w now;
+ * the others stop reading new requests once their current message is in,
+ * and close as soon as their replies are sent.
+ */
+void conn_drain_all(struct worker *w);
+
+/* conn_close_all: close every connection of w at once (final teardown). */
+void conn_close_all(struct worker *w);
+
+#endif

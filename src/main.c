@@ -1,0 +1,127 @@
+/*
+ * main: the kvstashd command line. Builds the config (defaults, then the
+ * file, then --key=value flags in order), validates it, and runs the server.
+ * Owns nothing after server_create; must not hold any policy of its own.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "log.h"
+#include "server.h"
+#include "version.h"
+
+static void
+usage(FILE *f)
+{
+    fprintf(f,
+            "usage: kvstashd [--config FILE] [--key=value ...] [--check-config] [--version] "
+            "[--help]\n"
+            "\n"
+            "  --config FILE    read settings from FILE (see conf/kvstashd.conf)\n"
+            "  --key=value      set any config key, overriding the file (e.g. "
+            "--memory_size=4g)\n"
+            "  --check-config   validate the configuration and exit\n"
+            "  --version        print the version and exit\n"
+            "\n"
+            "signals: SIGHUP reloads FILE, SIGUSR1 reopens log_file, SIGTERM/SIGINT drain "
+            "and exit\n");
+}
+
+int
+main(int argc, char **argv)
+{
+    struct kv_config conf;
+    const char *config_path = NULL;
+    bool check_only = false;
+    char err[1024];
+    char **overrides = calloc((size_t)argc + 1, sizeof(*overrides));
+    int noverrides = 0;
+    struct server *srv = NULL;
+
+    if (overrides == NULL) {
+        fprintf(stderr, "kvstashd: out of memory\n");
+        return 1;
+    }
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            usage(stdout);
+            free(overrides);
+            return 0;
+        } else if (strcmp(a, "--version") == 0) {
+            printf("kvstashd %s (protocol %d)\n", KVSTASH_VERSION, KVSTASH_PROTOCOL_VERSION);
+            free(overrides);
+            return 0;
+        } else if (strcmp(a, "--check-config") == 0) {
+            check_only = true;
+        } else if (strcmp(a, "--config") == 0 || strcmp(a, "-c") == 0) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "kvstashd: %s needs a file name\n", a);
+                free(overrides);
+                return 2;
+            }
+            config_path = argv[++i];
+        } else if (strncmp(a, "--config=", 9) == 0) {
+            config_path = a + 9;
+        } else if (strncmp(a, "--", 2) == 0 && strchr(a, '=') != NULL) {
+            overrides[noverrides++] = argv[i];
+        } else {
+            fprintf(stderr, "kvstashd: '%s': not an option (use --key=value; see --help)\n", a);
+            free(overrides);
+            return 2;
+        }
+    }
+
+    conf_init(&conf);
+    if (config_path != NULL && conf_load_file(&conf, config_path, err, sizeof(err)) != 0) {
+        fprintf(stderr, "kvstashd: %s\n", err);
+        free(overrides);
+        return 1;
+    }
+    for (int i = 0; i < noverrides; i++) {
+        char key[128];
+        const char *arg = overrides[i] + 2;
+        const char *eq = strchr(arg, '=');
+        if ((size_t)(eq - arg) >= sizeof(key)) {
+            fprintf(stderr, "kvstashd: %s: key too long\n", overrides[i]);
+            free(overrides);
+            return 1;
+        }
+        snprintf(key, sizeof(key), "%.*s", (int)(eq - arg), arg);
+        if (conf_set(&conf, key, eq + 1, overrides[i], err, sizeof(err)) != 0) {
+            fprintf(stderr, "kvstashd: %s\n", err);
+            free(overrides);
+            return 1;
+        }
+    }
+    if (conf_finalize(&conf, err, sizeof(err)) != 0) {
+        fprintf(stderr, "kvstashd: %s\n", err);
+        free(overrides);
+        return 1;
+    }
+    if (check_only) {
+        printf("kvstashd: configuration OK%s%s\n", config_path ? ": " : "",
+               config_path ? config_path : "");
+        free(overrides);
+        return 0;
+    }
+
+    signal(SIGPIPE, SIG_IGN);
+    if (log_open(conf.log_file, conf.log_level) != 0) {
+        fprintf(stderr, "kvstashd: cannot open log_file '%s'; logging to stderr\n", conf.log_file);
+    }
+    if (server_create(&conf, config_path, noverrides, overrides, &srv) != 0) {
+        log_close();
+        free(overrides);
+        return 1;
+    }
+    int rc = server_run(srv);
+    server_destroy(srv);
+    log_info("kvstashd: exit");
+    log_close();
+    free(overrides);
+    return rc;
+}

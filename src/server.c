@@ -1,0 +1,864 @@
+/*
+ * server: process-wide plumbing: data dir and node id, listeners, accept and
+ * hand-off to worker threads, signals (reload, log reopen, drain), config
+ * snapshots. The request path itself lives in conn.c and protocol/rpc.c.
+ *
+ * The main thread runs its own event_base for listeners, signals and
+ * timers; it never touches a connection after handing its fd to a worker.
+ */
+#include "server.h"
+
+#include <errno.h>
+#include <event2/event.h>
+#include <event2/thread.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "conn.h"
+#include "kverr.h"
+#include "log.h"
+#include "outq.h"
+#include "rpc.h"
+#include "stats.h"
+#include "store.h"
+#include "version.h"
+
+#define SERVER_ACCEPTS_PER_WAKE 64
+#define SERVER_DISCARD_SIZE (256u * 1024u)
+
+/* ---- data dir and node id ---- */
+
+static int
+server_mkdirs(const char *path)
+{
+    char tmp[CONF_STR_MAX];
+
+    if (snprintf(tmp, sizeof(tmp), "%s", path) >= (int)sizeof(tmp)) {
+        return -ENAMETOOLONG;
+    }
+    for (char *p = tmp + 1; *p != '\0'; p++) {
+        if (*p == '/') {
+            *p = '\0';
+            if (mkdir(tmp, 0750) != 0 && errno != EEXIST) {
+                return -errno;
+            }
+            *p = '/';
+        }
+    }
+    if (mkdir(tmp, 0750) != 0 && errno != EEXIST) {
+        return -errno;
+    }
+    return 0;
+}
+
+/* The node id: from the config, else kept in <data_dir>/node_id (made once). */
+static int
+server_node_id(struct server *s, const struct kv_config *conf)
+{
+    char path[CONF_STR_MAX + 16], tmp[CONF_STR_MAX + 24];
+    uint8_t rnd[16];
+    FILE *f;
+
+    if (conf->node_id[0] != '\0') {
+        snprintf(s->node_id, sizeof(s->node_id), "%s", conf->node_id);
+        return 0;
+    }
+    snprintf(path, sizeof(path), "%s/node_id", conf->data_dir);
+    f = fopen(path, "r");
+    if (f != NULL) {
+        char line[80] = "";
+        if (fgets(line, sizeof(line), f) != NULL) {
+            line[strcspn(line, "\r\n")] = '\0';
+        }
+        fclose(f);
+        if (line[0] != '\0') {
+            snprintf(s->node_id, sizeof(s->node_id), "%s", line);
+            return 0;
+        }
+    }
+    if (getrandom(rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd)) {
+        return -errno;
+    }
+    for (size_t i = 0; i < sizeof(rnd); i++) {
+        snprintf(s->node_id + 2 * i, 3, "%02x", rnd[i]);
+    }
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    f = fopen(tmp, "w");
+    if (f == NULL) {
+        return -errno;
+    }
+    fprintf(f, "%s\n", s->node_id);
+    if (fflush(f) != 0 || fsync(fileno(f)) != 0) {
+        int e = errno;
+        fclose(f);
+        return -e;
+    }
+    fclose(f);
+    if (rename(tmp, path) != 0) {
+        return -errno;
+    }
+    return 0;
+}
+
+/* ---- listeners ---- */
+
+static int
+server_listen_tcp(const char *spec, int *out)
+{
+    char host[CONF_STR_MAX];
+    const char *port;
+    struct addrinfo hints, *res = NULL;
+    int fd = -1, one = 1, rc;
+
+    /* "host:port" or "[v6]:port" (config.c has validated the shape). */
+    if (spec[0] == '[') {
+        const char *end = strchr(spec, ']');
+        if (end == NULL || end[1] != ':') {
+            return -EINVAL;
+        }
+        snprintf(host, sizeof(host), "%.*s", (int)(end - spec - 1), spec + 1);
+        port = end + 2;
+    } else {
+        const char *colon = strrchr(spec, ':');
+        if (colon == NULL) {
+            return -EINVAL;
+        }
+        snprintf(host, sizeof(host), "%.*s", (int)(colon - spec), spec);
+        port = colon + 1;
+    }
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    rc = getaddrinfo(host[0] ? host : NULL, port, &hints, &res);
+    if (rc != 0) {
+        log_error("listen %s: %s", spec, gai_strerror(rc));
+        return -EINVAL;
+    }
+    fd = socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        rc = -errno;
+        goto fail;
+    }
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(fd, res->ai_addr, res->ai_addrlen) != 0 || listen(fd, 1024) != 0) {
+        rc = -errno;
+        goto fail;
+    }
+    freeaddrinfo(res);
+    *out = fd;
+    return 0;
+fail:
+    log_error("listen %s: %s", spec, strerror(-rc));
+    if (fd >= 0) {
+        close(fd);
+    }
+    freeaddrinfo(res);
+    return rc;
+}
+
+static int
+server_listen_unix(const char *path, int *out)
+{
+    struct sockaddr_un sun;
+    int fd, rc;
+
+    if (strlen(path) >= sizeof(sun.sun_path)) {
+        log_error("unix_socket %s: path longer than %zu bytes", path, sizeof(sun.sun_path) - 1);
+        return -ENAMETOOLONG;
+    }
+    memset(&sun, 0, sizeof(sun));
+    sun.sun_family = AF_UNIX;
+    memcpy(sun.sun_path, path, strlen(path) + 1);
+
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        return -errno;
+    }
+    /* A socket file that still answers belongs to a live daemon: never steal it. */
+    int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (probe >= 0) {
+        if (connect(probe, (struct sockaddr *)&sun, sizeof(sun)) == 0) {
+            close(probe);
+            close(fd);
+            log_error("unix_socket %s: another process is serving on it", path);
+            return -EADDRINUSE;
+        }
+        close(probe);
+    }
+    unlink(path);
+    if (bind(fd, (struct sockaddr *)&sun, sizeof(sun)) != 0) {
+        rc = -errno;
+        log_error("unix_socket %s: bind: %s", path, strerror(errno));
+        close(fd);
+        return rc;
+    }
+    if (chmod(path, 0660) != 0 || listen(fd, 1024) != 0) {
+        rc = -errno;
+        log_error("unix_socket %s: %s", path, strerror(errno));
+        close(fd);
+        unlink(path);
+        return rc;
+    }
+    *out = fd;
+    return 0;
+}
+
+/* ---- accept and hand-off ---- */
+
+static void
+server_reject(struct server *s, int fd, const char *why)
+{
+    struct outq q;
+    struct iovec iov[8];
+
+    outq_init(&q, s->store);
+    if (rpc_notify_error(&q, KV_UNAVAILABLE, why) == 0) {
+        int n = outq_peek(&q, iov, 8);
+        ssize_t wr = writev(fd, iov, n); /* non-blocking, best effort */
+        (void)wr;
+    }
+    outq_deinit(&q);
+    close(fd);
+}
+
+static void
+server_accept_resume(evutil_socket_t fd, short what, void *arg)
+{
+    struct server *s = arg;
+    (void)fd;
+    (void)what;
+
+    if (s->draining) {
+        return;
+    }
+    if (s->tcp_ev != NULL) {
+        event_add(s->tcp_ev, NULL);
+    }
+    if (s->unix_ev != NULL) {
+        event_add(s->unix_ev, NULL);
+    }
+}
+
+static void
+server_on_accept(evutil_socket_t lfd, short what, void *arg)
+{
+    struct server *s = arg;
+    int is_unix = (lfd == s->unix_fd);
+    (void)what;
+
+    for (int i = 0; i < SERVER_ACCEPTS_PER_WAKE; i++) {
+        int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ||
+                errno == ECONNABORTED) {
+                return;
+            }
+            atomic_fetch_add_explicit(&s->accept_errors, 1, memory_order_relaxed);
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+                /* Out of descriptors: stop accepting for a moment instead of spinning. */
+                struct timeval tv = {0, 100 * 1000};
+                log_warn("accept: %s; pausing accepts for 100 ms", strerror(errno));
+                if (s->tcp_ev != NULL) {
+                    event_del(s->tcp_ev);
+                }
+                if (s->unix_ev != NULL) {
+                    event_del(s->unix_ev);
+                }
+                evtimer_add(s->accept_timer, &tv);
+                return;
+            }
+            log_warn("accept: %s", strerror(errno));
+            return;
+        }
+        const struct kv_config *conf = server_conf(s);
+        uint64_t n = atomic_fetch_add_explicit(&s->connections, 1, memory_order_relaxed);
+        if (n >= conf->max_connections) {
+            atomic_fetch_sub_explicit(&s->connections, 1, memory_order_relaxed);
+            atomic_fetch_add_explicit(&s->connections_rejected, 1, memory_order_relaxed);
+            log_warn("connection refused: max_connections (%llu) reached",
+                     (unsigned long long)conf->max_connections);
+            server_reject(s, fd, "max_connections reached");
+            continue;
+        }
+        atomic_fetch_add_explicit(&s->connections_total, 1, memory_order_relaxed);
+        if (!is_unix) {
+            int one = 1;
+            setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        }
+        struct worker *w = &s->workers[s->next_worker];
+        s->next_worker = (s->next_worker + 1) % s->nworkers;
+        pthread_mutex_lock(&w->lock);
+        if (w->npending == w->cappending) {
+            int cap = w->cappending ? w->cappending * 2 : 64;
+            int *p = realloc(w->pending, (size_t)cap * sizeof(*p));
+            if (p == NULL) {
+                pthread_mutex_unlock(&w->lock);
+                atomic_fetch_sub_explicit(&s->connections, 1, memory_order_relaxed);
+                close(fd);
+                continue;
+            }
+            w->pending = p;
+            w->cappending = cap;
+        }
+        w->pending[w->npending++] = is_unix ? -fd - 1 : fd; /* sign carries the transport */
+        pthread_mutex_unlock(&w->lock);
+        char b = 'c';
+        if (write(w->notify_wr, &b, 1) < 0 && errno != EAGAIN) {
+            log_error("worker %d notify: %s", w->idx, strerror(errno));
+        }
+    }
+}
+
+/* ---- workers ---- */
+
+static void
+worker_on_notify(evutil_socket_t fd, short what, void *arg)
+{
+    struct worker *w = arg;
+    char buf[64];
+    bool drain = false;
+    (void)what;
+
+    for (;;) {
+        ssize_t n = read(fd, buf, sizeof(buf));
+        if (n <= 0) {
+            break;
+        }
+        for (ssize_t i = 0; i < n; i++) {
+            if (buf[i] == 'd') {
+                drain = true;
+            }
+        }
+    }
+    for (;;) {
+        int fds[64], n = 0;
+        pthread_mutex_lock(&w->lock);
+        while (n < 64 && w->npending > 0) {
+            fds[n++] = w->pending[--w->npending];
+        }
+        pthread_mutex_unlock(&w->lock);
+        if (n == 0) {
+            break;
+        }
+        for (int i = 0; i < n; i++) {
+            int f = fds[i];
+            if (w->draining || drain) {
+                close(f < 0 ? -f - 1 : f);
+                atomic_fetch_sub_explicit(&w->srv->connections, 1, memory_order_relaxed);
+                continue;
+            }
+            conn_adopt(w, f < 0 ? -f - 1 : f, f < 0);
+        }
+    }
+    if (drain && !w->draining) {
+        w->draining = 1;
+        conn_drain_all(w);
+        if (w->conns == NULL) {
+            event_base_loopbreak(w->base);
+        }
+    }
+}
+
+static void *
+worker_main(void *arg)
+{
+    struct worker *w = arg;
+
+    event_base_dispatch(w->base);
+    atomic_store(&w->done, 1);
+    return NULL;
+}
+
+static int
+worker_init(struct server *s, struct worker *w, int idx)
+{
+    int p[2];
+
+    w->srv = s;
+    w->idx = idx;
+    w->notify_rd = w->notify_wr = -1;
+    pthread_mutex_init(&w->lock, NULL);
+    w->base = event_base_new();
+    w->discard = malloc(SERVER_DISCARD_SIZE);
+    if (w->base == NULL || w->discard == NULL) {
+        return -ENOMEM;
+    }
+    if (pipe2(p, O_NONBLOCK | O_CLOEXEC) != 0) {
+        return -errno;
+    }
+    w->notify_rd = p[0];
+    w->notify_wr = p[1];
+    w->notify_ev = event_new(w->base, w->notify_rd, EV_READ | EV_PERSIST, worker_on_notify, w);
+    if (w->notify_ev == NULL || event_add(w->notify_ev, NULL) != 0) {
+        return -ENOMEM;
+    }
+    w->conf = server_conf(s);
+    w->lim.max_key_size = w->conf->max_key_size;
+    w->lim.max_value_size = w->conf->max_value_size;
+    w->lim.max_batch = w->conf->max_batch;
+    w->lim.max_message_size = w->conf->max_message_size;
+    w->lim.lease_ttl_ms = w->conf->lease_ttl_ms;
+    return 0;
+}
+
+static void
+worker_deinit(struct worker *w)
+{
+    if (w->base != NULL) {
+        conn_close_all(w);
+    }
+    if (w->notify_ev != NULL) {
+        event_free(w->notify_ev);
+    }
+    if (w->base != NULL) {
+        event_base_free(w->base);
+    }
+    if (w->notify_rd >= 0) {
+        close(w->notify_rd);
+    }
+    if (w->notify_wr >= 0) {
+        close(w->notify_wr);
+    }
+    for (int i = 0; i < w->npending; i++) {
+        int f = w->pending[i];
+        close(f < 0 ? -f - 1 : f);
+    }
+    free(w->pending);
+    free(w->discard);
+    pthread_mutex_destroy(&w->lock);
+}
+
+/* ---- config reload ---- */
+
+static int
+server_build_conf(struct server *s, struct kv_config *c, char *err, size_t errlen)
+{
+    conf_init(c);
+    if (s->config_path != NULL && conf_load_file(c, s->config_path, err, errlen) != 0) {
+        return -1;
+    }
+    for (int i = 0; i < s->argc; i++) {
+        char key[128];
+        const char *arg = s->argv[i] + 2; /* skip "--" */
+        const char *eq = strchr(arg, '=');
+        if (eq == NULL || (size_t)(eq - arg) >= sizeof(key)) {
+            continue;
+        }
+        snprintf(key, sizeof(key), "%.*s", (int)(eq - arg), arg);
+        if (conf_set(c, key, eq + 1, s->argv[i], err, errlen) != 0) {
+            return -1;
+        }
+    }
+    return conf_finalize(c, err, errlen);
+}
+
+static void
+server_log_restart_key(const char *key, bool reloadable, void *arg)
+{
+    (void)arg;
+    if (!reloadable) {
+        log_warn("reload: '%s' changed but needs a restart; keeping the running value", key);
+    } else {
+        log_info("reload: '%s' changed", key);
+    }
+}
+
+static void
+server_reload(struct server *s)
+{
+    char err[1024];
+    struct kv_config *fresh = malloc(sizeof(*fresh));
+    struct kv_config *next = malloc(sizeof(*next));
+    const struct kv_config *cur = server_conf(s);
+    struct kv_config **olds;
+
+    if (fresh == NULL || next == NULL) {
+        log_error("reload: out of memory; keeping the running config");
+        goto fail;
+    }
+    if (server_build_conf(s, fresh, err, sizeof(err)) != 0) {
+        log_error("reload failed, keeping the running config: %s", err);
+        goto fail;
+    }
+    conf_diff(cur, fresh, server_log_restart_key, NULL);
+    *next = *cur;
+    conf_apply_reloadable(next, fresh);
+
+    struct store_config sc = {
+        .memory_size = next->memory_size,
+        .max_key_size = (uint32_t)next->max_key_size,
+        .max_value_size = next->max_value_size,
+        .high_watermark = next->eviction_high_watermark,
+        .low_watermark = next->eviction_low_watermark,
+    };
+    if (store_set_limits(s->store, &sc) != 0) {
+        log_error("reload: store rejected the new limits; keeping the running config");
+        goto fail;
+    }
+    if (strcmp(next->log_file, cur->log_file) != 0) {
+        int rc = log_open(next->log_file, next->log_level);
+        if (rc != 0) {
+            log_error("reload: cannot open log_file '%s': %s; keeping the old log", next->log_file,
+                      strerror(-rc));
+            snprintf(next->log_file, sizeof(next->log_file), "%s", cur->log_file);
+        }
+    }
+    log_set_level(next->log_level);
+    olds = realloc(s->old_confs, (size_t)(s->nold + 1) * sizeof(*olds));
+    if (olds == NULL) {
+        log_error("reload: out of memory; keeping the running config");
+        goto fail;
+    }
+    s->old_confs = olds;
+    s->old_confs[s->nold++] = (struct kv_config *)cur;
+    atomic_store_explicit(&s->conf, next, memory_order_release);
+    free(fresh);
+    log_info("reload: configuration applied");
+    return;
+fail:
+    free(fresh);
+    free(next);
+}
+
+/* ---- signals and drain ---- */
+
+static bool
+server_workers_done(struct server *s)
+{
+    for (int i = 0; i < s->nworkers; i++) {
+        if (!atomic_load(&s->workers[i].done)) {
+            return false;
+        }
+    }
+    return true;
+}
+
+static void
+server_on_drain_tick(evutil_socket_t fd, short what, void *arg)
+{
+    struct server *s = arg;
+    struct timespec now;
+    (void)fd;
+    (void)what;
+
+    if (server_workers_done(s)) {
+        log_info("shutdown: all connections drained");
+        event_base_loopbreak(s->base);
+        return;
+    }
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    if (now.tv_sec > s->drain_deadline.tv_sec ||
+        (now.tv_sec == s->drain_deadline.tv_sec && now.tv_nsec >= s->drain_deadline.tv_nsec)) {
+        log_warn("shutdown: drain deadline passed; closing the remaining connections");
+        for (int i = 0; i < s->nworkers; i++) {
+            event_base_loopbreak(s->workers[i].base);
+        }
+        event_base_loopbreak(s->base);
+    }
+}
+
+static void
+server_begin_drain(struct server *s)
+{
+    const struct kv_config *conf = server_conf(s);
+    struct timeval tick = {0, 20 * 1000};
+
+    s->draining = 1;
+    log_info("shutdown: no longer accepting; draining connections (deadline %llu ms)",
+             (unsigned long long)conf->shutdown_timeout_ms);
+    if (s->tcp_ev != NULL) {
+        event_del(s->tcp_ev);
+    }
+    if (s->unix_ev != NULL) {
+        event_del(s->unix_ev);
+    }
+    if (s->tcp_fd >= 0) {
+        close(s->tcp_fd);
+        s->tcp_fd = -1;
+    }
+    if (s->unix_fd >= 0) {
+        close(s->unix_fd);
+        s->unix_fd = -1;
+        unlink(s->unix_path);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &s->drain_deadline);
+    s->drain_deadline.tv_sec += (time_t)(conf->shutdown_timeout_ms / 1000);
+    s->drain_deadline.tv_nsec += (long)(conf->shutdown_timeout_ms % 1000) * 1000000L;
+    if (s->drain_deadline.tv_nsec >= 1000000000L) {
+        s->drain_deadline.tv_sec++;
+        s->drain_deadline.tv_nsec -= 1000000000L;
+    }
+    for (int i = 0; i < s->nworkers; i++) {
+        char b = 'd';
+        if (write(s->workers[i].notify_wr, &b, 1) < 0) {
+            log_error("worker %d notify: %s", i, strerror(errno));
+        }
+    }
+    s->drain_timer = event_new(s->base, -1, EV_PERSIST, server_on_drain_tick, s);
+    if (s->drain_timer == NULL) {
+        event_base_loopbreak(s->base);
+        return;
+    }
+    evtimer_add(s->drain_timer, &tick);
+}
+
+static void
+server_on_signal(evutil_socket_t sig, short what, void *arg)
+{
+    struct server *s = arg;
+    (void)what;
+
+    switch (sig) {
+    case SIGHUP:
+        log_info("SIGHUP: reloading %s", s->config_path ? s->config_path : "(no config file)");
+        server_reload(s);
+        break;
+    case SIGUSR1:
+        if (log_reopen() != 0) {
+            log_error("SIGUSR1: cannot reopen the log file");
+        } else {
+            log_info("SIGUSR1: log file reopened");
+        }
+        break;
+    case SIGTERM:
+    case SIGINT:
+        if (s->draining) {
+            if (sig == SIGINT) {
+                log_warn("second SIGINT: exiting now");
+                _exit(1);
+            }
+            return;
+        }
+        log_info("%s: shutting down", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+        server_begin_drain(s);
+        break;
+    default:
+        break;
+    }
+}
+
+/* ---- create / run / destroy ---- */
+
+int
+server_create(const struct kv_config *conf, const char *config_path, int argc, char **argv,
+              struct server **out)
+{
+    struct server *s = calloc(1, sizeof(*s));
+    struct kv_config *c = malloc(sizeof(*c));
+    int rc;
+    static const int sigs[4] = {SIGHUP, SIGTERM, SIGINT, SIGUSR1};
+
+    if (s == NULL || c == NULL) {
+        free(s);
+        free(c);
+        log_error("out of memory");
+        return -1;
+    }
+    *c = *conf;
+    atomic_init(&s->conf, c);
+    s->config_path = config_path;
+    s->argc = argc;
+    s->argv = argv;
+    s->tcp_fd = s->unix_fd = -1;
+    s->started = time(NULL);
+
+    rc = server_mkdirs(c->data_dir);
+    if (rc != 0) {
+        log_error("data_dir %s: %s", c->data_dir, strerror(-rc));
+        goto fail;
+    }
+    rc = server_node_id(s, c);
+    if (rc != 0) {
+        log_error("node_id in %s: %s", c->data_dir, strerror(-rc));
+        goto fail;
+    }
+
+    struct store_config sc = {
+        .memory_size = c->memory_size,
+        .max_key_size = (uint32_t)c->max_key_size,
+        .max_value_size = c->max_value_size,
+        .high_watermark = c->eviction_high_watermark,
+        .low_watermark = c->eviction_low_watermark,
+    };
+    rc = store_create(&sc, &s->store);
+    if (rc != 0) {
+        log_error("cannot create the DRAM tier of %llu bytes: %s",
+                  (unsigned long long)c->memory_size, kv_strerror(rc));
+        goto fail;
+    }
+
+    s->rpc.store = s->store;
+    s->rpc.version = KVSTASH_VERSION;
+    s->rpc.node_id = s->node_id;
+    s->rpc.transports = s->transports;
+    s->rpc.stats_fn = stats_collect;
+    s->rpc.stats_arg = s;
+
+    if (evthread_use_pthreads() != 0) {
+        log_error("libevent: no pthreads support");
+        goto fail;
+    }
+    s->base = event_base_new();
+    if (s->base == NULL) {
+        log_error("libevent: cannot create the main event base");
+        goto fail;
+    }
+    if (c->listen[0] != '\0') {
+        if (server_listen_tcp(c->listen, &s->tcp_fd) != 0) {
+            goto fail;
+        }
+        s->transports[s->rpc.ntransports++] = "tcp";
+    }
+    if (c->unix_socket[0] != '\0' && strcmp(c->unix_socket, "none") != 0) {
+        snprintf(s->unix_path, sizeof(s->unix_path), "%s", c->unix_socket);
+        if (server_listen_unix(c->unix_socket, &s->unix_fd) != 0) {
+            goto fail;
+        }
+        s->transports[s->rpc.ntransports++] = "unix";
+    }
+    if (s->tcp_fd < 0 && s->unix_fd < 0) {
+        log_error("nothing to listen on: both listen and unix_socket are disabled");
+        goto fail;
+    }
+
+    s->nworkers = (int)c->io_threads;
+    if (s->nworkers < 1) {
+        s->nworkers = 1;
+    }
+    if (s->nworkers > SERVER_MAX_WORKERS) {
+        s->nworkers = SERVER_MAX_WORKERS;
+    }
+    s->workers = calloc((size_t)s->nworkers, sizeof(*s->workers));
+    if (s->workers == NULL) {
+        log_error("out of memory");
+        goto fail;
+    }
+    for (int i = 0; i < s->nworkers; i++) {
+        rc = worker_init(s, &s->workers[i], i);
+        if (rc != 0) {
+            log_error("worker %d: %s", i, kv_strerror(rc));
+            goto fail;
+        }
+    }
+    for (int i = 0; i < s->nworkers; i++) {
+        rc = pthread_create(&s->workers[i].thread, NULL, worker_main, &s->workers[i]);
+        if (rc != 0) {
+            log_error("worker %d: pthread_create: %s", i, strerror(rc));
+            goto fail;
+        }
+        s->nthreads++;
+    }
+
+    if (s->tcp_fd >= 0) {
+        s->tcp_ev = event_new(s->base, s->tcp_fd, EV_READ | EV_PERSIST, server_on_accept, s);
+        if (s->tcp_ev == NULL || event_add(s->tcp_ev, NULL) != 0) {
+            goto fail;
+        }
+    }
+    if (s->unix_fd >= 0) {
+        s->unix_ev = event_new(s->base, s->unix_fd, EV_READ | EV_PERSIST, server_on_accept, s);
+        if (s->unix_ev == NULL || event_add(s->unix_ev, NULL) != 0) {
+            goto fail;
+        }
+    }
+    s->accept_timer = evtimer_new(s->base, server_accept_resume, s);
+    if (s->accept_timer == NULL) {
+        goto fail;
+    }
+    for (int i = 0; i < 4; i++) {
+        s->sig_ev[i] = evsignal_new(s->base, sigs[i], server_on_signal, s);
+        if (s->sig_ev[i] == NULL || event_add(s->sig_ev[i], NULL) != 0) {
+            log_error("cannot install the handler of signal %d", sigs[i]);
+            goto fail;
+        }
+    }
+    log_info("kvstashd %s node %s: listening on %s%s%s, %d io thread(s), memory_size %llu",
+             KVSTASH_VERSION, s->node_id, c->listen[0] ? c->listen : "(no tcp)",
+             s->unix_fd >= 0 ? " and " : "", s->unix_fd >= 0 ? s->unix_path : "", s->nworkers,
+             (unsigned long long)c->memory_size);
+    *out = s;
+    return 0;
+fail:
+    server_destroy(s);
+    return -1;
+}
+
+int
+server_run(struct server *s)
+{
+    event_base_dispatch(s->base);
+    return 0;
+}
+
+void
+server_destroy(struct server *s)
+{
+    if (s == NULL) {
+        return;
+    }
+    for (int i = 0; i < s->nthreads; i++) {
+        if (s->workers[i].base != NULL) {
+            event_base_loopbreak(s->workers[i].base);
+            char b = 'd';
+            if (write(s->workers[i].notify_wr, &b, 1) < 0) {
+                /* the loopbreak above is enough */
+            }
+        }
+    }
+    for (int i = 0; i < s->nthreads; i++) {
+        pthread_join(s->workers[i].thread, NULL);
+    }
+    for (int i = 0; s->workers != NULL && i < s->nworkers; i++) {
+        if (s->workers[i].srv != NULL) {
+            worker_deinit(&s->workers[i]);
+        }
+    }
+    free(s->workers);
+    for (int i = 0; i < 4; i++) {
+        if (s->sig_ev[i] != NULL) {
+            event_free(s->sig_ev[i]);
+        }
+    }
+    if (s->drain_timer != NULL) {
+        event_free(s->drain_timer);
+    }
+    if (s->accept_timer != NULL) {
+        event_free(s->accept_timer);
+    }
+    if (s->tcp_ev != NULL) {
+        event_free(s->tcp_ev);
+    }
+    if (s->unix_ev != NULL) {
+        event_free(s->unix_ev);
+    }
+    if (s->tcp_fd >= 0) {
+        close(s->tcp_fd);
+    }
+    if (s->unix_fd >= 0) {
+        close(s->unix_fd);
+        unlink(s->unix_path);
+    }
+    if (s->base != NULL) {
+        event_base_free(s->base);
+    }
+    store_destroy(s->store);
+    for (int i = 0; i < s->nold; i++) {
+        free(s->old_confs[i]);
+    }
+    free(s->old_confs);
+    free((void *)server_conf(s));
+    free(s);
+}

@@ -1,0 +1,111 @@
+/*
+ * server: the daemon's process-wide state: listeners, the event-loop
+ * threads (workers), signals, config snapshots, and the store.
+ *
+ * Threads and ownership (see also README "Architecture"):
+ *   - the main thread owns the listeners, signals and config reload; it
+ *     accepts connections and hands each fd to one worker (round-robin)
+ *     through the worker's queue + notification pipe;
+ *   - each worker thread owns one libevent event_base and every connection
+ *     assigned to it, start to end: no other thread touches a connection;
+ *   - the store is shared and thread safe (storage/store.h);
+ *   - the current config is an atomic pointer to an immutable snapshot;
+ *     the main thread publishes a new one on SIGHUP and keeps old ones
+ *     until exit, so a worker may keep using the one it loaded;
+ *   - counters: each worker writes its own (single-writer relaxed atomics);
+ *     stats_collect sums them on demand.
+ * Lock order: worker queue lock is a leaf; store locks are inside the store.
+ */
+#ifndef SERVER_H
+#define SERVER_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "config.h"
+#include "rpc.h"
+
+struct event;
+struct event_base;
+struct conn;
+struct store;
+
+#define SERVER_MAX_WORKERS 64
+
+struct worker {
+    struct server *srv;
+    int idx;
+    pthread_t thread;
+    struct event_base *base;
+    int notify_rd, notify_wr;
+    struct event *notify_ev;
+    pthread_mutex_t lock;            /* protects pending[] */
+    int *pending;                    /* accepted fds waiting to be adopted */
+    int npending, cappending;
+    struct conn *conns;              /* this worker's connections (list) */
+    int draining;
+    const struct kv_config *conf;    /* snapshot in use */
+    struct rpc_limits lim;
+    struct rpc_counters ctr;
+    _Atomic uint64_t bytes_in;
+    _Atomic uint64_t bytes_out;
+    _Atomic uint64_t protocol_errors;
+    _Atomic int done;
+    uint8_t *discard;                /* scratch for bytes read only to be dropped */
+};
+
+struct server {
+    _Atomic(const struct kv_config *) conf;
+    const char *config_path;         /* NULL = defaults + flags */
+    int argc;                        /* --key=value overrides, reapplied on reload */
+    char **argv;
+    struct kv_config **old_confs;    /* retired snapshots, freed at exit */
+    int nold;
+    struct store *store;
+    struct rpc_server rpc;
+    char node_id[CONF_STR_MAX];
+    const char *transports[2];
+    struct event_base *base;
+    struct worker *workers;
+    int nworkers;                    /* workers allocated */
+    int nthreads;                    /* worker threads started */
+    int next_worker;
+    int tcp_fd, unix_fd;
+    char unix_path[CONF_STR_MAX];
+    struct event *tcp_ev, *unix_ev, *accept_timer;
+    struct event *sig_ev[4];
+    struct event *drain_timer;
+    struct timespec drain_deadline;
+    int draining;
+    time_t started;
+    _Atomic uint64_t connections;
+    _Atomic uint64_t connections_total;
+    _Atomic uint64_t connections_rejected;
+    _Atomic uint64_t accept_errors;
+};
+
+/*
+ * server_create: build everything from a finalized config (copied): data
+ * dir, node id, store, listeners, worker threads. argv holds the
+ * --key=value overrides to reapply on reload (borrowed for the server's
+ * life). Returns 0 and *out, or -1 after logging why.
+ */
+int server_create(const struct kv_config *conf, const char *config_path, int argc, char **argv,
+                  struct server **out);
+
+/* server_run: serve until SIGTERM/SIGINT and the drain end. Returns the exit status. */
+int server_run(struct server *s);
+
+/* server_destroy: stop threads and free everything. Accepts NULL and half-built servers. */
+void server_destroy(struct server *s);
+
+/* server_conf: the current config snapshot (valid until server_destroy). */
+static inline const struct kv_config *
+server_conf(struct server *s)
+{
+    return atomic_load_explicit(&s->conf, memory_order_acquire);
+}
+
+#endif

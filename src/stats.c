@@ -1,0 +1,93 @@
+/*
+ * stats: names and sums every counter of the daemon for the `stats` method.
+ * Reads single-writer counters with relaxed loads; the set is not a
+ * consistent snapshot, each value is.
+ */
+#include "stats.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <time.h>
+
+#include "server.h"
+#include "store.h"
+
+static char stats_op_names[RPC_METHOD_COUNT][40];
+static pthread_once_t stats_once = PTHREAD_ONCE_INIT;
+
+static void
+stats_names_init(void)
+{
+    for (int m = 0; m < RPC_METHOD_COUNT; m++) {
+        snprintf(stats_op_names[m], sizeof(stats_op_names[m]), "ops.%s", rpc_method_name(m));
+    }
+}
+
+static uint64_t
+ld(_Atomic uint64_t *v)
+{
+    return atomic_load_explicit(v, memory_order_relaxed);
+}
+
+int
+stats_collect(void *arg, const char **names, uint64_t *values, int max)
+{
+    struct server *s = arg;
+    struct store_stats st;
+    uint64_t ops[RPC_METHOD_COUNT] = {0};
+    uint64_t hits = 0, misses = 0, errors = 0, bin = 0, bout = 0, perr = 0;
+    int n = 0;
+
+    pthread_once(&stats_once, stats_names_init);
+    for (int i = 0; i < s->nworkers; i++) {
+        struct worker *w = &s->workers[i];
+        for (int m = 0; m < RPC_METHOD_COUNT; m++) {
+            ops[m] += ld(&w->ctr.ops[m]);
+        }
+        hits += ld(&w->ctr.hits);
+        misses += ld(&w->ctr.misses);
+        errors += ld(&w->ctr.errors);
+        bin += ld(&w->bytes_in);
+        bout += ld(&w->bytes_out);
+        perr += ld(&w->protocol_errors);
+    }
+    store_stats(s->store, &st);
+
+#define STAT(name, val)                                                                        \
+    do {                                                                                       \
+        if (n < max) {                                                                         \
+            names[n] = (name);                                                                 \
+            values[n] = (uint64_t)(val);                                                       \
+            n++;                                                                               \
+        }                                                                                      \
+    } while (0)
+
+    STAT("uptime_s", (uint64_t)(time(NULL) - s->started));
+    STAT("connections", ld(&s->connections));
+    STAT("connections_total", ld(&s->connections_total));
+    STAT("connections_rejected", ld(&s->connections_rejected));
+    STAT("accept_errors", ld(&s->accept_errors));
+    STAT("io_threads", s->nworkers);
+    for (int m = 0; m < RPC_METHOD_COUNT; m++) {
+        STAT(stats_op_names[m], ops[m]);
+    }
+    STAT("hits", hits);
+    STAT("misses", misses);
+    STAT("request_errors", errors);
+    STAT("protocol_errors", perr);
+    STAT("bytes_in", bin);
+    STAT("bytes_out", bout);
+    STAT("objects", st.objects);
+    STAT("reserved", st.reserved);
+    STAT("memory_used", st.memory_used);
+    STAT("memory_capacity", st.memory_capacity);
+    STAT("value_bytes", st.value_bytes);
+    STAT("evictions", st.evictions);
+    STAT("evicted_bytes", st.evicted_bytes);
+    STAT("no_space", st.no_space);
+    STAT("pinned_hard", st.pinned_hard);
+    STAT("pinned_soft", st.pinned_soft);
+    STAT("metadata_bytes", st.metadata_bytes);
+#undef STAT
+    return n;
+}

@@ -1,0 +1,440 @@
+/*
+ * alloc: the arena mapping and a binary buddy allocator over its 4 KiB pages.
+ * It owns the mapping, one mutex, and heap-side bookkeeping: per order a
+ * hierarchical bitmap of free blocks (bit i of order k set = the block of
+ * 2^k pages at page i << k is free), and one state byte per page marking the
+ * first page of every taken block with its order so alloc_give can refuse a
+ * double free. Nothing is ever written into the arena itself. The bitmap
+ * levels above the leaves summarise "some bit below is set", so finding the
+ * lowest free block of an order is one count-trailing-zeros per level (at
+ * most six for 2^32 pages) and setting or clearing a bit stops at the first
+ * level that does not change. Bookkeeping costs about 1.3 bytes per page.
+ *
+ * The arena need not be a power of two pages: it is carved into maximal
+ * aligned blocks, and a block's buddy that would reach past the end simply
+ * never exists, so such blocks never merge. This module must not know about
+ * objects or eviction.
+ */
+#include "alloc.h"
+
+#include "kverr.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#define ALLOC_BM_LEVELS 6               /* 64^6 > 2^32 bits */
+#define ALLOC_HUGE_ALIGN (2u << 20)     /* 2 MiB: x86-64 transparent huge page */
+#define ALLOC_STATE_TAKEN 0x80u         /* state byte of a taken block's first page */
+
+struct alloc_bitmap {
+    uint64_t nbits;
+    int nlevels;
+    uint64_t *level[ALLOC_BM_LEVELS];   /* level[0] = leaves; the top level is one word */
+};
+
+struct alloc {
+    pthread_mutex_t lock;
+    uint8_t *base;                      /* the arena: map_len = npages * ALLOC_PAGE_SIZE bytes */
+    size_t map_len;
+    uint64_t npages;
+    int max_order;                      /* largest order that fits in the arena */
+    _Atomic uint64_t used;              /* written under lock, read without */
+    uint64_t nfree[ALLOC_ORDERS];       /* free blocks per order */
+    struct alloc_bitmap bm[ALLOC_ORDERS];
+    uint64_t *words;                    /* every bitmap level of every order, one calloc */
+    uint8_t *state;                     /* one byte per page */
+    uint64_t metadata_bytes;
+};
+
+/* ---- hierarchical bitmap ---- */
+
+static uint64_t
+alloc_bm_words(uint64_t nbits, int *nlevels)
+{
+    uint64_t total = 0;
+    int levels = 0;
+
+    do {
+        nbits = (nbits + 63) / 64;
+        total += nbits;
+        levels++;
+    } while (nbits > 1);
+    *nlevels = levels;
+    return total;
+}
+
+static void
+alloc_bm_set(struct alloc_bitmap *bm, uint64_t i)
+{
+    for (int l = 0; l < bm->nlevels; l++) {
+        uint64_t w = i >> 6;
+        uint64_t old = bm->level[l][w];
+
+        bm->level[l][w] = old | (1ull << (i & 63));
+        if (old != 0) {
+            return;                     /* the levels above already say "non-empty" */
+        }
+        i = w;
+    }
+}
+
+static void
+alloc_bm_clear(struct alloc_bitmap *bm, uint64_t i)
+{
+    for (int l = 0; l < bm->nlevels; l++) {
+        uint64_t w = i >> 6;
+
+        bm->level[l][w] &= ~(1ull << (i & 63));
+        if (bm->level[l][w] != 0) {
+            return;
+        }
+        i = w;
+    }
+}
+
+static int
+alloc_bm_test(const struct alloc_bitmap *bm, uint64_t i)
+{
+    return (bm->level[0][i >> 6] >> (i & 63)) & 1;
+}
+
+/* alloc_bm_first: the lowest set bit; the caller knows the bitmap is not empty. */
+static uint64_t
+alloc_bm_first(const struct alloc_bitmap *bm)
+{
+    uint64_t i = 0;
+
+    for (int l = bm->nlevels - 1; l >= 0; l--) {
+        i = (i << 6) | (uint64_t)__builtin_ctzll(bm->level[l][i]);
+    }
+    return i;
+}
+
+/* ---- buddy blocks (all under a->lock) ---- */
+
+static void
+alloc_block_free_locked(struct alloc *a, uint64_t page, int order)
+{
+    alloc_bm_set(&a->bm[order], page >> order);
+    a->nfree[order]++;
+}
+
+static void
+alloc_block_unfree_locked(struct alloc *a, uint64_t page, int order)
+{
+    alloc_bm_clear(&a->bm[order], page >> order);
+    a->nfree[order]--;
+}
+
+static int
+alloc_largest_order_locked(const struct alloc *a)
+{
+    for (int o = a->max_order; o >= 0; o--) {
+        if (a->nfree[o] != 0) {
+            return o;
+        }
+    }
+    return -1;
+}
+
+/*
+ * alloc_block_take_locked: take the lowest free block of the smallest order
+ * >= order, splitting it down to `order` (upper halves go back as free
+ * blocks). Returns its first page; the caller checked that such a block exists.
+ */
+static uint64_t
+alloc_block_take_locked(struct alloc *a, int order)
+{
+    int o = order;
+    uint64_t page;
+
+    while (a->nfree[o] == 0) {
+        o++;
+    }
+    page = alloc_bm_first(&a->bm[o]) << o;
+    alloc_block_unfree_locked(a, page, o);
+    while (o > order) {
+        o--;
+        alloc_block_free_locked(a, page + (1ull << o), o);
+    }
+    a->state[page] = (uint8_t)(ALLOC_STATE_TAKEN | (unsigned)order);
+    return page;
+}
+
+static void
+alloc_block_give_locked(struct alloc *a, uint64_t page, int order)
+{
+    if (order > a->max_order || page >= a->npages || (page & ((1ull << order) - 1)) != 0
+        || a->state[page] != (uint8_t)(ALLOC_STATE_TAKEN | (unsigned)order)) {
+        fprintf(stderr, "alloc_give: extent page %llu order %d is not taken (double free?)\n",
+                (unsigned long long)page, order);
+        abort();
+    }
+    a->state[page] = 0;
+    while (order < a->max_order) {
+        uint64_t buddy = page ^ (1ull << order);
+
+        if (buddy + (1ull << order) > a->npages || !alloc_bm_test(&a->bm[order], buddy >> order)) {
+            break;
+        }
+        alloc_block_unfree_locked(a, buddy, order);
+        page &= ~(1ull << order);
+        order++;
+    }
+    alloc_block_free_locked(a, page, order);
+}
+
+/* ---- mapping ---- */
+
+static int
+alloc_map(struct alloc *a, uint64_t len)
+{
+    size_t slack_len = (size_t)len + ALLOC_HUGE_ALIGN;
+    uint8_t *map = mmap(NULL, slack_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1,
+                        0);
+
+    if (map != MAP_FAILED) {
+        /* Trim to a 2 MiB-aligned start so the kernel can back the arena with huge pages. */
+        uintptr_t start = ((uintptr_t)map + ALLOC_HUGE_ALIGN - 1)
+                          & ~(uintptr_t)(ALLOC_HUGE_ALIGN - 1);
+        size_t head = start - (uintptr_t)map;
+        size_t tail = slack_len - head - (size_t)len;
+
+        if (head != 0) {
+            munmap(map, head);
+        }
+        if (tail != 0) {
+            munmap((uint8_t *)start + len, tail);
+        }
+        a->base = (uint8_t *)start;
+    } else {
+        /* Without the slack, in case the slack was what did not fit. */
+        map = mmap(NULL, (size_t)len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (map == MAP_FAILED) {
+            return errno != 0 ? -errno : -ENOMEM;
+        }
+        a->base = map;
+    }
+    a->map_len = (size_t)len;
+#ifdef MADV_HUGEPAGE
+    (void)madvise(a->base, a->map_len, MADV_HUGEPAGE);
+#endif
+    return 0;
+}
+
+/* ---- public ---- */
+
+int
+alloc_create(uint64_t size, struct alloc **out)
+{
+    struct alloc *a;
+    uint64_t npages = size >> ALLOC_PAGE_SHIFT;
+    uint64_t nwords = 0;
+    uint64_t *w;
+    int rc;
+
+    *out = NULL;
+    if (npages == 0 || npages > ALLOC_MAX_PAGES || npages > SIZE_MAX >> ALLOC_PAGE_SHIFT) {
+        return KV_INVALID_ARGUMENT;
+    }
+    a = calloc(1, sizeof(*a));
+    if (a == NULL) {
+        return -ENOMEM;
+    }
+    a->npages = npages;
+    a->max_order = 63 - __builtin_clzll(npages);
+    if (a->max_order > ALLOC_ORDERS - 1) {
+        a->max_order = ALLOC_ORDERS - 1;
+    }
+    rc = pthread_mutex_init(&a->lock, NULL);
+    if (rc != 0) {
+        free(a);
+        return -rc;
+    }
+
+    for (int o = 0; o <= a->max_order; o++) {
+        a->bm[o].nbits = npages >> o;
+        nwords += alloc_bm_words(a->bm[o].nbits, &a->bm[o].nlevels);
+    }
+    a->words = calloc(nwords, sizeof(uint64_t));
+    a->state = calloc(npages, 1);
+    if (a->words == NULL || a->state == NULL) {
+        rc = -ENOMEM;
+        goto fail;
+    }
+    a->metadata_bytes = sizeof(*a) + nwords * sizeof(uint64_t) + npages;
+    w = a->words;
+    for (int o = 0; o <= a->max_order; o++) {
+        uint64_t nbits = a->bm[o].nbits;
+
+        for (int l = 0; l < a->bm[o].nlevels; l++) {
+            nbits = (nbits + 63) / 64;
+            a->bm[o].level[l] = w;
+            w += nbits;
+        }
+    }
+
+    rc = alloc_map(a, npages << ALLOC_PAGE_SHIFT);
+    if (rc != 0) {
+        goto fail;
+    }
+
+    /* Carve the arena into maximal aligned blocks. */
+    for (uint64_t page = 0; page < npages;) {
+        int o = a->max_order;
+
+        while ((page & ((1ull << o) - 1)) != 0 || page + (1ull << o) > npages) {
+            o--;
+        }
+        alloc_block_free_locked(a, page, o);
+        page += 1ull << o;
+    }
+    *out = a;
+    return 0;
+
+fail:
+    alloc_destroy(a);
+    return rc;
+}
+
+void
+alloc_destroy(struct alloc *a)
+{
+    if (a == NULL) {
+        return;
+    }
+    if (a->base != NULL) {
+        munmap(a->base, a->map_len);
+    }
+    free(a->words);
+    free(a->state);
+    pthread_mutex_destroy(&a->lock);
+    free(a);
+}
+
+int
+alloc_take(struct alloc *a, uint64_t npages, struct alloc_extent *ext, int max, int *n)
+{
+    uint64_t left = npages;
+    int count = 0;
+
+    *n = 0;
+    if (npages == 0) {
+        return 0;
+    }
+    pthread_mutex_lock(&a->lock);
+    if (npages > a->npages - atomic_load_explicit(&a->used, memory_order_relaxed)) {
+        goto fail;
+    }
+    while (left > 0) {
+        int want = 63 - __builtin_clzll(left);
+        int largest = alloc_largest_order_locked(a);
+
+        /*
+         * largest >= 0: at least `left` pages are still free. When no block
+         * of the wanted order or above is free, the biggest one left goes in
+         * and the rest of the request is made of what remains.
+         */
+        if (want > largest) {
+            want = largest;
+        }
+        if (count == max) {
+            goto fail;
+        }
+        ext[count].page = (uint32_t)alloc_block_take_locked(a, want);
+        ext[count].order = (uint8_t)want;
+        count++;
+        left -= 1ull << want;
+    }
+    atomic_store_explicit(&a->used, atomic_load_explicit(&a->used, memory_order_relaxed) + npages,
+                          memory_order_relaxed);
+    pthread_mutex_unlock(&a->lock);
+    *n = count;
+    return 0;
+
+fail:
+    /* Giving back in reverse re-coalesces exactly: the buddy state depends only on the free set. */
+    while (count > 0) {
+        count--;
+        alloc_block_give_locked(a, ext[count].page, ext[count].order);
+    }
+    pthread_mutex_unlock(&a->lock);
+    return KV_NO_SPACE;
+}
+
+void
+alloc_give(struct alloc *a, const struct alloc_extent *ext, int n)
+{
+    uint64_t pages = 0;
+
+    if (n <= 0) {
+        return;
+    }
+    pthread_mutex_lock(&a->lock);
+    for (int i = 0; i < n; i++) {
+        alloc_block_give_locked(a, ext[i].page, ext[i].order);
+        pages += 1ull << ext[i].order;
+    }
+    atomic_store_explicit(&a->used, atomic_load_explicit(&a->used, memory_order_relaxed) - pages,
+                          memory_order_relaxed);
+    pthread_mutex_unlock(&a->lock);
+}
+
+void *
+alloc_base(const struct alloc *a)
+{
+    return a->base;
+}
+
+uint64_t
+alloc_total_pages(const struct alloc *a)
+{
+    return a->npages;
+}
+
+uint64_t
+alloc_used_pages(const struct alloc *a)
+{
+    return atomic_load_explicit(&a->used, memory_order_relaxed);
+}
+
+uint64_t
+alloc_free_pages(const struct alloc *a)
+{
+    return a->npages - atomic_load_explicit(&a->used, memory_order_relaxed);
+}
+
+uint64_t
+alloc_largest_free(struct alloc *a)
+{
+    int o;
+
+    pthread_mutex_lock(&a->lock);
+    o = alloc_largest_order_locked(a);
+    pthread_mutex_unlock(&a->lock);
+    return o < 0 ? 0 : 1ull << o;
+}
+
+void
+alloc_stats(struct alloc *a, struct alloc_stats *out)
+{
+    int o;
+
+    memset(out, 0, sizeof(*out));
+    pthread_mutex_lock(&a->lock);
+    out->total_pages = a->npages;
+    out->used_pages = atomic_load_explicit(&a->used, memory_order_relaxed);
+    out->free_pages = a->npages - out->used_pages;
+    o = alloc_largest_order_locked(a);
+    out->largest_free_pages = o < 0 ? 0 : 1ull << o;
+    for (o = 0; o <= a->max_order; o++) {
+        out->free_blocks[o] = a->nfree[o];
+    }
+    out->metadata_bytes = a->metadata_bytes;
+    pthread_mutex_unlock(&a->lock);
+}

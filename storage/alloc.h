@@ -1,0 +1,116 @@
+/*
+ * alloc: the DRAM arena and its page allocator. One arena of memory_size
+ * bytes is mapped once at alloc_create and divided into 4 KiB pages, which a
+ * binary buddy allocator hands out as extents (aligned runs of 2^order pages).
+ * The allocator owns the mapping and its own bookkeeping, which lives on the
+ * heap, never inside the arena, so a stray write into the arena (a buggy
+ * writer, a remote RDMA peer) can corrupt data but never the free lists. It
+ * knows nothing about objects, keys or eviction; storage/store.c decides what
+ * to free when the arena is full.
+ *
+ * Threads: every function is safe to call from any thread at once. One mutex
+ * inside the allocator guards the free lists; alloc_used_pages and
+ * alloc_free_pages read an atomic counter and take no lock. Lock order: a
+ * caller may hold its own locks (store shard locks) while calling in; the
+ * allocator calls out to nothing while holding its mutex.
+ */
+#ifndef ALLOC_H
+#define ALLOC_H
+
+#include <stdint.h>
+
+struct alloc;
+
+#define ALLOC_PAGE_SHIFT 12
+#define ALLOC_PAGE_SIZE (1u << ALLOC_PAGE_SHIFT)
+#define ALLOC_ORDERS 32          /* orders 0..31: a block is at most 2^31 pages (8 TiB) */
+#define ALLOC_MAX_PAGES 0xffffffffu /* page numbers are uint32_t */
+
+/*
+ * An extent: 2^order pages starting at page `page` (page * ALLOC_PAGE_SIZE
+ * bytes from alloc_base). page is a multiple of 2^order.
+ */
+struct alloc_extent {
+    uint32_t page;
+    uint8_t order;
+};
+
+/* A snapshot of the allocator's state, for stats and fragmentation tests. */
+struct alloc_stats {
+    uint64_t total_pages;
+    uint64_t used_pages;
+    uint64_t free_pages;
+    uint64_t largest_free_pages;        /* pages in the largest free block (0 when full) */
+    uint64_t free_blocks[ALLOC_ORDERS]; /* free blocks of each order */
+    uint64_t metadata_bytes;            /* heap bytes of the bookkeeping */
+};
+
+/*
+ * alloc_create: map an arena of `size` bytes rounded down to whole pages
+ * (MAP_PRIVATE|MAP_ANONYMOUS, aligned to 2 MiB and advised MADV_HUGEPAGE
+ * where the system allows; both best-effort), every page free. The arena's
+ * pages are not touched, so untouched memory costs nothing until used.
+ * Returns 0 and *out, KV_INVALID_ARGUMENT when size is under one page or over
+ * ALLOC_MAX_PAGES pages, -ENOMEM (or the mmap errno) when the arena or the
+ * bookkeeping cannot be allocated.
+ */
+int alloc_create(uint64_t size, struct alloc **out);
+
+/* alloc_destroy: unmap the arena and free everything. Accepts NULL. No other call may run. */
+void alloc_destroy(struct alloc *a);
+
+/*
+ * alloc_take: take exactly `npages` pages as at most `max` extents written to
+ * ext[0..*n). The request is split by the binary representation of npages
+ * (largest extent first), so a free arena answers with popcount(npages)
+ * extents; when an order has no free block a larger one is split, and when
+ * no block is large enough the request is made of smaller ones. The lowest
+ * free block of the chosen order is used, which keeps the arena compact.
+ * npages == 0 succeeds with *n = 0.
+ *
+ * Returns 0, or KV_NO_SPACE when fewer than npages pages are free or the
+ * request would need more than max extents; on failure nothing is taken and
+ * *n is 0. ext is borrowed and must hold max entries.
+ */
+int alloc_take(struct alloc *a, uint64_t npages, struct alloc_extent *ext, int max, int *n);
+
+/*
+ * alloc_give: return extents from alloc_take (any subset, in any order);
+ * free buddies coalesce at once. Giving back an extent that is not taken
+ * (double free, made-up extent) prints a message on stderr and aborts.
+ */
+void alloc_give(struct alloc *a, const struct alloc_extent *ext, int n);
+
+/* alloc_base: the first byte of the arena; valid until alloc_destroy. */
+void *alloc_base(const struct alloc *a);
+
+/* alloc_extent_ptr: the first byte of an extent. */
+static inline void *
+alloc_extent_ptr(void *base, const struct alloc_extent *e)
+{
+    return (uint8_t *)base + ((uint64_t)e->page << ALLOC_PAGE_SHIFT);
+}
+
+/* alloc_extent_bytes: the length of an extent in bytes. */
+static inline uint64_t
+alloc_extent_bytes(const struct alloc_extent *e)
+{
+    return (uint64_t)ALLOC_PAGE_SIZE << e->order;
+}
+
+/* alloc_total_pages: pages in the arena (fixed at create). */
+uint64_t alloc_total_pages(const struct alloc *a);
+
+/* alloc_used_pages: pages taken now. Lock-free; exact at some instant. */
+uint64_t alloc_used_pages(const struct alloc *a);
+
+/* alloc_free_pages: pages free now. Lock-free; exact at some instant. */
+uint64_t alloc_free_pages(const struct alloc *a);
+
+/* alloc_largest_free: pages in the largest free block (0 when full). Takes the mutex. */
+uint64_t alloc_largest_free(struct alloc *a);
+
+/* alloc_stats: fill *out with a consistent snapshot (taken under the mutex). */
+void alloc_stats(struct alloc *a, struct alloc_stats *out);
+
+#endif

@@ -1,0 +1,1192 @@
+/*
+ * store: the DRAM object store behind store.h. It owns the key table (64
+ * shards, each a chained hash table that doubles as it fills, its near-LRU
+ * lists and its counters, all under the shard's mutex), the object metadata
+ * (one heap block per object: the struct, its extents, its key) and the
+ * eviction policy; the arena pages themselves belong to storage/alloc.c.
+ * It must not block on I/O, must not hold two shard locks at once, and takes
+ * the allocator's lock only after (or without) a shard lock.
+ *
+ * Recency: every published object carries a coarse access stamp (monotonic
+ * milliseconds). Each shard keeps two lists, most recent at the head: normal
+ * objects and soft-pinned objects; hard-pinned and reserved objects are on no
+ * list. An access stamps the object and moves it to its list head, under the
+ * shard lock the lookup already holds. Eviction compares the shards' tails
+ * by stamp and takes the oldest, so order is exact within a shard and
+ * accurate to the clock tick across shards.
+ *
+ * Lifetime: refs counts the table's reference (while indexed) plus one per
+ * writer or reader. A reference can only be gained through a lookup under
+ * the shard lock or from an existing one, so an indexed object seen with
+ * refs == 1 under its shard lock has no holder but the table: eviction and
+ * remove detach it there and drop the last reference after unlocking.
+ */
+#include "store.h"
+
+#include "alloc.h"
+#include "kverr.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/uio.h>
+#include <time.h>
+
+#define STORE_SHARD_BITS 6
+#define STORE_SHARDS (1u << STORE_SHARD_BITS)
+#define STORE_BUCKETS_INIT 64u      /* per shard; a power of two */
+#define STORE_EVICT_SCAN 16         /* busy objects one look at a shard tail may skip */
+#define STORE_EVICT_MISSES 256        /* looks in a row that evict nothing (4 per shard) */
+#define STORE_EVICT_RESCANS 2       /* full rescans before a class counts as empty */
+#define STORE_NO_CANDIDATE UINT64_MAX
+
+#ifdef CLOCK_MONOTONIC_COARSE
+#define STORE_CLOCK CLOCK_MONOTONIC_COARSE
+#else
+#define STORE_CLOCK CLOCK_MONOTONIC
+#endif
+
+enum store_obj_state {
+    STORE_OBJ_RESERVED = 1,
+    STORE_OBJ_PUBLISHED = 2,
+    STORE_OBJ_GONE = 3              /* no longer indexed; freed with the last reference */
+};
+
+enum store_lru {
+    STORE_LRU_NORMAL = 0,
+    STORE_LRU_SOFT = 1,
+    STORE_LRU_CLASSES = 2
+};
+
+/*
+ * One object: 80 bytes on LP64, then n_ext extents (8 bytes each) and the
+ * key bytes in the same heap block. Everything but refs is guarded by the
+ * shard lock, except what is immutable after store_reserve (base, hash,
+ * size, tenant, key_len, n_ext, ext, key), which readers use without it.
+ */
+struct store_obj {
+    struct store_obj *hnext;        /* hash chain; after detaching, a private free list */
+    struct store_obj *lru_prev;     /* toward the head (more recent) */
+    struct store_obj *lru_next;     /* toward the tail (older) */
+    uint8_t *base;                  /* arena base, so the obj_* calls need no store */
+    uint64_t hash;
+    uint64_t size;                  /* value bytes */
+    uint64_t atime;                 /* access stamp, ms */
+    uint64_t lease_until;           /* ms; 0 = no lease */
+    _Atomic uint32_t refs;
+    uint32_t tenant;
+    uint32_t key_len;
+    uint8_t state;                  /* enum store_obj_state */
+    uint8_t pin;                    /* enum store_pin */
+    uint8_t n_ext;
+    uint8_t pad_;
+    struct alloc_extent ext[];      /* n_ext extents, then key_len key bytes */
+};
+
+struct store_list {
+    struct store_obj *head;
+    struct store_obj *tail;
+};
+
+struct store_shard {
+    _Alignas(64) pthread_mutex_t lock; /* a cache line of its own: shards do not false-share */
+    struct store_obj **buckets;
+    uint64_t mask;                  /* buckets - 1 */
+    uint64_t count;                 /* indexed objects, reserved included */
+    struct store_list lru[STORE_LRU_CLASSES];
+    uint64_t objects;               /* published */
+    uint64_t reserved;
+    uint64_t value_bytes;
+    uint64_t pinned_hard;
+    uint64_t pinned_soft;
+};
+
+struct store {
+    struct store_shard shard[STORE_SHARDS];
+    struct alloc *alloc;
+    uint8_t *base;
+    uint64_t capacity_pages;
+    _Atomic uint64_t max_key_size;
+    _Atomic uint64_t max_value_size;
+    _Atomic uint64_t high_pages;    /* eviction starts when a reserve would pass this */
+    _Atomic uint64_t low_pages;     /* and goes down to this */
+    _Atomic uint64_t evictions;
+    _Atomic uint64_t evicted_bytes; /* value bytes of evicted objects */
+    _Atomic uint64_t no_space;
+    _Atomic uint64_t metadata_bytes;
+    int nshards_ready;              /* shard mutexes initialized (for a half-built destroy) */
+};
+
+/* ---- hash ---- */
+
+#define STORE_K0 0xa0761d6478bd642full
+#define STORE_K1 0xe7037ed1a0b428dbull
+#define STORE_K2 0x8ebc6af09c88c6e3ull
+#define STORE_K3 0x589965cc75374cc3ull
+
+__extension__ typedef unsigned __int128 store_u128;
+
+/* store_mum: the 64x64->128 multiply folded to 64 bits, the whole mixing step. */
+static inline uint64_t
+store_mum(uint64_t a, uint64_t b)
+{
+    store_u128 r = (store_u128)a * b;
+
+    return (uint64_t)r ^ (uint64_t)(r >> 64);
+}
+
+static inline uint64_t
+store_load64(const uint8_t *p)
+{
+    uint64_t v;
+
+    memcpy(&v, p, sizeof(v));
+    return v;
+}
+
+static inline uint64_t
+store_load32(const uint8_t *p)
+{
+    uint32_t v;
+
+    memcpy(&v, p, sizeof(v));
+    return v;
+}
+
+/*
+ * A multiply-fold hash in the wyhash style: 16 bytes per step, each step one
+ * 128-bit multiply of the two input words keyed with constants and the
+ * running state; three independent lanes above 48 bytes; the last 16 bytes
+ * read as two (possibly overlapping) words, so no byte loop. The tenant
+ * seeds the state and the length goes into the final fold, so overlapping
+ * tails cannot collide across lengths. About 20 cycles for a 40-byte key.
+ * Loads are native-endian: stable on one machine, which is all sharding needs.
+ */
+uint64_t
+store_hash64(const struct kv_key *key)
+{
+    const uint8_t *p = key->ptr;
+    size_t len = key->len;
+    uint64_t seed = store_mum((uint64_t)key->tenant ^ STORE_K0, STORE_K1);
+    uint64_t a;
+    uint64_t b;
+
+    if (len <= 16) {
+        if (len >= 8) {
+            a = store_load64(p);
+            b = store_load64(p + len - 8);
+        } else if (len >= 4) {
+            a = store_load32(p);
+            b = store_load32(p + len - 4);
+        } else if (len > 0) {
+            a = ((uint64_t)p[0] << 16) | ((uint64_t)p[len >> 1] << 8) | p[len - 1];
+            b = 0;
+        } else {
+            a = 0;
+            b = 0;
+        }
+    } else {
+        size_t left = len;
+
+        if (left > 48) {
+            uint64_t s1 = seed;
+            uint64_t s2 = seed;
+
+            do {
+                seed = store_mum(store_load64(p) ^ STORE_K1, store_load64(p + 8) ^ seed);
+                s1 = store_mum(store_load64(p + 16) ^ STORE_K2, store_load64(p + 24) ^ s1);
+                s2 = store_mum(store_load64(p + 32) ^ STORE_K3, store_load64(p + 40) ^ s2);
+                p += 48;
+                left -= 48;
+            } while (left > 48);
+            seed ^= s1 ^ s2;
+        }
+        while (left > 16) {
+            seed = store_mum(store_load64(p) ^ STORE_K1, store_load64(p + 8) ^ seed);
+            p += 16;
+            left -= 16;
+        }
+        a = store_load64(p + left - 16);
+        b = store_load64(p + left - 8);
+    }
+    return store_mum(STORE_K1 ^ len, store_mum(a ^ STORE_K1, b ^ seed));
+}
+
+/* ---- small helpers ---- */
+
+static uint64_t
+store_now_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(STORE_CLOCK, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static inline struct store_shard *
+store_shard_of(struct store *s, uint64_t hash)
+{
+    return &s->shard[hash >> (64 - STORE_SHARD_BITS)];
+}
+
+static inline const uint8_t *
+store_obj_key(const struct store_obj *o)
+{
+    return (const uint8_t *)(o->ext + o->n_ext);
+}
+
+static inline size_t
+store_obj_heap_bytes(const struct store_obj *o)
+{
+    return sizeof(*o) + o->n_ext * sizeof(struct alloc_extent) + o->key_len;
+}
+
+static inline uint64_t
+store_pages(uint64_t size)
+{
+    return (size + STORE_PAGE_SIZE - 1) / STORE_PAGE_SIZE;
+}
+
+static int
+store_watermarks_valid(const struct store_config *cfg)
+{
+    /* Written so that NaN fails. */
+    return cfg->low_watermark > 0.0 && cfg->low_watermark <= cfg->high_watermark
+           && cfg->high_watermark <= 1.0;
+}
+
+static void
+store_limits_apply(struct store *s, const struct store_config *cfg)
+{
+    atomic_store(&s->max_key_size, cfg->max_key_size);
+    atomic_store(&s->max_value_size, cfg->max_value_size);
+    atomic_store(&s->high_pages, (uint64_t)(cfg->high_watermark * (double)s->capacity_pages));
+    atomic_store(&s->low_pages, (uint64_t)(cfg->low_watermark * (double)s->capacity_pages));
+}
+
+/* ---- lists and table (shard lock held) ---- */
+
+static void
+store_list_push_head(struct store_list *l, struct store_obj *o)
+{
+    o->lru_prev = NULL;
+    o->lru_next = l->head;
+    if (l->head != NULL) {
+        l->head->lru_prev = o;
+    } else {
+        l->tail = o;
+    }
+    l->head = o;
+}
+
+static void
+store_list_unlink(struct store_list *l, struct store_obj *o)
+{
+    if (o->lru_prev != NULL) {
+        o->lru_prev->lru_next = o->lru_next;
+    } else {
+        l->head = o->lru_next;
+    }
+    if (o->lru_next != NULL) {
+        o->lru_next->lru_prev = o->lru_prev;
+    } else {
+        l->tail = o->lru_prev;
+    }
+    o->lru_prev = NULL;
+    o->lru_next = NULL;
+}
+
+/* store_list_of: the list a published object is on, or NULL (hard-pinned, reserved). */
+static struct store_list *
+store_list_of(struct store_shard *sh, const struct store_obj *o)
+{
+    if (o->state != STORE_OBJ_PUBLISHED) {
+        return NULL;
+    }
+    switch (o->pin) {
+    case STORE_PIN_NONE:
+        return &sh->lru[STORE_LRU_NORMAL];
+    case STORE_PIN_SOFT:
+        return &sh->lru[STORE_LRU_SOFT];
+    default:
+        return NULL;
+    }
+}
+
+static void
+store_touch_locked(struct store_shard *sh, struct store_obj *o)
+{
+    struct store_list *l = store_list_of(sh, o);
+
+    o->atime = store_now_ms();
+    if (l != NULL && l->head != o) {
+        store_list_unlink(l, o);
+        store_list_push_head(l, o);
+    }
+}
+
+static struct store_obj *
+store_find_locked(struct store_shard *sh, uint64_t hash, const struct kv_key *key)
+{
+    for (struct store_obj *o = sh->buckets[hash & sh->mask]; o != NULL; o = o->hnext) {
+        if (o->hash == hash && o->tenant == key->tenant && o->key_len == key->len
+            && (key->len == 0 || memcmp(store_obj_key(o), key->ptr, key->len) == 0)) {
+            return o;
+        }
+    }
+    return NULL;
+}
+
+/* A failed grow keeps the old buckets: chains get longer, lookups stay correct. */
+static void
+store_table_grow_locked(struct store *s, struct store_shard *sh)
+{
+    uint64_t old_n = sh->mask + 1;
+    uint64_t n = old_n * 2;
+    struct store_obj **nb = calloc(n, sizeof(*nb));
+
+    if (nb == NULL) {
+        return;
+    }
+    for (uint64_t i = 0; i < old_n; i++) {
+        struct store_obj *o = sh->buckets[i];
+
+        while (o != NULL) {
+            struct store_obj *next = o->hnext;
+            uint64_t b = o->hash & (n - 1);
+
+            o->hnext = nb[b];
+            nb[b] = o;
+            o = next;
+        }
+    }
+    free(sh->buckets);
+    sh->buckets = nb;
+    sh->mask = n - 1;
+    atomic_fetch_add(&s->metadata_bytes, (n - old_n) * sizeof(*nb));
+}
+
+static void
+store_index_locked(struct store *s, struct store_shard *sh, struct store_obj *o)
+{
+    struct store_obj **b = &sh->buckets[o->hash & sh->mask];
+
+    o->hnext = *b;
+    *b = o;
+    sh->count++;
+    if (sh->count > sh->mask + 1) {
+        store_table_grow_locked(s, sh);
+    }
+}
+
+/* store_forget_locked: take an unindexed object off its list and out of the counters. */
+static void
+store_forget_locked(struct store_shard *sh, struct store_obj *o)
+{
+    if (o->state == STORE_OBJ_RESERVED) {
+        sh->reserved--;
+    } else if (o->state == STORE_OBJ_PUBLISHED) {
+        struct store_list *l = store_list_of(sh, o);
+
+        if (l != NULL) {
+            store_list_unlink(l, o);
+        }
+        sh->objects--;
+        sh->value_bytes -= o->size;
+        if (o->pin == STORE_PIN_HARD) {
+            sh->pinned_hard--;
+        } else if (o->pin == STORE_PIN_SOFT) {
+            sh->pinned_soft--;
+        }
+    }
+    o->state = STORE_OBJ_GONE;
+    o->hnext = NULL;
+}
+
+static void
+store_detach_locked(struct store_shard *sh, struct store_obj *o)
+{
+    struct store_obj **pp = &sh->buckets[o->hash & sh->mask];
+
+    while (*pp != o) {
+        pp = &(*pp)->hnext;
+    }
+    *pp = o->hnext;
+    sh->count--;
+    store_forget_locked(sh, o);
+}
+
+static void
+store_obj_free(struct store *s, struct store_obj *o)
+{
+    alloc_give(s->alloc, o->ext, o->n_ext);
+    atomic_fetch_sub(&s->metadata_bytes, store_obj_heap_bytes(o));
+    free(o);
+}
+
+/* ---- lifecycle ---- */
+
+int
+store_create(const struct store_config *cfg, struct store **out)
+{
+    struct store *s;
+    size_t bytes = (sizeof(*s) + 63) & ~(size_t)63;
+    int rc;
+
+    if (out == NULL) {
+        return KV_INVALID_ARGUMENT;
+    }
+    *out = NULL;
+    if (cfg == NULL || cfg->memory_size < STORE_PAGE_SIZE || !store_watermarks_valid(cfg)) {
+        return KV_INVALID_ARGUMENT;
+    }
+    s = aligned_alloc(64, bytes);
+    if (s == NULL) {
+        return -ENOMEM;
+    }
+    memset(s, 0, bytes);
+    atomic_store(&s->metadata_bytes, bytes);
+
+    rc = alloc_create(cfg->memory_size, &s->alloc);
+    if (rc != 0) {
+        goto fail;
+    }
+    s->base = alloc_base(s->alloc);
+    s->capacity_pages = alloc_total_pages(s->alloc);
+    store_limits_apply(s, cfg);
+
+    for (unsigned i = 0; i < STORE_SHARDS; i++) {
+        struct store_shard *sh = &s->shard[i];
+
+        sh->buckets = calloc(STORE_BUCKETS_INIT, sizeof(*sh->buckets));
+        if (sh->buckets == NULL) {
+            rc = -ENOMEM;
+            goto fail;
+        }
+        sh->mask = STORE_BUCKETS_INIT - 1;
+        atomic_fetch_add(&s->metadata_bytes, STORE_BUCKETS_INIT * sizeof(*sh->buckets));
+        rc = pthread_mutex_init(&sh->lock, NULL);
+        if (rc != 0) {
+            free(sh->buckets);
+            sh->buckets = NULL;
+            rc = -rc;
+            goto fail;
+        }
+        s->nshards_ready++;
+    }
+    *out = s;
+    return 0;
+
+fail:
+    store_destroy(s);
+    return rc;
+}
+
+void
+store_destroy(struct store *s)
+{
+    if (s == NULL) {
+        return;
+    }
+    for (int i = 0; i < s->nshards_ready; i++) {
+        struct store_shard *sh = &s->shard[i];
+
+        for (uint64_t b = 0; b <= sh->mask; b++) {
+            struct store_obj *o = sh->buckets[b];
+
+            while (o != NULL) {
+                struct store_obj *next = o->hnext;
+
+                free(o);            /* the arena goes as a whole below */
+                o = next;
+            }
+        }
+        free(sh->buckets);
+        pthread_mutex_destroy(&sh->lock);
+    }
+    alloc_destroy(s->alloc);
+    free(s);
+}
+
+int
+store_set_limits(struct store *s, const struct store_config *cfg)
+{
+    if (s == NULL || cfg == NULL || !store_watermarks_valid(cfg)) {
+        return KV_INVALID_ARGUMENT;
+    }
+    store_limits_apply(s, cfg);
+    return 0;
+}
+
+/* ---- eviction ---- */
+
+static int
+store_evictable_locked(const struct store_obj *o, uint64_t now)
+{
+    /* acquire: a reader's last accesses to the value happen before we reuse its pages. */
+    return atomic_load_explicit(&o->refs, memory_order_acquire) == 1 && o->lease_until <= now;
+}
+
+/*
+ * store_candidate_locked: the oldest evictable object of one list, looking
+ * at most STORE_EVICT_SCAN objects up from the tail. Busy objects (read in
+ * flight, leased) met on the way go to the head with their stamp unchanged,
+ * so the next look starts past them instead of skipping them again.
+ */
+static struct store_obj *
+store_candidate_locked(struct store_shard *sh, int cls, uint64_t now)
+{
+    struct store_list *l = &sh->lru[cls];
+
+    for (int i = 0; i < STORE_EVICT_SCAN && l->tail != NULL; i++) {
+        struct store_obj *o = l->tail;
+
+        if (store_evictable_locked(o, now)) {
+            return o;
+        }
+        if (o == l->head) {
+            break;
+        }
+        store_list_unlink(l, o);
+        store_list_push_head(l, o);
+    }
+    return NULL;
+}
+
+/* store_scan: fill cand[] with every shard's candidate stamp. Returns how many shards have one. */
+static int
+store_scan(struct store *s, int cls, uint64_t now, uint64_t *cand, uint64_t *objects)
+{
+    int found = 0;
+
+    *objects = 0;
+    for (unsigned i = 0; i < STORE_SHARDS; i++) {
+        struct store_shard *sh = &s->shard[i];
+        struct store_obj *c;
+
+        pthread_mutex_lock(&sh->lock);
+        c = store_candidate_locked(sh, cls, now);
+        cand[i] = c != NULL ? c->atime : STORE_NO_CANDIDATE;
+        *objects += sh->objects;
+        pthread_mutex_unlock(&sh->lock);
+        found += c != NULL;
+    }
+    return found;
+}
+
+enum store_evict_end { STORE_EVICT_DONE, STORE_EVICT_EMPTY, STORE_EVICT_GAVE_UP };
+
+/*
+ * store_evict_class: evict from one list class, oldest stamp first across
+ * shards, until usage is at most target_pages. cand[] is a lazy view of the
+ * shards' tails: a stamp goes stale when another thread touches the tail, so
+ * the chosen shard is re-checked under its lock and re-ranked if its tail
+ * got younger. Bounded: at most the objects counted at the first scan are
+ * evicted, and STORE_EVICT_MISSES looks in a row without an eviction end it.
+ */
+static enum store_evict_end
+store_evict_class(struct store *s, int cls, uint64_t target_pages, uint64_t now,
+                  uint64_t *freed_pages)
+{
+    uint64_t cand[STORE_SHARDS];
+    uint64_t budget;
+    int misses = 0;
+    int rescans = 0;
+
+    if (store_scan(s, cls, now, cand, &budget) == 0) {
+        return STORE_EVICT_EMPTY;
+    }
+    for (;;) {
+        struct store_shard *sh;
+        struct store_obj *c;
+        struct store_obj *next;
+        int best = -1;
+
+        if (alloc_used_pages(s->alloc) <= target_pages) {
+            return STORE_EVICT_DONE;
+        }
+        if (budget == 0 || misses >= STORE_EVICT_MISSES) {
+            return STORE_EVICT_GAVE_UP;
+        }
+        for (unsigned i = 0; i < STORE_SHARDS; i++) {
+            if (cand[i] != STORE_NO_CANDIDATE && (best < 0 || cand[i] < cand[best])) {
+                best = (int)i;
+            }
+        }
+        if (best < 0) {
+            /* Earlier looks moved busy objects aside; look again before giving up. */
+            if (rescans++ == STORE_EVICT_RESCANS
+                || store_scan(s, cls, now, cand, &budget) == 0) {
+                return STORE_EVICT_EMPTY;
+            }
+            continue;
+        }
+
+        sh = &s->shard[best];
+        pthread_mutex_lock(&sh->lock);
+        c = store_candidate_locked(sh, cls, now);
+        if (c == NULL || c->atime > cand[best]) {
+            cand[best] = c != NULL ? c->atime : STORE_NO_CANDIDATE;
+            pthread_mutex_unlock(&sh->lock);
+            misses++;
+            continue;
+        }
+        store_detach_locked(sh, c);
+        next = store_candidate_locked(sh, cls, now);
+        cand[best] = next != NULL ? next->atime : STORE_NO_CANDIDATE;
+        pthread_mutex_unlock(&sh->lock);
+
+        atomic_fetch_add_explicit(&s->evictions, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&s->evicted_bytes, c->size, memory_order_relaxed);
+        *freed_pages += store_pages(c->size);
+        store_obj_unref(s, c);      /* the table's reference was the only one */
+        budget--;
+        misses = 0;
+    }
+}
+
+uint64_t
+store_evict(struct store *s, uint64_t target)
+{
+    uint64_t target_pages = target / STORE_PAGE_SIZE;
+    uint64_t freed = 0;
+    uint64_t now = store_now_ms();
+
+    if (alloc_used_pages(s->alloc) <= target_pages) {
+        return 0;
+    }
+    /* Soft-pinned objects go only when no normal object can. */
+    if (store_evict_class(s, STORE_LRU_NORMAL, target_pages, now, &freed) == STORE_EVICT_EMPTY) {
+        (void)store_evict_class(s, STORE_LRU_SOFT, target_pages, now, &freed);
+    }
+    return freed * STORE_PAGE_SIZE;
+}
+
+/*
+ * store_take_pages: arena pages for a new object, evicting first when the
+ * reserve would pass the high watermark (down to the low watermark less the
+ * new object) and once more when the allocator still says no (full, or too
+ * fragmented for STORE_MAX_EXTENTS extents). Never waits for anything.
+ */
+static int
+store_take_pages(struct store *s, uint64_t npages, struct alloc_extent *ext, int *n)
+{
+    uint64_t low = atomic_load_explicit(&s->low_pages, memory_order_relaxed);
+    uint64_t high = atomic_load_explicit(&s->high_pages, memory_order_relaxed);
+    uint64_t target = low > npages ? low - npages : 0;
+    uint64_t used;
+
+    *n = 0;
+    if (npages == 0) {
+        return 0;
+    }
+    if (alloc_used_pages(s->alloc) + npages > high) {
+        (void)store_evict(s, target * STORE_PAGE_SIZE);
+    }
+    if (alloc_take(s->alloc, npages, ext, STORE_MAX_EXTENTS, n) == 0) {
+        return 0;
+    }
+    used = alloc_used_pages(s->alloc);
+    if (used <= target) {
+        /* Below the watermark yet refused: free at least this request's worth more. */
+        target = used > npages ? used - npages : 0;
+    }
+    if (store_evict(s, target * STORE_PAGE_SIZE) == 0) {
+        return KV_NO_SPACE;
+    }
+    return alloc_take(s->alloc, npages, ext, STORE_MAX_EXTENTS, n);
+}
+
+/* ---- write path ---- */
+
+int
+store_reserve(struct store *s, const struct kv_key *key, uint64_t size, struct store_obj **out)
+{
+    struct alloc_extent ext[STORE_MAX_EXTENTS];
+    struct store_shard *sh;
+    struct store_obj *o;
+    struct store_obj *other;
+    uint64_t hash;
+    size_t bytes;
+    int n = 0;
+    int rc;
+
+    if (s == NULL || key == NULL || out == NULL || (key->len != 0 && key->ptr == NULL)) {
+        return KV_INVALID_ARGUMENT;
+    }
+    *out = NULL;
+    if (key->len > atomic_load_explicit(&s->max_key_size, memory_order_relaxed)
+        || size > atomic_load_explicit(&s->max_value_size, memory_order_relaxed)) {
+        return KV_TOO_LARGE;
+    }
+    hash = store_hash64(key);
+    sh = store_shard_of(s, hash);
+
+    /* Refuse a taken key before evicting anything for it. */
+    rc = 0;
+    pthread_mutex_lock(&sh->lock);
+    other = store_find_locked(sh, hash, key);
+    if (other != NULL) {
+        rc = other->state == STORE_OBJ_PUBLISHED ? KV_EXISTS : KV_BUSY;
+    }
+    pthread_mutex_unlock(&sh->lock);
+    if (rc != 0) {
+        return rc;
+    }
+
+    if (size > s->capacity_pages * STORE_PAGE_SIZE) {
+        rc = KV_NO_SPACE;
+        goto fail_count;
+    }
+    rc = store_take_pages(s, store_pages(size), ext, &n);
+    if (rc != 0) {
+        goto fail_count;
+    }
+    bytes = sizeof(*o) + (size_t)n * sizeof(ext[0]) + key->len;
+    o = malloc(bytes);
+    if (o == NULL) {
+        rc = -ENOMEM;
+        goto fail_pages;
+    }
+    o->hnext = NULL;
+    o->lru_prev = NULL;
+    o->lru_next = NULL;
+    o->base = s->base;
+    o->hash = hash;
+    o->size = size;
+    o->atime = 0;
+    o->lease_until = 0;
+    atomic_init(&o->refs, 2);       /* the table's and the writer's */
+    o->tenant = key->tenant;
+    o->key_len = key->len;
+    o->state = STORE_OBJ_RESERVED;
+    o->pin = STORE_PIN_NONE;
+    o->n_ext = (uint8_t)n;
+    o->pad_ = 0;
+    memcpy(o->ext, ext, (size_t)n * sizeof(ext[0]));
+    if (key->len != 0) {
+        memcpy((uint8_t *)(o->ext + n), key->ptr, key->len);
+    }
+
+    pthread_mutex_lock(&sh->lock);
+    other = store_find_locked(sh, hash, key);
+    if (other != NULL) {
+        /* Another writer got here while we were allocating. */
+        rc = other->state == STORE_OBJ_PUBLISHED ? KV_EXISTS : KV_BUSY;
+        pthread_mutex_unlock(&sh->lock);
+        free(o);
+        goto fail_pages;
+    }
+    store_index_locked(s, sh, o);
+    sh->reserved++;
+    pthread_mutex_unlock(&sh->lock);
+    atomic_fetch_add_explicit(&s->metadata_bytes, bytes, memory_order_relaxed);
+    *out = o;
+    return 0;
+
+fail_pages:
+    alloc_give(s->alloc, ext, n);
+    return rc;
+fail_count:
+    atomic_fetch_add_explicit(&s->no_space, rc == KV_NO_SPACE, memory_order_relaxed);
+    return rc;
+}
+
+int
+store_commit(struct store *s, struct store_obj *o)
+{
+    struct store_shard *sh;
+
+    if (s == NULL || o == NULL) {
+        return KV_INVALID_ARGUMENT;
+    }
+    sh = store_shard_of(s, o->hash);
+    pthread_mutex_lock(&sh->lock);
+    if (o->state != STORE_OBJ_RESERVED) {
+        pthread_mutex_unlock(&sh->lock);
+        return KV_INVALID_ARGUMENT;
+    }
+    o->state = STORE_OBJ_PUBLISHED;
+    o->atime = store_now_ms();
+    store_list_push_head(&sh->lru[STORE_LRU_NORMAL], o);
+    sh->reserved--;
+    sh->objects++;
+    sh->value_bytes += o->size;
+    /* The writer's reference; the table still holds one, so this never frees. */
+    atomic_fetch_sub_explicit(&o->refs, 1, memory_order_release);
+    pthread_mutex_unlock(&sh->lock);
+    return 0;
+}
+
+void
+store_abort(struct store *s, struct store_obj *o)
+{
+    struct store_shard *sh;
+    int detached = 0;
+
+    if (s == NULL || o == NULL) {
+        return;
+    }
+    sh = store_shard_of(s, o->hash);
+    pthread_mutex_lock(&sh->lock);
+    if (o->state == STORE_OBJ_RESERVED) {
+        store_detach_locked(sh, o);
+        detached = 1;
+    }
+    pthread_mutex_unlock(&sh->lock);
+    if (detached) {
+        store_obj_unref(s, o);      /* the table's */
+    }
+    store_obj_unref(s, o);          /* the writer's */
+}
+
+int
+store_put(struct store *s, const struct kv_key *key, const void *data, uint64_t len)
+{
+    struct store_obj *o;
+    int rc;
+
+    if (len != 0 && data == NULL) {
+        return KV_INVALID_ARGUMENT;
+    }
+    rc = store_reserve(s, key, len, &o);
+    if (rc != 0) {
+        return rc;
+    }
+    store_obj_write(o, 0, data, len);
+    return store_commit(s, o);
+}
+
+/* ---- objects ---- */
+
+void
+store_obj_ref(struct store_obj *o)
+{
+    if (atomic_fetch_add_explicit(&o->refs, 1, memory_order_relaxed) == 0) {
+        fprintf(stderr, "store_obj_ref: object %p has no reference left\n", (void *)o);
+        abort();
+    }
+}
+
+void
+store_obj_unref(struct store *s, struct store_obj *o)
+{
+    uint32_t old;
+
+    if (o == NULL) {
+        return;
+    }
+    old = atomic_fetch_sub_explicit(&o->refs, 1, memory_order_acq_rel);
+    if (old == 0) {
+        fprintf(stderr, "store_obj_unref: reference count underflow on object %p\n", (void *)o);
+        abort();
+    }
+    if (old == 1) {
+        store_obj_free(s, o);
+    }
+}
+
+uint64_t
+store_obj_size(const struct store_obj *o)
+{
+    return o->size;
+}
+
+int
+store_obj_iov(const struct store_obj *o, struct iovec *iov, int max)
+{
+    uint64_t left = o->size;
+
+    if (o->size == 0) {
+        return 0;
+    }
+    if (max < o->n_ext) {
+        return -EINVAL;
+    }
+    for (int i = 0; i < o->n_ext; i++) {
+        uint64_t len = alloc_extent_bytes(&o->ext[i]);
+
+        iov[i].iov_base = alloc_extent_ptr(o->base, &o->ext[i]);
+        iov[i].iov_len = len < left ? len : left;
+        left -= iov[i].iov_len;
+    }
+    return o->n_ext;
+}
+
+/*
+ * store_obj_copy: copy the value's bytes [off, off + len), clipped to the
+ * value, into dst, or from src into the value (exactly one is not NULL).
+ */
+static uint64_t
+store_obj_copy(const struct store_obj *o, uint64_t off, uint64_t len, uint8_t *dst,
+               const uint8_t *src)
+{
+    uint64_t done = 0;
+    uint64_t pos = 0;               /* value offset of extent i */
+
+    if (off >= o->size) {
+        return 0;
+    }
+    if (len > o->size - off) {
+        len = o->size - off;
+    }
+    for (int i = 0; i < o->n_ext && done < len; i++) {
+        uint64_t ext_len = alloc_extent_bytes(&o->ext[i]);
+
+        if (off + done < pos + ext_len) {
+            uint64_t at = off + done - pos;
+            uint64_t chunk = ext_len - at < len - done ? ext_len - at : len - done;
+            uint8_t *p = (uint8_t *)alloc_extent_ptr(o->base, &o->ext[i]) + at;
+
+            if (dst != NULL) {
+                memcpy(dst + done, p, chunk);
+            } else {
+                memcpy(p, src + done, chunk);
+            }
+            done += chunk;
+        }
+        pos += ext_len;
+    }
+    return done;
+}
+
+uint64_t
+store_obj_read(const struct store_obj *o, uint64_t off, void *dst, uint64_t len)
+{
+    return store_obj_copy(o, off, len, dst, NULL);
+}
+
+uint64_t
+store_obj_write(struct store_obj *o, uint64_t off, const void *src, uint64_t len)
+{
+    return store_obj_copy(o, off, len, NULL, src);
+}
+
+/* ---- read path ---- */
+
+int
+store_get(struct store *s, const struct kv_key *key, struct store_obj **out)
+{
+    uint64_t hash = store_hash64(key);
+    struct store_shard *sh = store_shard_of(s, hash);
+    struct store_obj *o;
+
+    *out = NULL;
+    pthread_mutex_lock(&sh->lock);
+    o = store_find_locked(sh, hash, key);
+    if (o == NULL || o->state != STORE_OBJ_PUBLISHED) {
+        pthread_mutex_unlock(&sh->lock);
+        return KV_NOT_FOUND;
+    }
+    atomic_fetch_add_explicit(&o->refs, 1, memory_order_relaxed);
+    store_touch_locked(sh, o);
+    pthread_mutex_unlock(&sh->lock);
+    *out = o;
+    return 0;
+}
+
+int
+store_exists(struct store *s, const struct kv_key *key)
+{
+    uint64_t hash = store_hash64(key);
+    struct store_shard *sh = store_shard_of(s, hash);
+    struct store_obj *o;
+    int found;
+
+    pthread_mutex_lock(&sh->lock);
+    o = store_find_locked(sh, hash, key);
+    found = o != NULL && o->state == STORE_OBJ_PUBLISHED;
+    if (found) {
+        store_touch_locked(sh, o);
+    }
+    pthread_mutex_unlock(&sh->lock);
+    return found;
+}
+
+int
+store_size(struct store *s, const struct kv_key *key, uint64_t *size)
+{
+    uint64_t hash = store_hash64(key);
+    struct store_shard *sh = store_shard_of(s, hash);
+    struct store_obj *o;
+    int rc = KV_NOT_FOUND;
+
+    pthread_mutex_lock(&sh->lock);
+    o = store_find_locked(sh, hash, key);
+    if (o != NULL && o->state == STORE_OBJ_PUBLISHED) {
+        store_touch_locked(sh, o);
+        *size = o->size;
+        rc = 0;
+    }
+    pthread_mutex_unlock(&sh->lock);
+    return rc;
+}
+
+/* ---- removal and pinning ---- */
+
+/* store_removable_locked: 0 when remove may take a published object, else KV_BUSY. */
+static int
+store_removable_locked(const struct store_obj *o, bool force, uint64_t now)
+{
+    if (o->state != STORE_OBJ_PUBLISHED
+        || atomic_load_explicit(&o->refs, memory_order_acquire) > 1
+        || (!force && o->lease_until > now)) {
+        return KV_BUSY;
+    }
+    return 0;
+}
+
+int
+store_remove(struct store *s, const struct kv_key *key, bool force)
+{
+    uint64_t hash = store_hash64(key);
+    struct store_shard *sh = store_shard_of(s, hash);
+    struct store_obj *o;
+    int rc;
+
+    pthread_mutex_lock(&sh->lock);
+    o = store_find_locked(sh, hash, key);
+    if (o == NULL) {
+        pthread_mutex_unlock(&sh->lock);
+        return KV_NOT_FOUND;
+    }
+    rc = store_removable_locked(o, force, store_now_ms());
+    if (rc == 0) {
+        store_detach_locked(sh, o);
+    }
+    pthread_mutex_unlock(&sh->lock);
+    if (rc == 0) {
+        store_obj_unref(s, o);
+    }
+    return rc;
+}
+
+uint64_t
+store_remove_all(struct store *s, uint32_t tenant, bool all_tenants, bool force)
+{
+    uint64_t now = store_now_ms();
+    uint64_t count = 0;
+
+    for (unsigned i = 0; i < STORE_SHARDS; i++) {
+        struct store_shard *sh = &s->shard[i];
+        struct store_obj *gone = NULL;
+
+        pthread_mutex_lock(&sh->lock);
+        for (uint64_t b = 0; b <= sh->mask; b++) {
+            struct store_obj **pp = &sh->buckets[b];
+
+            while (*pp != NULL) {
+                struct store_obj *o = *pp;
+
+                if ((!all_tenants && o->tenant != tenant)
+                    || store_removable_locked(o, force, now) != 0) {
+                    pp = &o->hnext;
+                    continue;
+                }
+                *pp = o->hnext;
+                sh->count--;
+                store_forget_locked(sh, o);
+                o->hnext = gone;
+                gone = o;
+                count++;
+            }
+        }
+        pthread_mutex_unlock(&sh->lock);
+        while (gone != NULL) {
+            struct store_obj *o = gone;
+
+            gone = o->hnext;
+            store_obj_unref(s, o);
+        }
+    }
+    return count;
+}
+
+int
+store_pin(struct store *s, const struct kv_key *key, enum store_pin mode)
+{
+    uint64_t hash = store_hash64(key);
+    struct store_shard *sh = store_shard_of(s, hash);
+    struct store_list *l;
+    struct store_obj *o;
+
+    if (mode != STORE_PIN_NONE && mode != STORE_PIN_SOFT && mode != STORE_PIN_HARD) {
+        return KV_INVALID_ARGUMENT;
+    }
+    pthread_mutex_lock(&sh->lock);
+    o = store_find_locked(sh, hash, key);
+    if (o == NULL || o->state != STORE_OBJ_PUBLISHED) {
+        pthread_mutex_unlock(&sh->lock);
+        return KV_NOT_FOUND;
+    }
+    if (o->pin != (uint8_t)mode) {
+        l = store_list_of(sh, o);
+        if (l != NULL) {
+            store_list_unlink(l, o);
+        }
+        sh->pinned_hard -= o->pin == STORE_PIN_HARD;
+        sh->pinned_soft -= o->pin == STORE_PIN_SOFT;
+        o->pin = (uint8_t)mode;
+        sh->pinned_hard += o->pin == STORE_PIN_HARD;
+        sh->pinned_soft += o->pin == STORE_PIN_SOFT;
+        l = store_list_of(sh, o);
+        if (l != NULL) {
+            store_list_push_head(l, o);
+        }
+    }
+    pthread_mutex_unlock(&sh->lock);
+    return 0;
+}
+
+int
+store_lease(struct store *s, const struct kv_key *key, uint32_t ttl_ms, uint64_t *size)
+{
+    uint64_t hash = store_hash64(key);
+    struct store_shard *sh = store_shard_of(s, hash);
+    struct store_obj *o;
+    int rc = KV_NOT_FOUND;
+
+    pthread_mutex_lock(&sh->lock);
+    o = store_find_locked(sh, hash, key);
+    if (o != NULL && o->state == STORE_OBJ_PUBLISHED) {
+        uint64_t until = store_now_ms() + ttl_ms;
+
+        if (until > o->lease_until) {
+            o->lease_until = until;
+        }
+        if (size != NULL) {
+            *size = o->size;
+        }
+        rc = 0;
+    }
+    pthread_mutex_unlock(&sh->lock);
+    return rc;
+}
+
+/* ---- accounting ---- */
+
+void
+store_stats(struct store *s, struct store_stats *out)
+{
+    memset(out, 0, sizeof(*out));
+    for (unsigned i = 0; i < STORE_SHARDS; i++) {
+        struct store_shard *sh = &s->shard[i];
+
+        pthread_mutex_lock(&sh->lock);
+        out->objects += sh->objects;
+        out->reserved += sh->reserved;
+        out->value_bytes += sh->value_bytes;
+        out->pinned_hard += sh->pinned_hard;
+        out->pinned_soft += sh->pinned_soft;
+        pthread_mutex_unlock(&sh->lock);
+    }
+    out->memory_used = alloc_used_pages(s->alloc) * STORE_PAGE_SIZE;
+    out->memory_capacity = s->capacity_pages * STORE_PAGE_SIZE;
+    out->evictions = atomic_load_explicit(&s->evictions, memory_order_relaxed);
+    out->evicted_bytes = atomic_load_explicit(&s->evicted_bytes, memory_order_relaxed);
+    out->no_space = atomic_load_explicit(&s->no_space, memory_order_relaxed);
+    out->metadata_bytes = atomic_load_explicit(&s->metadata_bytes, memory_order_relaxed);
+}

@@ -1,0 +1,242 @@
+/*
+ * store: the object store facade. Everything above storage (the daemon, the
+ * RPC handlers) reaches objects only through this header.
+ *
+ * An object is an immutable byte string named by a struct kv_key (tenant +
+ * bytes). Its life is a small state machine:
+ *
+ *     (absent) --store_reserve--> RESERVED --store_commit--> PUBLISHED
+ *                                    |                          |
+ *                               store_abort            remove / evict / remove_all
+ *                                    v                          v
+ *                                 (absent)                   (absent)
+ *
+ * A RESERVED object is invisible to every read (get, exists, size, prefix
+ * match); its space is already taken from the DRAM arena, and a second
+ * reserve of the same key gets KV_BUSY. A PUBLISHED object is visible
+ * whole, and a reserve of its key gets KV_EXISTS (write-once).
+ *
+ * Object memory lives in one arena of memory_size bytes allocated at
+ * store_create, in 4 KiB pages; one object's bytes are a short list of
+ * extents (at most STORE_MAX_EXTENTS), which store_obj_iov hands out so
+ * that callers can readv/writev straight into and out of the arena.
+ *
+ * References: the table holds one reference to every object it indexes.
+ * store_reserve and store_get hand the caller one more; the caller gives it
+ * back with store_commit/store_abort (writer) or store_obj_unref (reader).
+ * An object with references beyond the table's is never evicted, and
+ * remove answers KV_BUSY for it. Memory is returned when the last
+ * reference goes.
+ *
+ * Recency and leases are apart: store_exists/store_prefix_* and store_get
+ * refresh recency (near-LRU order) but never pin; store_lease blocks
+ * remove (unless forced) and eviction until it expires.
+ *
+ * Threads: every function is safe to call from any thread at once. The key
+ * table is split into shards, each under its own mutex; the arena allocator
+ * has one mutex. Lock order: shard lock before allocator lock; no function
+ * holds two shard locks at once. No function blocks on I/O.
+ */
+#ifndef STORE_H
+#define STORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct iovec;
+struct store;
+struct store_obj;
+
+#define STORE_MAX_EXTENTS 32
+#define STORE_PAGE_SIZE 4096u
+
+/* A key: raw bytes inside a tenant's namespace. Borrowed by every call. */
+struct kv_key {
+    uint32_t tenant;   /* 0 = the default tenant */
+    uint32_t len;
+    const uint8_t *ptr;
+};
+
+enum store_pin {
+    STORE_PIN_NONE = 0,
+    STORE_PIN_SOFT = 1, /* evicted only after every unpinned object */
+    STORE_PIN_HARD = 2  /* never evicted */
+};
+
+struct store_config {
+    uint64_t memory_size;      /* arena bytes; rounded down to whole pages */
+    uint32_t max_key_size;     /* keys longer than this: KV_TOO_LARGE */
+    uint64_t max_value_size;   /* values longer than this: KV_TOO_LARGE */
+    double high_watermark;     /* fraction of memory_size that starts eviction */
+    double low_watermark;      /* eviction goes down to this fraction */
+};
+
+struct store_stats {
+    uint64_t objects;          /* published objects */
+    uint64_t reserved;         /* objects being written */
+    uint64_t memory_used;      /* arena bytes taken (pages * page size) */
+    uint64_t memory_capacity;  /* arena bytes */
+    uint64_t value_bytes;      /* sum of published value sizes */
+    uint64_t evictions;        /* objects evicted since start */
+    uint64_t evicted_bytes;
+    uint64_t no_space;         /* reserves refused with KV_NO_SPACE */
+    uint64_t pinned_hard;
+    uint64_t pinned_soft;
+    uint64_t metadata_bytes;   /* heap bytes held by object metadata and the table */
+};
+
+/*
+ * store_create: allocate the arena (mmap, advised for huge pages) and an
+ * empty table. cfg is copied. Returns 0 and *out, -ENOMEM when the arena
+ * cannot be mapped, KV_INVALID_ARGUMENT for a nonsensical cfg (watermarks
+ * outside 0 < low <= high <= 1, memory_size under one page).
+ */
+int store_create(const struct store_config *cfg, struct store **out);
+
+/* store_destroy: free everything. Accepts NULL. No other call may be running. */
+void store_destroy(struct store *s);
+
+/*
+ * store_set_limits: change max_key_size, max_value_size and the watermarks
+ * of a running store (config reload). memory_size is ignored (fixed at
+ * create). Returns 0 or KV_INVALID_ARGUMENT (nothing changed).
+ */
+int store_set_limits(struct store *s, const struct store_config *cfg);
+
+/* ---- write path ---- */
+
+/*
+ * store_reserve: take arena space for a new object of `size` bytes under
+ * `key` and index it as RESERVED. Evicts (near-LRU, skipping referenced,
+ * reserved, leased and hard-pinned objects; soft-pinned last) when usage
+ * would pass the high watermark or the arena has no room, down to the low
+ * watermark. Never blocks.
+ *
+ * Returns 0 and *out (a writer reference; fill it through store_obj_iov,
+ * then store_commit or store_abort), or:
+ *   KV_TOO_LARGE   key longer than max_key_size or size over max_value_size
+ *   KV_EXISTS      the key is PUBLISHED (it is not rewritten)
+ *   KV_BUSY        the key is RESERVED by another writer
+ *   KV_NO_SPACE    no room even after eviction
+ *   -ENOMEM        metadata allocation failed
+ */
+int store_reserve(struct store *s, const struct kv_key *key, uint64_t size,
+                  struct store_obj **out);
+
+/*
+ * store_commit: publish a reserved object (atomically visible to readers)
+ * and drop the writer reference. Returns 0, or KV_INVALID_ARGUMENT when o
+ * is not RESERVED (it is left untouched).
+ */
+int store_commit(struct store *s, struct store_obj *o);
+
+/*
+ * store_abort: drop a reserved object: unindex it and drop the writer
+ * reference; its space returns. Used when the writer disconnects or the
+ * value cannot be received. Accepts NULL.
+ */
+void store_abort(struct store *s, struct store_obj *o);
+
+/*
+ * store_put: reserve + copy `len` bytes from `data` + commit, for values
+ * already in memory. Same returns as store_reserve.
+ */
+int store_put(struct store *s, const struct kv_key *key, const void *data, uint64_t len);
+
+/* ---- read path ---- */
+
+/*
+ * store_get: find a PUBLISHED object and take a reader reference on it
+ * (refreshes recency). Returns 0 and *out, or KV_NOT_FOUND (also for a
+ * RESERVED key). Give the reference back with store_obj_unref.
+ */
+int store_get(struct store *s, const struct kv_key *key, struct store_obj **out);
+
+/* store_obj_ref: take one more reference on an object the caller holds a reference to. */
+void store_obj_ref(struct store_obj *o);
+
+/*
+ * store_obj_unref: give back a reference from store_get/store_obj_ref.
+ * Frees the object when it was the last one. Underflow aborts the process.
+ * Accepts NULL.
+ */
+void store_obj_unref(struct store *s, struct store_obj *o);
+
+/* store_obj_size: value length in bytes. */
+uint64_t store_obj_size(const struct store_obj *o);
+
+/*
+ * store_obj_iov: fill iov[0..n) with the object's extents in order (the
+ * last one trimmed to the value length) and return n (0 for an empty
+ * value). max must be at least STORE_MAX_EXTENTS. The memory is valid while
+ * the caller holds its reference; a reader must not write to it.
+ */
+int store_obj_iov(const struct store_obj *o, struct iovec *iov, int max);
+
+/*
+ * store_obj_read: copy len bytes at offset off of the value into dst.
+ * Returns bytes copied (short at the end of the value).
+ */
+uint64_t store_obj_read(const struct store_obj *o, uint64_t off, void *dst, uint64_t len);
+
+/*
+ * store_obj_write: copy len bytes from src into a RESERVED object at offset
+ * off (writer only). Returns bytes copied (short past the end).
+ */
+uint64_t store_obj_write(struct store_obj *o, uint64_t off, const void *src, uint64_t len);
+
+/*
+ * store_exists: 1 when the key is PUBLISHED (refreshing its recency, never
+ * pinning it), 0 when not.
+ */
+int store_exists(struct store *s, const struct kv_key *key);
+
+/* store_size: 0 and *size for a PUBLISHED key, KV_NOT_FOUND otherwise. */
+int store_size(struct store *s, const struct kv_key *key, uint64_t *size);
+
+/* ---- removal and pinning ---- */
+
+/*
+ * store_remove: unindex a PUBLISHED object; its memory returns when the last
+ * reader lets go. Returns 0, KV_NOT_FOUND, or KV_BUSY when the object is
+ * RESERVED, has readers in flight, or holds a lease; force overrides only the
+ * lease, never a reader or writer.
+ */
+int store_remove(struct store *s, const struct kv_key *key, bool force);
+
+/*
+ * store_remove_all: remove every PUBLISHED object of `tenant` (or of every
+ * tenant when all_tenants) that store_remove would remove. Returns the count.
+ */
+uint64_t store_remove_all(struct store *s, uint32_t tenant, bool all_tenants, bool force);
+
+/*
+ * store_pin: set a PUBLISHED object's pin mode (STORE_PIN_SOFT/HARD;
+ * STORE_PIN_NONE is unpin). Returns 0 or KV_NOT_FOUND.
+ */
+int store_pin(struct store *s, const struct kv_key *key, enum store_pin mode);
+
+/*
+ * store_lease: block removal and eviction of a PUBLISHED object until
+ * now + ttl_ms (extends, never shortens, a running lease). Returns 0 and
+ * *size, or KV_NOT_FOUND.
+ */
+int store_lease(struct store *s, const struct kv_key *key, uint32_t ttl_ms, uint64_t *size);
+
+/* ---- accounting ---- */
+
+/* store_stats: a snapshot of the counters (each exact, the set not atomic). */
+void store_stats(struct store *s, struct store_stats *out);
+
+/*
+ * store_evict: evict near-LRU objects until usage is at most `target` bytes or
+ * nothing evictable is left. Returns bytes freed. Called by store_reserve;
+ * exported for tests and for a future background evictor.
+ */
+uint64_t store_evict(struct store *s, uint64_t target);
+
+/* store_hash64: the key hash used by the table (exported for tests and sharding). */
+uint64_t store_hash64(const struct kv_key *key);
+
+#endif

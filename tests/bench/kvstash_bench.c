@@ -1,0 +1,1118 @@
+/*
+ * kvstash_bench: a load generator for kvstashd that is never the bottleneck.
+ *
+ * N threads each own one connection and keep `depth` batch requests of B
+ * keys in flight (batch_put, batch_get or batch_is_exist). The hot path
+ * allocates nothing: every request is pre-built once per slot and only its
+ * key counters are rewritten in place; put values are sent with sendmsg
+ * straight from one shared pattern buffer; get replies are parsed by a small
+ * streaming reader whose bin bodies go from the socket straight into a
+ * per-thread sink (the reply buffer only ever holds headers and the odd
+ * fragment). Latency per request lands in a fixed log-linear histogram.
+ *
+ * The wire code here is deliberately separate from libkvstash: the library
+ * is used for the control path (hello, preload, remove_all) and this file
+ * drives the data path the way a tuned client would. It must stay bounded:
+ * every run ends by time (-t) or count (-n), and a thread whose connection
+ * fails stops and reports why.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <msgpack.h>
+
+#include "kvstash.h"
+
+#define BENCH_RBUF (64u * 1024)
+#define BENCH_PEEK 512u               /* refill after a body went straight to the sink */
+#define BENCH_MAX_DEPTH 64            /* msgids stay positive fixints */
+#define BENCH_MAX_CONNS 1024
+#define BENCH_KEY_LEN 25              /* "kb" runid(8) "-" thread(3) "-" counter(10) */
+#define BENCH_CTR_OFF 15              /* offset of the counter digits in a key */
+#define BENCH_HIST 1024
+#define BENCH_WORKSET (1ull << 30)    /* default bytes of the get working set, all threads */
+
+enum bench_mode { MODE_PUT, MODE_GET, MODE_EXISTS };
+
+static const char *const bench_mode_names[] = { "put", "get", "exists" };
+static const char *const bench_methods[] = { "batch_put", "batch_get", "batch_is_exist" };
+
+struct bench_cfg {
+    const char *addr;
+    enum bench_mode mode;
+    int conns;
+    int depth;
+    uint32_t batch;
+    size_t vsize;
+    double secs;
+    uint64_t max_reqs;            /* per connection; 0 = no limit */
+    uint64_t keys;                /* working set per connection (get, exists) */
+    int pid;                      /* daemon to charge CPU to; 0 = none */
+    bool reset;                   /* remove_all before the run */
+    bool quiet;
+    char runid[9];
+    uint8_t *pattern;             /* vsize bytes, shared by every value */
+};
+
+/* One pre-built request. */
+struct bench_slot {
+    uint8_t *hdr;                 /* envelope + keys (+ the first value's bin header) */
+    size_t hdrlen;
+    size_t *ctr_off;              /* batch offsets of key counter digits in hdr */
+    struct iovec *iov;
+    size_t niov;
+    uint64_t t_sent;
+};
+
+struct bench_thread {
+    int id;
+    pthread_t tid;
+    const struct bench_cfg *cfg;
+    pthread_barrier_t *barrier;
+    int fd;
+    uint8_t *rbuf;
+    size_t rpos, rlen, fill_max;
+    uint8_t *sink;                /* get bodies land here */
+    uint8_t *check;               /* ... or here, when verifying */
+    struct bench_slot slots[BENCH_MAX_DEPTH];
+    struct iovec *scratch;        /* working copy of a slot's iov for partial sends */
+    uint64_t ctr;
+    /* results */
+    uint64_t reqs, keys, bytes, misses, errors, mismatches;
+    uint64_t hist[BENCH_HIST];
+    int fail;
+    char why[160];
+};
+
+/* ---- small helpers ---- */
+
+static uint64_t
+bench_now_ns(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static int
+bench_hist_index(uint64_t v)
+{
+    if (v < 16) {
+        return (int)v;
+    }
+    int msb = 63 - __builtin_clzll(v);
+    return 16 + (msb - 4) * 16 + (int)((v >> (msb - 4)) & 15);
+}
+
+/* bench_hist_value: the middle of bucket idx. */
+static double
+bench_hist_value(int idx)
+{
+    if (idx < 16) {
+        return idx;
+    }
+    int k = idx - 16, shift = k / 16;
+    double lo = (double)((16ull + (uint64_t)(k % 16)) << shift);
+    return lo + (double)(1ull << shift) / 2.0;
+}
+
+static double
+bench_hist_pct(const uint64_t *h, double p)
+{
+    uint64_t total = 0, seen = 0;
+
+    for (int i = 0; i < BENCH_HIST; i++) {
+        total += h[i];
+    }
+    if (total == 0) {
+        return 0;
+    }
+    uint64_t want = (uint64_t)(p * (double)total + 0.999999);
+    for (int i = 0; i < BENCH_HIST; i++) {
+        seen += h[i];
+        if (seen >= want && h[i] > 0) {
+            return bench_hist_value(i);
+        }
+    }
+    return 0;
+}
+
+static int
+bench_parse_size(const char *s, size_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    unsigned long long mul = 1;
+
+    if (errno != 0 || end == s) {
+        return -1;
+    }
+    switch (*end) {
+    case 'k': case 'K': mul = 1ull << 10; end++; break;
+    case 'm': case 'M': mul = 1ull << 20; end++; break;
+    case 'g': case 'G': mul = 1ull << 30; end++; break;
+    default: break;
+    }
+    if ((*end == 'b' || *end == 'B') && mul > 1) {
+        end++;
+    }
+    if (*end != '\0' || v > SIZE_MAX / mul) {
+        return -1;
+    }
+    *out = (size_t)(v * mul);
+    return 0;
+}
+
+/* bench_proc_cpu: utime + stime of pid in seconds, or -1. */
+static double
+bench_proc_cpu(int pid)
+{
+    char path[64], buf[1024];
+    FILE *f;
+    size_t n;
+
+    snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+    f = fopen(path, "r");
+    if (f == NULL) {
+        return -1;
+    }
+    n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    char *p = strrchr(buf, ')'); /* the command name may hold spaces */
+    if (p == NULL) {
+        return -1;
+    }
+    unsigned long long ut, st;
+    if (sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2) {
+        return -1;
+    }
+    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
+static double
+bench_self_cpu(void)
+{
+    struct rusage ru;
+
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 +
+           (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6;
+}
+
+static void
+bench_key(char *dst, const struct bench_cfg *cfg, int thread, uint64_t ctr)
+{
+    char tmp[48];
+
+    snprintf(tmp, sizeof(tmp), "kb%.8s-%03u-%010" PRIu64, cfg->runid, (unsigned)thread % 1000,
+             (uint64_t)(ctr % 10000000000ull));
+    memcpy(dst, tmp, BENCH_KEY_LEN);
+}
+
+/* bench_key_ctr: rewrite the 10 counter digits of a key in place. */
+static void
+bench_key_ctr(uint8_t *digits, uint64_t ctr)
+{
+    for (int i = 9; i >= 0; i--) {
+        digits[i] = (uint8_t)('0' + ctr % 10);
+        ctr /= 10;
+    }
+}
+
+/* ---- connection ---- */
+
+static int
+bench_connect(const char *addr, int *fdp)
+{
+    if (strncmp(addr, "unix:", 5) == 0 || strchr(addr, '/') != NULL) {
+        const char *path = strncmp(addr, "unix:", 5) == 0 ? addr + 5 : addr;
+        struct sockaddr_un sun;
+        memset(&sun, 0, sizeof(sun));
+        sun.sun_family = AF_UNIX;
+        if (strlen(path) >= sizeof(sun.sun_path)) {
+            return -ENAMETOOLONG;
+        }
+        memcpy(sun.sun_path, path, strlen(path) + 1);
+        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0) {
+            return -errno;
+        }
+        if (connect(fd, (struct sockaddr *)&sun, sizeof(sun)) != 0) {
+            int e = errno;
+            close(fd);
+            return -e;
+        }
+        *fdp = fd;
+        return 0;
+    }
+    char host[256], port[32] = "7431";
+    const char *colon = strrchr(addr, ':');
+    size_t hlen = colon ? (size_t)(colon - addr) : strlen(addr);
+    if (hlen >= sizeof(host)) {
+        return -EINVAL;
+    }
+    memcpy(host, addr, hlen);
+    host[hlen] = '\0';
+    if (host[0] == '[' && hlen > 1 && host[hlen - 1] == ']') {
+        memmove(host, host + 1, hlen - 2);
+        host[hlen - 2] = '\0';
+    }
+    if (colon) {
+        snprintf(port, sizeof(port), "%s", colon + 1);
+    }
+    struct addrinfo hints, *res = NULL;
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_socktype = SOCK_STREAM;
+    if (getaddrinfo(host, port, &hints, &res) != 0) {
+        return -ENXIO;
+    }
+    int rc = -ECONNREFUSED;
+    for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+        int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+        if (fd < 0) {
+            rc = -errno;
+            continue;
+        }
+        if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
+            int one = 1;
+            setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+            *fdp = fd;
+            rc = 0;
+            break;
+        }
+        rc = -errno;
+        close(fd);
+    }
+    freeaddrinfo(res);
+    return rc;
+}
+
+static int
+bench_fail(struct bench_thread *t, int rc, const char *what)
+{
+    if (t->fail == 0) {
+        t->fail = rc;
+        snprintf(t->why, sizeof(t->why), "%s%s%s", what, rc < 0 ? ": " : "",
+                 rc < 0 ? strerror(-rc) : "");
+    }
+    return rc < 0 ? rc : -EPROTO;
+}
+
+static int
+bench_send(struct bench_thread *t, const struct bench_slot *s)
+{
+    struct iovec *iov = t->scratch;
+    size_t n = s->niov;
+
+    memcpy(iov, s->iov, n * sizeof(*iov));
+    while (n > 0) {
+        struct msghdr mh;
+        memset(&mh, 0, sizeof(mh));
+        mh.msg_iov = iov;
+        mh.msg_iovlen = n < IOV_MAX ? n : IOV_MAX;
+        ssize_t w = sendmsg(t->fd, &mh, MSG_NOSIGNAL);
+        if (w < 0) {
+            if (errno == EINTR) {
+                continue;
+            }
+            return bench_fail(t, -errno, "send");
+        }
+        size_t left = (size_t)w;
+        while (n > 0 && left >= iov->iov_len) {
+            left -= iov->iov_len;
+            iov++;
+            n--;
+        }
+        if (n > 0) {
+            iov->iov_base = (uint8_t *)iov->iov_base + left;
+            iov->iov_len -= left;
+        }
+    }
+    return 0;
+}
+
+/* ---- streaming reply reader ---- */
+
+static ssize_t
+bench_recv(struct bench_thread *t, void *buf, size_t len, int flags)
+{
+    for (;;) {
+        ssize_t r = recv(t->fd, buf, len, flags);
+        if (r > 0) {
+            return r;
+        }
+        if (r == 0) {
+            return bench_fail(t, -ECONNRESET, "server closed the connection");
+        }
+        if (errno != EINTR) {
+            return bench_fail(t, -errno, "recv");
+        }
+    }
+}
+
+static int
+bench_fill(struct bench_thread *t, size_t need)
+{
+    size_t have = t->rlen - t->rpos;
+
+    if (have >= need) {
+        return 0;
+    }
+    memmove(t->rbuf, t->rbuf + t->rpos, have);
+    t->rpos = 0;
+    t->rlen = have;
+    while (t->rlen < need) {
+        size_t want = BENCH_RBUF - t->rlen;
+        if (want > t->fill_max && t->fill_max >= need - t->rlen) {
+            want = t->fill_max;
+        }
+        ssize_t r = bench_recv(t, t->rbuf + t->rlen, want, 0);
+        if (r < 0) {
+            return (int)r;
+        }
+        t->rlen += (size_t)r;
+    }
+    return 0;
+}
+
+/* bench_body: len body bytes into dst (or dropped when dst is NULL). */
+static int
+bench_body(struct bench_thread *t, uint8_t *dst, uint64_t len)
+{
+    size_t have = t->rlen - t->rpos;
+    size_t take = len < have ? (size_t)len : have;
+
+    if (dst != NULL) {
+        memcpy(dst, t->rbuf + t->rpos, take);
+        dst += take;
+    }
+    t->rpos += take;
+    len -= take;
+    t->fill_max = len > 0 && dst != NULL ? BENCH_PEEK : BENCH_RBUF;
+    while (len > 0) {
+        uint8_t *to = dst ? dst : t->rbuf;
+        size_t want = dst ? (size_t)len : (len < BENCH_RBUF ? (size_t)len : BENCH_RBUF);
+        ssize_t r = bench_recv(t, to, want, MSG_WAITALL);
+        if (r < 0) {
+            return (int)r;
+        }
+        if (dst) {
+            dst += r;
+        }
+        len -= (uint64_t)r;
+    }
+    if (t->rpos == t->rlen) {
+        t->rpos = t->rlen = 0; /* a drain may have reused the buffer */
+    }
+    return 0;
+}
+
+enum bench_type { BT_NIL, BT_BOOL, BT_UINT, BT_INT, BT_STR, BT_BIN, BT_ARRAY, BT_MAP, BT_OTHER };
+
+struct bench_head {
+    enum bench_type type;
+    uint64_t v;                   /* uint value, bool, or length/count */
+};
+
+static int
+bench_head(struct bench_thread *t, struct bench_head *h)
+{
+    static const uint8_t extra[32] = {
+        /* c0 */ 0, 0, 0, 0, 1, 2, 4, 0, 0, 0, 4, 8, 1, 2, 4, 8,
+        /* d0 */ 1, 2, 4, 8, 0, 0, 0, 0, 0, 1, 2, 4, 2, 4, 2, 4,
+    };
+    int rc = bench_fill(t, 1);
+    if (rc != 0) {
+        return rc;
+    }
+    uint8_t b = t->rbuf[t->rpos];
+    if (b <= 0x7f || b >= 0xe0) {
+        h->type = b <= 0x7f ? BT_UINT : BT_INT;
+        h->v = b;
+        t->rpos++;
+        return 0;
+    }
+    if (b <= 0xbf) {
+        h->type = b <= 0x8f ? BT_MAP : b <= 0x9f ? BT_ARRAY : BT_STR;
+        h->v = b & (b <= 0x9f ? 0x0f : 0x1f);
+        t->rpos++;
+        return 0;
+    }
+    int n = extra[b - 0xc0];
+    rc = bench_fill(t, 1 + (size_t)n);
+    if (rc != 0) {
+        return rc;
+    }
+    uint64_t v = 0;
+    for (int i = 1; i <= n; i++) {
+        v = (v << 8) | t->rbuf[t->rpos + (size_t)i];
+    }
+    t->rpos += 1 + (size_t)n;
+    h->v = v;
+    switch (b) {
+    case 0xc0: h->type = BT_NIL; break;
+    case 0xc2: case 0xc3: h->type = BT_BOOL; h->v = b == 0xc3; break;
+    case 0xc4: case 0xc5: case 0xc6: h->type = BT_BIN; break;
+    case 0xcc: case 0xcd: case 0xce: case 0xcf: h->type = BT_UINT; break;
+    case 0xd0: case 0xd1: case 0xd2: case 0xd3: h->type = BT_INT; break;
+    case 0xd9: case 0xda: case 0xdb: h->type = BT_STR; break;
+    case 0xdc: case 0xdd: h->type = BT_ARRAY; break;
+    case 0xde: case 0xdf: h->type = BT_MAP; break;
+    default: h->type = BT_OTHER; break; /* ext, float: never in the replies read here */
+    }
+    return 0;
+}
+
+/* bench_error: the rest of an error triple [code, name, message]: *code and msg. */
+static int
+bench_error(struct bench_thread *t, uint64_t n, uint64_t *code, char *text, size_t textsz)
+{
+    struct bench_head h;
+    char msg[120] = "";
+    int rc;
+
+    *code = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        rc = bench_head(t, &h);
+        if (rc != 0) {
+            return rc;
+        }
+        if (h.type == BT_UINT && i == 0) {
+            *code = h.v;
+        } else if (h.type == BT_STR || h.type == BT_BIN) {
+            if (h.v > 4096) {
+                return bench_fail(t, -EPROTO, "oversized error text");
+            }
+            size_t keep = h.v < sizeof(msg) - 1 ? (size_t)h.v : sizeof(msg) - 1;
+            rc = bench_fill(t, keep);
+            if (rc != 0) {
+                return rc;
+            }
+            if (i == 2) {
+                memcpy(msg, t->rbuf + t->rpos, keep);
+                msg[keep] = '\0';
+            }
+            rc = bench_body(t, NULL, h.v);
+            if (rc != 0) {
+                return rc;
+            }
+        } else if (h.type != BT_NIL) {
+            return bench_fail(t, -EPROTO, "malformed error");
+        }
+    }
+    snprintf(text, textsz, "server error %" PRIu64 ": %s", *code, msg);
+    return 0;
+}
+
+/* bench_reply: read the reply to slot s and account its keys. */
+static int
+bench_reply(struct bench_thread *t, int s, bool verify)
+{
+    const struct bench_cfg *cfg = t->cfg;
+    struct bench_head h;
+    int rc;
+
+    rc = bench_head(t, &h);
+    if (rc == 0 && (h.type != BT_ARRAY || (h.v != 4 && h.v != 3))) {
+        return bench_fail(t, -EPROTO, "reply is not an rpc message");
+    }
+    uint64_t len = h.v;
+    if (rc == 0) {
+        rc = bench_head(t, &h);
+    }
+    if (rc != 0) {
+        return rc;
+    }
+    if (h.type == BT_UINT && h.v == 2 && len == 3) {
+        uint64_t code;
+        rc = bench_head(t, &h); /* "error" */
+        if (rc == 0 && h.type == BT_STR) {
+            rc = bench_body(t, NULL, h.v);
+        }
+        if (rc == 0) {
+            rc = bench_head(t, &h);
+        }
+        if (rc == 0 && (h.type != BT_ARRAY || h.v > 3)) {
+            return bench_fail(t, -EPROTO, "malformed notification");
+        }
+        if (rc == 0) {
+            char text[120];
+            rc = bench_error(t, h.v, &code, text, sizeof(text));
+            if (rc == 0) {
+                t->fail = -ECONNRESET; /* the server closes after an error notification */
+                snprintf(t->why, sizeof(t->why), "notification: %s", text);
+                return t->fail;
+            }
+        }
+        return rc;
+    }
+    if (h.type != BT_UINT || h.v != 1) {
+        return bench_fail(t, -EPROTO, "unexpected message type");
+    }
+    rc = bench_head(t, &h);
+    if (rc == 0 && (h.type != BT_UINT || h.v != (uint64_t)s)) {
+        return bench_fail(t, -EPROTO, "reply out of order");
+    }
+    if (rc == 0) {
+        rc = bench_head(t, &h);
+    }
+    if (rc != 0) {
+        return rc;
+    }
+    if (h.type == BT_ARRAY) {
+        uint64_t code;
+        char text[sizeof(t->why)];
+        rc = bench_error(t, h.v, &code, text, sizeof(text));
+        if (rc == 0 && t->why[0] == '\0') {
+            memcpy(t->why, text, sizeof(t->why));
+        }
+        if (rc == 0) {
+            rc = bench_head(t, &h); /* nil result */
+        }
+        t->errors += cfg->batch;
+        return rc;
+    }
+    if (h.type != BT_NIL) {
+        return bench_fail(t, -EPROTO, "error is neither nil nor an array");
+    }
+    rc = bench_head(t, &h);
+    if (rc == 0 && (h.type != BT_ARRAY || h.v != cfg->batch)) {
+        return bench_fail(t, -EPROTO, "result does not match the batch");
+    }
+    for (uint32_t i = 0; rc == 0 && i < cfg->batch; i++) {
+        rc = bench_head(t, &h);
+        if (rc != 0) {
+            break;
+        }
+        switch (cfg->mode) {
+        case MODE_PUT:
+            if (h.type != BT_UINT) {
+                return bench_fail(t, -EPROTO, "put code is not an integer");
+            }
+            if (h.v == 0) {
+                t->keys++;
+                t->bytes += cfg->vsize;
+            } else {
+                t->errors++;
+                if (t->why[0] == '\0') {
+                    snprintf(t->why, sizeof(t->why), "put answered code %" PRIu64, h.v);
+                }
+            }
+            break;
+        case MODE_GET:
+            if (h.type == BT_NIL) {
+                t->misses++;
+                break;
+            }
+            if (h.type != BT_BIN) {
+                return bench_fail(t, -EPROTO, "value is neither bin nor nil");
+            }
+            if (h.v != cfg->vsize) {
+                t->errors++;
+                rc = bench_body(t, NULL, h.v);
+                break;
+            }
+            rc = bench_body(t, verify ? t->check : t->sink, h.v);
+            if (rc == 0 && verify && memcmp(t->check, cfg->pattern, cfg->vsize) != 0) {
+                t->mismatches++;
+            }
+            t->keys++;
+            t->bytes += cfg->vsize;
+            break;
+        case MODE_EXISTS:
+            if (h.type != BT_BOOL) {
+                return bench_fail(t, -EPROTO, "exists answer is not a bool");
+            }
+            t->keys++;
+            if (!h.v) {
+                t->misses++;
+            }
+            break;
+        }
+    }
+    return rc;
+}
+
+/* ---- request building (setup only) ---- */
+
+static int
+bench_sbuf_write(void *data, const char *buf, size_t len)
+{
+    return msgpack_sbuffer_write(data, buf, len);
+}
+
+static int
+bench_slot_build(struct bench_thread *t, int s, const uint8_t *vhdr, size_t vhdrlen)
+{
+    const struct bench_cfg *cfg = t->cfg;
+    struct bench_slot *sl = &t->slots[s];
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+    char key[BENCH_KEY_LEN];
+    const char *method = bench_methods[cfg->mode];
+
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer_init(&pk, &sb, bench_sbuf_write);
+    sl->ctr_off = calloc(cfg->batch, sizeof(*sl->ctr_off));
+    sl->niov = cfg->mode == MODE_PUT ? 2 * (size_t)cfg->batch : 1;
+    sl->iov = calloc(sl->niov, sizeof(*sl->iov));
+    if (sl->ctr_off == NULL || sl->iov == NULL) {
+        return -ENOMEM;
+    }
+    msgpack_pack_array(&pk, 4);
+    msgpack_pack_uint32(&pk, 0);
+    msgpack_pack_uint32(&pk, (uint32_t)s);
+    msgpack_pack_str_with_body(&pk, method, strlen(method));
+    msgpack_pack_array(&pk, cfg->mode == MODE_PUT ? 2 : 1);
+    msgpack_pack_array(&pk, cfg->batch);
+    for (uint32_t i = 0; i < cfg->batch; i++) {
+        bench_key(key, cfg, t->id, 0);
+        msgpack_pack_bin(&pk, BENCH_KEY_LEN);
+        sl->ctr_off[i] = sb.size + BENCH_CTR_OFF;
+        msgpack_pack_bin_body(&pk, key, BENCH_KEY_LEN);
+    }
+    if (cfg->mode == MODE_PUT) {
+        msgpack_pack_array(&pk, cfg->batch);
+        msgpack_sbuffer_write(&sb, (const char *)vhdr, vhdrlen);
+    }
+    sl->hdr = (uint8_t *)sb.data; /* owned by the slot from here on */
+    sl->hdrlen = sb.size;
+    sl->iov[0] = (struct iovec){ .iov_base = sl->hdr, .iov_len = sl->hdrlen };
+    if (cfg->mode == MODE_PUT) {
+        for (uint32_t i = 0; i < cfg->batch; i++) {
+            sl->iov[1 + 2 * i] = (struct iovec){ .iov_base = cfg->pattern,
+                                                 .iov_len = cfg->vsize };
+            if (i + 1 < cfg->batch) {
+                sl->iov[2 + 2 * i] = (struct iovec){ .iov_base = (void *)vhdr,
+                                                     .iov_len = vhdrlen };
+            }
+        }
+        sl->niov = 2 * (size_t)cfg->batch;
+    }
+    return 0;
+}
+
+/* bench_slot_keys: give slot s its next batch of keys. */
+static void
+bench_slot_keys(struct bench_thread *t, int s)
+{
+    const struct bench_cfg *cfg = t->cfg;
+    struct bench_slot *sl = &t->slots[s];
+
+    for (uint32_t i = 0; i < cfg->batch; i++) {
+        uint64_t k = cfg->mode == MODE_PUT ? t->ctr : t->ctr % cfg->keys;
+        bench_key_ctr(sl->hdr + sl->ctr_off[i], k);
+        t->ctr++;
+    }
+}
+
+/* ---- threads ---- */
+
+/* bench_preload: store this thread's working set through libkvstash. */
+static int
+bench_preload(struct bench_thread *t)
+{
+    const struct bench_cfg *cfg = t->cfg;
+    struct kvstash *c = NULL;
+    size_t n = (size_t)cfg->keys;
+    char *names = malloc(n * BENCH_KEY_LEN);
+    const void **keys = calloc(n, sizeof(*keys));
+    const void **vals = calloc(n, sizeof(*vals));
+    size_t *klens = calloc(n, sizeof(*klens));
+    size_t *vlens = calloc(n, sizeof(*vlens));
+    int *codes = calloc(n, sizeof(*codes));
+    int rc = -ENOMEM;
+
+    if (names == NULL || keys == NULL || vals == NULL || klens == NULL || vlens == NULL ||
+        codes == NULL) {
+        bench_fail(t, rc, "preload");
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        bench_key(names + i * BENCH_KEY_LEN, cfg, t->id, i);
+        keys[i] = names + i * BENCH_KEY_LEN;
+        klens[i] = BENCH_KEY_LEN;
+        vals[i] = cfg->pattern;
+        vlens[i] = cfg->vsize;
+    }
+    rc = kvstash_connect(cfg->addr, &c);
+    if (rc == 0) {
+        rc = kvstash_batch_put(c, n, keys, klens, vals, vlens, codes);
+    }
+    if (rc != 0) {
+        snprintf(t->why, sizeof(t->why), "preload: %s: %s", kvstash_strerror(rc),
+                 c ? kvstash_last_error(c) : kvstash_last_error(NULL));
+        t->fail = rc < 0 ? rc : -EPROTO;
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (codes[i] != 0 && codes[i] != KVSTASH_EEXISTS) {
+            snprintf(t->why, sizeof(t->why), "preload: key %zu answered %s", i,
+                     kvstash_strerror(codes[i]));
+            t->fail = -EPROTO;
+            rc = -EPROTO;
+            break;
+        }
+    }
+out:
+    kvstash_close(c);
+    free(names);
+    free(keys);
+    free(vals);
+    free(klens);
+    free(vlens);
+    free(codes);
+    return rc;
+}
+
+static void *
+bench_thread_main(void *arg)
+{
+    struct bench_thread *t = arg;
+    const struct bench_cfg *cfg = t->cfg;
+    int depth = cfg->depth;
+    int rc = 0;
+
+    if (cfg->mode != MODE_PUT) {
+        rc = bench_preload(t);
+    }
+    if (rc == 0) {
+        rc = bench_connect(cfg->addr, &t->fd);
+        if (rc != 0) {
+            bench_fail(t, rc, "connect");
+        }
+    }
+    pthread_barrier_wait(t->barrier); /* everyone ready */
+    pthread_barrier_wait(t->barrier); /* main took the start time */
+    if (rc != 0) {
+        return NULL;
+    }
+    uint64_t deadline = bench_now_ns() + (uint64_t)(cfg->secs * 1e9);
+    uint64_t sent = 0;
+    int inflight = 0, head = 0;
+
+    for (int s = 0; s < depth && (cfg->max_reqs == 0 || sent < cfg->max_reqs); s++) {
+        bench_slot_keys(t, s);
+        t->slots[s].t_sent = bench_now_ns();
+        if (bench_send(t, &t->slots[s]) != 0) {
+            return NULL;
+        }
+        sent++;
+        inflight++;
+    }
+    while (inflight > 0) {
+        if (bench_reply(t, head, t->reqs == 0 && cfg->mode == MODE_GET) != 0) {
+            return NULL;
+        }
+        uint64_t now = bench_now_ns();
+        t->hist[bench_hist_index(now - t->slots[head].t_sent)]++;
+        t->reqs++;
+        inflight--;
+        if (now < deadline && (cfg->max_reqs == 0 || sent < cfg->max_reqs)) {
+            bench_slot_keys(t, head);
+            t->slots[head].t_sent = now;
+            if (bench_send(t, &t->slots[head]) != 0) {
+                return NULL;
+            }
+            sent++;
+            inflight++;
+        }
+        head = (head + 1) % depth;
+    }
+    return NULL;
+}
+
+static void
+bench_thread_free(struct bench_thread *t)
+{
+    if (t->fd >= 0) {
+        close(t->fd);
+    }
+    for (int s = 0; s < BENCH_MAX_DEPTH; s++) {
+        free(t->slots[s].hdr);
+        free(t->slots[s].ctr_off);
+        free(t->slots[s].iov);
+    }
+    free(t->scratch);
+    free(t->rbuf);
+    free(t->sink);
+    free(t->check);
+}
+
+static const char bench_usage_text[] =
+    "usage: kvstash-bench [-H host:port | -S socket] [-m put|get|exists] [-c conns]\n"
+    "                     [-d depth] [-b batch] [-s size] [-t seconds] [-n requests]\n"
+    "                     [-k keys] [-p pid] [-R] [-q]\n"
+    "  -m MODE     batch_put, batch_get or batch_is_exist load (default get)\n"
+    "  -c N        connections, one thread each (default 1)\n"
+    "  -d N        requests in flight per connection (default 2, at most 64)\n"
+    "  -b N        keys per request (default 8)\n"
+    "  -s SIZE     value size: 4096, 64k, 1m, 4m (default 1m; 64 for exists)\n"
+    "  -t SECS     run time (default 5)\n"
+    "  -n N        stop each connection after N requests (default: time only)\n"
+    "  -k N        keys preloaded per connection for get/exists (default: ~1 GiB in all)\n"
+    "  -p PID      charge the daemon's CPU time (/proc/PID/stat) to the bytes moved\n"
+    "  -R          remove_all (forced) before the run\n"
+    "  -q          print only the result line\n"
+    "Target: -H/-S, else $KVSTASH_ADDR, else 127.0.0.1:7431.\n"
+    "Output: mode size batch conns depth secs GB/s keys/s req/s p50_us p99_us misses errors\n";
+
+static int
+bench_usage(const char *why)
+{
+    if (why != NULL) {
+        fprintf(stderr, "kvstash-bench: %s\n", why);
+    }
+    fputs(bench_usage_text, stderr);
+    return 2;
+}
+
+int
+main(int argc, char **argv)
+{
+    static char addrbuf[PATH_MAX + 8];
+    struct bench_cfg cfg = {
+        .mode = MODE_GET, .conns = 1, .depth = 2, .batch = 8, .vsize = 0, .secs = 5,
+    };
+    bool size_given = false;
+    const char *env = getenv("KVSTASH_ADDR");
+    int opt;
+
+    cfg.addr = env && env[0] ? env : "127.0.0.1:7431";
+    while ((opt = getopt(argc, argv, "H:S:m:c:d:b:s:t:n:k:p:Rqh")) != -1) {
+        char *end = NULL;
+        long long v = 0;
+        if (strchr("cdbnkp", opt) != NULL) {
+            errno = 0;
+            v = strtoll(optarg, &end, 10);
+            if (errno != 0 || *end != '\0' || end == optarg || v < 0) {
+                return bench_usage("numeric option expected");
+            }
+        }
+        switch (opt) {
+        case 'H':
+            cfg.addr = optarg;
+            break;
+        case 'S':
+            snprintf(addrbuf, sizeof(addrbuf), "unix:%s", optarg);
+            cfg.addr = addrbuf;
+            break;
+        case 'm':
+            if (strcmp(optarg, "put") == 0) {
+                cfg.mode = MODE_PUT;
+            } else if (strcmp(optarg, "get") == 0) {
+                cfg.mode = MODE_GET;
+            } else if (strcmp(optarg, "exists") == 0) {
+                cfg.mode = MODE_EXISTS;
+            } else {
+                return bench_usage("-m wants put, get or exists");
+            }
+            break;
+        case 'c': cfg.conns = (int)(v < INT_MAX ? v : INT_MAX); break;
+        case 'd': cfg.depth = (int)(v < INT_MAX ? v : INT_MAX); break;
+        case 'b': cfg.batch = (uint32_t)(v < UINT32_MAX ? v : UINT32_MAX); break;
+        case 'n': cfg.max_reqs = (uint64_t)v; break;
+        case 'k': cfg.keys = (uint64_t)v; break;
+        case 'p': cfg.pid = (int)(v < INT_MAX ? v : 0); break;
+        case 's':
+            if (bench_parse_size(optarg, &cfg.vsize) != 0) {
+                return bench_usage("-s wants a size like 4096, 64k, 1m");
+            }
+            size_given = true;
+            break;
+        case 't':
+            cfg.secs = strtod(optarg, &end);
+            if (*end != '\0' || !(cfg.secs > 0 && cfg.secs <= 3600)) {
+                return bench_usage("-t wants seconds in (0, 3600]");
+            }
+            break;
+        case 'R': cfg.reset = true; break;
+        case 'q': cfg.quiet = true; break;
+        case 'h':
+            fputs(bench_usage_text, stdout);
+            return 0;
+        default:
+            return bench_usage(NULL);
+        }
+    }
+    if (optind != argc) {
+        return bench_usage("unexpected operand");
+    }
+    if (!size_given) {
+        cfg.vsize = cfg.mode == MODE_EXISTS ? 64 : 1u << 20;
+    }
+    if (cfg.conns < 1 || cfg.conns > BENCH_MAX_CONNS || cfg.depth < 1 ||
+        cfg.depth > BENCH_MAX_DEPTH || cfg.batch < 1) {
+        return bench_usage("need 1 <= conns <= 1024, 1 <= depth <= 64, batch >= 1");
+    }
+
+    /* control connection: limits, optional reset */
+    struct kvstash *ctl = NULL;
+    int rc = kvstash_connect_timeout(cfg.addr, 10000, &ctl);
+    if (rc != 0) {
+        fprintf(stderr, "kvstash-bench: connecting to %s: %s\n", cfg.addr,
+                kvstash_last_error(NULL));
+        return 3;
+    }
+    const struct kvstash_hello *hi = kvstash_server_info(ctl);
+    if (cfg.batch > hi->max_batch || cfg.vsize > hi->max_value_size ||
+        (uint64_t)cfg.batch * (cfg.vsize + 40) + 64 > hi->max_message_size) {
+        fprintf(stderr, "kvstash-bench: a request of %u x %zu bytes exceeds the server's limits "
+                "(max_batch %" PRIu64 ", max_value_size %" PRIu64 ", max_message_size %" PRIu64
+                ")\n", cfg.batch, cfg.vsize, hi->max_batch, hi->max_value_size,
+                hi->max_message_size);
+        kvstash_close(ctl);
+        return 2;
+    }
+    if (cfg.reset) {
+        uint64_t removed = 0;
+        rc = kvstash_remove_all(ctl, true, &removed);
+        if (rc != 0) {
+            fprintf(stderr, "kvstash-bench: remove_all: %s\n", kvstash_last_error(ctl));
+            kvstash_close(ctl);
+            return 3;
+        }
+    }
+    kvstash_close(ctl);
+    if (cfg.mode != MODE_PUT && cfg.keys == 0) {
+        uint64_t per = BENCH_WORKSET / (uint64_t)cfg.conns / (cfg.vsize ? cfg.vsize : 1);
+        uint64_t lo = (uint64_t)cfg.batch * (uint64_t)cfg.depth;
+        cfg.keys = per < lo ? lo : per > 16384 ? 16384 : per;
+    }
+    snprintf(cfg.runid, sizeof(cfg.runid), "%08x",
+             (unsigned)(bench_now_ns() ^ ((uint64_t)getpid() << 16)));
+    cfg.pattern = malloc(cfg.vsize ? cfg.vsize : 1);
+    if (cfg.pattern == NULL) {
+        fputs("kvstash-bench: out of memory\n", stderr);
+        return 3;
+    }
+    for (size_t i = 0; i < cfg.vsize; i++) {
+        cfg.pattern[i] = (uint8_t)(i * 131 + (i >> 12) + 7);
+    }
+
+    /* the bin header every value shares */
+    uint8_t vhdr[8];
+    msgpack_sbuffer vsb;
+    msgpack_packer vpk;
+    msgpack_sbuffer_init(&vsb);
+    msgpack_packer_init(&vpk, &vsb, bench_sbuf_write);
+    msgpack_pack_bin(&vpk, cfg.vsize);
+    memcpy(vhdr, vsb.data, vsb.size);
+    size_t vhdrlen = vsb.size;
+    msgpack_sbuffer_destroy(&vsb);
+
+    struct bench_thread *th = calloc((size_t)cfg.conns, sizeof(*th));
+    pthread_barrier_t barrier;
+    if (th == NULL) {
+        fputs("kvstash-bench: out of memory\n", stderr);
+        return 3;
+    }
+    pthread_barrier_init(&barrier, NULL, (unsigned)cfg.conns + 1);
+    for (int i = 0; i < cfg.conns; i++) {
+        struct bench_thread *t = &th[i];
+        t->id = i;
+        t->cfg = &cfg;
+        t->barrier = &barrier;
+        t->fd = -1;
+        t->fill_max = BENCH_RBUF;
+        t->rbuf = malloc(BENCH_RBUF);
+        t->sink = malloc(cfg.vsize ? cfg.vsize : 1);
+        t->check = malloc(cfg.vsize ? cfg.vsize : 1);
+        t->scratch = calloc(2 * (size_t)cfg.batch + 1, sizeof(*t->scratch));
+        if (t->rbuf == NULL || t->sink == NULL || t->check == NULL || t->scratch == NULL) {
+            fputs("kvstash-bench: out of memory\n", stderr);
+            return 3;
+        }
+        for (int s = 0; s < cfg.depth; s++) {
+            if (bench_slot_build(t, s, vhdr, vhdrlen) != 0) {
+                fputs("kvstash-bench: out of memory\n", stderr);
+                return 3;
+            }
+        }
+        if (pthread_create(&t->tid, NULL, bench_thread_main, t) != 0) {
+            fputs("kvstash-bench: cannot start threads\n", stderr);
+            return 3;
+        }
+    }
+    if (!cfg.quiet) {
+        fprintf(stderr, "kvstash-bench: %s %s x %zu bytes, batch %u, %d conns, depth %d, %.1f s%s\n",
+                cfg.addr, bench_mode_names[cfg.mode], cfg.vsize, cfg.batch, cfg.conns, cfg.depth,
+                cfg.secs, cfg.mode == MODE_PUT ? "" : " (preloading)");
+    }
+    pthread_barrier_wait(&barrier);
+    double cpu0 = cfg.pid ? bench_proc_cpu(cfg.pid) : -1;
+    double self0 = bench_self_cpu();
+    uint64_t t0 = bench_now_ns();
+    pthread_barrier_wait(&barrier);
+    for (int i = 0; i < cfg.conns; i++) {
+        pthread_join(th[i].tid, NULL);
+    }
+    uint64_t t1 = bench_now_ns();
+    double cpu1 = cfg.pid ? bench_proc_cpu(cfg.pid) : -1;
+    double self1 = bench_self_cpu();
+
+    uint64_t reqs = 0, keys = 0, bytes = 0, misses = 0, errors = 0, mism = 0;
+    static uint64_t hist[BENCH_HIST];
+    int failed = 0;
+    for (int i = 0; i < cfg.conns; i++) {
+        struct bench_thread *t = &th[i];
+        reqs += t->reqs;
+        keys += t->keys;
+        bytes += t->bytes;
+        misses += t->misses;
+        errors += t->errors + t->mismatches;
+        mism += t->mismatches;
+        for (int b = 0; b < BENCH_HIST; b++) {
+            hist[b] += t->hist[b];
+        }
+        if (t->fail != 0) {
+            failed++;
+            fprintf(stderr, "kvstash-bench: connection %d: %s\n", i, t->why);
+        } else if (t->why[0] != '\0' && !cfg.quiet) {
+            fprintf(stderr, "kvstash-bench: connection %d: first error: %s\n", i, t->why);
+        }
+        bench_thread_free(t);
+    }
+    double secs = (double)(t1 - t0) / 1e9;
+    printf("mode=%s size=%zu batch=%u conns=%d depth=%d secs=%.2f GB/s=%.3f keys/s=%.0f "
+           "req/s=%.1f p50_us=%.0f p99_us=%.0f misses=%" PRIu64 " errors=%" PRIu64,
+           bench_mode_names[cfg.mode], cfg.vsize, cfg.batch, cfg.conns, cfg.depth, secs,
+           (double)bytes / secs / 1e9, (double)keys / secs, (double)reqs / secs,
+           bench_hist_pct(hist, 0.50) / 1e3, bench_hist_pct(hist, 0.99) / 1e3, misses, errors);
+    if (cpu0 >= 0 && cpu1 >= 0) {
+        double gb = (double)bytes / 1e9;
+        printf(" daemon_cpu_s=%.2f", cpu1 - cpu0);
+        if (gb > 0) {
+            printf(" daemon_core_s_per_GB=%.3f", (cpu1 - cpu0) / gb);
+        }
+    } else if (cfg.pid) {
+        printf(" daemon_cpu=unreadable");
+    }
+    printf(" client_cpu_s=%.2f\n", self1 - self0);
+    if (mism > 0) {
+        fprintf(stderr, "kvstash-bench: %" PRIu64 " values differed from what was stored\n", mism);
+    }
+    pthread_barrier_destroy(&barrier);
+    free(th);
+    free(cfg.pattern);
+    return failed ? 3 : (errors ? 1 : 0);
+}

@@ -1,0 +1,325 @@
+"""Integration: kvstashd speaks plain msgpack-rpc to a generic client.
+
+Uses only Debian's python3-msgpack and the standard library, no project code:
+if these pass, any msgpack-rpc client in any language can talk to kvstashd.
+The daemon comes from $KVSTASHD (default build/release/kvstashd), started on
+an ephemeral loopback port with a temporary data dir.
+"""
+
+import os
+import pathlib
+import random
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+
+import msgpack
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+KVSTASHD = os.environ.get("KVSTASHD") or str(ROOT / "build" / "release" / "kvstashd")
+TIMEOUT = 10.0
+
+REQUEST, RESPONSE, NOTIFY = 0, 1, 2
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Daemon:
+    def __init__(self, tmp):
+        self.dir = tmp
+        self.port = free_port()
+        self.unix_path = os.path.join(tmp, "kvstashd.sock")
+        self.log_path = os.path.join(tmp, "kvstashd.stderr")
+        self.log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            [KVSTASHD, f"--listen=127.0.0.1:{self.port}", f"--data_dir={tmp}",
+             "--memory_size=128m"],
+            stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 5.0
+        while True:
+            if self.proc.poll() is not None:
+                pytest.fail(f"kvstashd exited during startup ({self.proc.returncode}):\n"
+                            + self.output())
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1.0).close()
+                if os.path.exists(self.unix_path):
+                    return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                self.proc.kill()
+                self.proc.wait(5)
+                pytest.fail("kvstashd did not accept within 5 s:\n" + self.output())
+            time.sleep(0.01)
+
+    def output(self):
+        with open(self.log_path, "rb") as f:
+            return f.read().decode(errors="replace")
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.log.close()
+
+
+class Client:
+    """A generic msgpack-rpc client over one stream socket."""
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.sock.settimeout(TIMEOUT)
+        self.packer = msgpack.Packer(use_bin_type=True)
+        self.unpacker = msgpack.Unpacker(raw=False, max_buffer_size=256 << 20)
+        self.next_id = 1
+
+    @classmethod
+    def tcp(cls, port):
+        return cls(socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT))
+
+    @classmethod
+    def unix(cls, path):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(TIMEOUT)
+        s.connect(path)
+        return cls(s)
+
+    def close(self):
+        self.sock.close()
+
+    def request(self, method, params, msgid=None):
+        if msgid is None:
+            msgid = self.next_id
+            self.next_id += 1
+        return msgid, self.packer.pack([REQUEST, msgid, method, list(params)])
+
+    def recv(self):
+        deadline = time.monotonic() + TIMEOUT
+        while True:
+            for msg in self.unpacker:
+                return msg
+            if time.monotonic() > deadline:
+                raise TimeoutError("no message from kvstashd")
+            data = self.sock.recv(1 << 20)
+            if not data:
+                raise ConnectionError("kvstashd closed the connection")
+            self.unpacker.feed(data)
+
+    def call_raw(self, method, *params):
+        msgid, data = self.request(method, params)
+        self.sock.sendall(data)
+        msg = self.recv()
+        assert isinstance(msg, list) and len(msg) == 4, msg
+        assert msg[0] == RESPONSE and msg[1] == msgid, msg
+        return msg[2], msg[3]
+
+    def call(self, method, *params):
+        err, result = self.call_raw(method, *params)
+        assert err is None, f"{method}: {err}"
+        return result
+
+
+@pytest.fixture(scope="module")
+def daemon():
+    if not os.access(KVSTASHD, os.X_OK):
+        pytest.fail(f"no kvstashd at {KVSTASHD} (build it, or set KVSTASHD)")
+    with tempfile.TemporaryDirectory(prefix="kvstash-py-") as tmp:
+        d = Daemon(tmp)
+        yield d
+        alive = d.proc.poll() is None
+        d.stop()
+        assert alive, "kvstashd died during the tests:\n" + d.output()
+        assert d.proc.returncode == 0, f"exit {d.proc.returncode} after SIGTERM"
+
+
+@pytest.fixture
+def client(daemon):
+    c = Client.tcp(daemon.port)
+    yield c
+    c.close()
+
+
+def test_ping(client):
+    assert client.call("ping") == "pong"
+
+
+def test_hello(client):
+    h = client.call("hello")
+    assert isinstance(h, dict)
+    assert h["server"] == "kvstashd"
+    assert h["protocol"] == 1
+    assert isinstance(h["version"], str) and h["version"]
+    assert isinstance(h["node_id"], str) and h["node_id"]
+    assert h["max_key_size"] == 1024
+    assert h["max_value_size"] == 256 << 20
+    assert h["max_batch"] == 16384
+    assert h["max_message_size"] == 1 << 30
+    assert h["lease_ttl_ms"] == 10000
+    assert isinstance(h["transports"], list) and h["transports"]
+    assert all(isinstance(t, str) for t in h["transports"])
+
+
+@pytest.mark.parametrize("size", [0, 1, 4096, 1 << 20])
+def test_put_get_byte_exact(client, size):
+    key = f"py-put-{size}"
+    value = os.urandom(size)
+    assert client.call("put", key, value) == 0
+    got = client.call("get", key)
+    assert isinstance(got, bytes), f"get returned {type(got).__name__}, want bin"
+    assert got == value
+    assert client.call("get_size", key) == size
+    assert client.call("is_exist", key) is True
+    assert client.call("put", key, b"again") == 2  # EXISTS: write-once
+    assert client.call("get", key) == value
+
+
+def test_get_missing_is_nil(client):
+    assert client.call("get", "py-never-written") is None
+    assert client.call("is_exist", "py-never-written") is False
+    assert client.call("get_size", "py-never-written") is None
+    assert client.call("remove", "py-never-written") == 1  # NOT_FOUND
+
+
+def test_batch_put_get_exist(client):
+    keys = [f"py-batch-{i}" for i in range(50)]
+    values = [os.urandom(random.randrange(0, 5000)) for _ in keys]
+    assert client.call("batch_put", keys, values) == [0] * len(keys)
+    probe = keys[:10] + ["py-batch-missing"] + keys[10:]
+    got = client.call("batch_get", probe)
+    assert got[:10] == values[:10]
+    assert got[10] is None
+    assert got[11:] == values[10:]
+    assert client.call("batch_is_exist", ["py-batch-0", "py-batch-nope", "py-batch-49"]) == [
+        True, False, True]
+    assert client.call("batch_get_size", ["py-batch-1", "py-batch-nope"]) == [
+        len(values[1]), None]
+    # already stored keys answer EXISTS per key, new ones are stored
+    assert client.call("batch_put", ["py-batch-0", "py-batch-new"], [b"x", b"y"]) == [2, 0]
+    assert client.call("batch_remove", ["py-batch-new", "py-batch-new"]) == [0, 1]
+
+
+def test_prefix_match(client):
+    keys = [f"py-prefix-{i}" for i in range(8)]
+    present = [k for i, k in enumerate(keys) if i != 5]
+    assert client.call("batch_put", present, [b"v"] * len(present)) == [0] * len(present)
+    assert client.call("prefix_match", keys) == 5
+    assert client.call("prefix_match", ["py-prefix-none"] + keys) == 0
+    assert client.call("prefix_match", keys, {"group_size": 2}) == 2
+    assert client.call("prefix_match", keys[:4], {"group_size": 4}) == 1
+    err, result = client.call_raw("prefix_match", keys, {"group_size": 3})
+    assert err is not None and err[0] == 6 and err[1] == "INVALID_ARGUMENT", err
+    assert result is None
+
+
+def test_pipelining_matches_by_msgid(client):
+    n = 1000
+    rng = random.Random(7)
+    # distinct, non-sequential msgids: the client must match replies by msgid
+    ids = rng.sample(range(1, 1 << 31), 2 * n)
+    keys = [f"py-pipe-{i}" for i in range(n)]
+    values = [rng.randbytes(rng.randrange(0, 300)) for _ in range(n)]
+
+    def run(requests):
+        expected = {}
+        out = bytearray()
+        for msgid, method, params, want in requests:
+            _, data = client.request(method, params, msgid)
+            out += data
+            expected[msgid] = (method, want)
+        client.sock.sendall(out)
+        seen = set()
+        for _ in range(len(requests)):
+            msg = client.recv()
+            assert msg[0] == RESPONSE and msg[2] is None, msg
+            msgid = msg[1]
+            assert msgid in expected and msgid not in seen, f"unexpected msgid {msgid}"
+            seen.add(msgid)
+            method, want = expected[msgid]
+            assert msg[3] == want, f"{method} (msgid {msgid}): {msg[3]!r} != {want!r}"
+        assert seen == set(expected)
+
+    run([(ids[i], "put", [keys[i], values[i]], 0) for i in range(n)])
+    reqs = []
+    for i in range(n):
+        kind = i % 3
+        if kind == 0:
+            reqs.append((ids[n + i], "get", [keys[i]], values[i]))
+        elif kind == 1:
+            reqs.append((ids[n + i], "is_exist", [keys[i]], True))
+        else:
+            reqs.append((ids[n + i], "ping", [], "pong"))
+    rng.shuffle(reqs)
+    run(reqs)
+
+
+def test_error_triple_shape(client):
+    err, result = client.call_raw("no_such_method")
+    assert isinstance(err, list) and len(err) == 3, err
+    code, name, message = err
+    assert (code, name) == (7, "METHOD_NOT_FOUND")
+    assert isinstance(message, str) and message
+    assert result is None
+
+    err, result = client.call_raw("put", "only-a-key")
+    assert isinstance(err, list) and len(err) == 3, err
+    assert err[0] == 6 and err[1] == "INVALID_ARGUMENT" and isinstance(err[2], str)
+    assert result is None
+    # a request-level error leaves the connection usable
+    assert client.call("ping") == "pong"
+
+
+def test_protocol_error_notification(daemon):
+    c = Client.tcp(daemon.port)
+    try:
+        c.sock.sendall(b"\xdd\xff\xff\xff\xff")
+        msg = c.recv()
+        assert msg[0] == NOTIFY and msg[1] == "error", msg
+        assert msg[2][0] == 8 and msg[2][1] == "PROTOCOL_ERROR", msg
+        try:
+            extra = c.recv()
+        except TimeoutError:
+            pytest.fail("the connection stayed open after PROTOCOL_ERROR")
+        except ConnectionError:
+            pass
+        else:
+            pytest.fail(f"a message after PROTOCOL_ERROR: {extra!r}")
+    finally:
+        c.close()
+
+
+def test_unix_socket(daemon, client):
+    value = os.urandom(100000)
+    assert client.call("put", "py-unix", value) == 0
+    u = Client.unix(daemon.unix_path)
+    try:
+        assert u.call("ping") == "pong"
+        assert u.call("hello")["server"] == "kvstashd"
+        assert u.call("get", "py-unix") == value
+        assert u.call("put", "py-unix-2", b"over unix") == 0
+    finally:
+        u.close()
+    assert client.call("get", "py-unix-2") == b"over unix"
+
+
+def test_stats_counts(client):
+    before = client.call("stats")
+    assert isinstance(before, dict)
+    for k in ("uptime_s", "connections", "connections_total", "hits", "misses", "objects",
+              "memory_used", "memory_capacity", "ops.get"):
+        assert k in before and isinstance(before[k], int), k
+    client.call("get", "py-stats-miss")
+    after = client.call("stats")
+    assert after["misses"] == before["misses"] + 1
+    assert after["ops.get"] == before["ops.get"] + 1
+    assert after["memory_capacity"] == 128 << 20

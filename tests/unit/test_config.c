@@ -1,0 +1,912 @@
+/*
+ * Unit tests for config (the option table, file parser, units, finalize, diff and reload
+ * rules) and for log (line format, levels, reopen after rotation). No network; temp files
+ * go under a fresh mkdtemp directory. Run from the repository root: the shipped
+ * conf/kvstashd.conf is parsed and compared with the built-in defaults.
+ */
+#include <criterion/criterion.h>
+
+#include <errno.h>
+#include <pthread.h>
+#include <regex.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "log.h"
+
+#define SHIPPED_CONF "conf/kvstashd.conf"
+
+/* ---- helpers ---- */
+
+static char tmpdir[64];
+
+static void
+tmp_setup(void)
+{
+    snprintf(tmpdir, sizeof(tmpdir), "/tmp/kvstash-test-config.XXXXXX");
+    cr_assert_not_null(mkdtemp(tmpdir), "mkdtemp: %s", strerror(errno));
+}
+
+static void
+tmp_teardown(void)
+{
+    char cmd[128];
+
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
+    if (system(cmd) != 0) {
+        cr_log_warn("could not remove %s", tmpdir);
+    }
+}
+
+/* Write text to <tmpdir>/name and put the path in path. */
+static void
+write_file(const char *name, const char *text, char *path, size_t len)
+{
+    FILE *f;
+
+    snprintf(path, len, "%s/%s", tmpdir, name);
+    f = fopen(path, "w");
+    cr_assert_not_null(f, "fopen %s: %s", path, strerror(errno));
+    cr_assert_eq(fwrite(text, 1, strlen(text), f), strlen(text));
+    cr_assert_eq(fclose(f), 0);
+}
+
+/* Read a whole small file into a static buffer. */
+static const char *
+read_file(const char *path)
+{
+    static char buf[1 << 20];
+    FILE *f = fopen(path, "r");
+    size_t n;
+
+    cr_assert_not_null(f, "fopen %s: %s", path, strerror(errno));
+    n = fread(buf, 1, sizeof(buf) - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    return buf;
+}
+
+/* Load text as a config file over c; returns conf_load_file's status, message in err. */
+static int
+load_text(struct kv_config *c, const char *text, char *err, size_t errlen)
+{
+    char path[256];
+
+    write_file("test.conf", text, path, sizeof(path));
+    return conf_load_file(c, path, err, errlen);
+}
+
+/* Expect text, as a config file, to fail with exactly "<path>:<line>: <rest>". */
+static void
+expect_file_error(const char *text, int line, const char *rest)
+{
+    struct kv_config c;
+    char err[512], want[768];
+
+    conf_init(&c);
+    cr_assert_eq(load_text(&c, text, err, sizeof(err)), -1, "accepted: %s", text);
+    snprintf(want, sizeof(want), "%s/test.conf:%d: %s", tmpdir, line, rest);
+    cr_expect_str_eq(err, want);
+}
+
+/* Every key conf_dump knows, in table order; returns how many. */
+static int
+all_keys(char keys[][64], int max)
+{
+    struct kv_config c;
+    char dump[8192];
+    int n = 0;
+
+    conf_init(&c);
+    cr_assert_lt(conf_dump(&c, dump, sizeof(dump)), (int)sizeof(dump));
+    for (char *line = strtok(dump, "\n"); line != NULL && n < max; line = strtok(NULL, "\n")) {
+        size_t k = strcspn(line, " ");
+        cr_assert_lt(k, 64);
+        memcpy(keys[n], line, k);
+        keys[n][k] = '\0';
+        n++;
+    }
+    return n;
+}
+
+/* A value for every key that differs from its default, and is valid. */
+static const char *const changed_values[][2] = {
+    {"listen", "0.0.0.0:9999"},
+    {"unix_socket", "/tmp/kvstash-test.sock"},
+    {"data_dir", "/tmp/kvstash-data"},
+    {"node_id", "node-7"},
+    {"memory_size", "2g"},
+    {"max_key_size", "2k"},
+    {"max_value_size", "128m"},
+    {"max_batch", "100"},
+    {"max_message_size", "512m"},
+    {"max_connections", "10"},
+    {"io_threads", "3"},
+    {"lease_ttl_ms", "5s"},
+    {"client_output_limit", "1m"},
+    {"shutdown_timeout_ms", "1s"},
+    {"eviction_high_watermark", "0.95"},
+    {"eviction_low_watermark", "0.5"},
+    {"log_level", "debug"},
+    {"log_file", "/tmp/kvstash-test.log"},
+};
+#define N_CHANGED (sizeof(changed_values) / sizeof(changed_values[0]))
+
+/* The reload rules as the public documentation states them. */
+static const char *const reloadable_keys[] = {
+    "log_level",       "log_file",         "lease_ttl_ms",        "max_key_size",
+    "max_value_size",  "max_batch",        "max_message_size",    "max_connections",
+    "client_output_limit", "shutdown_timeout_ms", "eviction_high_watermark",
+    "eviction_low_watermark", NULL,
+};
+
+static bool
+is_reloadable_key(const char *key)
+{
+    for (const char *const *k = reloadable_keys; *k != NULL; k++) {
+        if (strcmp(*k, key) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+static void
+make_changed(struct kv_config *c)
+{
+    char err[512];
+
+    conf_init(c);
+    for (size_t i = 0; i < N_CHANGED; i++) {
+        cr_assert_eq(conf_set(c, changed_values[i][0], changed_values[i][1], "test", err,
+                              sizeof(err)),
+                     0, "%s", err);
+    }
+}
+
+struct diff_log {
+    int n;
+    char keys[64][64];
+    bool reloadable[64];
+};
+
+static void
+diff_collect(const char *key, bool reloadable, void *arg)
+{
+    struct diff_log *d = arg;
+
+    cr_assert_lt(d->n, 64);
+    snprintf(d->keys[d->n], sizeof(d->keys[d->n]), "%s", key);
+    d->reloadable[d->n] = reloadable;
+    d->n++;
+}
+
+/* ---- the shipped file documents the defaults ---- */
+
+Test(config, shipped_conf_equals_defaults, .init = tmp_setup, .fini = tmp_teardown)
+{
+    struct kv_config defaults, shipped;
+    struct diff_log d = {0};
+    char err[512];
+
+    conf_init(&defaults);
+    conf_init(&shipped);
+    cr_assert_eq(conf_load_file(&shipped, SHIPPED_CONF, err, sizeof(err)), 0, "%s", err);
+    conf_diff(&defaults, &shipped, diff_collect, &d);
+    for (int i = 0; i < d.n; i++) {
+        cr_expect(strcmp(d.keys[i], "data_dir") == 0 || strcmp(d.keys[i], "memory_size") == 0,
+                  "%s: '%s' differs from the built-in default", SHIPPED_CONF, d.keys[i]);
+    }
+    cr_expect_str_eq(shipped.data_dir, "./var");
+    cr_expect_eq(shipped.memory_size, 1ull << 30);
+}
+
+/*
+ * Every key appears as a setting in the shipped file, and the comment block above it says
+ * "Default" and the key's reload rule ("reloadable" or "restart").
+ */
+Test(config, shipped_conf_lists_and_documents_every_key)
+{
+    static char lines[512][512];
+    char keys[64][64];
+    int nkeys = all_keys(keys, 64), nlines = 0;
+    struct kv_config a, b;
+    struct diff_log d = {0};
+    FILE *f = fopen(SHIPPED_CONF, "r");
+
+    cr_assert_not_null(f, "%s: %s (run from the repository root)", SHIPPED_CONF,
+                       strerror(errno));
+    while (nlines < 512 && fgets(lines[nlines], sizeof(lines[0]), f) != NULL) {
+        nlines++;
+    }
+    fclose(f);
+
+    /* Learn each key's reload flag from the table, through conf_diff. */
+    conf_init(&a);
+    make_changed(&b);
+    cr_assert_eq(conf_diff(&a, &b, diff_collect, &d), nkeys,
+                 "changed_values[] must cover every key");
+
+    for (int k = 0; k < d.n; k++) {
+        const char *key = d.keys[k];
+        size_t klen = strlen(key);
+        int at = -1;
+        char comment[4096] = "";
+
+        for (int i = 0; i < nlines; i++) {
+            const char *p = lines[i] + strspn(lines[i], " \t");
+            if (strncmp(p, key, klen) == 0 && (p[klen] == ' ' || p[klen] == '\t')) {
+                at = i;
+            }
+        }
+        cr_expect_geq(at, 0, "%s does not set '%s'", SHIPPED_CONF, key);
+        if (at < 0) {
+            continue;
+        }
+        /* The comment block: lines above, through neighbouring settings, up to a blank. */
+        for (int i = at - 1; i >= 0 && lines[i][0] != '\n'; i--) {
+            if (lines[i][0] == '#') {
+                strncat(comment, lines[i], sizeof(comment) - strlen(comment) - 1);
+            }
+        }
+        cr_expect_not_null(strstr(comment, "Default"), "%s: '%s' has no 'Default' comment",
+                           SHIPPED_CONF, key);
+        cr_expect_not_null(strstr(comment, d.reloadable[k] ? "reloadable" : "restart"),
+                           "%s: comment of '%s' must say %s", SHIPPED_CONF, key,
+                           d.reloadable[k] ? "reloadable" : "restart");
+    }
+}
+
+Test(config, defaults)
+{
+    struct kv_config c;
+
+    conf_init(&c);
+    cr_expect_str_eq(c.listen, "127.0.0.1:7431");
+    cr_expect_str_eq(c.unix_socket, "");
+    cr_expect_str_eq(c.data_dir, "./var");
+    cr_expect_str_eq(c.node_id, "");
+    cr_expect_eq(c.memory_size, 1ull << 30);
+    cr_expect_eq(c.max_key_size, 1024);
+    cr_expect_eq(c.max_value_size, 256ull << 20);
+    cr_expect_eq(c.max_batch, 16384);
+    cr_expect_eq(c.max_message_size, 1ull << 30);
+    cr_expect_eq(c.max_connections, 1024);
+    cr_expect_eq(c.io_threads, 0);
+    cr_expect_eq(c.lease_ttl_ms, 10000);
+    cr_expect_eq(c.client_output_limit, 64ull << 20);
+    cr_expect_eq(c.shutdown_timeout_ms, 10000);
+    cr_expect_eq(c.eviction_high_watermark, 0.90);
+    cr_expect_eq(c.eviction_low_watermark, 0.80);
+    cr_expect_eq(c.log_level, LOG_LEVEL_INFO);
+    cr_expect_str_eq(c.log_file, "");
+}
+
+/* ---- units ---- */
+
+Test(config, size_units)
+{
+    static const struct {
+        const char *text;
+        uint64_t want;
+    } ok[] = {
+        {"0", 0},
+        {"4096", 4096},
+        {"10b", 10},
+        {"10B", 10},
+        {"64k", 64ull << 10},
+        {"64K", 64ull << 10},
+        {"2kb", 2048},
+        {"2KiB", 2048},
+        {"1m", 1ull << 20},
+        {"1MB", 1ull << 20},
+        {"4g", 4ull << 30},
+        {"4gb", 4ull << 30},
+        {"4GiB", 4ull << 30},
+        {"4gib", 4ull << 30},
+        {"4GIB", 4ull << 30},
+        {"1t", 1ull << 40},
+        {"16777215t", 16777215ull << 40},
+        {"18446744073709551615", UINT64_MAX},
+    };
+    static const char *const bad[] = {
+        "", "k", "12q", "1.5g", "-1", "+1", " 1", "1 ", "1 g", "1kk", "1kbb", "1bk", "1i",
+        "1ki", "0x10", "1e3", "1p",
+        "18446744073709551616", /* 2^64 */
+        "16777216t",            /* 2^64 */
+        "17179869184g",         /* 2^64 */
+        "99999999999999999999999999k",
+    };
+    uint64_t v;
+
+    for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+        v = 12345;
+        cr_expect_eq(conf_parse_size(ok[i].text, &v), 0, "rejected '%s'", ok[i].text);
+        cr_expect_eq(v, ok[i].want, "'%s' = %llu", ok[i].text, (unsigned long long)v);
+    }
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        cr_expect_eq(conf_parse_size(bad[i], &v), -1, "accepted '%s'", bad[i]);
+    }
+}
+
+Test(config, duration_units)
+{
+    static const struct {
+        const char *text;
+        uint64_t want;
+    } ok[] = {
+        {"0", 0},        {"250", 250},          {"500ms", 500},     {"500MS", 500},
+        {"10s", 10000},  {"5m", 300000},        {"1h", 3600000},    {"2H", 7200000},
+        {"18446744073709551615ms", UINT64_MAX},
+    };
+    static const char *const bad[] = {
+        "", "s", "ms", "10x", "1.5s", "-1", "10 s", " 10s", "10sec", "10msec", "1d",
+        "18446744073709551616", "18446744073709551615h", "5124095576030432h",
+    };
+    uint64_t v;
+
+    for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+        v = 12345;
+        cr_expect_eq(conf_parse_duration_ms(ok[i].text, &v), 0, "rejected '%s'", ok[i].text);
+        cr_expect_eq(v, ok[i].want, "'%s' = %llu", ok[i].text, (unsigned long long)v);
+    }
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        cr_expect_eq(conf_parse_duration_ms(bad[i], &v), -1, "accepted '%s'", bad[i]);
+    }
+}
+
+Test(config, set_uses_units_and_bounds)
+{
+    struct kv_config c;
+    char err[512];
+
+    conf_init(&c);
+    cr_assert_eq(conf_set(&c, "memory_size", "4GiB", "--memory_size", err, sizeof(err)), 0);
+    cr_expect_eq(c.memory_size, 4ull << 30);
+    cr_assert_eq(conf_set(&c, "lease_ttl_ms", "1500", "--lease_ttl_ms", err, sizeof(err)), 0);
+    cr_expect_eq(c.lease_ttl_ms, 1500);
+    cr_assert_eq(conf_set(&c, "log_level", "DEBUG", "--log_level", err, sizeof(err)), 0);
+    cr_expect_eq(c.log_level, LOG_LEVEL_DEBUG);
+    cr_assert_eq(conf_set(&c, "eviction_low_watermark", "1", "--x", err, sizeof(err)), 0);
+    cr_expect_eq(c.eviction_low_watermark, 1.0);
+
+    cr_expect_eq(conf_set(&c, "memory_size", "99999999999t", "--memory_size", err,
+                          sizeof(err)), -1);
+    cr_expect_str_eq(err, "--memory_size=99999999999t: too large (does not fit in 64 bits)");
+    cr_expect_eq(conf_set(&c, "max_batch", "16k", "--max_batch", err, sizeof(err)), -1);
+    cr_expect_str_eq(err, "--max_batch=16k: bad number (use a whole number, e.g. 1024)");
+    cr_expect_eq(conf_set(&c, "log_level", "verbose", "--log_level", err, sizeof(err)), -1);
+    cr_expect_str_eq(err, "--log_level=verbose: bad log level (use error, warn, info or debug)");
+    cr_expect_eq(conf_set(&c, "eviction_high_watermark", "nan", "--e", err, sizeof(err)), -1);
+    cr_expect_eq(conf_set(&c, "eviction_high_watermark", "inf", "--e", err, sizeof(err)), -1);
+}
+
+/* ---- errors ---- */
+
+Test(config, unknown_key)
+{
+    struct kv_config c;
+    char err[512];
+
+    conf_init(&c);
+    cr_expect_eq(conf_set(&c, "bogus", "1", "--bogus", err, sizeof(err)), -1);
+    cr_expect_str_eq(err, "--bogus=1: unknown key 'bogus'");
+    cr_expect_eq(conf_set(&c, "Memory_Size", "1g", NULL, err, sizeof(err)), -1);
+    cr_expect_str_eq(err, "--Memory_Size=1g: unknown key 'Memory_Size'");
+}
+
+Test(config, file_errors_name_path_line_and_text, .init = tmp_setup, .fini = tmp_teardown)
+{
+    expect_file_error("# a comment\n\nmemory_size 12q\n", 3,
+                      "'memory_size 12q': bad size (use e.g. 64k, 1m, 4g, 4GiB)");
+    expect_file_error("log_level info\nbogus 1   # trailing comment\n", 2,
+                      "'bogus 1': unknown key 'bogus'");
+    expect_file_error("\n\neviction_low_watermark 1.5\n", 3,
+                      "'eviction_low_watermark 1.5': out of range (0 < x <= 1)");
+    expect_file_error("eviction_high_watermark 0\n", 1,
+                      "'eviction_high_watermark 0': out of range (0 < x <= 1)");
+    expect_file_error("memory_size 512k\n", 1, "'memory_size 512k': out of range (min 1m)");
+    expect_file_error("max_key_size 65537\n", 1,
+                      "'max_key_size 65537': out of range (min 1, max 64k)");
+    expect_file_error("max_batch 0\n", 1, "'max_batch 0': out of range (min 1, max 1048576)");
+    expect_file_error("io_threads 65\n", 1, "'io_threads 65': out of range (min 0, max 64)");
+    expect_file_error("lease_ttl_ms 0\n", 1, "'lease_ttl_ms 0': out of range (min 1ms, max 1h)");
+    expect_file_error("lease_ttl_ms 61m\n", 1,
+                      "'lease_ttl_ms 61m': out of range (min 1ms, max 1h)");
+    expect_file_error("max_message_size 5g\n", 1,
+                      "'max_message_size 5g': out of range (min 64k, max 4g)");
+    expect_file_error("lease_ttl_ms 10 s\n", 1,
+                      "'lease_ttl_ms 10 s': unexpected text after the value (put a value with "
+                      "spaces in double quotes)");
+    expect_file_error("log_file\n", 1, "'log_file': missing value (write \"\" for an empty one)");
+    expect_file_error("log_file # nothing\n", 1,
+                      "'log_file': missing value (write \"\" for an empty one)");
+    expect_file_error("log_file \"/tmp/x.log\n", 1,
+                      "'log_file \"/tmp/x.log': unterminated quote");
+    expect_file_error("log_file \"/tmp/x.log\"x\n", 1,
+                      "'log_file \"/tmp/x.log\"x': unexpected text after the closing quote");
+    expect_file_error("listen 127.0.0.1\n", 1,
+                      "'listen 127.0.0.1': missing port (use host:port, e.g. 127.0.0.1:7431)");
+    expect_file_error("data_dir \"\"\n", 1, "'data_dir \"\"': must not be empty");
+}
+
+Test(config, errors_quote_only_a_bounded_excerpt, .init = tmp_setup, .fini = tmp_teardown)
+{
+    char text[600], err[512];
+    struct kv_config c;
+
+    memset(text, 'x', sizeof(text));
+    memcpy(text, "node_id ", 8);
+    text[sizeof(text) - 2] = '\n';
+    text[sizeof(text) - 1] = '\0';
+    conf_init(&c);
+    cr_assert_eq(load_text(&c, text, err, sizeof(err)), -1);
+    cr_expect_not_null(strstr(err, "test.conf:1: 'node_id xxx"), "%s", err);
+    cr_expect_not_null(strstr(err, "...': too long (max 511 bytes)"), "%s", err);
+    cr_expect_lt(strlen(err), 300);
+}
+
+Test(config, line_too_long, .init = tmp_setup, .fini = tmp_teardown)
+{
+    static char text[10000];
+    struct kv_config c;
+    char err[512];
+
+    memset(text, ' ', sizeof(text));
+    memcpy(text, "log_level info\n# ", 17);
+    text[sizeof(text) - 2] = '\n';
+    text[sizeof(text) - 1] = '\0';
+    conf_init(&c);
+    cr_assert_eq(load_text(&c, text, err, sizeof(err)), -1);
+    cr_expect_not_null(strstr(err, "test.conf:2: line too long (max 4096 bytes)"), "%s", err);
+}
+
+Test(config, missing_file_is_errno, .init = tmp_setup, .fini = tmp_teardown)
+{
+    struct kv_config c;
+    char path[256], err[512], want[512];
+
+    conf_init(&c);
+    snprintf(path, sizeof(path), "%s/nope.conf", tmpdir);
+    cr_expect_eq(conf_load_file(&c, path, err, sizeof(err)), -ENOENT);
+    snprintf(want, sizeof(want), "%s: cannot open: %s", path, strerror(ENOENT));
+    cr_expect_str_eq(err, want);
+}
+
+Test(config, failed_set_leaves_value)
+{
+    struct kv_config c;
+    char err[512];
+
+    conf_init(&c);
+    cr_expect_eq(conf_set(&c, "memory_size", "2x", "--memory_size", err, sizeof(err)), -1);
+    cr_expect_eq(c.memory_size, 1ull << 30);
+    cr_expect_eq(conf_set(&c, "listen", "nohost", "--listen", err, sizeof(err)), -1);
+    cr_expect_str_eq(c.listen, "127.0.0.1:7431");
+}
+
+Test(config, listen_syntax)
+{
+    static const char *const ok[] = {
+        "127.0.0.1:7431", "0.0.0.0:0", "0.0.0.0:65535", "localhost:7431", "kv-1.example:1",
+        "[::1]:7431",     "[::]:0",    "[fe80::1]:80",  "",
+    };
+    static const char *const bad[] = {
+        "127.0.0.1", "127.0.0.1:", ":7431", "::1:7431", "host:65536", "host:-1", "host:x",
+        "[::1]", "[::1]7431", "[::1]:", "[::1]:70000", "[zz::1]:1", "[]:1", "300.1.1.1:1",
+        "1.2.3:1", "a b:1", "host:7431x",
+    };
+    struct kv_config c;
+    char err[512];
+
+    conf_init(&c);
+    for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+        cr_expect_eq(conf_set(&c, "listen", ok[i], "--listen", err, sizeof(err)), 0,
+                     "rejected '%s': %s", ok[i], err);
+        cr_expect_str_eq(c.listen, ok[i]);
+    }
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        cr_expect_eq(conf_set(&c, "listen", bad[i], "--listen", err, sizeof(err)), -1,
+                     "accepted '%s'", bad[i]);
+    }
+}
+
+/* ---- file syntax ---- */
+
+Test(config, quotes_comments_and_whitespace, .init = tmp_setup, .fini = tmp_teardown)
+{
+    struct kv_config c;
+    char err[512];
+
+    conf_init(&c);
+    cr_assert_eq(load_text(&c,
+                           "\xEF\xBB\xBF# whole-line comment\n"
+                           "   # indented comment\n"
+                           "\n"
+                           "\t\n"
+                           "  memory_size   64m   # trailing comment\n"
+                           "log_file \"/tmp/a b#c.log\"  # quoted value with space and '#'\n"
+                           "data_dir /srv/kv#1\r\n"
+                           "node_id \"\"\n"
+                           "unix_socket \"/tmp/q\\\"x\\\\y\"\n"
+                           "listen \"\"\n"
+                           "log_level\twarn",
+                           err, sizeof(err)),
+                 0, "%s", err);
+    cr_expect_eq(c.memory_size, 64ull << 20);
+    cr_expect_str_eq(c.log_file, "/tmp/a b#c.log");
+    cr_expect_str_eq(c.data_dir, "/srv/kv#1");
+    cr_expect_str_eq(c.node_id, "");
+    cr_expect_str_eq(c.unix_socket, "/tmp/q\"x\\y");
+    cr_expect_str_eq(c.listen, "");
+    cr_expect_eq(c.log_level, LOG_LEVEL_WARN);
+}
+
+Test(config, last_occurrence_wins, .init = tmp_setup, .fini = tmp_teardown)
+{
+    struct kv_config c;
+    char err[512];
+
+    conf_init(&c);
+    cr_assert_eq(load_text(&c,
+                           "max_batch 10\n"
+                           "log_level debug\n"
+                           "max_batch 20\n"
+                           "log_level error\n",
+                           err, sizeof(err)),
+                 0, "%s", err);
+    cr_expect_eq(c.max_batch, 20);
+    cr_expect_eq(c.log_level, LOG_LEVEL_ERROR);
+}
+
+Test(config, dump_reads_back_as_the_same_config, .init = tmp_setup, .fini = tmp_teardown)
+{
+    struct kv_config a, b;
+    char dump[8192], err[512];
+    int n;
+
+    make_changed(&a);
+    cr_assert_eq(conf_set(&a, "log_file", "/tmp/a \"b\" #c.log", "t", err, sizeof(err)), 0);
+    cr_assert_eq(conf_set(&a, "lease_ttl_ms", "1500", "t", err, sizeof(err)), 0);
+    cr_assert_eq(conf_set(&a, "max_key_size", "1000", "t", err, sizeof(err)), 0);
+    n = conf_dump(&a, dump, sizeof(dump));
+    cr_assert_gt(n, 0);
+    cr_assert_lt(n, (int)sizeof(dump));
+    cr_expect_eq((size_t)n, strlen(dump));
+    cr_expect_not_null(strstr(dump, "memory_size 2g\n"), "%s", dump);
+    cr_expect_not_null(strstr(dump, "lease_ttl_ms 1500ms\n"), "%s", dump);
+    cr_expect_not_null(strstr(dump, "eviction_high_watermark 0.95\n"), "%s", dump);
+    cr_expect_not_null(strstr(dump, "log_level debug\n"), "%s", dump);
+
+    conf_init(&b);
+    cr_assert_eq(load_text(&b, dump, err, sizeof(err)), 0, "%s\n%s", err, dump);
+    cr_expect_eq(conf_diff(&a, &b, NULL, NULL), 0, "%s", dump);
+
+    /* A short buffer gets a NUL-terminated prefix and the full length. */
+    cr_expect_eq(conf_dump(&a, dump, 10), n);
+    cr_expect_eq(strlen(dump), 9);
+}
+
+/* ---- finalize ---- */
+
+Test(config, finalize_derives_socket_and_threads)
+{
+    struct kv_config c;
+    char err[512];
+
+    conf_init(&c);
+    cr_assert_eq(conf_finalize(&c, err, sizeof(err)), 0, "%s", err);
+    cr_expect_str_eq(c.unix_socket, "./var/kvstashd.sock");
+    cr_expect_geq(c.io_threads, 1);
+    cr_expect_leq(c.io_threads, 8);
+    cr_assert_eq(conf_finalize(&c, err, sizeof(err)), 0, "finalize twice: %s", err);
+    cr_expect_str_eq(c.unix_socket, "./var/kvstashd.sock");
+
+    conf_init(&c);
+    cr_assert_eq(conf_set(&c, "data_dir", "/srv/kv/", "t", err, sizeof(err)), 0);
+    cr_assert_eq(conf_set(&c, "io_threads", "12", "t", err, sizeof(err)), 0);
+    cr_assert_eq(conf_finalize(&c, err, sizeof(err)), 0, "%s", err);
+    cr_expect_str_eq(c.unix_socket, "/srv/kv/kvstashd.sock");
+    cr_expect_eq(c.io_threads, 12);
+
+    conf_init(&c);
+    cr_assert_eq(conf_set(&c, "unix_socket", "none", "t", err, sizeof(err)), 0);
+    cr_assert_eq(conf_finalize(&c, err, sizeof(err)), 0, "%s", err);
+    cr_expect_str_eq(c.unix_socket, "none");
+
+    conf_init(&c);
+    cr_assert_eq(conf_set(&c, "unix_socket", "/run/kv.sock", "t", err, sizeof(err)), 0);
+    cr_assert_eq(conf_finalize(&c, err, sizeof(err)), 0, "%s", err);
+    cr_expect_str_eq(c.unix_socket, "/run/kv.sock");
+}
+
+Test(config, finalize_cross_checks)
+{
+    struct kv_config c;
+    char err[512], dir[300];
+
+    conf_init(&c);
+    cr_assert_eq(conf_set(&c, "eviction_low_watermark", "0.95", "t", err, sizeof(err)), 0);
+    cr_expect_eq(conf_finalize(&c, err, sizeof(err)), -1);
+    cr_expect_str_eq(err, "eviction_low_watermark (0.95) must not be above "
+                          "eviction_high_watermark (0.9)");
+    cr_expect_str_eq(c.unix_socket, "", "a failed finalize derives nothing");
+    cr_expect_eq(c.io_threads, 0);
+
+    conf_init(&c);
+    cr_assert_eq(conf_set(&c, "eviction_low_watermark", "0.9", "t", err, sizeof(err)), 0);
+    cr_expect_eq(conf_finalize(&c, err, sizeof(err)), 0, "low == high is fine: %s", err);
+
+    conf_init(&c);
+    cr_assert_eq(conf_set(&c, "max_value_size", "1g", "t", err, sizeof(err)), 0);
+    cr_expect_eq(conf_finalize(&c, err, sizeof(err)), -1);
+    cr_expect_not_null(strstr(err, "max_message_size (1g) must hold max_value_size (1g) + "
+                                   "max_key_size (1k) + 64"),
+                       "%s", err);
+
+    /* Exactly enough room passes; one byte less fails. */
+    conf_init(&c);
+    cr_assert_eq(conf_set(&c, "max_message_size", "1048576", "t", err, sizeof(err)), 0);
+    cr_assert_eq(conf_set(&c, "max_key_size", "1000", "t", err, sizeof(err)), 0);
+    cr_assert_eq(conf_set(&c, "max_value_size", "1047512", "t", err, sizeof(err)), 0);
+    cr_expect_eq(conf_finalize(&c, err, sizeof(err)), 0, "%s", err);
+    conf_init(&c);
+    cr_assert_eq(conf_set(&c, "max_message_size", "1048576", "t", err, sizeof(err)), 0);
+    cr_assert_eq(conf_set(&c, "max_key_size", "1000", "t", err, sizeof(err)), 0);
+    cr_assert_eq(conf_set(&c, "max_value_size", "1047513", "t", err, sizeof(err)), 0);
+    cr_expect_eq(conf_finalize(&c, err, sizeof(err)), -1);
+
+    /* The derived socket path must fit in sockaddr_un. */
+    conf_init(&c);
+    memset(dir, 'd', sizeof(dir));
+    dir[0] = '/';
+    dir[200] = '\0';
+    cr_assert_eq(conf_set(&c, "data_dir", dir, "t", err, sizeof(err)), 0);
+    cr_expect_eq(conf_finalize(&c, err, sizeof(err)), -1);
+    cr_expect_not_null(strstr(err, "unix_socket"), "%s", err);
+    cr_assert_eq(conf_set(&c, "unix_socket", "none", "t", err, sizeof(err)), 0);
+    cr_expect_eq(conf_finalize(&c, err, sizeof(err)), 0, "%s", err);
+}
+
+/* ---- diff and reload ---- */
+
+Test(config, diff_reports_changed_keys_with_reload_flag)
+{
+    struct kv_config a, b;
+    struct diff_log d = {0};
+    char err[512];
+
+    conf_init(&a);
+    conf_init(&b);
+    cr_expect_eq(conf_diff(&a, &b, diff_collect, &d), 0);
+    cr_assert_eq(conf_set(&b, "memory_size", "2g", "t", err, sizeof(err)), 0);
+    cr_assert_eq(conf_set(&b, "log_level", "debug", "t", err, sizeof(err)), 0);
+    cr_assert_eq(conf_diff(&a, &b, diff_collect, &d), 2);
+    cr_expect_str_eq(d.keys[0], "memory_size");
+    cr_expect_eq(d.reloadable[0], false);
+    cr_expect_str_eq(d.keys[1], "log_level");
+    cr_expect_eq(d.reloadable[1], true);
+}
+
+Test(config, reload_rules_match_the_documentation)
+{
+    char keys[64][64];
+    int nkeys = all_keys(keys, 64);
+    struct kv_config a, b;
+    struct diff_log d = {0};
+
+    cr_expect_eq(nkeys, (int)N_CHANGED);
+    conf_init(&a);
+    make_changed(&b);
+    cr_assert_eq(conf_diff(&a, &b, diff_collect, &d), nkeys);
+    for (int i = 0; i < d.n; i++) {
+        cr_expect_eq(d.reloadable[i], is_reloadable_key(d.keys[i]), "%s: reloadable is %d",
+                     d.keys[i], d.reloadable[i]);
+    }
+}
+
+Test(config, apply_reloadable_copies_only_reloadable_keys)
+{
+    struct kv_config running, before, fresh;
+    struct diff_log d = {0};
+
+    conf_init(&running);
+    before = running;
+    make_changed(&fresh);
+    conf_apply_reloadable(&running, &fresh);
+
+    /* What still differs from the new config is exactly the restart-only keys... */
+    cr_expect_eq(conf_diff(&running, &fresh, diff_collect, &d), 6);
+    for (int i = 0; i < d.n; i++) {
+        cr_expect_not(d.reloadable[i], "%s should have been applied", d.keys[i]);
+    }
+    /* ...and what changed from before is exactly the reloadable ones. */
+    d.n = 0;
+    cr_expect_eq(conf_diff(&before, &running, diff_collect, &d), 12);
+    for (int i = 0; i < d.n; i++) {
+        cr_expect(d.reloadable[i], "%s needs a restart but was applied", d.keys[i]);
+    }
+    cr_expect_str_eq(running.log_file, "/tmp/kvstash-test.log");
+    cr_expect_eq(running.memory_size, 1ull << 30);
+    cr_expect_str_eq(running.listen, "127.0.0.1:7431");
+}
+
+/* ---- log ---- */
+
+static regex_t line_re;
+
+static void
+line_re_compile(const char *level, const char *text)
+{
+    char pat[512];
+
+    snprintf(pat, sizeof(pat),
+             "^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\\.[0-9]{3}Z "
+             "kvstashd\\[%ld\\] %s %s$",
+             (long)getpid(), level, text);
+    cr_assert_eq(regcomp(&line_re, pat, REG_EXTENDED | REG_NOSUB), 0);
+}
+
+static bool
+line_matches(const char *line)
+{
+    return regexec(&line_re, line, 0, NULL, 0) == 0;
+}
+
+/* Split buf into lines in place; returns the count. */
+static int
+split_lines(char *buf, char **lines, int max)
+{
+    int n = 0;
+
+    for (char *p = buf; *p != '\0' && n < max;) {
+        char *nl = strchr(p, '\n');
+
+        cr_assert_not_null(nl, "unterminated log line: %s", p);
+        *nl = '\0';
+        lines[n++] = p;
+        p = nl + 1;
+    }
+    return n;
+}
+
+Test(log, writes_lines_with_level_to_file, .init = tmp_setup, .fini = tmp_teardown)
+{
+    char path[256], *lines[16], buf[4096];
+    int n;
+
+    snprintf(path, sizeof(path), "%s/kvstashd.log", tmpdir);
+    cr_assert_eq(log_open(path, LOG_LEVEL_INFO), 0);
+    log_info("hello %d", 42);
+    log_debug("filtered out %d", 1);
+    log_warn("peer %s closed\n", "10.0.0.1:5000");
+    log_error("two\nlines");
+    log_set_level(LOG_LEVEL_DEBUG);
+    log_debug("now shown");
+    log_close();
+    /* After log_close lines go to stderr (silenced here), not to the file. */
+    cr_assert_not_null(freopen("/dev/null", "w", stderr));
+    log_info("to stderr, not the file");
+
+    snprintf(buf, sizeof(buf), "%s", read_file(path));
+    n = split_lines(buf, lines, 16);
+    cr_assert_eq(n, 4, "%s", read_file(path));
+    line_re_compile("INFO", "hello 42");
+    cr_expect(line_matches(lines[0]), "%s", lines[0]);
+    regfree(&line_re);
+    line_re_compile("WARN", "peer 10\\.0\\.0\\.1:5000 closed");
+    cr_expect(line_matches(lines[1]), "%s", lines[1]);
+    regfree(&line_re);
+    line_re_compile("ERROR", "two lines");
+    cr_expect(line_matches(lines[2]), "%s", lines[2]);
+    regfree(&line_re);
+    line_re_compile("DEBUG", "now shown");
+    cr_expect(line_matches(lines[3]), "%s", lines[3]);
+    regfree(&line_re);
+}
+
+Test(log, long_lines_are_cut_with_ellipsis, .init = tmp_setup, .fini = tmp_teardown)
+{
+    static char big[10000];
+    char path[256];
+    const char *out;
+    size_t len;
+
+    memset(big, 'a', sizeof(big) - 1);
+    snprintf(path, sizeof(path), "%s/kvstashd.log", tmpdir);
+    cr_assert_eq(log_open(path, LOG_LEVEL_INFO), 0);
+    log_info("%s", big);
+    log_info("after");
+    log_close();
+    out = read_file(path);
+    len = strcspn(out, "\n");
+    cr_expect_leq(len, 2047);
+    cr_expect_gt(len, 1900);
+    cr_expect_eq(strncmp(out + len - 4, "a...", 4), 0, "%.20s", out + len - 20);
+    cr_expect_not_null(strstr(out + len, " INFO after\n"));
+}
+
+Test(log, reopen_after_rename_writes_new_file, .init = tmp_setup, .fini = tmp_teardown)
+{
+    char path[256], rotated[256];
+
+    snprintf(path, sizeof(path), "%s/kvstashd.log", tmpdir);
+    snprintf(rotated, sizeof(rotated), "%s/kvstashd.log.1", tmpdir);
+    cr_assert_eq(log_open(path, LOG_LEVEL_INFO), 0);
+    log_info("before rotation");
+    cr_assert_eq(rename(path, rotated), 0);
+    log_info("after rename, before reopen");
+    cr_assert_eq(log_reopen(), 0);
+    log_info("after reopen");
+    log_close();
+
+    cr_expect_not_null(strstr(read_file(rotated), "INFO before rotation\n"));
+    cr_expect_not_null(strstr(read_file(rotated), "INFO after rename, before reopen\n"));
+    cr_expect_null(strstr(read_file(rotated), "after reopen\n"));
+    cr_expect_not_null(strstr(read_file(path), "INFO after reopen\n"));
+    cr_expect_null(strstr(read_file(path), "before"));
+}
+
+Test(log, open_failure_keeps_current_sink, .init = tmp_setup, .fini = tmp_teardown)
+{
+    char path[256], bad[256];
+
+    snprintf(path, sizeof(path), "%s/kvstashd.log", tmpdir);
+    snprintf(bad, sizeof(bad), "%s/no/such/dir/kvstashd.log", tmpdir);
+    cr_expect_eq(log_open(bad, LOG_LEVEL_INFO), -ENOENT);
+    cr_assert_eq(log_open(path, LOG_LEVEL_INFO), 0);
+    cr_expect_eq(log_open(bad, LOG_LEVEL_INFO), -ENOENT);
+    log_info("still here");
+    log_close();
+    cr_expect_not_null(strstr(read_file(path), "INFO still here\n"));
+    cr_expect_eq(log_reopen(), 0, "reopen with stderr is a no-op");
+}
+
+#define LOG_THREADS 4
+#define LOG_PER_THREAD 500
+
+static void *
+log_thread(void *arg)
+{
+    long id = (long)arg;
+
+    for (int i = 0; i < LOG_PER_THREAD; i++) {
+        log_info("thread %ld line %d %s", id, i, "padding padding padding padding padding");
+    }
+    return NULL;
+}
+
+Test(log, concurrent_writers_and_reopen_never_mix_lines, .init = tmp_setup,
+     .fini = tmp_teardown)
+{
+    static char buf[1 << 20];
+    static char *lines[LOG_THREADS * LOG_PER_THREAD + 16];
+    pthread_t th[LOG_THREADS];
+    char path[256];
+    int n;
+
+    snprintf(path, sizeof(path), "%s/kvstashd.log", tmpdir);
+    cr_assert_eq(log_open(path, LOG_LEVEL_INFO), 0);
+    for (long i = 0; i < LOG_THREADS; i++) {
+        cr_assert_eq(pthread_create(&th[i], NULL, log_thread, (void *)i), 0);
+    }
+    for (int i = 0; i < 50; i++) {
+        cr_expect_eq(log_reopen(), 0);
+    }
+    for (int i = 0; i < LOG_THREADS; i++) {
+        pthread_join(th[i], NULL);
+    }
+    log_close();
+
+    snprintf(buf, sizeof(buf), "%s", read_file(path));
+    n = split_lines(buf, lines, LOG_THREADS * LOG_PER_THREAD + 16);
+    cr_assert_eq(n, LOG_THREADS * LOG_PER_THREAD);
+    line_re_compile("INFO", "thread [0-9] line [0-9]+ padding padding padding padding padding");
+    for (int i = 0; i < n; i++) {
+        cr_assert(line_matches(lines[i]), "line %d: %s", i, lines[i]);
+    }
+    regfree(&line_re);
+}
