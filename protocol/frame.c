@@ -276,12 +276,13 @@ frame_scan(struct frame_scan *st, const uint8_t *buf, size_t len,
         case FRAME_K_BIN:
         case FRAME_K_EXT:
             if (n > len - p) {
-                if (kind == FRAME_K_BIN && lim->spill_min > 0 && n >= lim->spill_min) {
+                if (lim->spill_min > 0 && n >= lim->spill_min) {
                     /* Offer the body, which starts at p; the header is consumed. */
                     st->skip_ = n;
                     st->declined_ = 0;
                     st->spill_len = n;
                     st->spill_have = len - p;
+                    st->spill_bin = (kind == FRAME_K_BIN);
                     for (int d = 0; d < depth; d++) {
                         st->path[d] = st->total_[d] - st->remaining_[d] - 1;
                     }

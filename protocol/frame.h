@@ -14,8 +14,8 @@
  *   - no reserved byte (0xc1).
  * It allocates nothing and never reads past len.
  *
- * Spilling: a bin body of at least spill_min bytes that is not fully
- * buffered is reported as FRAME_SPILL with its path, so the caller can
+ * Spilling: a str/bin/ext body of at least spill_min bytes that is not
+ * fully buffered is reported as FRAME_SPILL with its path and type, so the caller can
  * receive it straight into its final place (the store) instead of the
  * connection buffer. The caller either takes it (frame_scan_spilled) or
  * declines it (frame_scan_decline: it is then buffered like any other).
@@ -53,6 +53,7 @@ struct frame_scan {
      * container, path[1] its index in the next level, ... path[depth-1]. */
     uint64_t spill_len;
     size_t spill_have;
+    int spill_bin;                  /* 1: the body is a bin's; 0: a str's or ext's */
     int depth;
     uint32_t path[FRAME_MAX_DEPTH];
     /* private state */

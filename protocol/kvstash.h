@@ -2,9 +2,14 @@
  * libkvstash: the C client of kvstashd (msgpack-rpc over TCP or a Unix socket).
  *
  * One struct kvstash is one connection; it is not thread safe (use one per
- * thread). Calls are synchronous; batch calls pipeline: a batch larger than
- * the server's max_batch (learned from hello at connect) is split into
- * several requests that are all written before the first reply is read.
+ * thread). Calls are synchronous; batch calls pipeline: a batch is split into
+ * requests of at most the server's max_batch keys (learned from hello at
+ * connect) and about min(max_message_size / 2, 32 MiB) bytes, and up to 8 of
+ * them are kept in flight while the replies are read in order (for batch_get,
+ * also no more than 128 KiB of requests, so the client keeps reading while
+ * the server's output is large). Values over 8 KiB are sent straight from the
+ * caller's memory, and values read by kvstash_get/kvstash_batch_get go from
+ * the socket straight into the caller's buffers.
  *
  * Return values: 0 on success; a positive KV_* code (kverr.h numbering,
  * repeated below as KVSTASH_E*) when the server answered a request-level
@@ -101,8 +106,11 @@ int kvstash_put(struct kvstash *c, const void *key, size_t klen, const void *val
 
 /*
  * kvstash_batch_put: store n objects; codes[i] gets key i's outcome (as
- * kvstash_put). Returns 0 when every request was answered (whatever the
- * per-key codes), else a request-level code or -errno.
+ * kvstash_put). A key over max_key_size or a value over max_value_size gets
+ * KVSTASH_ETOOLARGE without being sent. Returns 0 when every request was
+ * answered (whatever the per-key codes), else a request-level code (the keys
+ * of that request and of the requests not yet sent then get that code as
+ * their codes[i]) or -errno (codes[] undefined).
  */
 int kvstash_batch_put(struct kvstash *c, size_t n, const void *const *keys, const size_t *klens,
                       const void *const *vals, const size_t *vlens, int *codes);
@@ -130,7 +138,13 @@ int kvstash_is_exist(struct kvstash *c, const void *key, size_t klen, bool *exis
 int kvstash_batch_is_exist(struct kvstash *c, size_t n, const void *const *keys,
                            const size_t *klens, bool *exists);
 
-/* kvstash_prefix_match: *matched = leading keys (or groups of group_size; 0 = 1) that exist. */
+/*
+ * kvstash_prefix_match: *matched = the number of leading keys that exist or,
+ * with group_size g > 1, of leading groups of g consecutive keys whose every
+ * key exists (n must then be a multiple of g, else KVSTASH_EINVAL from the
+ * server). More than max_batch keys are asked in whole-group requests, one
+ * after another, stopping at the first that does not match completely.
+ */
 int kvstash_prefix_match(struct kvstash *c, size_t n, const void *const *keys,
                          const size_t *klens, uint32_t group_size, uint64_t *matched);
 

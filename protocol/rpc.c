@@ -829,6 +829,16 @@ rpc_dispatch(struct rpc_ctx *ctx, const uint8_t *msg, size_t len, const struct m
     if (type != 0 || n != 4 || mp_read_uint(&rq.rd, &rq.msgid) != 0) {
         goto done;
     }
+    for (size_t i = 0; i < nholes; i++) {
+        const struct rpc_spill *sp = holes[i].tag;
+        if (sp != NULL && sp->oversized) {
+            rpc_reply_error(&rq, KV_TOO_LARGE,
+                            "a str or bin longer than max_key_size outside a put value");
+            ctr_add(&ctx->ctr->errors, 1);
+            rc = 0;
+            goto done;
+        }
+    }
     if (mp_read_str(&rq.rd, &mname, &mlen) != 0) {
         rq.errmsg = "method must be a string";
         rpc_reply_error(&rq, KV_INVALID_ARGUMENT, rq.errmsg);
@@ -916,29 +926,35 @@ rpc_spill_parse(struct rpc_spill_cursor *cur, const uint8_t *msg, size_t len)
 
 int
 rpc_spill_take(struct rpc_ctx *ctx, struct rpc_spill_cursor *cur, const uint8_t *msg, size_t len,
-               const uint32_t *path, int depth, uint64_t vlen, struct rpc_spill *sp)
+               const uint32_t *path, int depth, uint64_t vlen, int is_bin, struct rpc_spill *sp)
 {
     struct mp_reader rd;
     const uint8_t *kp;
     uint32_t klen;
     struct kv_key key;
+    bool value;
 
     if (cur->state == 0) {
         rpc_spill_parse(cur, msg, len);
     }
     if (cur->state == 1) {
-        if (depth != 2 || path[0] != 3 || path[1] != 1) {
-            return 0;
-        }
+        value = depth == 2 && path[0] == 3 && path[1] == 1;
     } else if (cur->state == 2) {
-        if (depth != 3 || path[0] != 3 || path[1] != 1) {
+        value = depth == 3 && path[0] == 3 && path[1] == 1;
+    } else {
+        value = false;
+    }
+    sp->obj = NULL;
+    sp->oversized = 0;
+    if (!value || !is_bin) {
+        if (vlen <= ctx->lim->max_key_size) {
             return 0;
         }
-    } else {
-        return 0;
+        sp->code = KV_TOO_LARGE;
+        sp->oversized = 1;
+        return 1;
     }
 
-    sp->obj = NULL;
     sp->code = KV_INVALID_ARGUMENT;
     mp_reader_init(&rd, msg, len);
     rd.p = msg + cur->key_off;

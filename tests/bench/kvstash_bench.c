@@ -759,8 +759,8 @@ bench_preload(struct bench_thread *t)
         rc = kvstash_batch_put(c, n, keys, klens, vals, vlens, codes);
     }
     if (rc != 0) {
-        snprintf(t->why, sizeof(t->why), "preload: %s: %s", kvstash_strerror(rc),
-                 c ? kvstash_last_error(c) : kvstash_last_error(NULL));
+        const char *msg = c ? kvstash_last_error(c) : kvstash_last_error(NULL);
+        snprintf(t->why, sizeof(t->why), "preload: %s", msg[0] ? msg : kvstash_strerror(rc));
         t->fail = rc < 0 ? rc : -EPROTO;
         goto out;
     }

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "harness.h"
+#include "../lib/harness.h"
 #include "kvstash.h"
 
 static struct harness h;
@@ -113,6 +113,7 @@ Test(cli, put_get_exists_rm_round_trip)
     cr_assert(strstr(p.err, "NOT_FOUND") != NULL, "get of a missing key does not say NOT_FOUND");
     harness_proc_free(&p);
     free(val);
+    cr_assert_eq(harness_stop_clean(&h), 0, "kvstashd did not shut down cleanly");
 }
 
 Test(cli, files_and_unix_socket)
@@ -160,6 +161,7 @@ Test(cli, files_and_unix_socket)
               p.err);
     harness_proc_free(&p);
     free(val);
+    cr_assert_eq(harness_stop_clean(&h), 0, "kvstashd did not shut down cleanly");
 }
 
 Test(cli, exit_codes_for_usage_and_connection_errors)

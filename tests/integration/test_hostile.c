@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "harness.h"
+#include "../lib/harness.h"
 #include "kvstash.h"
 
 static struct harness h;
@@ -41,6 +41,20 @@ stat_of(struct kvstash *c, const char *name)
     int rc = harness_stat(c, name, &v);
     cr_assert_eq(rc, 0, "stats has no %s (%s)", name, kvstash_strerror(rc));
     return v;
+}
+
+/* Require the daemon's RSS to be within slack_kib of rss0 (not meaningful under sanitizers). */
+static void
+check_rss(long rss0, long slack_kib, const char *what)
+{
+    if (harness_sanitized(&h)) {
+        cr_log_warn("%s: RSS not checked: kvstashd is a sanitizer build", what);
+        return;
+    }
+    long rss1 = harness_rss_kib(&h);
+    cr_assert_gt(rss1, 0, "%s: cannot read the daemon's RSS", what);
+    cr_assert_leq(rss1, rss0 + slack_kib, "%s: RSS grew from %ld KiB to %ld KiB", what, rss0,
+                  rss1);
 }
 
 /*
@@ -123,8 +137,7 @@ Test(hostile, framing_violations_close_with_protocol_error)
     }
     free(deep);
 
-    long rss1 = harness_rss_kib(&h);
-    cr_assert_leq(rss1, rss0 + RSS_SLACK_KIB, "RSS grew from %ld KiB to %ld KiB", rss0, rss1);
+    check_rss(rss0, RSS_SLACK_KIB, "framing violations");
     uint64_t perr1 = stat_of(obs, "protocol_errors");
     cr_assert_geq(perr1 - perr0, 5 * nvec, "protocol_errors went %llu -> %llu, want +%zu",
                   (unsigned long long)perr0, (unsigned long long)perr1, 5 * nvec);
@@ -134,6 +147,7 @@ Test(hostile, framing_violations_close_with_protocol_error)
     cr_assert_eq(kvstash_get(obs, "kept", 4, buf, sizeof(buf), &glen), 0);
     cr_assert(glen == 5 && memcmp(buf, "value", 5) == 0, "stored data damaged");
     kvstash_close(obs);
+    cr_assert_eq(harness_stop_clean(&h), 0, "kvstashd did not shut down cleanly");
 }
 
 Test(hostile, message_over_max_message_size)
@@ -190,11 +204,10 @@ Test(hostile, message_over_max_message_size)
     free(v);
     free(g);
 
-    long rss1 = harness_rss_kib(&h);
-    cr_assert_leq(rss1, rss0 + RSS_SLACK_KIB + 2 * 1024, "RSS grew from %ld KiB to %ld KiB",
-                  rss0, rss1);
+    check_rss(rss0, RSS_SLACK_KIB + 2 * 1024, "oversized messages");
     harness_req_destroy(&r);
     kvstash_close(obs);
+    cr_assert_eq(harness_stop_clean(&h), 0, "kvstashd did not shut down cleanly");
 }
 
 /* Send one request on c and require error code `code` (-1: no error), then a working ping. */
@@ -335,6 +348,7 @@ Test(hostile, bad_requests_answer_errors_and_keep_the_connection)
               "put after the bad requests failed");
     harness_req_destroy(&r);
     harness_conn_close(&c);
+    cr_assert_eq(harness_stop_clean(&h), 0, "kvstashd did not shut down cleanly");
 }
 
 Test(hostile, batch_over_max_batch_is_too_large)
@@ -385,6 +399,7 @@ Test(hostile, batch_over_max_batch_is_too_large)
               "a batch_put refused as TOO_LARGE stored a key");
     harness_req_destroy(&r);
     harness_conn_close(&c);
+    cr_assert_eq(harness_stop_clean(&h), 0, "kvstashd did not shut down cleanly");
 }
 
 Test(hostile, max_connections_rejects_with_unavailable)
@@ -448,6 +463,7 @@ Test(hostile, max_connections_rejects_with_unavailable)
     }
     harness_req_destroy(&p);
     kvstash_close(first);
+    cr_assert_eq(harness_stop_clean(&h), 0, "kvstashd did not shut down cleanly");
 }
 
 Test(hostile, many_idle_and_garbage_connections)
@@ -477,7 +493,359 @@ Test(hostile, many_idle_and_garbage_connections)
                  "connections is %llu after the others closed", (unsigned long long)last);
     cr_assert_eq(harness_wait_stat(obs, "reserved", 0, 3000, &last), 0,
                  "stalled puts left %llu reservations", (unsigned long long)last);
-    long rss1 = harness_rss_kib(&h);
-    cr_assert_leq(rss1, rss0 + RSS_SLACK_KIB, "RSS grew from %ld KiB to %ld KiB", rss0, rss1);
+    check_rss(rss0, RSS_SLACK_KIB, "idle and stalled connections");
     kvstash_close(obs);
+    cr_assert_eq(harness_stop_clean(&h), 0, "kvstashd did not shut down cleanly");
+}
+
+Test(hostile, requests_split_at_every_byte)
+{
+    cr_assert_eq(harness_start(&h, NULL, NULL), 0);
+    struct harness_conn c;
+    cr_assert_eq(harness_conn_tcp(&c, h.port, 2000), 0);
+    struct harness_req r;
+    harness_req_init(&r);
+    static uint8_t val[200000];
+    harness_fill(val, sizeof(val), 11);
+
+    /* a batch_put, a big put and a batch_get, pipelined, one byte per send */
+    harness_req_begin(&r, 1, "batch_put", 2);
+    msgpack_pack_array(&r.pk, 3);
+    harness_pack_str(&r.pk, "split-a");
+    harness_pack_str(&r.pk, "split-b");
+    harness_pack_str(&r.pk, "split-c");
+    msgpack_pack_array(&r.pk, 3);
+    harness_pack_bin(&r.pk, val, 10);
+    harness_pack_bin(&r.pk, val, 0);
+    harness_pack_bin(&r.pk, val, 300);
+    size_t n1 = r.sb.size;
+    msgpack_pack_array(&r.pk, 4);
+    msgpack_pack_uint8(&r.pk, 0);
+    msgpack_pack_uint32(&r.pk, 2);
+    harness_pack_str(&r.pk, "put");
+    msgpack_pack_array(&r.pk, 2);
+    harness_pack_str(&r.pk, "split-big");
+    harness_pack_bin(&r.pk, val, sizeof(val));
+    size_t n2 = r.sb.size;
+    msgpack_pack_array(&r.pk, 4);
+    msgpack_pack_uint8(&r.pk, 0);
+    msgpack_pack_uint32(&r.pk, 3);
+    harness_pack_str(&r.pk, "batch_get_size");
+    msgpack_pack_array(&r.pk, 1);
+    msgpack_pack_array(&r.pk, 4);
+    harness_pack_str(&r.pk, "split-a");
+    harness_pack_str(&r.pk, "split-b");
+    harness_pack_str(&r.pk, "split-c");
+    harness_pack_str(&r.pk, "split-big");
+    cr_assert(n1 < n2 && n2 < r.sb.size);
+
+    /* byte by byte through the headers; the long bin body goes in odd-sized pieces */
+    const uint8_t *p = (const uint8_t *)r.sb.data;
+    size_t off = 0;
+    while (off < r.sb.size) {
+        size_t step = 1;
+        if (off > n1 + 40 && off < n2 - 40) {
+            step = 4093;
+            if (off + step > n2 - 40) {
+                step = n2 - 40 - off;
+            }
+        }
+        cr_assert_eq(harness_conn_send(&c, p + off, step, HARNESS_IO_TIMEOUT_MS), 0,
+                     "the server closed at byte %zu", off);
+        off += step;
+    }
+    for (uint32_t id = 1; id <= 3; id++) {
+        const msgpack_object *m;
+        cr_assert_eq(harness_conn_read(&c, HARNESS_IO_TIMEOUT_MS, &m), 1, "no reply %u", id);
+        if (m->type != MSGPACK_OBJECT_ARRAY || m->via.array.size != 4 ||
+            m->via.array.ptr[1].via.u64 != id || harness_err_code(&m->via.array.ptr[2]) != -1) {
+            harness_print_obj("got", m);
+        }
+        cr_assert(m->type == MSGPACK_OBJECT_ARRAY && m->via.array.size == 4 &&
+                      m->via.array.ptr[1].via.u64 == id &&
+                      harness_err_code(&m->via.array.ptr[2]) == -1,
+                  "reply %u is wrong", id);
+        const msgpack_object *res = &m->via.array.ptr[3];
+        if (id == 1) {
+            cr_assert(res->type == MSGPACK_OBJECT_ARRAY && res->via.array.size == 3 &&
+                          res->via.array.ptr[0].via.u64 == 0 &&
+                          res->via.array.ptr[1].via.u64 == 0 &&
+                          res->via.array.ptr[2].via.u64 == 0,
+                      "batch_put sent byte by byte did not store all three");
+        } else if (id == 2) {
+            cr_assert(res->type == MSGPACK_OBJECT_POSITIVE_INTEGER && res->via.u64 == 0,
+                      "put sent in pieces was not stored");
+        } else {
+            const uint64_t want[4] = {10, 0, 300, sizeof(val)};
+            cr_assert(res->type == MSGPACK_OBJECT_ARRAY && res->via.array.size == 4);
+            for (int i = 0; i < 4; i++) {
+                cr_assert(res->via.array.ptr[i].type == MSGPACK_OBJECT_POSITIVE_INTEGER &&
+                              res->via.array.ptr[i].via.u64 == want[i],
+                          "size of key %d is wrong", i);
+            }
+        }
+    }
+    /* and the big value is intact */
+    harness_req_begin(&r, 4, "get", 1);
+    harness_pack_str(&r.pk, "split-big");
+    const msgpack_object *err, *res;
+    cr_assert_eq(harness_call(&c, &r, 4, HARNESS_IO_TIMEOUT_MS, &err, &res), 0);
+    cr_assert(res->type == MSGPACK_OBJECT_BIN && res->via.bin.size == sizeof(val) &&
+                  memcmp(res->via.bin.ptr, val, sizeof(val)) == 0,
+              "the value sent in pieces reads back wrong");
+    harness_req_destroy(&r);
+    harness_conn_close(&c);
+    cr_assert_eq(harness_stop_clean(&h), 0, "kvstashd did not shut down cleanly");
+}
+
+/* xorshift64 for the garbage test: reproducible from the printed seed */
+static uint64_t
+rnd(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+Test(hostile, random_garbage_and_mutated_requests, .timeout = 90)
+{
+    cr_assert_eq(harness_start(&h, NULL, HARNESS_ARGS("--max_message_size=4m",
+                                                      "--max_value_size=1m")),
+                 0);
+    struct kvstash *obs = client();
+    cr_assert_eq(kvstash_put(obs, "kept", 4, "value", 5), 0);
+    long rss0 = harness_rss_kib(&h);
+    uint64_t used0 = stat_of(obs, "memory_used");
+    uint64_t seed = 0x6b7673746173680full;
+    fprintf(stderr, "random_garbage: seed 0x%llx\n", (unsigned long long)seed);
+
+    /* valid requests of every method, to mutate */
+    struct harness_req r;
+    harness_req_init(&r);
+    static uint8_t val[3000];
+    harness_fill(val, sizeof(val), 3);
+    static uint8_t templates[8][4096];
+    size_t tlen[8];
+    int nt = 0;
+#define TEMPLATE()                                                                             \
+    do {                                                                                       \
+        memcpy(templates[nt], r.sb.data, r.sb.size);                                           \
+        tlen[nt++] = r.sb.size;                                                                \
+    } while (0)
+    harness_req_begin(&r, 1, "put", 2);
+    harness_pack_str(&r.pk, "mut-key");
+    harness_pack_bin(&r.pk, val, sizeof(val));
+    TEMPLATE();
+    harness_req_begin(&r, 2, "batch_put", 3);
+    msgpack_pack_array(&r.pk, 2);
+    harness_pack_str(&r.pk, "mut-a");
+    harness_pack_str(&r.pk, "mut-b");
+    msgpack_pack_array(&r.pk, 2);
+    harness_pack_bin(&r.pk, val, 100);
+    harness_pack_bin(&r.pk, val, 200);
+    msgpack_pack_map(&r.pk, 1);
+    harness_pack_str(&r.pk, "force");
+    msgpack_pack_true(&r.pk);
+    TEMPLATE();
+    harness_req_begin(&r, 3, "batch_get", 1);
+    msgpack_pack_array(&r.pk, 3);
+    harness_pack_str(&r.pk, "kept");
+    harness_pack_str(&r.pk, "mut-a");
+    harness_pack_str(&r.pk, "nope");
+    TEMPLATE();
+    harness_req_begin(&r, 4, "prefix_match", 2);
+    msgpack_pack_array(&r.pk, 2);
+    harness_pack_str(&r.pk, "kept");
+    harness_pack_str(&r.pk, "mut-a");
+    msgpack_pack_map(&r.pk, 1);
+    harness_pack_str(&r.pk, "group_size");
+    msgpack_pack_uint8(&r.pk, 2);
+    TEMPLATE();
+    harness_req_begin(&r, 5, "pin", 2);
+    msgpack_pack_array(&r.pk, 1);
+    harness_pack_str(&r.pk, "mut-a");
+    harness_pack_str(&r.pk, "soft");
+    TEMPLATE();
+    harness_req_begin(&r, 6, "stats", 0);
+    TEMPLATE();
+    harness_req_begin(&r, 7, "hello", 1);
+    msgpack_pack_map(&r.pk, 0);
+    TEMPLATE();
+    harness_req_begin(&r, 8, "remove", 2);
+    harness_pack_str(&r.pk, "mut-b");
+    msgpack_pack_map(&r.pk, 1);
+    harness_pack_str(&r.pk, "force");
+    msgpack_pack_false(&r.pk);
+    TEMPLATE();
+#undef TEMPLATE
+    harness_req_destroy(&r);
+
+    enum { ROUNDS = 4000 };
+    uint64_t t0 = harness_now_ms();
+    uint8_t buf[8192];
+    for (int i = 0; i < ROUNDS && harness_now_ms() - t0 < 40000; i++) {
+        size_t n;
+        if (i % 3 == 0) {
+            n = 1 + rnd(&seed) % 64; /* pure noise */
+            for (size_t k = 0; k < n; k++) {
+                buf[k] = (uint8_t)rnd(&seed);
+            }
+        } else {
+            int t = (int)(rnd(&seed) % (uint64_t)nt);
+            n = tlen[t];
+            memcpy(buf, templates[t], n);
+            int flips = 1 + (int)(rnd(&seed) % 4);
+            for (int f = 0; f < flips; f++) {
+                size_t at = rnd(&seed) % n;
+                switch (rnd(&seed) % 4) {
+                case 0: buf[at] = (uint8_t)rnd(&seed); break;
+                case 1: buf[at] ^= (uint8_t)(1u << (rnd(&seed) % 8)); break;
+                case 2: buf[at] = 0xff; break;
+                default: n = at + 1; break; /* truncate */
+                }
+            }
+            if (i % 7 == 0 && n * 2 <= sizeof(buf)) {
+                memcpy(buf + n, buf, n); /* two of them back to back */
+                n *= 2;
+            }
+        }
+        struct harness_conn g;
+        cr_assert_eq(harness_conn_tcp(&g, h.port, 2000), 0, "round %d: cannot connect", i);
+        int s = harness_conn_send(&g, buf, n, 1000);
+        cr_assert(s == 0 || s == -EPIPE || s == -ECONNRESET, "round %d: send %s", i,
+                  strerror(-s));
+        harness_conn_close(&g);
+        if (i % 100 == 99) {
+            cr_assert(harness_alive(&h), "kvstashd died by round %d (seed above)", i);
+            cr_assert_eq(kvstash_ping(obs), 0, "the observer lost its connection by round %d",
+                         i);
+        }
+    }
+    cr_assert(harness_alive(&h), "kvstashd died on garbage");
+    uint64_t last = 0;
+    cr_assert_eq(harness_wait_stat(obs, "connections", 1, 5000, &last), 0,
+                 "%llu connections still open after every garbage client left",
+                 (unsigned long long)last);
+    cr_assert_eq(harness_wait_stat(obs, "reserved", 0, 3000, &last), 0,
+                 "%llu reservations left behind", (unsigned long long)last);
+    uint8_t got[8];
+    size_t glen = 0;
+    cr_assert_eq(kvstash_get(obs, "kept", 4, got, sizeof(got), &glen), 0);
+    cr_assert(glen == 5 && memcmp(got, "value", 5) == 0, "stored data damaged by garbage");
+    /* Mutated puts legitimately store objects: allow for the arena pages they took, rounded
+     * up to a 2 MiB transparent huge page per object at most. */
+    uint64_t used1 = stat_of(obs, "memory_used");
+    uint64_t objs = stat_of(obs, "objects");
+    long stored_kib = (long)((used1 > used0 ? used1 - used0 : 0) / 1024);
+    long thp_kib = (long)(objs < 8 ? objs : 8) * 2048;
+    check_rss(rss0, RSS_SLACK_KIB + stored_kib + thp_kib, "garbage");
+    kvstash_close(obs);
+    cr_assert_eq(harness_stop_clean(&h), 0, "kvstashd did not shut down cleanly");
+}
+
+/*
+ * Send [0, 1, method, params] where params holds one bin of blen bytes at the
+ * place prefix/suffix put it, streaming the body; then require an answer (any
+ * response to msgid 1, or a PROTOCOL_ERROR notification and a close) and
+ * that the daemon's peak RSS did not grow by the body's size.
+ */
+static void
+expect_big_bin_not_buffered(const char *what, const char *method, int shape, size_t blen)
+{
+    struct harness_conn c;
+    cr_assert_eq(harness_conn_tcp(&c, h.port, 2000), 0);
+    struct harness_req r;
+    harness_req_init(&r);
+    switch (shape) {
+    case 0: /* get [bin] */
+        harness_req_begin(&r, 1, method, 1);
+        break;
+    case 1: /* batch_get [[k, bin]] */
+        harness_req_begin(&r, 1, method, 1);
+        msgpack_pack_array(&r.pk, 2);
+        harness_pack_str(&r.pk, "k");
+        break;
+    default: /* hello [{"x": bin}] */
+        harness_req_begin(&r, 1, method, 1);
+        msgpack_pack_map(&r.pk, 1);
+        harness_pack_str(&r.pk, "x");
+        break;
+    }
+    msgpack_pack_bin(&r.pk, blen);
+    cr_assert_eq(harness_reset_peak_rss(&h), 0);
+    long peak0 = harness_peak_rss_kib(&h);
+    cr_assert_eq(harness_conn_send(&c, r.sb.data, r.sb.size, HARNESS_IO_TIMEOUT_MS), 0);
+    static uint8_t zeros[1u << 20];
+    bool closed = false;
+    for (size_t off = 0; off < blen && !closed; off += sizeof(zeros)) {
+        size_t n = blen - off < sizeof(zeros) ? blen - off : sizeof(zeros);
+        int s = harness_conn_send(&c, zeros, n, HARNESS_IO_TIMEOUT_MS);
+        cr_assert(s == 0 || s == -EPIPE || s == -ECONNRESET, "%s: send: %s", what,
+                  strerror(-s));
+        closed = s != 0;
+    }
+    const msgpack_object *m;
+    int rc = harness_conn_read(&c, HARNESS_IO_TIMEOUT_MS, &m);
+    cr_assert_eq(rc, 1, "%s: no answer (read %d)", what, rc);
+    bool response = m->type == MSGPACK_OBJECT_ARRAY && m->via.array.size == 4 &&
+                    m->via.array.ptr[0].via.u64 == 1 && m->via.array.ptr[1].via.u64 == 1;
+    cr_assert(response || harness_notification_code(m) == 8,
+              "%s: neither a response nor a PROTOCOL_ERROR", what);
+    long peak1 = harness_peak_rss_kib(&h);
+    cr_assert_leq(peak1, peak0 + 16 * 1024,
+                  "%s: the daemon's peak RSS went from %ld KiB to %ld KiB: a %zu MiB bin that "
+                  "can never be a valid key or option was buffered whole",
+                  what, peak0, peak1, blen >> 20);
+    harness_req_destroy(&r);
+    harness_conn_close(&c);
+}
+
+Test(hostile, huge_bins_outside_put_values_are_not_buffered)
+{
+    cr_assert_eq(harness_start(&h, NULL, NULL), 0);
+    if (harness_sanitized(&h)) {
+        cr_skip_test("peak RSS means nothing under a sanitizer build");
+    }
+    struct kvstash *obs = client();
+    expect_big_bin_not_buffered("get with a 64 MiB key", "get", 0, 64u << 20);
+    expect_big_bin_not_buffered("batch_get with a 64 MiB key", "batch_get", 1, 64u << 20);
+    expect_big_bin_not_buffered("hello with a 64 MiB option", "hello", 2, 64u << 20);
+    cr_assert_eq(kvstash_ping(obs), 0);
+    kvstash_close(obs);
+    cr_assert_eq(harness_stop_clean(&h), 0, "kvstashd did not shut down cleanly");
+}
+
+Test(hostile, put_larger_than_memory_is_refused_without_buffering)
+{
+    cr_assert_eq(harness_start(&h, NULL, HARNESS_ARGS("--memory_size=16m")), 0);
+    struct kvstash *c = client();
+    size_t n = 100u << 20;
+    uint8_t *v = malloc(n);
+    cr_assert_not_null(v);
+    memset(v, 'v', n);
+    bool sanitized = harness_sanitized(&h);
+    cr_assert_eq(harness_reset_peak_rss(&h), 0);
+    long peak0 = harness_peak_rss_kib(&h);
+    int rc = kvstash_put(c, "huge", 4, v, n);
+    cr_assert_eq(rc, KVSTASH_ENOSPACE, "a 100 MiB put into a 16 MiB store: %s, want NO_SPACE",
+                 kvstash_strerror(rc));
+    long peak1 = harness_peak_rss_kib(&h);
+    if (!sanitized) {
+        cr_assert_leq(peak1, peak0 + 16 * 1024,
+                      "peak RSS went from %ld KiB to %ld KiB for a refused 100 MiB put", peak0,
+                      peak1);
+    }
+    /* the same connection goes on working, and a fitting value is stored */
+    rc = kvstash_put(c, "fits", 4, v, 1u << 20);
+    cr_assert_eq(rc, 0, "a 1 MiB put after the refused one: %s", kvstash_strerror(rc));
+    bool ex = true;
+    cr_assert_eq(kvstash_is_exist(c, "huge", 4, &ex), 0);
+    cr_assert(!ex, "the refused value is visible");
+    uint64_t no_space = 0;
+    cr_assert_eq(harness_stat(c, "no_space", &no_space), 0);
+    cr_assert_geq(no_space, 1);
+    free(v);
+    kvstash_close(c);
+    cr_assert_eq(harness_stop_clean(&h), 0, "kvstashd did not shut down cleanly");
 }

@@ -12,7 +12,7 @@
 #include <string.h>
 #include <sys/wait.h>
 
-#include "harness.h"
+#include "../lib/harness.h"
 #include "kvstash.h"
 
 static struct harness h, h2;
@@ -157,6 +157,7 @@ Test(lifecycle, flags_override_the_file)
     cr_assert_eq(hi->max_batch, 200, "the flag did not override the file");
     cr_assert_eq(hi->max_key_size, 300, "the file's setting was not applied");
     kvstash_close(c);
+    cr_assert_eq(harness_stop_clean(&h), 0, "kvstashd did not shut down cleanly");
 }
 
 Test(lifecycle, listen_address_in_use_is_refused)
@@ -174,6 +175,7 @@ Test(lifecycle, listen_address_in_use_is_refused)
               "the message does not say which address is taken:\n%s%s", p.out, p.err);
     harness_proc_free(&p);
     cr_assert(harness_alive(&h), "the first daemon died");
+    cr_assert_eq(harness_stop_clean(&h), 0, "kvstashd did not shut down cleanly");
 }
 
 static uint64_t
@@ -238,8 +240,9 @@ Test(lifecycle, sighup_applies_good_config_and_survives_bad)
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         cr_assert_eq(harness_write_conf(&h, bad[i].text), 0);
+        size_t from = harness_log_size(&h);
         cr_assert_eq(harness_signal(&h, SIGHUP), 0);
-        cr_assert(harness_wait_log(&h, bad[i].why, 3000),
+        cr_assert(harness_wait_log(&h, from, bad[i].why, 3000),
                   "after reloading a bad file (%s) the log does not say why", bad[i].why);
         cr_assert(harness_alive(&h), "the daemon exited on a bad reload (%s)", bad[i].why);
         cr_assert_eq(kvstash_ping(old), 0, "an existing client was dropped (%s)", bad[i].why);
@@ -247,10 +250,24 @@ Test(lifecycle, sighup_applies_good_config_and_survives_bad)
                      bad[i].why);
     }
 
+    /* a key that needs a restart: not applied live, and the log says so */
+    cr_assert_eq(harness_write_conf(&h, "max_batch 500\nmemory_size 128m\n"), 0);
+    size_t from = harness_log_size(&h);
+    cr_assert_eq(harness_signal(&h, SIGHUP), 0);
+    cr_assert(harness_wait_log(&h, from, "memory_size", 3000),
+              "reloading a changed memory_size is not mentioned in the log");
+    cr_assert(harness_alive(&h), "the daemon exited reloading memory_size");
+    uint64_t cap = 0;
+    cr_assert_eq(harness_stat(old, "memory_capacity", &cap), 0);
+    cr_assert_eq(cap, 256u << 20, "memory_capacity changed to %llu without a restart",
+                 (unsigned long long)cap);
+
     /* an unreadable file too */
     cr_assert_eq(remove(h.conf_path), 0);
+    from = harness_log_size(&h);
     cr_assert_eq(harness_signal(&h, SIGHUP), 0);
-    harness_sleep_ms(200);
+    cr_assert(harness_wait_log(&h, from, strerror(ENOENT), 3000),
+              "a vanished config file on SIGHUP is not logged");
     cr_assert(harness_alive(&h), "the daemon exited when its config file vanished");
     cr_assert_eq(hello_max_batch(), 500);
 
@@ -273,11 +290,16 @@ Test(lifecycle, sigterm_exits_zero_promptly_with_idle_clients)
     struct kvstash *uidle;
     cr_assert_eq(harness_client(h.unix_addr, 2000, &uidle), 0);
     cr_assert_eq(kvstash_put(idle, "k", 1, "v", 1), 0);
+    /* and a raw one that has been answered and now sends nothing (a partial request
+     * is not idle: see sigterm_drains_an_in_flight_put) */
     struct harness_conn raw;
     cr_assert_eq(harness_conn_tcp(&raw, h.port, 2000), 0);
-    /* and one that is half-way through sending a request */
-    static const uint8_t partial[] = {0x94, 0x00, 0x01, 0xa3, 'p', 'u', 't'};
-    cr_assert_eq(harness_conn_send(&raw, partial, sizeof(partial), 1000), 0);
+    struct harness_req r;
+    harness_req_init(&r);
+    harness_req_begin(&r, 1, "ping", 0);
+    const msgpack_object *err, *res;
+    cr_assert_eq(harness_call(&raw, &r, 1, HARNESS_IO_TIMEOUT_MS, &err, &res), 0);
+    harness_req_destroy(&r);
 
     uint64_t t0 = harness_now_ms();
     cr_assert_eq(harness_signal(&h, SIGTERM), 0);
@@ -314,4 +336,137 @@ Test(lifecycle, restart_on_the_same_data_dir_keeps_node_id)
     cr_assert_str_eq(kvstash_server_info(c)->node_id, node_id,
                      "node_id changed across a restart on the same data dir");
     kvstash_close(c);
+    cr_assert_eq(harness_stop_clean(&h), 0, "kvstashd did not shut down cleanly");
+}
+
+/* Send [0, 1, "put", [key, bin32 vlen]] and the first part bytes of val. */
+static void
+send_partial_put(struct harness_conn *w, const char *key, const uint8_t *val, size_t vlen,
+                 size_t part)
+{
+    struct harness_req r;
+    harness_req_init(&r);
+    harness_req_begin(&r, 1, "put", 2);
+    harness_pack_str(&r.pk, key);
+    msgpack_pack_bin(&r.pk, vlen);
+    cr_assert_eq(harness_conn_send(w, r.sb.data, r.sb.size, HARNESS_IO_TIMEOUT_MS), 0);
+    cr_assert_eq(harness_conn_send(w, val, part, HARNESS_IO_TIMEOUT_MS), 0);
+    harness_req_destroy(&r);
+}
+
+/* Wait until the daemon has taken in a partial put (stats reserved == 1). */
+static void
+wait_reserved(void)
+{
+    struct kvstash *c;
+    cr_assert_eq(harness_client(h.addr, 2000, &c), 0);
+    uint64_t last = 0;
+    cr_assert_eq(harness_wait_stat(c, "reserved", 1, 3000, &last), 0,
+                 "the partial put never showed as reserved (%llu)", (unsigned long long)last);
+    kvstash_close(c);
+}
+
+Test(lifecycle, sigterm_drains_an_in_flight_put)
+{
+    cr_assert_eq(harness_start(&h, NULL, NULL), 0);
+    struct kvstash *c;
+    cr_assert_eq(harness_client(h.addr, 2000, &c), 0);
+    size_t vlen = 4u << 20, part = 1u << 20;
+    uint8_t *val = malloc(vlen);
+    cr_assert_not_null(val);
+    harness_fill(val, vlen, 5);
+    struct harness_conn w;
+    cr_assert_eq(harness_conn_tcp(&w, h.port, 2000), 0);
+    send_partial_put(&w, "in-flight", val, vlen, part);
+    uint64_t last = 0;
+    cr_assert_eq(harness_wait_stat(c, "reserved", 1, 3000, &last), 0);
+    kvstash_close(c);
+
+    cr_assert_eq(harness_signal(&h, SIGTERM), 0);
+    harness_sleep_ms(300);
+    cr_assert(harness_alive(&h), "kvstashd exited with a request half-received");
+
+    /* the writer finishes and gets its answer */
+    cr_assert_eq(harness_conn_send(&w, val + part, vlen - part, HARNESS_IO_TIMEOUT_MS), 0,
+                 "the draining daemon stopped reading an in-flight request");
+    const msgpack_object *m;
+    int rc = harness_conn_read(&w, 3000, &m);
+    cr_assert_eq(rc, 1, "no answer to the put in flight at SIGTERM (read %d)", rc);
+    cr_assert(m->type == MSGPACK_OBJECT_ARRAY && m->via.array.size == 4 &&
+                  harness_err_code(&m->via.array.ptr[2]) == -1 &&
+                  m->via.array.ptr[3].type == MSGPACK_OBJECT_POSITIVE_INTEGER &&
+                  m->via.array.ptr[3].via.u64 == 0,
+              "the put in flight at SIGTERM was not stored");
+    cr_assert_eq(harness_wait_exit(&h, 3000), 0, "no exit after the last request drained");
+    h.expect_exit = true;
+    cr_assert(harness_exited_with(h.status, 0), "exit status 0x%x", (unsigned)h.status);
+    cr_assert_eq(harness_conn_expect_close(&w, 1000), 0);
+    harness_conn_close(&w);
+    free(val);
+}
+
+Test(lifecycle, sigterm_deadline_bounds_a_stalled_client)
+{
+    cr_assert_eq(harness_start(&h, NULL, HARNESS_ARGS("--shutdown_timeout_ms=1000")), 0);
+    size_t vlen = 4u << 20;
+    uint8_t *val = malloc(vlen);
+    cr_assert_not_null(val);
+    harness_fill(val, vlen, 6);
+    struct harness_conn w;
+    cr_assert_eq(harness_conn_tcp(&w, h.port, 2000), 0);
+    send_partial_put(&w, "stalled", val, vlen, 1u << 20);
+    wait_reserved();
+
+    uint64_t t0 = harness_now_ms();
+    cr_assert_eq(harness_signal(&h, SIGTERM), 0);
+    int rc = harness_wait_exit(&h, 5000);
+    uint64_t took = harness_now_ms() - t0;
+    h.expect_exit = true;
+    cr_assert_eq(rc, 0, "a stalled client kept kvstashd alive 5 s past a 1 s drain deadline");
+    cr_assert(harness_exited_with(h.status, 0), "exit status 0x%x", (unsigned)h.status);
+    cr_assert_geq(took, 500, "exited after %llu ms: the drain did not wait for the client",
+                  (unsigned long long)took);
+    harness_conn_close(&w);
+    free(val);
+}
+
+Test(lifecycle, restart_after_kill_9)
+{
+    cr_assert_eq(harness_start(&h, NULL, NULL), 0);
+    struct kvstash *c;
+    cr_assert_eq(harness_client(h.unix_addr, 2000, &c), 0);
+    cr_assert_eq(kvstash_put(c, "k", 1, "v", 1), 0);
+    harness_kill(&h);
+    kvstash_close(c);
+    /* the Unix socket file of the dead daemon is still there; a new one must cope */
+    cr_assert_eq(harness_restart(&h, NULL, NULL), 0, "kvstashd does not start after a kill -9");
+    cr_assert_eq(harness_client(h.unix_addr, 2000, &c), 0, "the Unix socket is not back");
+    cr_assert_eq(kvstash_ping(c), 0);
+    kvstash_close(c);
+    cr_assert_eq(harness_stop_clean(&h), 0, "kvstashd did not shut down cleanly");
+}
+
+Test(lifecycle, second_sigint_exits_at_once)
+{
+    cr_assert_eq(harness_start(&h, NULL, HARNESS_ARGS("--shutdown_timeout_ms=30000")), 0);
+    size_t vlen = 4u << 20;
+    uint8_t *val = malloc(vlen);
+    cr_assert_not_null(val);
+    harness_fill(val, vlen, 8);
+    struct harness_conn w;
+    cr_assert_eq(harness_conn_tcp(&w, h.port, 2000), 0);
+    send_partial_put(&w, "stalled", val, vlen, 1u << 20);
+    wait_reserved();
+
+    cr_assert_eq(harness_signal(&h, SIGINT), 0);
+    harness_sleep_ms(300);
+    cr_assert(harness_alive(&h), "the first SIGINT did not drain: the stalled client was cut");
+    uint64_t t0 = harness_now_ms();
+    cr_assert_eq(harness_signal(&h, SIGINT), 0);
+    int rc = harness_wait_exit(&h, 3000);
+    h.expect_exit = true;
+    cr_assert_eq(rc, 0, "a second SIGINT did not stop kvstashd within 3 s");
+    cr_assert_lt(harness_now_ms() - t0, 3000);
+    harness_conn_close(&w);
+    free(val);
 }

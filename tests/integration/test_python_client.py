@@ -312,14 +312,36 @@ def test_unix_socket(daemon, client):
     assert client.call("get", "py-unix-2") == b"over unix"
 
 
+STATS = ("uptime_s", "connections", "connections_total", "connections_rejected", "hits",
+         "misses", "bytes_in", "bytes_out", "objects", "reserved", "memory_used",
+         "memory_capacity", "value_bytes", "evictions", "evicted_bytes", "no_space",
+         "protocol_errors", "pinned_hard", "pinned_soft")
+METHODS = ("ping", "hello", "put", "batch_put", "get", "batch_get", "is_exist",
+           "batch_is_exist", "prefix_match", "get_size", "batch_get_size", "remove",
+           "batch_remove", "remove_all", "pin", "unpin", "stats")
+
+
 def test_stats_counts(client):
     before = client.call("stats")
     assert isinstance(before, dict)
-    for k in ("uptime_s", "connections", "connections_total", "hits", "misses", "objects",
-              "memory_used", "memory_capacity", "ops.get"):
-        assert k in before and isinstance(before[k], int), k
-    client.call("get", "py-stats-miss")
+    for k in STATS + tuple("ops." + m for m in METHODS):
+        assert k in before, f"stats has no {k}"
+    for k, v in before.items():
+        assert isinstance(k, str) and isinstance(v, int) and v >= 0, (k, v)
+    value = os.urandom(5000)
+    assert client.call("put", "py-stats-hit", value) == 0
+    assert client.call("get", "py-stats-hit") == value
+    assert client.call("get", "py-stats-miss") is None
     after = client.call("stats")
+    assert after["hits"] == before["hits"] + 1
     assert after["misses"] == before["misses"] + 1
-    assert after["ops.get"] == before["ops.get"] + 1
+    assert after["ops.get"] == before["ops.get"] + 2
+    assert after["ops.put"] == before["ops.put"] + 1
+    assert after["ops.stats"] == before["ops.stats"] + 1
+    assert after["objects"] == before["objects"] + 1
+    assert after["value_bytes"] == before["value_bytes"] + len(value)
+    assert after["bytes_in"] >= before["bytes_in"] + len(value)
+    assert after["bytes_out"] >= before["bytes_out"] + len(value)
     assert after["memory_capacity"] == 128 << 20
+    assert before["connections"] >= 1
+    assert after["memory_used"] <= after["memory_capacity"]

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "harness.h"
+#include "../lib/harness.h"
 #include "kvstash.h"
 
 static struct harness h;
@@ -74,6 +74,7 @@ Test(roundtrip, tcp_sizes_byte_exact)
     cr_assert_eq(harness_client(h.addr, 2000, &c), 0);
     put_and_read_sizes(c, "tcp");
     kvstash_close(c);
+    cr_assert_eq(harness_stop_clean(&h), 0, "kvstashd did not shut down cleanly");
 }
 
 Test(roundtrip, unix_sizes_byte_exact_and_shared_with_tcp)
@@ -100,6 +101,7 @@ Test(roundtrip, unix_sizes_byte_exact_and_shared_with_tcp)
     free(want);
     kvstash_close(t);
     kvstash_close(u);
+    cr_assert_eq(harness_stop_clean(&h), 0, "kvstashd did not shut down cleanly");
 }
 
 Test(roundtrip, batch_byte_exact)
@@ -157,6 +159,7 @@ Test(roundtrip, batch_byte_exact)
         free(bufs[i]);
     }
     kvstash_close(c);
+    cr_assert_eq(harness_stop_clean(&h), 0, "kvstashd did not shut down cleanly");
 }
 
 Test(roundtrip, client_splits_batches_over_max_batch)
@@ -196,6 +199,7 @@ Test(roundtrip, client_splits_batches_over_max_batch)
                   "key %d came back wrong (code %d)", i, codes[i]);
     }
     kvstash_close(c);
+    cr_assert_eq(harness_stop_clean(&h), 0, "kvstashd did not shut down cleanly");
 }
 
 Test(roundtrip, hello_reports_limits)
@@ -228,4 +232,5 @@ Test(roundtrip, hello_reports_limits)
                  kvstash_strerror(rc));
     cr_assert_eq(kvstash_ping(c), 0);
     kvstash_close(c);
+    cr_assert_eq(harness_stop_clean(&h), 0, "kvstashd did not shut down cleanly");
 }

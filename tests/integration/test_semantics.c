@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "harness.h"
+#include "../lib/harness.h"
 #include "kvstash.h"
 
 static struct harness h;
@@ -159,6 +159,7 @@ Test(semantics, batch_answers_per_key)
     cr_assert_eq(stat_of(c, "objects"), 0);
     cr_assert_eq(stat_of(c, "value_bytes"), 0);
     kvstash_close(c);
+    cr_assert_eq(harness_stop_clean(&h), 0, "kvstashd did not shut down cleanly");
 }
 
 Test(semantics, prefix_match_keys_and_groups)
@@ -208,6 +209,7 @@ Test(semantics, prefix_match_keys_and_groups)
     cr_assert_eq(kvstash_prefix_match(c, 10, all, lens, 0, &m), 0);
     cr_assert_eq(m, 2, "after removing p2: %llu, want 2", (unsigned long long)m);
     kvstash_close(c);
+    cr_assert_eq(harness_stop_clean(&h), 0, "kvstashd did not shut down cleanly");
 }
 
 /*
@@ -294,6 +296,7 @@ Test(semantics, second_writer_busy_then_exists)
     kvstash_close(c3);
     kvstash_close(c);
     free(val);
+    cr_assert_eq(harness_stop_clean(&h), 0, "kvstashd did not shut down cleanly");
 }
 
 Test(semantics, disconnect_mid_put_leaves_nothing)
@@ -345,6 +348,7 @@ Test(semantics, disconnect_mid_put_leaves_nothing)
     cr_assert_eq(rc, 0, "put after the abandoned writer: %s", kvstash_strerror(rc));
     kvstash_close(c);
     free(val);
+    cr_assert_eq(harness_stop_clean(&h), 0, "kvstashd did not shut down cleanly");
 }
 
 /* ---- racing writers ---- */
@@ -439,6 +443,7 @@ Test(semantics, racing_writers_exactly_one_wins)
     }
     cr_assert_eq(stat_of(c, "objects"), RACE_KEYS);
     kvstash_close(c);
+    cr_assert_eq(harness_stop_clean(&h), 0, "kvstashd did not shut down cleanly");
 }
 
 /* ---- eviction ---- */
@@ -525,6 +530,7 @@ Test(semantics, eviction_is_whole_and_spares_hard_pins, .timeout = 90)
     free(val);
     free(buf);
     kvstash_close(c);
+    cr_assert_eq(harness_stop_clean(&h), 0, "kvstashd did not shut down cleanly");
 }
 
 Test(semantics, no_space_when_everything_is_hard_pinned)
@@ -578,4 +584,83 @@ Test(semantics, no_space_when_everything_is_hard_pinned)
     free(buf);
     free(val);
     kvstash_close(c);
+    cr_assert_eq(harness_stop_clean(&h), 0, "kvstashd did not shut down cleanly");
+}
+
+Test(semantics, slow_reader_gets_exact_bytes_while_key_removed_and_store_churns)
+{
+    cr_assert_eq(harness_start(&h, NULL, HARNESS_ARGS("--memory_size=64m")), 0);
+    struct kvstash *c = client();
+    const char *key = "slow-read";
+    size_t vlen = 4u << 20;
+    uint8_t *val = malloc(vlen);
+    cr_assert_not_null(val);
+    harness_fill(val, vlen, harness_seed(key, strlen(key)));
+    cr_assert_eq(kvstash_put(c, key, strlen(key), val, vlen), 0);
+
+    /* 40 gets of it, pipelined, and nobody reading the answers yet */
+    enum { GETS = 40 };
+    struct harness_conn r;
+    cr_assert_eq(harness_conn_tcp(&r, h.port, 2000), 0);
+    struct harness_req q;
+    harness_req_init(&q);
+    msgpack_sbuffer all;
+    msgpack_sbuffer_init(&all);
+    for (uint32_t i = 1; i <= GETS; i++) {
+        harness_req_begin(&q, i, "get", 1);
+        harness_pack_str(&q.pk, key);
+        msgpack_sbuffer_write(&all, q.sb.data, q.sb.size);
+    }
+    cr_assert_eq(harness_conn_send(&r, all.data, all.size, HARNESS_IO_TIMEOUT_MS), 0);
+    msgpack_sbuffer_destroy(&all);
+    harness_req_destroy(&q);
+    harness_sleep_ms(200);
+
+    /* meanwhile: force-remove the key and churn the store's memory */
+    int rc = kvstash_remove(c, key, strlen(key), true);
+    cr_assert(rc == 0 || rc == KVSTASH_EBUSY, "forced remove: %s", kvstash_strerror(rc));
+    uint8_t *junk = malloc(MIB);
+    cr_assert_not_null(junk);
+    for (int i = 0; i < 100; i++) {
+        char k[32];
+        snprintf(k, sizeof(k), "churn-%03d", i);
+        memset(junk, 0xA5 ^ i, MIB);
+        int prc = kvstash_put(c, k, strlen(k), junk, MIB);
+        cr_assert(prc == 0 || prc == KVSTASH_ENOSPACE, "churn put %d: %s", i,
+                  kvstash_strerror(prc));
+    }
+    free(junk);
+
+    /* every answer is the value, whole, or (after the removal) nil; never other bytes */
+    int exact = 0;
+    bool seen_nil = false;
+    for (uint32_t i = 1; i <= GETS; i++) {
+        const msgpack_object *m;
+        int rrc = harness_conn_read(&r, HARNESS_IO_TIMEOUT_MS, &m);
+        cr_assert_eq(rrc, 1, "answer %u of %d missing (read %d)", i, GETS, rrc);
+        cr_assert(m->type == MSGPACK_OBJECT_ARRAY && m->via.array.size == 4 &&
+                      m->via.array.ptr[1].via.u64 == i &&
+                      harness_err_code(&m->via.array.ptr[2]) == -1,
+                  "answer %u is not the response to get %u", i, i);
+        const msgpack_object *res = &m->via.array.ptr[3];
+        if (res->type == MSGPACK_OBJECT_NIL) {
+            seen_nil = true;
+            continue;
+        }
+        cr_assert(!seen_nil, "get %u found the value after an earlier get missed it", i);
+        cr_assert_eq(res->type, MSGPACK_OBJECT_BIN, "get %u: not a bin", i);
+        cr_assert(res->via.bin.size == vlen && memcmp(res->via.bin.ptr, val, vlen) == 0,
+                  "get %u: the bytes of a value queued before its removal changed", i);
+        exact++;
+    }
+    cr_log_info("forced remove answered %s; %d of %d gets had the value", kvstash_strerror(rc),
+                exact, GETS);
+    cr_assert_gt(exact, 0, "no get answered before the removal");
+    if (rc == KVSTASH_EBUSY) {
+        cr_assert_eq(exact, GETS, "remove said BUSY, yet the value went away");
+    }
+    harness_conn_close(&r);
+    free(val);
+    kvstash_close(c);
+    cr_assert_eq(harness_stop_clean(&h), 0, "kvstashd did not shut down cleanly");
 }

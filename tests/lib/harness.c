@@ -198,13 +198,20 @@ harness_dump_log(const struct harness *h)
     free(log);
 }
 
+size_t
+harness_log_size(const struct harness *h)
+{
+    struct stat sb;
+    return stat(h->log_path, &sb) == 0 ? (size_t)sb.st_size : 0;
+}
+
 bool
-harness_wait_log(const struct harness *h, const char *needle, int timeout_ms)
+harness_wait_log(const struct harness *h, size_t from, const char *needle, int timeout_ms)
 {
     uint64_t deadline = harness_now_ms() + (uint64_t)timeout_ms;
     for (;;) {
         char *log = harness_read_log(h);
-        bool found = log && strcasestr(log, needle) != NULL;
+        bool found = log && strlen(log) > from && strcasestr(log + from, needle) != NULL;
         free(log);
         if (found) {
             return true;
@@ -216,8 +223,8 @@ harness_wait_log(const struct harness *h, const char *needle, int timeout_ms)
     }
 }
 
-long
-harness_rss_kib(const struct harness *h)
+static long
+status_kib(const struct harness *h, const char *field)
 {
     char path[64];
     snprintf(path, sizeof(path), "/proc/%d/status", (int)h->pid);
@@ -227,14 +234,60 @@ harness_rss_kib(const struct harness *h)
     }
     char line[256];
     long kib = -1;
+    size_t n = strlen(field);
     while (fgets(line, sizeof(line), f)) {
-        if (strncmp(line, "VmRSS:", 6) == 0) {
-            kib = strtol(line + 6, NULL, 10);
+        if (strncmp(line, field, n) == 0 && line[n] == ':') {
+            kib = strtol(line + n + 1, NULL, 10);
             break;
         }
     }
     fclose(f);
     return kib;
+}
+
+long
+harness_rss_kib(const struct harness *h)
+{
+    return status_kib(h, "VmRSS");
+}
+
+long
+harness_peak_rss_kib(const struct harness *h)
+{
+    return status_kib(h, "VmHWM");
+}
+
+int
+harness_reset_peak_rss(const struct harness *h)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/clear_refs", (int)h->pid);
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0) {
+        return -errno;
+    }
+    int rc = write(fd, "5", 1) == 1 ? 0 : -errno;
+    close(fd);
+    return rc;
+}
+
+bool
+harness_sanitized(const struct harness *h)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/maps", (int)h->pid);
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        return false;
+    }
+    char line[512];
+    bool found = false;
+    while (!found && fgets(line, sizeof(line), f)) {
+        found = strstr(line, "libasan") != NULL || strstr(line, "libubsan") != NULL ||
+                strstr(line, "libtsan") != NULL;
+    }
+    fclose(f);
+    return found;
 }
 
 static int
@@ -489,6 +542,27 @@ harness_stop(struct harness *h, int timeout_ms)
     harness_kill(h);
     h->status = -1;
     return -ETIMEDOUT;
+}
+
+int
+harness_stop_clean(struct harness *h)
+{
+    if (harness_stop(h, HARNESS_START_TIMEOUT_MS) != 0) {
+        harness_dump_log(h);
+        return -1;
+    }
+    if (!harness_exited_with(h->status, 0)) {
+        if (WIFSIGNALED(h->status)) {
+            fprintf(stderr, "harness: kvstashd died of signal %d at shutdown\n",
+                    WTERMSIG(h->status));
+        } else {
+            fprintf(stderr, "harness: kvstashd exited with %d at shutdown\n",
+                    WEXITSTATUS(h->status));
+        }
+        harness_dump_log(h);
+        return -1;
+    }
+    return 0;
 }
 
 void

@@ -104,6 +104,13 @@ int harness_wait_exit(struct harness *h, int timeout_ms);
  */
 int harness_stop(struct harness *h, int timeout_ms);
 
+/*
+ * harness_stop_clean: harness_stop with HARNESS_START_TIMEOUT_MS, and require
+ * exit status 0 (a sanitizer build exits non-zero on a leak or error found at
+ * exit). 0, or -1 after printing the status and the daemon's log.
+ */
+int harness_stop_clean(struct harness *h);
+
 /* harness_kill: SIGKILL and reap. */
 void harness_kill(struct harness *h);
 
@@ -121,14 +128,33 @@ char *harness_read_log(const struct harness *h);
 /* harness_dump_log: print the daemon's captured output to stderr. */
 void harness_dump_log(const struct harness *h);
 
+/* harness_log_size: bytes of daemon output captured so far (0 if none). */
+size_t harness_log_size(const struct harness *h);
+
 /*
  * harness_wait_log: wait up to timeout_ms for needle to appear in the log
- * (case-insensitive). true if it did.
+ * past byte offset from (case-insensitive). true if it did.
  */
-bool harness_wait_log(const struct harness *h, const char *needle, int timeout_ms);
+bool harness_wait_log(const struct harness *h, size_t from, const char *needle,
+                      int timeout_ms);
 
 /* harness_rss_kib: VmRSS of the daemon in KiB, or -1. */
 long harness_rss_kib(const struct harness *h);
+
+/*
+ * harness_peak_rss_kib: VmHWM (peak RSS) of the daemon in KiB, or -1.
+ * harness_reset_peak_rss: set the peak back to the current RSS
+ * (/proc/PID/clear_refs); 0 or -errno.
+ */
+long harness_peak_rss_kib(const struct harness *h);
+int harness_reset_peak_rss(const struct harness *h);
+
+/*
+ * harness_sanitized: the running daemon is built with ASan or UBSan (its
+ * RSS then includes the sanitizer's quarantine and shadow memory, so RSS
+ * bounds mean nothing).
+ */
+bool harness_sanitized(const struct harness *h);
 
 /* harness_free_port: an ephemeral loopback port nobody listens on (bind 0, close). */
 int harness_free_port(void);
@@ -159,7 +185,10 @@ struct kvstash;
  */
 int harness_client(const char *addr, int timeout_ms, struct kvstash **out);
 
-/* harness_stat: one stats counter; 0 and *value, KVSTASH_ENOTFOUND if absent, or the call's error. */
+/*
+ * harness_stat: one stats counter; 0 and *value, KVSTASH_ENOTFOUND if
+ * absent, or the call's error.
+ */
 int harness_stat(struct kvstash *c, const char *name, uint64_t *value);
 
 /*
@@ -179,7 +208,10 @@ struct harness_conn {
     msgpack_unpacked msg;   /* the last message read; valid until the next read */
 };
 
-/* harness_conn_tcp / harness_conn_unix: connect (retrying for up to timeout_ms on refusal). 0 or -errno. */
+/*
+ * harness_conn_tcp / harness_conn_unix: connect (retrying for up to
+ * timeout_ms on refusal). 0 or -errno.
+ */
 int harness_conn_tcp(struct harness_conn *c, int port, int timeout_ms);
 int harness_conn_unix(struct harness_conn *c, const char *path, int timeout_ms);
 

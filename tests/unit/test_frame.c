@@ -746,7 +746,7 @@ Test(frame, spill_offer_stands_until_answered)
     pb_destroy(&b);
 }
 
-Test(frame, spill_only_for_partial_big_bins)
+Test(frame, spill_only_for_partial_big_bodies)
 {
     struct frame_limits lim = lim_std;
     struct frame_scan st;
@@ -766,14 +766,17 @@ Test(frame, spill_only_for_partial_big_bins)
     /* exactly spill_min: offered */
     lim.spill_min = BIG;
     cr_assert_eq(scan_whole(b.sb.data, off1 + 10, &lim, &st), FRAME_SPILL);
+    cr_assert_eq(st.spill_bin, 1);
     pb_destroy(&b);
 
-    /* a big str is never offered */
+    /* a big str is offered too (a huge key must not be buffered), marked as not a bin */
     pb_init(&b);
     msgpack_pack_array(&b.pk, 1);
     pack_str_fill(&b.pk, BIG);
     lim.spill_min = 1;
-    cr_assert_eq(scan_whole(b.sb.data, 100, &lim, &st), FRAME_NEED_MORE);
+    cr_assert_eq(scan_whole(b.sb.data, 100, &lim, &st), FRAME_SPILL);
+    cr_assert_eq(st.spill_bin, 0);
+    cr_assert_eq(st.spill_len, BIG);
     pb_destroy(&b);
 }
 

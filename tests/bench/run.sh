@@ -1,0 +1,375 @@
+#!/usr/bin/env bash
+# run.sh: the `make bench` driver.
+#
+# Starts kvstashd on a free loopback port with a temporary data_dir and a
+# memory_size that fits the machine, runs the benchmark matrix with
+# kvstash-bench (each configuration BENCH_REPS times, BENCH_SECS seconds
+# each, the median printed), then measures redis-server with redis-benchmark
+# on the same shapes when it is installed. memcached is measured only if a
+# memcached load generator is installed; otherwise it is skipped with the
+# reason. Every command is printed before it runs; every loop and every
+# command is bounded. Exits non-zero if the daemon dies or a run fails.
+#
+# Environment: KVSTASHD, BENCH (binaries; set by make bench), KVSTASH_CLI
+# (default: kvstash next to BENCH), BENCH_SECS (5), BENCH_REPS (3),
+# BENCH_MEMORY (default: a third of available RAM, 1g..8g), BENCH_PEERS
+# (1; 0 skips redis/memcached).
+set -u -o pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+KVSTASHD=${KVSTASHD:-$root/build/release/kvstashd}
+BENCH=${BENCH:-$root/build/release/kvstash-bench}
+KVSTASH_CLI=${KVSTASH_CLI:-$(dirname "$BENCH")/kvstash}
+SECS=${BENCH_SECS:-5}
+REPS=${BENCH_REPS:-3}
+PEERS=${BENCH_PEERS:-1}
+
+die() { echo "run.sh: $*" >&2; exit 1; }
+# show CMD...: print a command as it can be pasted into a shell.
+show() { printf '$'; printf ' %q' "$@"; printf '\n'; }
+
+[ -x "$KVSTASHD" ] || die "no daemon at $KVSTASHD (run make first)"
+[ -x "$BENCH" ] || die "no kvstash-bench at $BENCH (run make first)"
+case "$SECS" in ''|*[!0-9]*) die "BENCH_SECS must be whole seconds" ;; esac
+case "$REPS" in ''|*[!0-9]*) die "BENCH_REPS must be a number" ;; esac
+if [ "$SECS" -lt 1 ] || [ "$REPS" -lt 1 ]; then
+    die "BENCH_SECS and BENCH_REPS must be >= 1"
+fi
+
+if [ -n "${BENCH_MEMORY:-}" ]; then
+    mem=$BENCH_MEMORY
+else
+    avail_kb=$(awk '/^MemAvailable:/ { print $2 }' /proc/meminfo 2>/dev/null)
+    gib=$(( ${avail_kb:-3145728} / 1048576 / 3 ))
+    [ "$gib" -lt 1 ] && gib=1
+    [ "$gib" -gt 8 ] && gib=8
+    mem=${gib}g
+fi
+case "$mem" in
+    *g|*G) mem_bytes=$(( ${mem%[gG]} * 1073741824 )) ;;
+    *m|*M) mem_bytes=$(( ${mem%[mM]} * 1048576 )) ;;
+    *) die "BENCH_MEMORY: use a size like 8g or 2048m" ;;
+esac
+
+tmp=$(mktemp -d /tmp/kvstash-bench.XXXXXX) || die "mktemp failed"
+kvd_pid=""
+redis_pid=""
+# shellcheck disable=SC2317  # invoked by the EXIT trap
+cleanup() {
+    local pid
+    for pid in "$kvd_pid" "$redis_pid"; do
+        if [ -n "$pid" ] && kill "$pid" 2>/dev/null; then
+            wait "$pid" 2>/dev/null
+        fi
+    done
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# free_port: a loopback port nobody answers on (50 tries at most).
+free_port() {
+    local p
+    for _ in $(seq 1 50); do
+        p=$(( 20000 + RANDOM % 40000 ))
+        if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+            echo "$p"
+            return 0
+        fi
+    done
+    return 1
+}
+
+# proc_cpu PID: utime+stime of PID in clock ticks.
+proc_cpu() {
+    local s
+    s=$(cat "/proc/$1/stat" 2>/dev/null) || { echo 0; return; }
+    s=${s##*) }
+    # after the command name: state is field 3, utime 14, stime 15
+    echo "$s" | awk '{ print $12 + $13 }'
+}
+
+kvd_alive() {
+    kill -0 "$kvd_pid" 2>/dev/null
+}
+
+kvd_died() {
+    echo "run.sh: kvstashd (pid $kvd_pid) died; last lines of its log:" >&2
+    tail -n 20 "$tmp/kvstashd.log" >&2
+    kvd_pid=""
+    exit 1
+}
+
+# ---- start kvstashd ----
+port=""
+for attempt in 1 2 3 4 5; do
+    port=$(free_port) || die "no free loopback port found"
+    mkdir -p "$tmp/data"
+    cmd=("$KVSTASHD" --listen="127.0.0.1:$port" --data_dir="$tmp/data"
+         --unix_socket="$tmp/data/kvstashd.sock" --memory_size="$mem")
+    show "${cmd[@]}"
+    "${cmd[@]}" >"$tmp/kvstashd.log" 2>&1 &
+    kvd_pid=$!
+    up=0
+    for _ in $(seq 1 100); do
+        kvd_alive || break
+        if [ -x "$KVSTASH_CLI" ]; then
+            "$KVSTASH_CLI" -H "127.0.0.1:$port" -t 1000 ping >/dev/null 2>&1 && { up=1; break; }
+        elif (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+            up=1
+            break
+        fi
+        sleep 0.1
+    done
+    [ "$up" = 1 ] && break
+    if kvd_alive; then
+        kill "$kvd_pid"
+        wait "$kvd_pid" 2>/dev/null
+        kvd_pid=""
+        die "kvstashd did not answer on 127.0.0.1:$port within 10 s"
+    fi
+    echo "run.sh: kvstashd exited at start (attempt $attempt):" >&2
+    tail -n 5 "$tmp/kvstashd.log" >&2
+    kvd_pid=""
+done
+[ -n "$kvd_pid" ] || die "could not start kvstashd"
+addr="127.0.0.1:$port"
+echo "kvstashd pid $kvd_pid on $addr, memory_size $mem; $(nproc) cores;" \
+     "$REPS runs of ${SECS}s per configuration, median shown"
+echo
+
+# ---- the matrix ----
+# name mode size batch conns depth; the redis shape is derived from it.
+matrix=(
+    "get-1m-c1      get    1m  8   1 2"
+    "get-1m-c8      get    1m  8   8 2"
+    "put-1m-c1      put    1m  8   1 2"
+    "put-1m-c8      put    1m  8   8 2"
+    "get-64k-c8     get    64k 64  8 2"
+    "put-64k-c8     put    64k 64  8 2"
+    "exists-128-c4  exists 64  128 4 4"
+    "get-4m-c8      get    4m  4   8 2"
+    "put-4m-c8      put    4m  4   8 2"
+)
+
+size_bytes() {
+    case "$1" in
+        *k) echo $(( ${1%k} * 1024 )) ;;
+        *m) echo $(( ${1%m} * 1048576 )) ;;
+        *) echo "$1" ;;
+    esac
+}
+
+# field NAME LINE: the value of NAME=... in a result line.
+field() {
+    echo "$2" | tr ' ' '\n' | awk -F= -v k="$1" '$1 == k { print $2 }'
+}
+
+# median_line METRIC LINES...: the line whose METRIC is the median.
+median_line() {
+    local metric=$1
+    shift
+    printf '%s\n' "$@" | awk -v k="$metric" '{
+        for (i = 1; i <= NF; i++) { split($i, kv, "="); if (kv[1] == k) print kv[2] "\t" $0 }
+    }' | sort -g | awk -F'\t' '{ l[NR] = $2 } END { if (NR) print l[int((NR + 1) / 2)] }'
+}
+
+failures=0
+declare -A summary
+
+for row in "${matrix[@]}"; do
+    read -r name mode size batch conns depth <<<"$row"
+    metric="GB/s"
+    [ "$mode" = exists ] && metric="keys/s"
+    args=(-H "$addr" -m "$mode" -s "$size" -b "$batch" -c "$conns" -d "$depth" -t "$SECS"
+          -p "$kvd_pid" -R -q)
+    if [ "$mode" = put ]; then
+        # bound the bytes written so a run never needs eviction
+        per=$(( mem_bytes * 3 / 4 / (conns * batch * $(size_bytes "$size")) ))
+        [ "$per" -lt 1 ] && per=1
+        args+=(-n "$per")
+    fi
+    echo "== $name: batch_${mode/exists/is_exist} of $batch x $size, $conns conn(s), depth $depth"
+    show "$BENCH" "${args[@]}"
+    lines=()
+    for rep in $(seq 1 "$REPS"); do
+        out=$(timeout $(( SECS * 4 + 120 )) "$BENCH" "${args[@]}" 2>"$tmp/bench.err")
+        rc=$?
+        kvd_alive || { cat "$tmp/bench.err" >&2; kvd_died; }
+        if [ "$rc" -ne 0 ] || [ -z "$out" ]; then
+            echo "   run $rep FAILED (exit $rc): $(tr '\n' ' ' <"$tmp/bench.err") $out"
+            failures=$(( failures + 1 ))
+            continue
+        fi
+        echo "   run $rep: $(field "$metric" "$out") $metric, p99 $(field p99_us "$out") us"
+        lines+=("$out")
+    done
+    if [ "${#lines[@]}" -gt 0 ]; then
+        med=$(median_line "$metric" "${lines[@]}")
+        echo "   median: $med"
+        if [ "$mode" = exists ]; then
+            summary[$name]="$(field keys/s "$med") keys/s, p99 $(field p99_us "$med") us"
+        else
+            summary[$name]="$(field GB/s "$med") GB/s, p99 $(field p99_us "$med") us,"
+            summary[$name]+=" $(field daemon_core_s_per_GB "$med") core-s/GB"
+        fi
+    else
+        summary[$name]="failed"
+    fi
+    echo
+done
+
+# ---- peers ----
+declare -A redis_summary
+
+# redis_bench NAME METRIC SIZE PIPELINE CONNS ARGS...: run redis-benchmark ARGS (--csv)
+# REPS times, print each run and keep the median.
+redis_bench() {
+    local name=$1 metric=$2 size=$3 pipe=$4 conns=$5
+    shift 5
+    local base=(redis-benchmark -h 127.0.0.1 -p "$rport" -c "$conns" -P "$pipe" --csv)
+    local cal=$(( conns * pipe * 4 ))
+    [ "$cal" -lt 200 ] && cal=200
+    local out rps n rep lines=() cpu0 cpu1
+    # calibrate the request count so a run lasts about SECS seconds
+    out=$(timeout 120 "${base[@]}" -n "$cal" "$@" 2>/dev/null | tail -n 1)
+    rps=$(echo "$out" | awk -F'"' '{ print int($4) }')
+    if [ -z "$rps" ] || [ "$rps" -le 0 ]; then
+        echo "   calibration failed: $out"
+        return 1
+    fi
+    n=$(( rps * SECS ))
+    [ "$n" -lt "$cal" ] && n=$cal
+    [ "$n" -gt 50000000 ] && n=50000000
+    show "${base[@]}" -n "$n" "$@"
+    for rep in $(seq 1 "$REPS"); do
+        cpu0=$(proc_cpu "$redis_pid")
+        local t0 t1
+        t0=$(date +%s%N)
+        out=$(timeout $(( SECS * 4 + 60 )) "${base[@]}" -n "$n" "$@" 2>/dev/null | tail -n 1)
+        t1=$(date +%s%N)
+        cpu1=$(proc_cpu "$redis_pid")
+        rps=$(echo "$out" | awk -F'"' '{ print $4 }')
+        if [ -z "$rps" ]; then
+            echo "   run $rep FAILED: $out"
+            continue
+        fi
+        local line
+        line=$(awk -v rps="$rps" -v size="$size" -v p50="$(echo "$out" | awk -F'"' '{ print $10 }')" \
+                   -v p99="$(echo "$out" | awk -F'"' '{ print $14 }')" \
+                   -v cpu=$(( cpu1 - cpu0 )) -v hz="$(getconf CLK_TCK)" \
+                   -v secs="$(( (t1 - t0) / 1000000 ))" 'BEGIN {
+            gbs = (size > 0 ? rps * size / 1e9 : 0);
+            printf "GB/s=%.3f keys/s=%.0f p50_us=%.0f p99_us=%.0f", gbs, rps, p50 * 1000, p99 * 1000;
+            if (gbs > 0) printf " server_core_s_per_GB=%.3f", (cpu / hz) / (gbs * secs / 1000);
+        }')
+        echo "   run $rep: $(field "$metric" "$line") $metric, p99 $(field p99_us "$line") us"
+        lines+=("$line")
+    done
+    [ "${#lines[@]}" -gt 0 ] || return 1
+    local med
+    med=$(median_line "$metric" "${lines[@]}")
+    echo "   median: $med"
+    if [ "$metric" = "keys/s" ]; then
+        redis_summary[$name]="$(field keys/s "$med") keys/s, p99 $(field p99_us "$med") us"
+    else
+        redis_summary[$name]="$(field GB/s "$med") GB/s, p99 $(field p99_us "$med") us,"
+        redis_summary[$name]+=" $(field server_core_s_per_GB "$med") core-s/GB"
+    fi
+}
+
+# redis_preload N SIZE: keys key:000000000000 .. N-1 with SIZE-byte values.
+redis_preload() {
+    timeout 300 redis-cli -p "$rport" flushall >/dev/null || return 1
+    perl -e 'my ($n, $s) = @ARGV; my $v = "x" x $s;
+             for my $i (0 .. $n - 1) {
+                 my $k = sprintf("key:%012d", $i);
+                 print "*3\r\n\$3\r\nSET\r\n\$" . length($k) . "\r\n$k\r\n\$$s\r\n$v\r\n";
+             }' "$1" "$2" | timeout 300 redis-cli -p "$rport" --pipe >/dev/null
+}
+
+if [ "$PEERS" = 1 ]; then
+    if command -v redis-server >/dev/null && command -v redis-benchmark >/dev/null &&
+       command -v redis-cli >/dev/null && command -v perl >/dev/null; then
+        rport=$(free_port) || die "no free port for redis"
+        mkdir -p "$tmp/redis"
+        rcmd=(redis-server --port "$rport" --bind 127.0.0.1 --save "" --appendonly no
+              --protected-mode no --dir "$tmp/redis" --maxmemory "$mem_bytes"
+              --maxmemory-policy allkeys-lru)
+        echo "== peer: $(redis-server --version | awk '{ print $1, $2, $3 }')"
+        show "${rcmd[@]}"
+        "${rcmd[@]}" >"$tmp/redis.log" 2>&1 &
+        redis_pid=$!
+        for _ in $(seq 1 50); do
+            redis-cli -p "$rport" ping >/dev/null 2>&1 && break
+            sleep 0.1
+        done
+        echo "redis-server pid $redis_pid on 127.0.0.1:$rport (one command per key:" \
+             "pipelining of batch x depth commands stands in for a batch request)"
+        echo
+        for row in "${matrix[@]}"; do
+            read -r name mode size batch conns depth <<<"$row"
+            bytes=$(size_bytes "$size")
+            pipe=$(( batch * depth ))
+            keys=$(( 1073741824 / bytes ))
+            [ "$keys" -gt 65536 ] && keys=65536
+            [ "$keys" -lt 16 ] && keys=16
+            echo "== redis $name"
+            case "$mode" in
+            get)
+                echo "\$ redis-cli -p $rport --pipe  # SET key:0..$((keys - 1)) x $bytes bytes"
+                redis_preload "$keys" "$bytes" ||
+                    { echo "   preload failed"; redis_summary[$name]=failed; echo; continue; }
+                redis_bench "$name" "GB/s" "$bytes" "$pipe" "$conns" \
+                    -r "$keys" -d "$bytes" -t get || redis_summary[$name]=failed
+                ;;
+            put)
+                timeout 300 redis-cli -p "$rport" flushall >/dev/null
+                redis_bench "$name" "GB/s" "$bytes" "$pipe" "$conns" \
+                    -r "$keys" -d "$bytes" -t set || redis_summary[$name]=failed
+                ;;
+            exists)
+                keys=$(( 16384 * conns ))
+                echo "\$ redis-cli -p $rport --pipe  # SET key:0..$((keys - 1)) x $bytes bytes"
+                redis_preload "$keys" "$bytes" ||
+                    { echo "   preload failed"; redis_summary[$name]=failed; echo; continue; }
+                redis_bench "$name" "keys/s" 0 "$pipe" "$conns" \
+                    -r "$keys" EXISTS "key:__rand_int__" || redis_summary[$name]=failed
+                ;;
+            esac
+            kvd_alive || kvd_died
+            echo
+        done
+    else
+        echo "== peer redis: skipped: redis-server, redis-benchmark, redis-cli or perl not installed"
+    fi
+    mc_tool=""
+    for t in memtier_benchmark memaslap memcslap mc-crusher; do
+        command -v "$t" >/dev/null && mc_tool=$t
+    done
+    if ! command -v memcached >/dev/null; then
+        echo "== peer memcached: skipped: memcached not installed"
+    elif [ -z "$mc_tool" ]; then
+        echo "== peer memcached: skipped: no memcached load generator installed" \
+             "(memtier_benchmark, memaslap/memcslap or mc-crusher); redis-benchmark cannot" \
+             "speak its protocol"
+    else
+        echo "== peer memcached: skipped: $mc_tool is installed but this script has no" \
+             "validated invocation for it yet"
+    fi
+    echo
+fi
+
+# ---- summary ----
+printf '%-15s %-52s %s\n' "test" "kvstashd (median)" "redis-server (median)"
+for row in "${matrix[@]}"; do
+    read -r name _ <<<"$row"
+    printf '%-15s %-52s %s\n' "$name" "${summary[$name]:-}" "${redis_summary[$name]:--}"
+done
+kvd_alive || kvd_died
+if [ "$failures" -gt 0 ]; then
+    echo "run.sh: $failures kvstash-bench run(s) failed" >&2
+    exit 1
+fi
+exit 0
