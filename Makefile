@@ -145,7 +145,10 @@ test-python: $(KVSTASHD)
 	KVSTASHD=$(abspath $(KVSTASHD)) /usr/bin/python3 -m pytest -q tests/integration
 
 asan:
-	$(Q)$(MAKE) --no-print-directory VARIANT=asan test
+	$(Q)ASAN_OPTIONS=abort_on_error=0:detect_leaks=1 \
+	    LSAN_OPTIONS=suppressions=$(abspath tests/data/lsan.supp):print_suppressions=0 \
+	    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	    $(MAKE) --no-print-directory VARIANT=asan test
 
 bench: deps
 	$(Q)$(MAKE) --no-print-directory all

@@ -1172,8 +1172,12 @@ kvstash_op_run(struct kvstash *c, struct kvstash_op *op)
                 break;
             }
             rc = kvstash_op_send(c, op, &pend);
+            if (rc == -ENOMEM) {
+                /* nothing of it was sent, but replies still in flight would be orphaned */
+                return head == tail ? rc : kvstash_fail(c, rc);
+            }
             if (rc < 0) {
-                return rc == -ENOMEM ? rc : kvstash_salvage(c, rc);
+                return kvstash_salvage(c, rc);
             }
             ring[head % KVSTASH_WINDOW] = pend;
             head++;

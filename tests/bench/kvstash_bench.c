@@ -1054,7 +1054,8 @@ main(int argc, char **argv)
         }
     }
     if (!cfg.quiet) {
-        fprintf(stderr, "kvstash-bench: %s %s x %zu bytes, batch %u, %d conns, depth %d, %.1f s%s\n",
+        fprintf(stderr,
+                "kvstash-bench: %s %s x %zu bytes, batch %u, %d conns, depth %d, %.1f s%s\n",
                 cfg.addr, bench_mode_names[cfg.mode], cfg.vsize, cfg.batch, cfg.conns, cfg.depth,
                 cfg.secs, cfg.mode == MODE_PUT ? "" : " (preloading)");
     }

@@ -256,12 +256,15 @@ redis_bench() {
             continue
         fi
         local line
-        line=$(awk -v rps="$rps" -v size="$size" -v p50="$(echo "$out" | awk -F'"' '{ print $10 }')" \
-                   -v p99="$(echo "$out" | awk -F'"' '{ print $14 }')" \
+        local p50 p99
+        p50=$(echo "$out" | awk -F'"' '{ print $10 }')
+        p99=$(echo "$out" | awk -F'"' '{ print $14 }')
+        line=$(awk -v rps="$rps" -v size="$size" -v p50="$p50" -v p99="$p99" \
                    -v cpu=$(( cpu1 - cpu0 )) -v hz="$(getconf CLK_TCK)" \
                    -v secs="$(( (t1 - t0) / 1000000 ))" 'BEGIN {
             gbs = (size > 0 ? rps * size / 1e9 : 0);
-            printf "GB/s=%.3f keys/s=%.0f p50_us=%.0f p99_us=%.0f", gbs, rps, p50 * 1000, p99 * 1000;
+            printf "GB/s=%.3f keys/s=%.0f p50_us=%.0f p99_us=%.0f",
+                   gbs, rps, p50 * 1000, p99 * 1000;
             if (gbs > 0) printf " server_core_s_per_GB=%.3f", (cpu / hz) / (gbs * secs / 1000);
         }')
         echo "   run $rep: $(field "$metric" "$line") $metric, p99 $(field p99_us "$line") us"
@@ -342,7 +345,8 @@ if [ "$PEERS" = 1 ]; then
             echo
         done
     else
-        echo "== peer redis: skipped: redis-server, redis-benchmark, redis-cli or perl not installed"
+        echo "== peer redis: skipped: redis-server, redis-benchmark, redis-cli or perl" \
+             "not installed"
     fi
     mc_tool=""
     for t in memtier_benchmark memaslap memcslap mc-crusher; do

@@ -169,7 +169,7 @@ Test(roundtrip, client_splits_batches_over_max_batch)
     cr_assert_eq(harness_client(h.addr, 2000, &c), 0);
 
     enum { N = 37 };
-    char keyb[N][16];
+    char keyb[N][24];
     uint64_t vb[N];
     const void *keys[N], *vals[N];
     size_t klens[N], vlens[N], caps[N];

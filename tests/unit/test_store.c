@@ -13,6 +13,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -427,6 +428,18 @@ Test(store, references_block_remove_and_keep_bytes)
     store_destroy(s);
 }
 
+/* A writer that drops its reference and then aborts gives back one reference too many. */
+Test(store, reference_underflow_aborts, .signal = SIGABRT)
+{
+    struct store *s = t_store(1 * MiB, 1.0, 1.0);
+    struct t_key tk;
+    struct store_obj *o;
+
+    cr_assert_eq(store_reserve(s, t_key(&tk, 0, 1), 100, &o), 0);
+    store_obj_unref(s, o);
+    store_abort(s, o);
+}
+
 Test(store, lease_blocks_remove_until_it_expires)
 {
     struct store *s = t_store(1 * MiB, 1.0, 1.0);
@@ -666,6 +679,36 @@ Test(store, stats_follow_objects)
     cr_assert_eq(st.memory_used, 0);
     cr_assert_geq(st.metadata_bytes, st0.metadata_bytes, "only the grown table stays");
     cr_assert_lt(st.metadata_bytes, st0.metadata_bytes + 64 * KiB);
+    store_destroy(s);
+}
+
+Test(store, table_grows_without_losing_keys)
+{
+    struct store *s = t_store(1 * MiB, 1.0, 1.0);
+    struct t_key tk;
+    uint64_t size;
+
+    /* Empty values take no pages, so the table grows far past its first size. */
+    for (uint64_t i = 0; i < 200000; i++) {
+        cr_assert_eq(t_put(s, i % 2, i, 0), 0);
+        if (i % 1000 == 999) {
+            /* Keys inserted before and during a grow stay findable. */
+            cr_assert_eq(t_exists(s, 0, i / 2 & ~1ull), 1);
+            cr_assert_eq(t_exists(s, 1, i | 1), 1);
+        }
+    }
+    cr_assert_eq(t_stats(s).objects, 200000);
+    for (uint64_t i = 0; i < 200000; i += 2) {
+        cr_assert_eq(store_remove(s, t_key(&tk, 0, i), false), 0);
+    }
+    for (uint64_t i = 0; i < 200000; i++) {
+        cr_assert_eq(store_size(s, t_key(&tk, i % 2, i), &size), i % 2 ? 0 : KV_NOT_FOUND,
+                     "key %llu", (unsigned long long)i);
+    }
+    cr_assert_eq(t_put(s, 0, 200000, 5), 0);
+    cr_assert_eq(store_remove_all(s, 1, false, false), 100000);
+    cr_assert_eq(t_stats(s).objects, 1);
+    cr_assert_eq(t_check(s, 0, 200000, 5), 1);
     store_destroy(s);
 }
 
