@@ -88,6 +88,7 @@ stats_collect(void *arg, const char **names, uint64_t *values, int max)
     STAT("pinned_hard", st.pinned_hard);
     STAT("pinned_soft", st.pinned_soft);
     STAT("metadata_bytes", st.metadata_bytes);
+    STAT("memory_prefaulted", st.memory_prefaulted);
 #undef STAT
     return n;
 }

@@ -56,6 +56,18 @@ struct alloc_stats {
  */
 int alloc_create(uint64_t size, struct alloc **out);
 
+/*
+ * alloc_prefault_start: populate the arena's page tables from a background
+ * thread (MADV_POPULATE_WRITE, 64 MiB at a time; the page contents are not
+ * touched, so the arena may be in use meanwhile), so that first-touch faults
+ * are not paid on the put path. Stops at alloc_destroy. Without kernel
+ * support it ends quietly. Returns 0 or -errno (no thread).
+ */
+int alloc_prefault_start(struct alloc *a);
+
+/* alloc_prefaulted: bytes of the arena populated so far. */
+uint64_t alloc_prefaulted(const struct alloc *a);
+
 /* alloc_destroy: unmap the arena and free everything. Accepts NULL. No other call may run. */
 void alloc_destroy(struct alloc *a);
 

@@ -546,6 +546,8 @@ store_create(const struct store_config *cfg, struct store **out)
         }
         s->nshards_ready++;
     }
+    /* Best effort: without it pages fault in on first use, as they would anyway. */
+    (void)alloc_prefault_start(s->alloc);
     *out = s;
     return 0;
 
@@ -1277,4 +1279,5 @@ store_stats(struct store *s, struct store_stats *out)
     out->evicted_bytes = atomic_load_explicit(&s->evicted_bytes, memory_order_relaxed);
     out->no_space = atomic_load_explicit(&s->no_space, memory_order_relaxed);
     out->metadata_bytes = atomic_load_explicit(&s->metadata_bytes, memory_order_relaxed);
+    out->memory_prefaulted = alloc_prefaulted(s->alloc);
 }

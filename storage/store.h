@@ -84,6 +84,7 @@ struct store_stats {
     uint64_t pinned_hard;
     uint64_t pinned_soft;
     uint64_t metadata_bytes;   /* heap bytes held by object metadata and the table */
+    uint64_t memory_prefaulted; /* arena bytes whose pages are populated (see alloc.h) */
 };
 
 /*
