@@ -475,16 +475,19 @@ mp_read_map(struct mp_reader *r, uint32_t *n)
 int
 mp_read_str(struct mp_reader *r, const char **s, uint32_t *len)
 {
-    size_t avail = mp_avail(r);
+    const struct mp_hole *hole;
+    size_t passed;
     uint32_t n = 0;
-    size_t h = mp_str_head(r->p, avail, &n);
+    size_t h = mp_str_head(r->p, mp_avail(r), &n);
 
-    if (h == 0 || n > avail - h) {
+    /* a hole has no bytes to hand out: only mp_read_key_ref reads one */
+    if (h == 0 || mp_bin_at(r, r->p, h, n, &hole, &passed) != 0) {
         return -1;
     }
     *s = (const char *)r->p + h;
     *len = n;
     r->p += h + n;
+    mp_hole_drop(r, passed);
     return 0;
 }
 
@@ -510,20 +513,45 @@ mp_read_bin(struct mp_reader *r, const uint8_t **p, uint32_t *len)
 int
 mp_read_key(struct mp_reader *r, const uint8_t **p, uint32_t *len)
 {
-    size_t avail = mp_avail(r);
     uint32_t n = 0;
-    size_t h = mp_str_head(r->p, avail, &n);
 
-    if (h != 0) {
-        if (n > avail - h) {
-            return -1;
-        }
-        *p = r->p + h;
-        *len = n;
-        r->p += h + n;
-        return 0;
+    if (mp_str_head(r->p, mp_avail(r), &n) != 0) {
+        return mp_read_str(r, (const char **)p, len);
     }
     return mp_read_bin(r, p, len);
+}
+
+int
+mp_read_key_ref(struct mp_reader *r, const uint8_t **p, uint64_t *len,
+                const struct mp_hole **hole)
+{
+    const struct mp_hole *hl;
+    size_t passed;
+    uint32_t n = 0;
+    size_t h = mp_str_head(r->p, mp_avail(r), &n);
+    int rc;
+
+    if (h == 0) {
+        h = mp_bin_head(r->p, mp_avail(r), &n);
+    }
+    if (h == 0) {
+        return -1;
+    }
+    rc = mp_bin_at(r, r->p, h, n, &hl, &passed);
+    if (rc < 0) {
+        return -1;
+    }
+    *len = n;
+    *hole = hl;
+    if (rc > 0) {
+        *p = NULL;
+        r->p += h;
+    } else {
+        *p = r->p + h;
+        r->p += h + n;
+    }
+    mp_hole_drop(r, passed);
+    return 0;
 }
 
 int
@@ -600,6 +628,9 @@ mp_skip(struct mp_reader *r)
             }
             break;
         case MP_BIN:
+        case MP_STR:
+        case MP_EXT:
+            /* any body may be a hole: the frame scanner spills big str/ext bodies too */
             switch (mp_bin_at(&c, c.p, h, n, &hole, &passed)) {
             case 0:
                 c.p += h + n;
@@ -611,13 +642,6 @@ mp_skip(struct mp_reader *r)
                 return -1;
             }
             mp_hole_drop(&c, passed);
-            break;
-        case MP_STR:
-        case MP_EXT:
-            if (n > avail - h) {
-                return -1;
-            }
-            c.p += h + n;
             break;
         default:
             c.p += h;

@@ -81,6 +81,15 @@ int mp_read_key(struct mp_reader *r, const uint8_t **p, uint32_t *len);
 int mp_read_bin_ref(struct mp_reader *r, const uint8_t **p, uint64_t *len,
                     const struct mp_hole **hole);
 
+/*
+ * mp_read_key_ref: read a key (bin or str) that may be a hole, as
+ * mp_read_bin_ref does for bins. The daemon spills keys no valid request can
+ * hold (longer than max_key_size) so they never fill its buffer; a hole here
+ * means such a key.
+ */
+int mp_read_key_ref(struct mp_reader *r, const uint8_t **p, uint64_t *len,
+                    const struct mp_hole **hole);
+
 /* mp_skip: consume one whole object (nested up to 32 levels). 0 or -1. */
 int mp_skip(struct mp_reader *r);
 

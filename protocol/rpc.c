@@ -116,6 +116,27 @@ rpc_invalid(struct rpc_req *rq, const char *why)
 
 /* ---- param helpers ---- */
 
+/*
+ * Read a key that may have been spilled: a key longer than any max_key_size is
+ * received into a discarding hole, never into the buffer, and reads back here
+ * with a length of UINT32_MAX, so every method answers it per key exactly as
+ * it answers any other key over max_key_size.
+ */
+static int
+rpc_read_key(struct mp_reader *rd, const uint8_t **p, uint32_t *len)
+{
+    const struct mp_hole *hole;
+    uint64_t n;
+
+    *p = NULL;
+    *len = 0;
+    if (mp_read_key_ref(rd, p, &n, &hole) != 0) {
+        return -1;
+    }
+    *len = (hole != NULL || n > UINT32_MAX) ? UINT32_MAX : (uint32_t)n;
+    return 0;
+}
+
 static void
 rpc_key(struct rpc_req *rq, const uint8_t *p, uint32_t len, struct kv_key *k)
 {
@@ -145,7 +166,7 @@ rpc_keys_check(struct rpc_req *rq, uint32_t *n)
     }
     probe = rq->rd;
     for (uint32_t i = 0; i < *n; i++) {
-        if (mp_read_key(&probe, &p, &len) != 0) {
+        if (rpc_read_key(&probe, &p, &len) != 0) {
             return rpc_invalid(rq, "keys must be an array of bin or str");
         }
     }
@@ -301,7 +322,7 @@ rpc_put(struct rpc_req *rq)
     if (rc != 0) {
         return rc;
     }
-    if (mp_read_key(&rq->rd, &kp, &klen) != 0) {
+    if (rpc_read_key(&rq->rd, &kp, &klen) != 0) {
         return rpc_invalid(rq, "key must be bin or str");
     }
     if (mp_read_bin_ref(&rq->rd, &vp, &vlen, &hole) != 0) {
@@ -338,7 +359,7 @@ rpc_batch_put(struct rpc_req *rq)
     }
     keys = rq->rd;
     for (uint32_t i = 0; i < nkeys; i++) {
-        mp_read_key(&rq->rd, &kp, &klen);
+        rpc_read_key(&rq->rd, &kp, &klen);
     }
     if (mp_read_array(&rq->rd, &nvals) != 0) {
         return rpc_invalid(rq, "values must be an array of bin");
@@ -361,7 +382,7 @@ rpc_batch_put(struct rpc_req *rq)
     rpc_reply_head(rq);
     msgpack_pack_array(&rq->pk, nkeys);
     for (uint32_t i = 0; i < nkeys; i++) {
-        mp_read_key(&keys, &kp, &klen);
+        rpc_read_key(&keys, &kp, &klen);
         mp_read_bin_ref(&vals, &vp, &vlen, &hole);
         msgpack_pack_int(&rq->pk, rpc_store_value(rq, kp, klen, vp, vlen, hole));
     }
@@ -401,7 +422,7 @@ rpc_get(struct rpc_req *rq)
     if (rc != 0) {
         return rc;
     }
-    if (mp_read_key(&rq->rd, &kp, &klen) != 0) {
+    if (rpc_read_key(&rq->rd, &kp, &klen) != 0) {
         return rpc_invalid(rq, "key must be bin or str");
     }
     rpc_reply_head(rq);
@@ -425,7 +446,7 @@ rpc_batch_get(struct rpc_req *rq)
     rpc_reply_head(rq);
     msgpack_pack_array(&rq->pk, n);
     for (uint32_t i = 0; i < n; i++) {
-        mp_read_key(&rq->rd, &kp, &klen);
+        rpc_read_key(&rq->rd, &kp, &klen);
         rpc_pack_get(rq, kp, klen);
     }
     return 0;
@@ -453,7 +474,7 @@ rpc_is_exist(struct rpc_req *rq)
     if (rc != 0) {
         return rc;
     }
-    if (mp_read_key(&rq->rd, &kp, &klen) != 0) {
+    if (rpc_read_key(&rq->rd, &kp, &klen) != 0) {
         return rpc_invalid(rq, "key must be bin or str");
     }
     rpc_reply_head(rq);
@@ -481,7 +502,7 @@ rpc_batch_is_exist(struct rpc_req *rq)
     rpc_reply_head(rq);
     msgpack_pack_array(&rq->pk, n);
     for (uint32_t i = 0; i < n; i++) {
-        mp_read_key(&rq->rd, &kp, &klen);
+        rpc_read_key(&rq->rd, &kp, &klen);
         if (rpc_exists(rq, kp, klen)) {
             msgpack_pack_true(&rq->pk);
         } else {
@@ -509,7 +530,7 @@ rpc_prefix_match(struct rpc_req *rq)
     }
     keys = rq->rd;
     for (uint32_t i = 0; i < n; i++) {
-        mp_read_key(&rq->rd, &kp, &klen);
+        rpc_read_key(&rq->rd, &kp, &klen);
     }
     rc = rpc_opts_read(rq, 1, &opts);
     if (rc != 0) {
@@ -523,7 +544,7 @@ rpc_prefix_match(struct rpc_req *rq)
     for (uint32_t i = 0; i < n; i += (uint32_t)g) {
         bool all = true;
         for (uint64_t j = 0; j < g; j++) {
-            mp_read_key(&keys, &kp, &klen);
+            rpc_read_key(&keys, &kp, &klen);
             if (all && !rpc_exists(rq, kp, klen)) {
                 all = false;
             }
@@ -562,7 +583,7 @@ rpc_get_size(struct rpc_req *rq)
     if (rc != 0) {
         return rc;
     }
-    if (mp_read_key(&rq->rd, &kp, &klen) != 0) {
+    if (rpc_read_key(&rq->rd, &kp, &klen) != 0) {
         return rpc_invalid(rq, "key must be bin or str");
     }
     rpc_reply_head(rq);
@@ -586,7 +607,7 @@ rpc_batch_get_size(struct rpc_req *rq)
     rpc_reply_head(rq);
     msgpack_pack_array(&rq->pk, n);
     for (uint32_t i = 0; i < n; i++) {
-        mp_read_key(&rq->rd, &kp, &klen);
+        rpc_read_key(&rq->rd, &kp, &klen);
         rpc_pack_size(rq, kp, klen);
     }
     return 0;
@@ -615,7 +636,7 @@ rpc_remove(struct rpc_req *rq)
     if (rc != 0) {
         return rc;
     }
-    if (mp_read_key(&rq->rd, &kp, &klen) != 0) {
+    if (rpc_read_key(&rq->rd, &kp, &klen) != 0) {
         return rpc_invalid(rq, "key must be bin or str");
     }
     rc = rpc_opts_read(rq, 1, &opts);
@@ -645,7 +666,7 @@ rpc_batch_remove(struct rpc_req *rq)
     }
     keys = rq->rd;
     for (uint32_t i = 0; i < n; i++) {
-        mp_read_key(&rq->rd, &kp, &klen);
+        rpc_read_key(&rq->rd, &kp, &klen);
     }
     rc = rpc_opts_read(rq, 1, &opts);
     if (rc != 0) {
@@ -654,7 +675,7 @@ rpc_batch_remove(struct rpc_req *rq)
     rpc_reply_head(rq);
     msgpack_pack_array(&rq->pk, n);
     for (uint32_t i = 0; i < n; i++) {
-        mp_read_key(&keys, &kp, &klen);
+        rpc_read_key(&keys, &kp, &klen);
         msgpack_pack_int(&rq->pk, rpc_remove_one(rq, kp, klen, opts.force));
     }
     return 0;
@@ -688,7 +709,7 @@ rpc_pin_keys(struct rpc_req *rq, uint32_t n, struct mp_reader keys, enum store_p
     rpc_reply_head(rq);
     msgpack_pack_array(&rq->pk, n);
     for (uint32_t i = 0; i < n; i++) {
-        mp_read_key(&keys, &kp, &klen);
+        rpc_read_key(&keys, &kp, &klen);
         rpc_key(rq, kp, klen, &key);
         int rc = klen > rq->ctx->lim->max_key_size
                      ? KV_NOT_FOUND
@@ -716,7 +737,7 @@ rpc_pin(struct rpc_req *rq)
     }
     keys = rq->rd;
     for (uint32_t i = 0; i < n; i++) {
-        mp_read_key(&rq->rd, &kp, &klen);
+        rpc_read_key(&rq->rd, &kp, &klen);
     }
     if (mp_read_str(&rq->rd, &mode, &mlen) != 0) {
         return rpc_invalid(rq, "pin mode must be \"soft\" or \"hard\"");
@@ -829,16 +850,6 @@ rpc_dispatch(struct rpc_ctx *ctx, const uint8_t *msg, size_t len, const struct m
     if (type != 0 || n != 4 || mp_read_uint(&rq.rd, &rq.msgid) != 0) {
         goto done;
     }
-    for (size_t i = 0; i < nholes; i++) {
-        const struct rpc_spill *sp = holes[i].tag;
-        if (sp != NULL && sp->oversized) {
-            rpc_reply_error(&rq, KV_TOO_LARGE,
-                            "a str or bin longer than max_key_size outside a put value");
-            ctr_add(&ctx->ctr->errors, 1);
-            rc = 0;
-            goto done;
-        }
-    }
     if (mp_read_str(&rq.rd, &mname, &mlen) != 0) {
         rq.errmsg = "method must be a string";
         rpc_reply_error(&rq, KV_INVALID_ARGUMENT, rq.errmsg);
@@ -926,7 +937,8 @@ rpc_spill_parse(struct rpc_spill_cursor *cur, const uint8_t *msg, size_t len)
 
 int
 rpc_spill_take(struct rpc_ctx *ctx, struct rpc_spill_cursor *cur, const uint8_t *msg, size_t len,
-               const uint32_t *path, int depth, uint64_t vlen, int is_bin, struct rpc_spill *sp)
+               const struct mp_hole *holes, size_t nholes, const uint32_t *path, int depth,
+               uint64_t vlen, int is_bin, struct rpc_spill *sp)
 {
     struct mp_reader rd;
     const uint8_t *kp;
@@ -945,18 +957,17 @@ rpc_spill_take(struct rpc_ctx *ctx, struct rpc_spill_cursor *cur, const uint8_t 
         value = false;
     }
     sp->obj = NULL;
-    sp->oversized = 0;
     if (!value || !is_bin) {
         if (vlen <= ctx->lim->max_key_size) {
             return 0;
         }
-        sp->code = KV_TOO_LARGE;
-        sp->oversized = 1;
+        sp->code = KV_TOO_LARGE; /* discarded: readers see a hole (see rpc_read_key) */
         return 1;
     }
 
     sp->code = KV_INVALID_ARGUMENT;
     mp_reader_init(&rd, msg, len);
+    mp_reader_holes(&rd, holes, nholes);
     rd.p = msg + cur->key_off;
     if (cur->state == 2) {
         uint32_t want = path[2];
@@ -964,14 +975,14 @@ rpc_spill_take(struct rpc_ctx *ctx, struct rpc_spill_cursor *cur, const uint8_t 
             return 1; /* dispatch will answer the arity error */
         }
         while (cur->key_idx < want) {
-            if (mp_read_key(&rd, &kp, &klen) != 0) {
+            if (rpc_read_key(&rd, &kp, &klen) != 0) {
                 return 1;
             }
             cur->key_idx++;
             cur->key_off = (size_t)(rd.p - rd.base);
         }
     }
-    if (mp_read_key(&rd, &kp, &klen) != 0) {
+    if (rpc_read_key(&rd, &kp, &klen) != 0) {
         return 1;
     }
     if (klen > ctx->lim->max_key_size || vlen > ctx->lim->max_value_size) {

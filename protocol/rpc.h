@@ -77,7 +77,6 @@ struct rpc_ctx {
 struct rpc_spill {
     struct store_obj *obj;   /* RESERVED object holding the value, or NULL */
     int code;                /* when obj is NULL: the key's outcome (EXISTS, BUSY, ...) */
-    int oversized;           /* a str/bin no valid request has there: reject the request */
 };
 
 /* Where the spill decision has got to within one message (reset per message). */
@@ -96,19 +95,21 @@ void rpc_spill_reset(struct rpc_spill_cursor *cur);
 
 /*
  * rpc_spill_take: a str/bin (is_bin) of vlen bytes at path[0..depth) of the
- * message whose first len bytes are msg is about to arrive. Returns 1 and
- * fills *sp when its bytes must not go to the connection buffer:
+ * message whose first len bytes are msg (with the holes spilled so far) is
+ * about to arrive. Returns 1 and fills *sp when its bytes must not go to the
+ * connection buffer:
  *   - the value of a put or batch_put: sp->obj is a reservation to receive
  *     it into, or NULL with sp->code saying why the key cannot be stored
  *     (the bytes are then discarded);
- *   - anything else longer than max_key_size, which no valid request holds
- *     there: sp->oversized is set, the bytes are discarded and rpc_dispatch
- *     answers the request with TOO_LARGE (memory stays flat).
+ *   - anything else longer than max_key_size: sp->obj is NULL and the bytes
+ *     are discarded; a key there reads as one over max_key_size (answered
+ *     per key as usual), anything else as a bad parameter. Memory stays flat
+ *     whatever a client declares.
  * Otherwise returns 0: buffer it like any other bytes.
  */
 int rpc_spill_take(struct rpc_ctx *ctx, struct rpc_spill_cursor *cur, const uint8_t *msg,
-                   size_t len, const uint32_t *path, int depth, uint64_t vlen, int is_bin,
-                   struct rpc_spill *sp);
+                   size_t len, const struct mp_hole *holes, size_t nholes, const uint32_t *path,
+                   int depth, uint64_t vlen, int is_bin, struct rpc_spill *sp);
 
 /*
  * rpc_dispatch: handle one complete message msg[0..len) whose spilled put

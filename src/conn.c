@@ -418,8 +418,9 @@ conn_process(struct conn *c)
         }
         /* FRAME_SPILL */
         struct rpc_spill sp;
-        if (!rpc_spill_take(&c->ctx, &c->sc, c->ibuf + c->rpos, c->scan.pos, c->scan.path,
-                            c->scan.depth, c->scan.spill_len, c->scan.spill_bin, &sp)) {
+        if (!rpc_spill_take(&c->ctx, &c->sc, c->ibuf + c->rpos, c->scan.pos, c->holes,
+                            c->nholes, c->scan.path, c->scan.depth, c->scan.spill_len,
+                            c->scan.spill_bin, &sp)) {
             frame_scan_decline(&c->scan);
             continue;
         }

@@ -716,6 +716,14 @@ server_create(const struct kv_config *conf, const char *config_path, int argc, c
         log_error("libevent: cannot create the main event base");
         goto fail;
     }
+    /* Signals first: a SIGTERM that arrives once clients can connect must drain, not kill. */
+    for (int i = 0; i < 4; i++) {
+        s->sig_ev[i] = evsignal_new(s->base, sigs[i], server_on_signal, s);
+        if (s->sig_ev[i] == NULL || event_add(s->sig_ev[i], NULL) != 0) {
+            log_error("cannot install the handler of signal %d", sigs[i]);
+            goto fail;
+        }
+    }
     if (c->listen[0] != '\0') {
         if (server_listen_tcp(c->listen, &s->tcp_fd) != 0) {
             goto fail;
@@ -777,13 +785,6 @@ server_create(const struct kv_config *conf, const char *config_path, int argc, c
     s->accept_timer = evtimer_new(s->base, server_accept_resume, s);
     if (s->accept_timer == NULL) {
         goto fail;
-    }
-    for (int i = 0; i < 4; i++) {
-        s->sig_ev[i] = evsignal_new(s->base, sigs[i], server_on_signal, s);
-        if (s->sig_ev[i] == NULL || event_add(s->sig_ev[i], NULL) != 0) {
-            log_error("cannot install the handler of signal %d", sigs[i]);
-            goto fail;
-        }
     }
     log_info("kvstashd %s node %s: listening on %s%s%s, %d io thread(s), memory_size %llu",
              KVSTASH_VERSION, s->node_id, c->listen[0] ? c->listen : "(no tcp)",
