@@ -377,12 +377,50 @@ if [ "$PEERS" = 1 ]; then
     echo
 fi
 
+# ---- raw TCP ceiling ----
+# What the kernel moves over loopback with no store behind it: iperf3 (optional, `apt-get
+# install iperf3`), one stream, then two streams in two processes (iperf3 3.12 runs all the
+# streams of one process on one thread). Sent from a hot buffer, so it is an upper bound.
+tcp_ceiling=""
+if [ "$PEERS" = 1 ] && command -v iperf3 >/dev/null; then
+    echo "== raw TCP over loopback (iperf3, ${SECS}s, 1 MiB writes)"
+    iperf_gbs() { # LOG: receiver GB/s of one iperf3 client log
+        awk '/receiver/ { for (i = 1; i <= NF; i++) if ($i ~ /bits\/sec/) {
+                 v = $(i - 1); u = $i
+                 if (u ~ /^G/) v *= 1e9; else if (u ~ /^M/) v *= 1e6
+                 printf "%.3f", v / 8 / 1e9 } }' "$1"
+    }
+    ports=()
+    for n in 1 2 3; do ports+=("$(free_port)") || die "no free port for iperf3"; done
+    for p in "${ports[@]}"; do timeout $(( SECS + 30 )) iperf3 -s -1 -p "$p" >/dev/null 2>&1 & done
+    sleep 0.5
+    show iperf3 -c 127.0.0.1 -p "${ports[0]}" -t "$SECS" -l 1M
+    timeout $(( SECS + 20 )) iperf3 -c 127.0.0.1 -p "${ports[0]}" -t "$SECS" -l 1M >"$tmp/ip0" 2>&1
+    one=$(iperf_gbs "$tmp/ip0")
+    show iperf3 -c 127.0.0.1 -p "${ports[1]}" -t "$SECS" -l 1M "&" \
+         iperf3 -c 127.0.0.1 -p "${ports[2]}" -t "$SECS" -l 1M
+    timeout $(( SECS + 20 )) iperf3 -c 127.0.0.1 -p "${ports[1]}" -t "$SECS" -l 1M \
+        >"$tmp/ip1" 2>&1 &
+    ip1_pid=$!
+    timeout $(( SECS + 20 )) iperf3 -c 127.0.0.1 -p "${ports[2]}" -t "$SECS" -l 1M >"$tmp/ip2" 2>&1
+    wait "$ip1_pid"
+    two=$(awk -v a="$(iperf_gbs "$tmp/ip1")" -v b="$(iperf_gbs "$tmp/ip2")" \
+          'BEGIN { printf "%.3f", a + b }')
+    tcp_ceiling="1 stream ${one:-?} GB/s, 2 streams ${two:-?} GB/s"
+    echo "   $tcp_ceiling"
+    echo
+elif [ "$PEERS" = 1 ]; then
+    echo "== raw TCP: skipped: iperf3 not installed (apt-get install iperf3)"
+    echo
+fi
+
 # ---- summary ----
 printf '%-15s %-52s %s\n' "test" "kvstashd (median)" "redis-server (median)"
 for row in "${matrix[@]}"; do
     read -r name _ <<<"$row"
     printf '%-15s %-52s %s\n' "$name" "${summary[$name]:-}" "${redis_summary[$name]:--}"
 done
+[ -n "$tcp_ceiling" ] && echo "raw TCP (iperf3)  $tcp_ceiling"
 kvd_alive || kvd_died
 if [ "$failures" -gt 0 ]; then
     echo "run.sh: $failures kvstash-bench run(s) failed" >&2

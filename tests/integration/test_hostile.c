@@ -43,6 +43,22 @@ stat_of(struct kvstash *c, const char *name)
     return v;
 }
 
+/*
+ * The daemon populates its arena's pages in the background after start (memory_prefaulted
+ * in stats), which grows its RSS by up to memory_size: wait for that before taking an RSS
+ * baseline, so the checks below measure only what the hostile input costs.
+ */
+static void
+wait_arena(void)
+{
+    struct kvstash *c = client();
+    uint64_t cap = stat_of(c, "memory_capacity"), last = 0;
+    int rc = harness_wait_stat(c, "memory_prefaulted", cap, 30000, &last);
+    cr_assert_eq(rc, 0, "arena not populated within 30 s (%llu of %llu bytes)",
+                 (unsigned long long)last, (unsigned long long)cap);
+    kvstash_close(c);
+}
+
 /* Require the daemon's RSS to be within slack_kib of rss0 (not meaningful under sanitizers). */
 static void
 check_rss(long rss0, long slack_kib, const char *what)
@@ -88,6 +104,7 @@ Test(hostile, framing_violations_close_with_protocol_error)
     cr_assert_eq(harness_start(&h, NULL, NULL), 0);
     struct kvstash *obs = client();
     cr_assert_eq(kvstash_put(obs, "kept", 4, "value", 5), 0);
+    wait_arena();
     long rss0 = harness_rss_kib(&h);
     cr_assert_gt(rss0, 0);
     uint64_t perr0 = stat_of(obs, "protocol_errors");
@@ -156,6 +173,7 @@ Test(hostile, message_over_max_message_size)
                                HARNESS_ARGS("--max_message_size=1m", "--max_value_size=900k")),
                  0);
     struct kvstash *obs = client();
+    wait_arena();
     long rss0 = harness_rss_kib(&h);
 
     /* declared up front: a put whose bin header alone says 2 MiB */
@@ -470,6 +488,7 @@ Test(hostile, many_idle_and_garbage_connections)
 {
     cr_assert_eq(harness_start(&h, NULL, NULL), 0);
     struct kvstash *obs = client();
+    wait_arena();
     long rss0 = harness_rss_kib(&h);
     enum { N = 200 };
     static struct harness_conn cs[N];
@@ -615,6 +634,7 @@ Test(hostile, random_garbage_and_mutated_requests, .timeout = 90)
                  0);
     struct kvstash *obs = client();
     cr_assert_eq(kvstash_put(obs, "kept", 4, "value", 5), 0);
+    wait_arena();
     long rss0 = harness_rss_kib(&h);
     uint64_t used0 = stat_of(obs, "memory_used");
     uint64_t seed = 0x6b7673746173680full;
@@ -773,6 +793,7 @@ expect_big_bin_not_buffered(const char *what, const char *method, int shape, siz
         break;
     }
     msgpack_pack_bin(&r.pk, blen);
+    wait_arena();
     cr_assert_eq(harness_reset_peak_rss(&h), 0);
     long peak0 = harness_peak_rss_kib(&h);
     cr_assert_eq(harness_conn_send(&c, r.sb.data, r.sb.size, HARNESS_IO_TIMEOUT_MS), 0);
@@ -825,6 +846,7 @@ Test(hostile, put_larger_than_memory_is_refused_without_buffering)
     cr_assert_not_null(v);
     memset(v, 'v', n);
     bool sanitized = harness_sanitized(&h);
+    wait_arena();
     cr_assert_eq(harness_reset_peak_rss(&h), 0);
     long peak0 = harness_peak_rss_kib(&h);
     int rc = kvstash_put(c, "huge", 4, v, n);
