@@ -39,6 +39,7 @@
 #define CONN_SPILL_MIN (16u * 1024u)
 #define CONN_DISCARD_SIZE (256u * 1024u)
 #define CONN_IOV_MAX 256
+#define CONN_READAHEAD_IN_PUT 512
 
 struct conn {
     struct worker *w;
@@ -513,13 +514,22 @@ conn_read_once(struct conn *c)
             n++;
         }
     }
-    /* Read ahead into the buffer only past the end of the body. */
+    /*
+     * Read ahead into the buffer only past the end of the body. Within a message that has
+     * spilled values, more values probably follow: read ahead only enough for the next
+     * header, so that the next body too goes straight into its reservation rather than
+     * through the buffer and a copy.
+     */
     if (body == c->spill_left) {
         if (conn_ibuf_room(c) != 0) {
             return -ENOMEM;
         }
+        size_t room = c->icap - c->ilen;
+        if (c->nholes > 0 && room > CONN_READAHEAD_IN_PUT) {
+            room = CONN_READAHEAD_IN_PUT;
+        }
         iov[n].iov_base = c->ibuf + c->ilen;
-        iov[n].iov_len = c->icap - c->ilen;
+        iov[n].iov_len = room;
         n++;
     }
 
