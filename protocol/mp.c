@@ -521,19 +521,15 @@ mp_read_key(struct mp_reader *r, const uint8_t **p, uint32_t *len)
     return mp_read_bin(r, p, len);
 }
 
-int
-mp_read_key_ref(struct mp_reader *r, const uint8_t **p, uint64_t *len,
-                const struct mp_hole **hole)
+/* Finish reading a str/bin whose header (h bytes, body n) is at r->p: a hole or buffered. */
+static int
+mp_read_ref(struct mp_reader *r, size_t h, uint32_t n, const uint8_t **p, uint64_t *len,
+            const struct mp_hole **hole)
 {
     const struct mp_hole *hl;
     size_t passed;
-    uint32_t n = 0;
-    size_t h = mp_str_head(r->p, mp_avail(r), &n);
     int rc;
 
-    if (h == 0) {
-        h = mp_bin_head(r->p, mp_avail(r), &n);
-    }
     if (h == 0) {
         return -1;
     }
@@ -555,33 +551,26 @@ mp_read_key_ref(struct mp_reader *r, const uint8_t **p, uint64_t *len,
 }
 
 int
+mp_read_key_ref(struct mp_reader *r, const uint8_t **p, uint64_t *len,
+                const struct mp_hole **hole)
+{
+    uint32_t n = 0;
+    size_t h = mp_str_head(r->p, mp_avail(r), &n);
+
+    if (h == 0) {
+        h = mp_bin_head(r->p, mp_avail(r), &n);
+    }
+    return mp_read_ref(r, h, n, p, len, hole);
+}
+
+int
 mp_read_bin_ref(struct mp_reader *r, const uint8_t **p, uint64_t *len,
                 const struct mp_hole **hole)
 {
-    const struct mp_hole *hl;
-    size_t passed;
     uint32_t n = 0;
     size_t h = mp_bin_head(r->p, mp_avail(r), &n);
-    int rc;
 
-    if (h == 0) {
-        return -1;
-    }
-    rc = mp_bin_at(r, r->p, h, n, &hl, &passed);
-    if (rc < 0) {
-        return -1;
-    }
-    *len = n;
-    *hole = hl;
-    if (rc > 0) {
-        *p = NULL;
-        r->p += h;
-    } else {
-        *p = r->p + h;
-        r->p += h + n;
-    }
-    mp_hole_drop(r, passed);
-    return 0;
+    return mp_read_ref(r, h, n, p, len, hole);
 }
 
 int

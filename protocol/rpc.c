@@ -196,11 +196,15 @@ rpc_opts_read(struct rpc_req *rq, uint32_t idx, struct rpc_opts *o)
         return rpc_invalid(rq, "opts must be a map");
     }
     for (uint32_t i = 0; i < n; i++) {
-        const char *name;
-        uint32_t nlen;
-        if (mp_read_str(&rq->rd, &name, &nlen) != 0) {
+        const uint8_t *np;
+        uint64_t nl;
+        const struct mp_hole *nh;
+        /* a name too long to buffer was dropped on arrival: an unknown option, as inline */
+        if (mp_peek(&rq->rd) != MP_STR || mp_read_key_ref(&rq->rd, &np, &nl, &nh) != 0) {
             return rpc_invalid(rq, "opts keys must be strings");
         }
+        const char *name = nh != NULL ? "" : (const char *)np;
+        uint32_t nlen = nh != NULL ? 0 : (uint32_t)nl;
         if (mp_str_eq(name, nlen, "force")) {
             if (mp_read_bool(&rq->rd, &o->force) != 0) {
                 return rpc_invalid(rq, "opts.force must be a bool");
@@ -851,6 +855,17 @@ rpc_dispatch(struct rpc_ctx *ctx, const uint8_t *msg, size_t len, const struct m
         goto done;
     }
     if (mp_read_str(&rq.rd, &mname, &mlen) != 0) {
+        const uint8_t *hp;
+        uint64_t hlen;
+        const struct mp_hole *hole = NULL;
+        if (mp_peek(&rq.rd) == MP_STR && mp_read_key_ref(&rq.rd, &hp, &hlen, &hole) == 0 &&
+            hole != NULL) {
+            /* a method name too long to buffer: no method has such a name */
+            rpc_reply_error(&rq, KV_METHOD_NOT_FOUND, "no such method");
+            ctr_add(&ctx->ctr->errors, 1);
+            rc = 0;
+            goto done;
+        }
         rq.errmsg = "method must be a string";
         rpc_reply_error(&rq, KV_INVALID_ARGUMENT, rq.errmsg);
         ctr_add(&ctx->ctr->errors, 1);

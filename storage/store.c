@@ -1004,10 +1004,10 @@ store_obj_seek(const struct store_obj *o, uint64_t off, uint64_t *at)
     return i;
 }
 
-uint64_t
-store_obj_read(const struct store_obj *o, uint64_t off, void *dst, uint64_t len)
+/* Copy between a value (from offset off) and a flat buffer, in whichever direction. */
+static uint64_t
+store_obj_copy(const struct store_obj *o, uint64_t off, uint8_t *buf, uint64_t len, bool into)
 {
-    uint8_t *d = dst;
     uint64_t done = 0;
     uint64_t at;
 
@@ -1019,39 +1019,31 @@ store_obj_read(const struct store_obj *o, uint64_t off, void *dst, uint64_t len)
     }
     for (int i = store_obj_seek(o, off, &at); done < len; i++, at = 0) {
         uint64_t chunk = alloc_extent_bytes(&o->ext[i]) - at;
+        uint8_t *ext = (uint8_t *)alloc_extent_ptr(o->base, &o->ext[i]) + at;
 
         if (chunk > len - done) {
             chunk = len - done;
         }
-        memcpy(d + done, (const uint8_t *)alloc_extent_ptr(o->base, &o->ext[i]) + at, chunk);
+        if (into) {
+            memcpy(ext, buf + done, chunk);
+        } else {
+            memcpy(buf + done, ext, chunk);
+        }
         done += chunk;
     }
     return done;
 }
 
 uint64_t
+store_obj_read(const struct store_obj *o, uint64_t off, void *dst, uint64_t len)
+{
+    return store_obj_copy(o, off, dst, len, false);
+}
+
+uint64_t
 store_obj_write(struct store_obj *o, uint64_t off, const void *src, uint64_t len)
 {
-    const uint8_t *p = src;
-    uint64_t done = 0;
-    uint64_t at;
-
-    if (off >= o->size) {
-        return 0;
-    }
-    if (len > o->size - off) {
-        len = o->size - off;
-    }
-    for (int i = store_obj_seek(o, off, &at); done < len; i++, at = 0) {
-        uint64_t chunk = alloc_extent_bytes(&o->ext[i]) - at;
-
-        if (chunk > len - done) {
-            chunk = len - done;
-        }
-        memcpy((uint8_t *)alloc_extent_ptr(o->base, &o->ext[i]) + at, p + done, chunk);
-        done += chunk;
-    }
-    return done;
+    return store_obj_copy(o, off, (uint8_t *)src, len, true);
 }
 
 /* ---- read path ---- */
