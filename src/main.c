@@ -13,6 +13,16 @@
 #include "server.h"
 #include "version.h"
 
+/* The flag's name ("--memory_size") for error messages; valid until the next call. */
+static const char *
+flag_name(const char *arg, const char *eq)
+{
+    static char name[160];
+
+    snprintf(name, sizeof(name), "%.*s", (int)(eq - arg), arg);
+    return name;
+}
+
 static void
 usage(FILE *f)
 {
@@ -91,7 +101,7 @@ main(int argc, char **argv)
             return 1;
         }
         snprintf(key, sizeof(key), "%.*s", (int)(eq - arg), arg);
-        if (conf_set(&conf, key, eq + 1, overrides[i], err, sizeof(err)) != 0) {
+        if (conf_set(&conf, key, eq + 1, flag_name(overrides[i], eq), err, sizeof(err)) != 0) {
             fprintf(stderr, "kvstashd: %s\n", err);
             free(overrides);
             return 1;

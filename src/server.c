@@ -457,8 +457,10 @@ server_build_conf(struct server *s, struct kv_config *c, char *err, size_t errle
         if (eq == NULL || (size_t)(eq - arg) >= sizeof(key)) {
             continue;
         }
+        char flag[sizeof(key) + 2];
         snprintf(key, sizeof(key), "%.*s", (int)(eq - arg), arg);
-        if (conf_set(c, key, eq + 1, s->argv[i], err, errlen) != 0) {
+        snprintf(flag, sizeof(flag), "--%s", key);
+        if (conf_set(c, key, eq + 1, flag, err, errlen) != 0) {
             return -1;
         }
     }
