@@ -24,6 +24,7 @@
 #include "store.h"
 
 #define RPC_STATS_MAX 96
+#define RPC_EXISTS_BLOCK 64
 
 static const char *const rpc_names[RPC_METHOD_COUNT] = {
     [RPC_PING] = "ping",
@@ -505,13 +506,26 @@ rpc_batch_is_exist(struct rpc_req *rq)
     }
     rpc_reply_head(rq);
     msgpack_pack_array(&rq->pk, n);
-    for (uint32_t i = 0; i < n; i++) {
-        rpc_read_key(&rq->rd, &kp, &klen);
-        if (rpc_exists(rq, kp, klen)) {
-            msgpack_pack_true(&rq->pk);
-        } else {
-            msgpack_pack_false(&rq->pk);
+    /* In blocks, so the store can overlap the lookups' cache misses. */
+    struct kv_key keys[RPC_EXISTS_BLOCK];
+    uint8_t found[RPC_EXISTS_BLOCK], reply[RPC_EXISTS_BLOCK];
+    for (uint32_t i = 0; i < n;) {
+        uint32_t m = 0, nkeys = 0;
+        uint32_t slot[RPC_EXISTS_BLOCK];
+        for (; m < RPC_EXISTS_BLOCK && i + m < n; m++) {
+            rpc_read_key(&rq->rd, &kp, &klen);
+            slot[m] = UINT32_MAX; /* a key over max_key_size cannot exist */
+            if (klen <= rq->ctx->lim->max_key_size) {
+                slot[m] = nkeys;
+                rpc_key(rq, kp, klen, &keys[nkeys++]);
+            }
         }
+        store_exists_batch(rq->ctx->srv->store, keys, nkeys, found);
+        for (uint32_t j = 0; j < m; j++) {
+            reply[j] = slot[j] != UINT32_MAX && found[slot[j]] ? 0xc3 : 0xc2; /* true, false */
+        }
+        outq_write(rq->out, reply, m);
+        i += m;
     }
     return 0;
 }

@@ -120,6 +120,10 @@ struct store_shard {
     uint64_t value_bytes;
     uint64_t pinned_hard;
     uint64_t pinned_soft;
+    /* Copies of buckets/mask for prefetching without the lock (store_exists_batch): a
+     * stale or torn pair only makes a prefetch useless, never a lookup wrong. */
+    _Atomic(uintptr_t) pf_buckets;
+    _Atomic uint64_t pf_mask;
 };
 
 struct store {
@@ -419,6 +423,8 @@ store_table_grow_locked(struct store *s, struct store_shard *sh)
     sh->rehash_pos = 0;
     sh->buckets = nb;
     sh->mask = n - 1;
+    atomic_store_explicit(&sh->pf_buckets, (uintptr_t)nb, memory_order_relaxed);
+    atomic_store_explicit(&sh->pf_mask, n - 1, memory_order_relaxed);
 }
 
 static void
@@ -536,6 +542,8 @@ store_create(const struct store_config *cfg, struct store **out)
             goto fail;
         }
         sh->mask = STORE_BUCKETS_INIT - 1;
+        atomic_store_explicit(&sh->pf_buckets, (uintptr_t)sh->buckets, memory_order_relaxed);
+        atomic_store_explicit(&sh->pf_mask, sh->mask, memory_order_relaxed);
         atomic_fetch_add(&s->metadata_bytes, STORE_BUCKETS_INIT * sizeof(*sh->buckets));
         rc = pthread_mutex_init(&sh->lock, NULL);
         if (rc != 0) {
@@ -1085,6 +1093,42 @@ store_exists(struct store *s, const struct kv_key *key)
     }
     pthread_mutex_unlock(&sh->lock);
     return found;
+}
+
+void
+store_exists_batch(struct store *s, const struct kv_key *keys, size_t n, uint8_t *out)
+{
+    enum { BLOCK = 16 };
+    uint64_t hash[BLOCK];
+
+    for (size_t base = 0; base < n; base += BLOCK) {
+        size_t m = n - base < BLOCK ? n - base : BLOCK;
+
+        /* Start every bucket's cache miss before waiting on the first one. */
+        for (size_t i = 0; i < m; i++) {
+            struct store_shard *sh;
+            uintptr_t b;
+
+            hash[i] = store_hash64(&keys[base + i]);
+            sh = store_shard_of(s, hash[i]);
+            b = atomic_load_explicit(&sh->pf_buckets, memory_order_relaxed);
+            __builtin_prefetch((const void *)(b + (hash[i] & atomic_load_explicit(
+                                                  &sh->pf_mask, memory_order_relaxed)) *
+                                                      sizeof(struct store_obj *)));
+        }
+        for (size_t i = 0; i < m; i++) {
+            struct store_shard *sh = store_shard_of(s, hash[i]);
+            struct store_obj *o;
+
+            pthread_mutex_lock(&sh->lock);
+            o = store_find_locked(sh, hash[i], &keys[base + i]);
+            out[base + i] = o != NULL && o->state == STORE_OBJ_PUBLISHED;
+            if (out[base + i]) {
+                store_touch_locked(o);
+            }
+            pthread_mutex_unlock(&sh->lock);
+        }
+    }
 }
 
 int

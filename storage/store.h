@@ -193,6 +193,13 @@ uint64_t store_obj_write(struct store_obj *o, uint64_t off, const void *src, uin
  */
 int store_exists(struct store *s, const struct kv_key *key);
 
+/*
+ * store_exists_batch: store_exists for keys[0..n), out[i] = 1 or 0. The same
+ * answers and recency refresh, faster on big batches: the hash-bucket cache
+ * misses of a block of keys are started together instead of one by one.
+ */
+void store_exists_batch(struct store *s, const struct kv_key *keys, size_t n, uint8_t *out);
+
 /* store_size: 0 and *size for a PUBLISHED key, KV_NOT_FOUND otherwise. */
 int store_size(struct store *s, const struct kv_key *key, uint64_t *size);
 

@@ -712,6 +712,71 @@ Test(store, table_grows_without_losing_keys)
     store_destroy(s);
 }
 
+/* The batch probe answers exactly as store_exists, across tables that grow meanwhile. */
+Test(store, exists_batch_answers_like_exists)
+{
+    enum { N = 3000 };
+    struct store *s = t_store(1 * MiB, 1.0, 1.0);
+    static struct t_key tk[N];
+    static struct kv_key keys[N];
+    static uint8_t out[N];
+    struct store_obj *o;
+
+    /* Present: even ids in tenant 0 (empty values take no pages). Absent: odd ids, and
+     * the same bytes in tenant 1. One reserved key must read as absent. */
+    for (uint64_t i = 0; i < N; i += 2) {
+        cr_assert_eq(t_put(s, 0, i, 0), 0);
+    }
+    cr_assert_eq(store_reserve(s, t_key(&tk[0], 0, 1), 0, &o), 0);
+    for (uint32_t round = 0; round < 2; round++) {
+        for (uint64_t i = 0; i < N; i++) {
+            keys[i] = *t_key(&tk[i], round, i);
+        }
+        memset(out, 0xee, sizeof(out));
+        store_exists_batch(s, keys, N, out);
+        for (uint64_t i = 0; i < N; i++) {
+            cr_assert_eq(out[i], store_exists(s, &keys[i]), "key %llu tenant %u",
+                         (unsigned long long)i, round);
+            cr_assert_eq(out[i], round == 0 && i % 2 == 0, "key %llu tenant %u",
+                         (unsigned long long)i, round);
+        }
+    }
+    store_abort(s, o);
+    store_exists_batch(s, keys, 0, out); /* an empty batch touches nothing */
+    store_destroy(s);
+}
+
+/* Probes in batches refresh recency as single probes do. */
+Test(store, exists_batch_refreshes_recency)
+{
+    struct store *s = t_store(16 * MiB, 0.9, 0.8);
+    struct t_key tk[100];
+    struct kv_key keys[100];
+    uint8_t out[100];
+    uint64_t id = 1000;
+
+    for (uint64_t i = 0; i < 200; i++) {
+        cr_assert_eq(t_put(s, 0, i, 64 * KiB), 0);
+    }
+    t_sleep_ms(30);
+    for (uint64_t i = 0; i < 100; i++) {
+        keys[i] = *t_key(&tk[i], 0, 2 * i); /* the even ones */
+    }
+    store_exists_batch(s, keys, 100, out);
+    for (uint64_t i = 0; i < 100; i++) {
+        cr_assert_eq(out[i], 1);
+    }
+    t_sleep_ms(30);
+    while (t_stats(s).evictions < 80) {
+        cr_assert_eq(t_put(s, 0, id++, 64 * KiB), 0);
+    }
+    for (uint64_t i = 0; i < 200; i += 2) {
+        cr_assert_eq(t_exists(s, 0, i), 1, "probed object %llu was evicted",
+                     (unsigned long long)i);
+    }
+    store_destroy(s);
+}
+
 Test(store, hash_spreads_keys_over_shards_and_buckets)
 {
     enum { N = 65536 };
