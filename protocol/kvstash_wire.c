@@ -611,20 +611,29 @@ kvstash_wire_str_copy(struct kvstash *c, uint64_t len, char *dst, size_t size)
     return rc;
 }
 
+/* Read one header and require its type; why names the failure for the error message. */
+static int
+kvstash_wire_head_expect(struct kvstash *c, struct kvstash_wire_head *h,
+                         enum kvstash_wire_rtype type, const char *why)
+{
+    int rc = kvstash_wire_head_read(c, h);
+
+    if (rc == 0 && h->type != type) {
+        rc = kvstash_wire_bad(c, why);
+    }
+    return rc;
+}
+
 int
 kvstash_wire_read_uint(struct kvstash *c, uint64_t *v)
 {
     struct kvstash_wire_head h;
-    int rc = kvstash_wire_head_read(c, &h);
+    int rc = kvstash_wire_head_expect(c, &h, RD_UINT, "expected a non-negative integer");
 
-    if (rc != 0) {
-        return rc;
+    if (rc == 0) {
+        *v = h.u;
     }
-    if (h.type != RD_UINT) {
-        return kvstash_wire_bad(c, "expected a non-negative integer");
-    }
-    *v = h.u;
-    return 0;
+    return rc;
 }
 
 int
@@ -647,31 +656,25 @@ int
 kvstash_wire_read_bool(struct kvstash *c, bool *v)
 {
     struct kvstash_wire_head h;
-    int rc = kvstash_wire_head_read(c, &h);
+    int rc = kvstash_wire_head_expect(c, &h, RD_BOOL, "expected a bool");
 
-    if (rc != 0) {
-        return rc;
+    if (rc == 0) {
+        *v = h.b;
     }
-    if (h.type != RD_BOOL) {
-        return kvstash_wire_bad(c, "expected a bool");
-    }
-    *v = h.b;
-    return 0;
+    return rc;
 }
 
 int
 kvstash_wire_read_array(struct kvstash *c, uint64_t n)
 {
+    static const char why[] = "result array does not match the keys sent";
     struct kvstash_wire_head h;
-    int rc = kvstash_wire_head_read(c, &h);
+    int rc = kvstash_wire_head_expect(c, &h, RD_ARRAY, why);
 
-    if (rc != 0) {
-        return rc;
+    if (rc == 0 && h.len != n) {
+        rc = kvstash_wire_bad(c, why);
     }
-    if (h.type != RD_ARRAY || h.len != n) {
-        return kvstash_wire_bad(c, "result array does not match the keys sent");
-    }
-    return 0;
+    return rc;
 }
 
 /*
