@@ -515,17 +515,17 @@ conn_read_once(struct conn *c)
         }
     }
     /*
-     * Read ahead into the buffer only past the end of the body. Within a message that has
-     * spilled values, more values probably follow: read ahead only enough for the next
-     * header, so that the next body too goes straight into its reservation rather than
-     * through the buffer and a copy.
+     * Read ahead into the buffer only past the end of the body, and then only enough for
+     * the next header: another big value probably follows, and its body too should go
+     * straight into its reservation rather than through the buffer and a copy. Reads
+     * between spills (small values, other requests) take all the room there is.
      */
     if (body == c->spill_left) {
         if (conn_ibuf_room(c) != 0) {
             return -ENOMEM;
         }
         size_t room = c->icap - c->ilen;
-        if (c->nholes > 0 && room > CONN_READAHEAD_IN_PUT) {
+        if (body > 0 && room > CONN_READAHEAD_IN_PUT) {
             room = CONN_READAHEAD_IN_PUT;
         }
         iov[n].iov_base = c->ibuf + c->ilen;
