@@ -387,3 +387,14 @@ def test_big_fields_answer_the_same_however_tcp_splits_them(daemon):
         split = ask(method, params, split=True)
         assert split == whole, f"{method[:20]}: whole {whole!r} but split {split!r}"
     assert Client.tcp(daemon.port).call("get", b"split-ok2") == b"y" * 30000
+
+
+def test_mixed_size_batch_put_is_byte_exact(client):
+    """Big values go straight into the store, small ones through the buffer: mixed, in any order."""
+    rnd = random.Random(7)
+    sizes = [1 << 20, 0, 8192, 20000, 1, 3 << 20, 16383, 16384, 65536] + [4096] * 200
+    rnd.shuffle(sizes)
+    keys = [f"mixed-{i}".encode() for i in range(len(sizes))]
+    vals = [rnd.randbytes(n) for n in sizes]
+    assert client.call("batch_put", keys, vals) == [0] * len(keys)
+    assert client.call("batch_get", keys) == vals
