@@ -58,6 +58,7 @@ DAEMON_SRC := src/main.c src/server.c src/conn.c src/stats.c
 CLIENT_SRC := protocol/kvstash.c protocol/kvstash_wire.c protocol/mp.c protocol/frame.c src/kverr.c
 CLI_SRC := protocol/kvstash_cli.c
 BENCH_SRC := tests/bench/kvstash_bench.c
+MCBENCH_SRC := tests/bench/mc_bench.c
 UNIT_SRC := $(wildcard tests/unit/test_*.c)
 INTEG_SRC := $(wildcard tests/integration/test_*.c) $(wildcard tests/lib/*.c)
 
@@ -69,6 +70,7 @@ CLIENT_OBJ := $(call obj,$(CLIENT_SRC))
 KVSTASHD := $(BUILD)/kvstashd
 KVSTASH := $(BUILD)/kvstash
 BENCH := $(BUILD)/kvstash-bench
+MCBENCH := $(BUILD)/mc-bench
 LIBCORE := $(BUILD)/libkvcore.a
 LIBCLIENT_A := $(BUILD)/libkvstash.a
 LIBCLIENT_SO := $(BUILD)/libkvstash.so
@@ -101,6 +103,10 @@ $(KVSTASH): $(call obj,$(CLI_SRC)) $(LIBCLIENT_A)
 
 $(BENCH): $(call obj,$(BENCH_SRC)) $(LIBCLIENT_A)
 	$(call say,LD,$@)$(CC) $(LDFLAGS_ALL) -o $@ $^ -lmsgpackc -lpthread
+
+# the memcached peer's load generator: libc and pthreads only; built by make bench
+$(MCBENCH): $(call obj,$(MCBENCH_SRC))
+	$(call say,LD,$@)$(CC) $(LDFLAGS_ALL) -o $@ $^ -lpthread
 
 $(UNIT): $(call obj,$(UNIT_SRC)) $(LIBCORE)
 	$(call say,LD,$@)$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIBS_ALL) -lcriterion
@@ -151,8 +157,9 @@ asan:
 	    $(MAKE) --no-print-directory VARIANT=asan test
 
 bench: deps
-	$(Q)$(MAKE) --no-print-directory all
-	KVSTASHD=$(abspath $(KVSTASHD)) BENCH=$(abspath $(BENCH)) tests/bench/run.sh
+	$(Q)$(MAKE) --no-print-directory all $(MCBENCH)
+	KVSTASHD=$(abspath $(KVSTASHD)) BENCH=$(abspath $(BENCH)) MCBENCH=$(abspath $(MCBENCH)) \
+	    tests/bench/run.sh
 
 fuzz:
 	@echo "fuzz: libFuzzer targets arrive with the fuzzing issue (tests/fuzz/)"; exit 1

@@ -5,13 +5,14 @@
 # memory_size that fits the machine, runs the benchmark matrix with
 # kvstash-bench (each configuration BENCH_REPS times, BENCH_SECS seconds
 # each, the median printed), then measures redis-server with redis-benchmark
-# on the same shapes when it is installed. memcached is measured only if a
-# memcached load generator is installed; otherwise it is skipped with the
-# reason. Every command is printed before it runs; every loop and every
-# command is bounded. Exits non-zero if the daemon dies or a run fails.
+# on the same shapes when it is installed, and memcached with mc-bench (our
+# own text-protocol load generator, tests/bench/mc_bench.c) when memcached is
+# installed; a peer that is missing or fails is reported and skipped. Every
+# command is printed before it runs; every loop and every command is bounded.
+# Exits non-zero only if kvstashd dies or a kvstash-bench run fails.
 #
-# Environment: KVSTASHD, BENCH (binaries; set by make bench), KVSTASH_CLI
-# (default: kvstash next to BENCH), BENCH_SECS (5), BENCH_REPS (3),
+# Environment: KVSTASHD, BENCH, MCBENCH (binaries; set by make bench),
+# KVSTASH_CLI (default: kvstash next to BENCH), BENCH_SECS (5), BENCH_REPS (3),
 # BENCH_MEMORY (default: a third of available RAM, 1g..8g), BENCH_PEERS
 # (1; 0 skips redis/memcached).
 set -u -o pipefail
@@ -21,6 +22,7 @@ root=$(cd "$here/../.." && pwd)
 KVSTASHD=${KVSTASHD:-$root/build/release/kvstashd}
 BENCH=${BENCH:-$root/build/release/kvstash-bench}
 KVSTASH_CLI=${KVSTASH_CLI:-$(dirname "$BENCH")/kvstash}
+MCBENCH=${MCBENCH:-$(dirname "$BENCH")/mc-bench}
 SECS=${BENCH_SECS:-5}
 REPS=${BENCH_REPS:-3}
 PEERS=${BENCH_PEERS:-1}
@@ -55,10 +57,11 @@ esac
 tmp=$(mktemp -d /tmp/kvstash-bench.XXXXXX) || die "mktemp failed"
 kvd_pid=""
 redis_pid=""
+mc_pid=""
 # shellcheck disable=SC2317  # invoked by the EXIT trap
 cleanup() {
     local pid
-    for pid in "$kvd_pid" "$redis_pid"; do
+    for pid in "$kvd_pid" "$redis_pid" "$mc_pid"; do
         if [ -n "$pid" ] && kill "$pid" 2>/dev/null; then
             wait "$pid" 2>/dev/null
         fi
@@ -304,6 +307,126 @@ redis_preload() {
              }' "$1" "$2" | timeout 300 redis-cli -p "$rport" --pipe >/dev/null
 }
 
+# ---- memcached ----
+declare -A mc_summary
+mport=""
+
+# mc_stop: stop the memcached this script started, if any.
+mc_stop() {
+    if [ -n "$mc_pid" ]; then
+        kill "$mc_pid" 2>/dev/null
+        wait "$mc_pid" 2>/dev/null
+        mc_pid=""
+    fi
+}
+
+# mc_start: a fresh memcached on a free loopback port with kvstashd's memory; 1 on failure.
+mc_start() {
+    local mcmd
+    mc_stop
+    mport=$(free_port) || { echo "   no free port for memcached"; return 1; }
+    mcmd=(memcached -l 127.0.0.1 -p "$mport" -U 0 -t 2 -m "$(( mem_bytes / 1048576 ))"
+          -I 32m -c 1024)
+    # memcached refuses to run as root without -u; keep the invoking user
+    [ "$(id -u)" = 0 ] && mcmd+=(-u "$(id -un)")
+    show "${mcmd[@]}"
+    "${mcmd[@]}" >"$tmp/memcached.log" 2>&1 &
+    mc_pid=$!
+    for _ in $(seq 1 50); do
+        kill -0 "$mc_pid" 2>/dev/null || break
+        if (exec 3<>"/dev/tcp/127.0.0.1/$mport") 2>/dev/null; then
+            return 0
+        fi
+        sleep 0.1
+    done
+    echo "   memcached did not come up on 127.0.0.1:$mport: $(tail -n 3 "$tmp/memcached.log")"
+    mc_stop
+    return 1
+}
+
+# mc_flush: flush_all on the running memcached; 1 unless it answered OK within 5 s.
+mc_flush() {
+    local reply=""
+    exec 4<>"/dev/tcp/127.0.0.1/$mport" || return 1
+    printf 'flush_all\r\nquit\r\n' >&4
+    read -r -t 5 reply <&4
+    exec 4<&-
+    [ "${reply%$'\r'}" = OK ]
+}
+
+# mc_peer: the kvstashd matrix against memcached (exists has no memcached counterpart).
+# A fresh memcached per row; before a put row it is filled once past its memory limit and
+# flushed, so puts reuse populated pages as kvstashd's do (its arena is populated before
+# the matrix) instead of measuring first-touch page faults.
+mc_peer() {
+    local row name mode size batch conns depth per args out rc rep lines med
+    echo "== peer: $(memcached -V 2>/dev/null); load generator: mc-bench (text protocol," \
+         "multi-key get, set with STORED replies)"
+    echo
+    for row in "${matrix[@]}"; do
+        read -r name mode size batch conns depth <<<"$row"
+        echo "== memcached $name"
+        if [ "$mode" = exists ]; then
+            echo "   skipped: memcached has no existence check without fetching the value"
+            mc_summary[$name]="n/a"
+            echo
+            continue
+        fi
+        if ! mc_start; then
+            mc_summary[$name]=failed
+            echo
+            continue
+        fi
+        args=(-H "127.0.0.1:$mport" -m "${mode/put/set}" -s "$size" -b "$batch" -c "$conns"
+              -d "$depth" -t "$SECS" -p "$mc_pid" -q)
+        if [ "$mode" = put ]; then
+            # populate: write 1.1x the memory limit from 2 connections, then flush_all
+            per=$(( mem_bytes * 11 / 10 / (2 * batch * $(size_bytes "$size")) + 1 ))
+            show "$MCBENCH" -H "127.0.0.1:$mport" -m set -s "$size" -b "$batch" -c 2 \
+                 -n "$per" -t 300 -q
+            echo "   (then flush_all on 127.0.0.1:$mport)"
+            if ! timeout 400 "$MCBENCH" -H "127.0.0.1:$mport" -m set -s "$size" -b "$batch" \
+                     -c 2 -n "$per" -t 300 -q >"$tmp/mc.out" 2>"$tmp/mc.err" || ! mc_flush; then
+                echo "   populating memcached failed: $(tr '\n' ' ' <"$tmp/mc.err")"
+                mc_summary[$name]=failed
+                mc_stop
+                echo
+                continue
+            fi
+            echo "   populated: $(field GB/s "$(cat "$tmp/mc.out")") GB/s while filling"
+            # the same bound as kvstashd's put rows
+            per=$(( mem_bytes * 3 / 4 / (conns * batch * $(size_bytes "$size")) ))
+            [ "$per" -lt 1 ] && per=1
+            args+=(-n "$per")
+        fi
+        show "$MCBENCH" "${args[@]}"
+        lines=()
+        for rep in $(seq 1 "$REPS"); do
+            out=$(timeout $(( SECS * 4 + 180 )) "$MCBENCH" "${args[@]}" 2>"$tmp/mc.err")
+            rc=$?
+            if [ "$rc" -ne 0 ] || [ -z "$out" ]; then
+                echo "   run $rep FAILED (exit $rc): $(tr '\n' ' ' <"$tmp/mc.err") $out"
+                kill -0 "$mc_pid" 2>/dev/null || { echo "   memcached died"; break; }
+                continue
+            fi
+            echo "   run $rep: $(field GB/s "$out") GB/s, p99 $(field p99_us "$out") us," \
+                 "misses $(field misses "$out")"
+            lines+=("$out")
+        done
+        if [ "${#lines[@]}" -gt 0 ]; then
+            med=$(median_line "GB/s" "${lines[@]}")
+            echo "   median: $med"
+            mc_summary[$name]="$(field GB/s "$med") GB/s, p99 $(field p99_us "$med") us,"
+            mc_summary[$name]+=" $(field daemon_core_s_per_GB "$med") core-s/GB"
+        else
+            mc_summary[$name]=failed
+        fi
+        mc_stop
+        kvd_alive || kvd_died
+        echo
+    done
+}
+
 if [ "$PEERS" = 1 ]; then
     if command -v redis-server >/dev/null && command -v redis-benchmark >/dev/null &&
        command -v redis-cli >/dev/null && command -v perl >/dev/null; then
@@ -360,21 +483,15 @@ if [ "$PEERS" = 1 ]; then
         echo "== peer redis: skipped: redis-server, redis-benchmark, redis-cli or perl" \
              "not installed"
     fi
-    mc_tool=""
-    for t in memtier_benchmark memaslap memcslap mc-crusher; do
-        command -v "$t" >/dev/null && mc_tool=$t
-    done
     if ! command -v memcached >/dev/null; then
         echo "== peer memcached: skipped: memcached not installed"
-    elif [ -z "$mc_tool" ]; then
-        echo "== peer memcached: skipped: no memcached load generator installed" \
-             "(memtier_benchmark, memaslap/memcslap or mc-crusher); redis-benchmark cannot" \
-             "speak its protocol"
+        echo
+    elif [ ! -x "$MCBENCH" ]; then
+        echo "== peer memcached: skipped: no mc-bench at $MCBENCH (make bench builds it)"
+        echo
     else
-        echo "== peer memcached: skipped: $mc_tool is installed but this script has no" \
-             "validated invocation for it yet"
+        mc_peer
     fi
-    echo
 fi
 
 # ---- raw TCP ceiling ----
@@ -415,10 +532,12 @@ elif [ "$PEERS" = 1 ]; then
 fi
 
 # ---- summary ----
-printf '%-15s %-52s %s\n' "test" "kvstashd (median)" "redis-server (median)"
+printf '%-15s %-46s %-46s %s\n' "test" "kvstashd (median)" "redis-server (median)" \
+       "memcached (median)"
 for row in "${matrix[@]}"; do
     read -r name _ <<<"$row"
-    printf '%-15s %-52s %s\n' "$name" "${summary[$name]:-}" "${redis_summary[$name]:--}"
+    printf '%-15s %-46s %-46s %s\n' "$name" "${summary[$name]:-}" \
+           "${redis_summary[$name]:--}" "${mc_summary[$name]:--}"
 done
 [ -n "$tcp_ceiling" ] && echo "raw TCP (iperf3)  $tcp_ceiling"
 kvd_alive || kvd_died

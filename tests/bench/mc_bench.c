@@ -1,0 +1,990 @@
+/*
+ * mc_bench: a load generator for memcached's text protocol, the peer measurement of
+ * `make bench`. It drives memcached with the same shapes kvstash-bench drives kvstashd
+ * (connections, depth, keys per request, value size) and prints the same key=value result
+ * line, so run.sh can put the two side by side.
+ *
+ * N threads each own one connection and keep `depth` requests in flight: a multi-key
+ * `get k1 .. kB` (mode get) or B plain `set`s whose STORED replies are read (mode set).
+ * The hot path allocates nothing: every request is pre-built once per slot and only its
+ * key counters are rewritten in place; set values go out with writev straight from one
+ * shared pattern buffer; get replies are parsed incrementally from a fixed read buffer
+ * with bounded line lengths, and value bodies are received straight into a per-thread
+ * sink. The first value each thread gets is checked byte-exact against the pattern.
+ * It links nothing beyond libc and pthreads and must stay bounded: every run ends by time
+ * (-t) or count (-n), the get preload is capped in keys and time, and a thread whose
+ * connection fails stops and reports why. It owns no server: it never starts, flushes or
+ * stops memcached.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MC_RBUF (64u * 1024)
+#define MC_PEEK 512u                  /* refill size after a body went straight to the sink */
+#define MC_MAX_LINE 1024u             /* longest reply line accepted */
+#define MC_MAX_DEPTH 64
+#define MC_MAX_CONNS 1024
+#define MC_MAX_BATCH 4096
+#define MC_MAX_BODY (1ull << 31)      /* larger VALUE lengths are a protocol error */
+#define MC_KEY_LEN 25                 /* "mb" runid(8) "-" thread(3) "-" counter(10) */
+#define MC_CTR_OFF 15                 /* offset of the counter digits in a key */
+#define MC_HIST 1024
+#define MC_WORKSET (1ull << 30)       /* default bytes of the get working set, all threads */
+#define MC_PRELOAD_SECS 120           /* bound on one thread's preload */
+
+enum mc_mode { MC_MODE_SET, MC_MODE_GET };
+
+static const char *const mc_mode_names[] = { "set", "get" };
+
+struct mc_cfg {
+    const char *addr;
+    enum mc_mode mode;
+    int conns;
+    int depth;
+    uint32_t batch;
+    size_t vsize;
+    double secs;
+    uint64_t max_reqs;                /* per connection; 0 = no limit */
+    uint64_t keys;                    /* get working set per connection */
+    int pid;                          /* server to charge CPU to; 0 = none */
+    bool quiet;
+    char runid[9];
+    uint8_t *pattern;                 /* vsize bytes, shared by every value */
+};
+
+/* One pre-built request. */
+struct mc_slot {
+    uint8_t *hdr;                     /* the request text, values excluded */
+    size_t hdrlen;
+    size_t *ctr_off;                  /* batch offsets of key counter digits in hdr */
+    struct iovec *iov;
+    size_t niov;
+    uint64_t t_sent;
+};
+
+struct mc_thread {
+    int id;
+    pthread_t tid;
+    const struct mc_cfg *cfg;
+    pthread_barrier_t *barrier;
+    int fd;
+    uint8_t *rbuf;
+    size_t rpos, rlen, fill_max;
+    uint8_t *sink;                    /* get bodies land here */
+    uint8_t *check;                   /* ... or here, when verifying */
+    struct mc_slot slots[MC_MAX_DEPTH];
+    struct mc_slot preload;           /* a set slot for the get preload */
+    struct iovec *scratch;            /* working copy of a slot's iov for partial writes */
+    uint64_t ctr;
+    /* results */
+    uint64_t reqs, keys, bytes, misses, errors, mismatches;
+    uint64_t hist[MC_HIST];
+    int fail;
+    char why[160];
+};
+
+/* ---- small helpers (after kvstash_bench.c) ---- */
+
+static uint64_t
+mc_now_ns(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static int
+mc_hist_index(uint64_t v)
+{
+    if (v < 16) {
+        return (int)v;
+    }
+    int msb = 63 - __builtin_clzll(v);
+    int idx = 16 + (msb - 4) * 16 + (int)((v >> (msb - 4)) & 15);
+    return idx < MC_HIST ? idx : MC_HIST - 1;
+}
+
+/* mc_hist_value: the middle of bucket idx. */
+static double
+mc_hist_value(int idx)
+{
+    if (idx < 16) {
+        return idx;
+    }
+    int k = idx - 16, shift = k / 16;
+    double lo = (double)((16ull + (uint64_t)(k % 16)) << shift);
+    return lo + (double)(1ull << shift) / 2.0;
+}
+
+static double
+mc_hist_pct(const uint64_t *h, double p)
+{
+    uint64_t total = 0, seen = 0;
+
+    for (int i = 0; i < MC_HIST; i++) {
+        total += h[i];
+    }
+    if (total == 0) {
+        return 0;
+    }
+    uint64_t want = (uint64_t)(p * (double)total + 0.999999);
+    for (int i = 0; i < MC_HIST; i++) {
+        seen += h[i];
+        if (seen >= want && h[i] > 0) {
+            return mc_hist_value(i);
+        }
+    }
+    return 0;
+}
+
+static int
+mc_parse_size(const char *s, size_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    unsigned long long mul = 1;
+
+    if (errno != 0 || end == s) {
+        return -1;
+    }
+    switch (*end) {
+    case 'k': case 'K': mul = 1ull << 10; end++; break;
+    case 'm': case 'M': mul = 1ull << 20; end++; break;
+    case 'g': case 'G': mul = 1ull << 30; end++; break;
+    default: break;
+    }
+    if ((*end == 'b' || *end == 'B') && mul > 1) {
+        end++;
+    }
+    if (*end != '\0' || v > SIZE_MAX / mul) {
+        return -1;
+    }
+    *out = (size_t)(v * mul);
+    return 0;
+}
+
+/* mc_proc_cpu: utime + stime of pid in seconds, or -1. */
+static double
+mc_proc_cpu(int pid)
+{
+    char path[64], buf[1024];
+    FILE *f;
+    size_t n;
+
+    snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+    f = fopen(path, "r");
+    if (f == NULL) {
+        return -1;
+    }
+    n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    char *p = strrchr(buf, ')'); /* the command name may hold spaces */
+    if (p == NULL) {
+        return -1;
+    }
+    unsigned long long ut, st;
+    if (sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2) {
+        return -1;
+    }
+    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
+static double
+mc_self_cpu(void)
+{
+    struct rusage ru;
+
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 +
+           (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6;
+}
+
+static void
+mc_key(char *dst, const struct mc_cfg *cfg, int thread, uint64_t ctr)
+{
+    char tmp[48];
+
+    snprintf(tmp, sizeof(tmp), "mb%.8s-%03u-%010" PRIu64, cfg->runid, (unsigned)thread % 1000,
+             (uint64_t)(ctr % 10000000000ull));
+    memcpy(dst, tmp, MC_KEY_LEN);
+}
+
+/* mc_key_ctr: rewrite the 10 counter digits of a key in place. */
+static void
+mc_key_ctr(uint8_t *digits, uint64_t ctr)
+{
+    for (int i = 9; i >= 0; i--) {
+        digits[i] = (uint8_t)('0' + ctr % 10);
+        ctr /= 10;
+    }
+}
+
+/* ---- connection ---- */
+
+static int
+mc_connect(const char *addr, int *fdp)
+{
+    char host[256], port[32] = "11211";
+    const char *colon = strrchr(addr, ':');
+    size_t hlen = colon ? (size_t)(colon - addr) : strlen(addr);
+
+    if (hlen >= sizeof(host)) {
+        return -EINVAL;
+    }
+    memcpy(host, addr, hlen);
+    host[hlen] = '\0';
+    if (host[0] == '[' && hlen > 1 && host[hlen - 1] == ']') {
+        memmove(host, host + 1, hlen - 2);
+        host[hlen - 2] = '\0';
+    }
+    if (colon) {
+        snprintf(port, sizeof(port), "%s", colon + 1);
+    }
+    struct addrinfo hints, *res = NULL;
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_socktype = SOCK_STREAM;
+    if (getaddrinfo(host, port, &hints, &res) != 0) {
+        return -ENXIO;
+    }
+    int rc = -ECONNREFUSED;
+    for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+        int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+        if (fd < 0) {
+            rc = -errno;
+            continue;
+        }
+        if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
+            int one = 1;
+            setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+            *fdp = fd;
+            rc = 0;
+            break;
+        }
+        rc = -errno;
+        close(fd);
+    }
+    freeaddrinfo(res);
+    return rc;
+}
+
+static int
+mc_fail(struct mc_thread *t, int rc, const char *what)
+{
+    if (t->fail == 0) {
+        t->fail = rc;
+        snprintf(t->why, sizeof(t->why), "%s%s%s", what, rc < 0 ? ": " : "",
+                 rc < 0 ? strerror(-rc) : "");
+    }
+    return rc < 0 ? rc : -EPROTO;
+}
+
+/* mc_note: remember the first non-fatal error of a thread. */
+static void
+mc_note(struct mc_thread *t, const char *what, const uint8_t *line, size_t len)
+{
+    t->errors++;
+    if (t->why[0] == '\0') {
+        snprintf(t->why, sizeof(t->why), "%s: %.*s", what, (int)(len < 100 ? len : 100),
+                 (const char *)line);
+    }
+}
+
+static int
+mc_send(struct mc_thread *t, const struct mc_slot *s)
+{
+    struct iovec *iov = t->scratch;
+    size_t n = s->niov;
+
+    memcpy(iov, s->iov, n * sizeof(*iov));
+    while (n > 0) {
+        ssize_t w = writev(t->fd, iov, (int)(n < IOV_MAX ? n : IOV_MAX));
+        if (w < 0) {
+            if (errno == EINTR) {
+                continue;
+            }
+            return mc_fail(t, -errno, "writev");
+        }
+        size_t left = (size_t)w;
+        while (n > 0 && left >= iov->iov_len) {
+            left -= iov->iov_len;
+            iov++;
+            n--;
+        }
+        if (n > 0) {
+            iov->iov_base = (uint8_t *)iov->iov_base + left;
+            iov->iov_len -= left;
+        }
+    }
+    return 0;
+}
+
+/* ---- incremental reply reader ---- */
+
+static ssize_t
+mc_recv(struct mc_thread *t, void *buf, size_t len, int flags)
+{
+    for (;;) {
+        ssize_t r = recv(t->fd, buf, len, flags);
+        if (r > 0) {
+            return r;
+        }
+        if (r == 0) {
+            return mc_fail(t, -ECONNRESET, "server closed the connection");
+        }
+        if (errno != EINTR) {
+            return mc_fail(t, -errno, "recv");
+        }
+    }
+}
+
+/* mc_more: compact the read buffer and receive at least one more byte. */
+static int
+mc_more(struct mc_thread *t)
+{
+    size_t have = t->rlen - t->rpos;
+
+    if (t->rpos > 0) {
+        memmove(t->rbuf, t->rbuf + t->rpos, have);
+        t->rpos = 0;
+        t->rlen = have;
+    }
+    size_t want = MC_RBUF - t->rlen;
+    if (want > t->fill_max) {
+        want = t->fill_max;
+    }
+    if (want == 0) {
+        return mc_fail(t, -EPROTO, "read buffer full");
+    }
+    ssize_t r = mc_recv(t, t->rbuf + t->rlen, want, 0);
+    if (r < 0) {
+        return (int)r;
+    }
+    t->rlen += (size_t)r;
+    return 0;
+}
+
+/* mc_line: the next reply line (without CRLF) as a pointer into rbuf, valid until the next
+ * read; lines longer than MC_MAX_LINE are a protocol error. */
+static int
+mc_line(struct mc_thread *t, const uint8_t **line, size_t *len)
+{
+    size_t scanned = 0;
+
+    for (;;) {
+        const uint8_t *base = t->rbuf + t->rpos;
+        size_t have = t->rlen - t->rpos;
+        const uint8_t *nl = have > scanned ? memchr(base + scanned, '\n', have - scanned) : NULL;
+        if (nl != NULL) {
+            size_t n = (size_t)(nl - base);
+            if (n == 0 || base[n - 1] != '\r') {
+                return mc_fail(t, -EPROTO, "reply line not ended by CRLF");
+            }
+            if (n - 1 > MC_MAX_LINE) {
+                return mc_fail(t, -EPROTO, "reply line too long");
+            }
+            *line = base;
+            *len = n - 1;
+            t->rpos += n + 1;
+            return 0;
+        }
+        if (have > MC_MAX_LINE) {
+            return mc_fail(t, -EPROTO, "reply line too long");
+        }
+        scanned = have;
+        int rc = mc_more(t);
+        if (rc != 0) {
+            return rc;
+        }
+    }
+}
+
+/* mc_body: len value bytes into dst (cap bytes; beyond that they are received and dropped),
+ * then the CRLF that ends a data block. */
+static int
+mc_body(struct mc_thread *t, uint8_t *dst, size_t cap, uint64_t len)
+{
+    size_t off = 0;
+
+    while (len > 0) {
+        size_t have = t->rlen - t->rpos;
+        size_t room = cap - off;
+        if (room == 0) {
+            off = 0; /* overlong body: recycle the buffer */
+            room = cap;
+        }
+        size_t want = len < room ? (size_t)len : room;
+        if (have > 0) {
+            size_t take = want < have ? want : have;
+            memcpy(dst + off, t->rbuf + t->rpos, take);
+            t->rpos += take;
+            off += take;
+            len -= take;
+            continue;
+        }
+        ssize_t r = mc_recv(t, dst + off, want, MSG_WAITALL);
+        if (r < 0) {
+            return (int)r;
+        }
+        off += (size_t)r;
+        len -= (uint64_t)r;
+    }
+    while (t->rlen - t->rpos < 2) {
+        int rc = mc_more(t);
+        if (rc != 0) {
+            return rc;
+        }
+    }
+    if (t->rbuf[t->rpos] != '\r' || t->rbuf[t->rpos + 1] != '\n') {
+        return mc_fail(t, -EPROTO, "data block not ended by CRLF");
+    }
+    t->rpos += 2;
+    return 0;
+}
+
+static bool
+mc_is(const uint8_t *line, size_t len, const char *word)
+{
+    size_t n = strlen(word);
+    return len == n && memcmp(line, word, n) == 0;
+}
+
+static bool
+mc_starts(const uint8_t *line, size_t len, const char *word)
+{
+    size_t n = strlen(word);
+    return len >= n && memcmp(line, word, n) == 0;
+}
+
+/* mc_value_len: the bytes field of "VALUE <key> <flags> <bytes>[ <cas>]", or -1; the key
+ * must be one of ours. */
+static int64_t
+mc_value_len(const struct mc_thread *t, const uint8_t *line, size_t len)
+{
+    char buf[MC_MAX_LINE + 1];
+    char *save = NULL;
+
+    memcpy(buf, line, len);
+    buf[len] = '\0';
+    char *tok = strtok_r(buf, " ", &save);            /* VALUE */
+    char *key = strtok_r(NULL, " ", &save);
+    char *flags = strtok_r(NULL, " ", &save);
+    char *bytes = strtok_r(NULL, " ", &save);
+    if (tok == NULL || key == NULL || flags == NULL || bytes == NULL ||
+        strlen(key) != MC_KEY_LEN || memcmp(key, "mb", 2) != 0 ||
+        memcmp(key + 2, t->cfg->runid, 8) != 0) {
+        return -1;
+    }
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(bytes, &end, 10);
+    if (errno != 0 || end == bytes || *end != '\0' || v > MC_MAX_BODY) {
+        return -1;
+    }
+    return (int64_t)v;
+}
+
+/* mc_set_replies: n replies to sets; each STORED counts a key when count is set. */
+static int
+mc_set_replies(struct mc_thread *t, uint32_t n, bool count)
+{
+    const struct mc_cfg *cfg = t->cfg;
+
+    for (uint32_t i = 0; i < n; i++) {
+        const uint8_t *line;
+        size_t len;
+        int rc = mc_line(t, &line, &len);
+        if (rc != 0) {
+            return rc;
+        }
+        if (mc_is(line, len, "STORED")) {
+            if (count) {
+                t->keys++;
+                t->bytes += cfg->vsize;
+            }
+        } else if (!count) {
+            t->why[0] = '\0';
+            mc_note(t, "preload set answered", line, len);
+            t->fail = -EPROTO;
+            return -EPROTO;
+        } else {
+            mc_note(t, "set answered", line, len);
+        }
+    }
+    return 0;
+}
+
+/* mc_get_reply: the reply to one multi-key get: VALUE blocks then END. */
+static int
+mc_get_reply(struct mc_thread *t, bool verify)
+{
+    const struct mc_cfg *cfg = t->cfg;
+    uint32_t hits = 0;
+
+    for (;;) {
+        const uint8_t *line;
+        size_t len;
+        int rc = mc_line(t, &line, &len);
+        if (rc != 0) {
+            return rc;
+        }
+        if (mc_is(line, len, "END")) {
+            break;
+        }
+        if (!mc_starts(line, len, "VALUE ")) {
+            /* ERROR, CLIENT_ERROR or SERVER_ERROR end the reply without END */
+            mc_note(t, "get answered", line, len);
+            return 0;
+        }
+        if (hits >= cfg->batch) {
+            return mc_fail(t, -EPROTO, "more values than keys asked for");
+        }
+        int64_t vlen = mc_value_len(t, line, len);
+        if (vlen < 0) {
+            return mc_fail(t, -EPROTO, "malformed VALUE line");
+        }
+        hits++;
+        if ((uint64_t)vlen != cfg->vsize) {
+            t->errors++;
+            rc = mc_body(t, t->sink, cfg->vsize ? cfg->vsize : 1, (uint64_t)vlen);
+            if (rc != 0) {
+                return rc;
+            }
+            continue;
+        }
+        bool check = verify && hits == 1;
+        rc = mc_body(t, check ? t->check : t->sink, cfg->vsize ? cfg->vsize : 1,
+                     (uint64_t)vlen);
+        if (rc != 0) {
+            return rc;
+        }
+        if (check && memcmp(t->check, cfg->pattern, cfg->vsize) != 0) {
+            t->mismatches++;
+        }
+        t->keys++;
+        t->bytes += cfg->vsize;
+    }
+    t->misses += cfg->batch - hits;
+    return 0;
+}
+
+/* ---- request building ---- */
+
+/* mc_slot_build: a get or set request of batch keys into s; values are not copied. */
+static int
+mc_slot_build(struct mc_thread *t, struct mc_slot *s, enum mc_mode mode)
+{
+    const struct mc_cfg *cfg = t->cfg;
+    uint32_t b = cfg->batch;
+    char key[MC_KEY_LEN + 1];
+    char tail[48];
+    int tl = snprintf(tail, sizeof(tail), " 0 0 %zu\r\n", cfg->vsize);
+    size_t cap = mode == MC_MODE_GET ? 3 + (size_t)b * (MC_KEY_LEN + 1) + 2
+                                     : (size_t)b * (2 + 4 + MC_KEY_LEN + (size_t)tl) + 2;
+
+    s->hdr = malloc(cap);
+    s->ctr_off = calloc(b, sizeof(*s->ctr_off));
+    s->iov = calloc(mode == MC_MODE_GET ? 1 : 2 * (size_t)b + 1, sizeof(*s->iov));
+    if (s->hdr == NULL || s->ctr_off == NULL || s->iov == NULL) {
+        return -1;
+    }
+    mc_key(key, cfg, t->id, 0);
+    uint8_t *p = s->hdr;
+    if (mode == MC_MODE_GET) {
+        memcpy(p, "get", 3);
+        p += 3;
+        for (uint32_t i = 0; i < b; i++) {
+            *p++ = ' ';
+            memcpy(p, key, MC_KEY_LEN);
+            s->ctr_off[i] = (size_t)(p - s->hdr) + MC_CTR_OFF;
+            p += MC_KEY_LEN;
+        }
+        memcpy(p, "\r\n", 2);
+        p += 2;
+        s->hdrlen = (size_t)(p - s->hdr);
+        s->iov[0].iov_base = s->hdr;
+        s->iov[0].iov_len = s->hdrlen;
+        s->niov = 1;
+        return 0;
+    }
+    /* "set K 0 0 S\r\n" V "\r\nset K 0 0 S\r\n" V ... "\r\n" */
+    size_t n = 0;
+    for (uint32_t i = 0; i < b; i++) {
+        uint8_t *seg = p;
+        if (i > 0) {
+            memcpy(p, "\r\n", 2);
+            p += 2;
+        }
+        memcpy(p, "set ", 4);
+        p += 4;
+        memcpy(p, key, MC_KEY_LEN);
+        s->ctr_off[i] = (size_t)(p - s->hdr) + MC_CTR_OFF;
+        p += MC_KEY_LEN;
+        memcpy(p, tail, (size_t)tl);
+        p += tl;
+        s->iov[n].iov_base = seg;
+        s->iov[n++].iov_len = (size_t)(p - seg);
+        s->iov[n].iov_base = cfg->pattern;
+        s->iov[n++].iov_len = cfg->vsize;
+    }
+    memcpy(p, "\r\n", 2);
+    s->iov[n].iov_base = p;
+    s->iov[n++].iov_len = 2;
+    p += 2;
+    s->hdrlen = (size_t)(p - s->hdr);
+    s->niov = n;
+    return 0;
+}
+
+static void
+mc_slot_free(struct mc_slot *s)
+{
+    free(s->hdr);
+    free(s->ctr_off);
+    free(s->iov);
+}
+
+/* mc_slot_keys: the next batch of key counters into s. */
+static void
+mc_slot_keys(struct mc_thread *t, struct mc_slot *s)
+{
+    const struct mc_cfg *cfg = t->cfg;
+
+    for (uint32_t i = 0; i < cfg->batch; i++) {
+        uint64_t k = cfg->mode == MC_MODE_SET ? t->ctr : t->ctr % cfg->keys;
+        mc_key_ctr(s->hdr + s->ctr_off[i], k);
+        t->ctr++;
+    }
+}
+
+/* ---- threads ---- */
+
+/* mc_preload: set this thread's get working set, one batch at a time, bounded in time. */
+static int
+mc_preload(struct mc_thread *t)
+{
+    const struct mc_cfg *cfg = t->cfg;
+    uint64_t deadline = mc_now_ns() + (uint64_t)MC_PRELOAD_SECS * 1000000000ull;
+    struct mc_slot *s = &t->preload;
+
+    t->ctr = 0;
+    for (uint64_t done = 0; done < cfg->keys; done += cfg->batch) {
+        for (uint32_t i = 0; i < cfg->batch; i++) {
+            mc_key_ctr(s->hdr + s->ctr_off[i], (done + i) % cfg->keys);
+        }
+        int rc = mc_send(t, s);
+        if (rc == 0) {
+            rc = mc_set_replies(t, cfg->batch, false);
+        }
+        if (rc != 0) {
+            return rc;
+        }
+        if (mc_now_ns() > deadline) {
+            return mc_fail(t, -ETIMEDOUT, "preload");
+        }
+    }
+    t->ctr = 0;
+    return 0;
+}
+
+static void *
+mc_thread_main(void *arg)
+{
+    struct mc_thread *t = arg;
+    const struct mc_cfg *cfg = t->cfg;
+    int depth = cfg->depth;
+    int rc = mc_connect(cfg->addr, &t->fd);
+
+    if (rc != 0) {
+        mc_fail(t, rc, "connect");
+    } else if (cfg->mode == MC_MODE_GET) {
+        rc = mc_preload(t);
+    }
+    /* bodies are large: after one went to the sink, peek at the next header only */
+    t->fill_max = cfg->vsize >= 4096 ? MC_PEEK : MC_RBUF;
+    pthread_barrier_wait(t->barrier); /* everyone ready */
+    pthread_barrier_wait(t->barrier); /* main took the start time */
+    if (rc != 0) {
+        return NULL;
+    }
+    uint64_t deadline = mc_now_ns() + (uint64_t)(cfg->secs * 1e9);
+    uint64_t sent = 0;
+    int inflight = 0, head = 0;
+
+    for (int s = 0; s < depth && (cfg->max_reqs == 0 || sent < cfg->max_reqs); s++) {
+        mc_slot_keys(t, &t->slots[s]);
+        t->slots[s].t_sent = mc_now_ns();
+        if (mc_send(t, &t->slots[s]) != 0) {
+            return NULL;
+        }
+        sent++;
+        inflight++;
+    }
+    while (inflight > 0) {
+        rc = cfg->mode == MC_MODE_GET ? mc_get_reply(t, t->reqs == 0)
+                                      : mc_set_replies(t, cfg->batch, true);
+        if (rc != 0) {
+            return NULL;
+        }
+        uint64_t now = mc_now_ns();
+        t->hist[mc_hist_index(now - t->slots[head].t_sent)]++;
+        t->reqs++;
+        inflight--;
+        if (now < deadline && (cfg->max_reqs == 0 || sent < cfg->max_reqs)) {
+            mc_slot_keys(t, &t->slots[head]);
+            t->slots[head].t_sent = now;
+            if (mc_send(t, &t->slots[head]) != 0) {
+                return NULL;
+            }
+            sent++;
+            inflight++;
+        }
+        head = (head + 1) % depth;
+    }
+    return NULL;
+}
+
+static void
+mc_thread_free(struct mc_thread *t)
+{
+    if (t->fd >= 0) {
+        close(t->fd);
+    }
+    for (int s = 0; s < MC_MAX_DEPTH; s++) {
+        mc_slot_free(&t->slots[s]);
+    }
+    mc_slot_free(&t->preload);
+    free(t->scratch);
+    free(t->rbuf);
+    free(t->sink);
+    free(t->check);
+}
+
+static const char mc_usage_text[] =
+    "usage: mc-bench [-H host:port] [-m get|set] [-c conns] [-d depth] [-b batch]\n"
+    "                [-s size] [-t seconds] [-n requests] [-k keys] [-p pid] [-q]\n"
+    "  -m MODE     multi-key get or set load (default get; put is an alias of set)\n"
+    "  -c N        connections, one thread each (default 1, at most 1024)\n"
+    "  -d N        requests in flight per connection (default 2, at most 64)\n"
+    "  -b N        keys per request (default 8, at most 4096)\n"
+    "  -s SIZE     value size: 4096, 64k, 1m, 4m (default 1m)\n"
+    "  -t SECS     run time (default 5)\n"
+    "  -n N        stop each connection after N requests (default: time only)\n"
+    "  -k N        keys preloaded per connection for get (default: ~1 GiB in all)\n"
+    "  -p PID      charge the server's CPU time (/proc/PID/stat) to the bytes moved\n"
+    "  -q          print only the result line\n"
+    "Target: -H, else 127.0.0.1:11211 (memcached text protocol).\n"
+    "Output: mode size batch conns depth secs GB/s keys/s req/s p50_us p99_us misses errors\n";
+
+static int
+mc_usage(const char *why)
+{
+    if (why != NULL) {
+        fprintf(stderr, "mc-bench: %s\n", why);
+    }
+    fputs(mc_usage_text, stderr);
+    return 2;
+}
+
+int
+main(int argc, char **argv)
+{
+    struct mc_cfg cfg = {
+        .addr = "127.0.0.1:11211", .mode = MC_MODE_GET, .conns = 1, .depth = 2, .batch = 8,
+        .vsize = 1u << 20, .secs = 5,
+    };
+    int opt;
+
+    while ((opt = getopt(argc, argv, "H:m:c:d:b:s:t:n:k:p:qh")) != -1) {
+        char *end = NULL;
+        long long v = 0;
+        if (strchr("cdbnkp", opt) != NULL) {
+            errno = 0;
+            v = strtoll(optarg, &end, 10);
+            if (errno != 0 || *end != '\0' || end == optarg || v < 0) {
+                return mc_usage("numeric option expected");
+            }
+        }
+        switch (opt) {
+        case 'H':
+            cfg.addr = optarg;
+            break;
+        case 'm':
+            if (strcmp(optarg, "set") == 0 || strcmp(optarg, "put") == 0) {
+                cfg.mode = MC_MODE_SET;
+            } else if (strcmp(optarg, "get") == 0) {
+                cfg.mode = MC_MODE_GET;
+            } else {
+                return mc_usage("-m wants get or set");
+            }
+            break;
+        case 'c': cfg.conns = (int)(v < INT_MAX ? v : INT_MAX); break;
+        case 'd': cfg.depth = (int)(v < INT_MAX ? v : INT_MAX); break;
+        case 'b': cfg.batch = (uint32_t)(v < UINT32_MAX ? v : UINT32_MAX); break;
+        case 'n': cfg.max_reqs = (uint64_t)v; break;
+        case 'k': cfg.keys = (uint64_t)v; break;
+        case 'p': cfg.pid = (int)(v < INT_MAX ? v : 0); break;
+        case 's':
+            if (mc_parse_size(optarg, &cfg.vsize) != 0) {
+                return mc_usage("-s wants a size like 4096, 64k, 1m");
+            }
+            break;
+        case 't':
+            cfg.secs = strtod(optarg, &end);
+            if (*end != '\0' || !(cfg.secs > 0 && cfg.secs <= 3600)) {
+                return mc_usage("-t wants seconds in (0, 3600]");
+            }
+            break;
+        case 'q': cfg.quiet = true; break;
+        case 'h':
+            fputs(mc_usage_text, stdout);
+            return 0;
+        default:
+            return mc_usage(NULL);
+        }
+    }
+    if (optind != argc) {
+        return mc_usage("unexpected operand");
+    }
+    if (cfg.conns < 1 || cfg.conns > MC_MAX_CONNS || cfg.depth < 1 ||
+        cfg.depth > MC_MAX_DEPTH || cfg.batch < 1 || cfg.batch > MC_MAX_BATCH) {
+        return mc_usage("need 1 <= conns <= 1024, 1 <= depth <= 64, 1 <= batch <= 4096");
+    }
+    if (cfg.vsize < 1 || cfg.vsize > MC_MAX_BODY) {
+        return mc_usage("-s wants 1 byte .. 2 GiB");
+    }
+    if (cfg.mode == MC_MODE_GET && cfg.keys == 0) {
+        uint64_t per = MC_WORKSET / (uint64_t)cfg.conns / cfg.vsize;
+        uint64_t lo = (uint64_t)cfg.batch * (uint64_t)cfg.depth;
+        cfg.keys = per < lo ? lo : per > 16384 ? 16384 : per;
+    }
+    signal(SIGPIPE, SIG_IGN); /* writev has no MSG_NOSIGNAL */
+    snprintf(cfg.runid, sizeof(cfg.runid), "%08x",
+             (unsigned)(mc_now_ns() ^ ((uint64_t)getpid() << 16)));
+    cfg.pattern = malloc(cfg.vsize);
+    if (cfg.pattern == NULL) {
+        fputs("mc-bench: out of memory\n", stderr);
+        return 3;
+    }
+    for (size_t i = 0; i < cfg.vsize; i++) {
+        cfg.pattern[i] = (uint8_t)(i * 131 + (i >> 12) + 7);
+    }
+
+    struct mc_thread *th = calloc((size_t)cfg.conns, sizeof(*th));
+    pthread_barrier_t barrier;
+    if (th == NULL) {
+        fputs("mc-bench: out of memory\n", stderr);
+        return 3;
+    }
+    pthread_barrier_init(&barrier, NULL, (unsigned)cfg.conns + 1);
+    for (int i = 0; i < cfg.conns; i++) {
+        struct mc_thread *t = &th[i];
+        t->id = i;
+        t->cfg = &cfg;
+        t->barrier = &barrier;
+        t->fd = -1;
+        t->fill_max = MC_RBUF;
+        t->rbuf = malloc(MC_RBUF);
+        t->sink = malloc(cfg.vsize);
+        t->check = malloc(cfg.vsize);
+        t->scratch = calloc(2 * (size_t)cfg.batch + 1, sizeof(*t->scratch));
+        if (t->rbuf == NULL || t->sink == NULL || t->check == NULL || t->scratch == NULL) {
+            fputs("mc-bench: out of memory\n", stderr);
+            return 3;
+        }
+        for (int s = 0; s < cfg.depth; s++) {
+            if (mc_slot_build(t, &t->slots[s], cfg.mode) != 0) {
+                fputs("mc-bench: out of memory\n", stderr);
+                return 3;
+            }
+        }
+        if (cfg.mode == MC_MODE_GET && mc_slot_build(t, &t->preload, MC_MODE_SET) != 0) {
+            fputs("mc-bench: out of memory\n", stderr);
+            return 3;
+        }
+        if (pthread_create(&t->tid, NULL, mc_thread_main, t) != 0) {
+            fputs("mc-bench: cannot start threads\n", stderr);
+            return 3;
+        }
+    }
+    if (!cfg.quiet) {
+        fprintf(stderr, "mc-bench: %s %s x %zu bytes, batch %u, %d conns, depth %d, %.1f s%s\n",
+                cfg.addr, mc_mode_names[cfg.mode], cfg.vsize, cfg.batch, cfg.conns, cfg.depth,
+                cfg.secs, cfg.mode == MC_MODE_SET ? "" : " (preloading)");
+    }
+    pthread_barrier_wait(&barrier);
+    double cpu0 = cfg.pid ? mc_proc_cpu(cfg.pid) : -1;
+    double self0 = mc_self_cpu();
+    uint64_t t0 = mc_now_ns();
+    pthread_barrier_wait(&barrier);
+    for (int i = 0; i < cfg.conns; i++) {
+        pthread_join(th[i].tid, NULL);
+    }
+    uint64_t t1 = mc_now_ns();
+    double cpu1 = cfg.pid ? mc_proc_cpu(cfg.pid) : -1;
+    double self1 = mc_self_cpu();
+
+    uint64_t reqs = 0, keys = 0, bytes = 0, misses = 0, errors = 0, mism = 0;
+    static uint64_t hist[MC_HIST];
+    int failed = 0;
+    for (int i = 0; i < cfg.conns; i++) {
+        struct mc_thread *t = &th[i];
+        reqs += t->reqs;
+        keys += t->keys;
+        bytes += t->bytes;
+        misses += t->misses;
+        errors += t->errors + t->mismatches;
+        mism += t->mismatches;
+        for (int b = 0; b < MC_HIST; b++) {
+            hist[b] += t->hist[b];
+        }
+        if (t->fail != 0) {
+            failed++;
+            fprintf(stderr, "mc-bench: connection %d: %s\n", i, t->why);
+        } else if (t->why[0] != '\0' && !cfg.quiet) {
+            fprintf(stderr, "mc-bench: connection %d: first error: %s\n", i, t->why);
+        }
+        mc_thread_free(t);
+    }
+    double secs = (double)(t1 - t0) / 1e9;
+    printf("mode=%s size=%zu batch=%u conns=%d depth=%d secs=%.2f GB/s=%.3f keys/s=%.0f "
+           "req/s=%.1f p50_us=%.0f p99_us=%.0f misses=%" PRIu64 " errors=%" PRIu64,
+           mc_mode_names[cfg.mode], cfg.vsize, cfg.batch, cfg.conns, cfg.depth, secs,
+           (double)bytes / secs / 1e9, (double)keys / secs, (double)reqs / secs,
+           mc_hist_pct(hist, 0.50) / 1e3, mc_hist_pct(hist, 0.99) / 1e3, misses, errors);
+    if (cpu0 >= 0 && cpu1 >= 0) {
+        double gb = (double)bytes / 1e9;
+        printf(" daemon_cpu_s=%.2f", cpu1 - cpu0);
+        if (gb > 0) {
+            printf(" daemon_core_s_per_GB=%.3f", (cpu1 - cpu0) / gb);
+        }
+    } else if (cfg.pid) {
+        printf(" daemon_cpu=unreadable");
+    }
+    printf(" client_cpu_s=%.2f\n", self1 - self0);
+    if (mism > 0) {
+        fprintf(stderr, "mc-bench: %" PRIu64 " values differed from what was stored\n", mism);
+    }
+    pthread_barrier_destroy(&barrier);
+    free(th);
+    free(cfg.pattern);
+    return failed ? 3 : (errors ? 1 : 0);
+}
