@@ -57,8 +57,8 @@ endif
 DAEMON_SRC := src/main.c src/server.c src/conn.c src/stats.c
 CLIENT_SRC := protocol/kvstash.c protocol/kvstash_wire.c protocol/mp.c protocol/frame.c src/kverr.c
 CLI_SRC := protocol/kvstash_cli.c
-BENCH_SRC := tests/bench/kvstash_bench.c
-MCBENCH_SRC := tests/bench/mc_bench.c
+BENCH_SRC := tests/bench/kvstash_bench.c tests/bench/bench_util.c
+MCBENCH_SRC := tests/bench/mc_bench.c tests/bench/bench_util.c
 UNIT_SRC := $(wildcard tests/unit/test_*.c)
 INTEG_SRC := $(wildcard tests/integration/test_*.c) $(wildcard tests/lib/*.c)
 

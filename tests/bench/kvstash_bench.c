@@ -37,6 +37,7 @@
 
 #include <msgpack.h>
 
+#include "bench_util.h"
 #include "kvstash.h"
 
 #define BENCH_RBUF (64u * 1024)
@@ -45,7 +46,6 @@
 #define BENCH_MAX_CONNS 1024
 #define BENCH_KEY_LEN 25              /* "kb" runid(8) "-" thread(3) "-" counter(10) */
 #define BENCH_CTR_OFF 15              /* offset of the counter digits in a key */
-#define BENCH_HIST 1024
 #define BENCH_WORKSET (1ull << 30)    /* default bytes of the get working set, all threads */
 
 enum bench_mode { MODE_PUT, MODE_GET, MODE_EXISTS };
@@ -102,121 +102,12 @@ struct bench_thread {
 
 /* ---- small helpers ---- */
 
-static uint64_t
-bench_now_ns(void)
-{
-    struct timespec ts;
 
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
-static int
-bench_hist_index(uint64_t v)
-{
-    if (v < 16) {
-        return (int)v;
-    }
-    int msb = 63 - __builtin_clzll(v);
-    return 16 + (msb - 4) * 16 + (int)((v >> (msb - 4)) & 15);
-}
 
-/* bench_hist_value: the middle of bucket idx. */
-static double
-bench_hist_value(int idx)
-{
-    if (idx < 16) {
-        return idx;
-    }
-    int k = idx - 16, shift = k / 16;
-    double lo = (double)((16ull + (uint64_t)(k % 16)) << shift);
-    return lo + (double)(1ull << shift) / 2.0;
-}
 
-static double
-bench_hist_pct(const uint64_t *h, double p)
-{
-    uint64_t total = 0, seen = 0;
 
-    for (int i = 0; i < BENCH_HIST; i++) {
-        total += h[i];
-    }
-    if (total == 0) {
-        return 0;
-    }
-    uint64_t want = (uint64_t)(p * (double)total + 0.999999);
-    for (int i = 0; i < BENCH_HIST; i++) {
-        seen += h[i];
-        if (seen >= want && h[i] > 0) {
-            return bench_hist_value(i);
-        }
-    }
-    return 0;
-}
 
-static int
-bench_parse_size(const char *s, size_t *out)
-{
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    unsigned long long mul = 1;
-
-    if (errno != 0 || end == s) {
-        return -1;
-    }
-    switch (*end) {
-    case 'k': case 'K': mul = 1ull << 10; end++; break;
-    case 'm': case 'M': mul = 1ull << 20; end++; break;
-    case 'g': case 'G': mul = 1ull << 30; end++; break;
-    default: break;
-    }
-    if ((*end == 'b' || *end == 'B') && mul > 1) {
-        end++;
-    }
-    if (*end != '\0' || v > SIZE_MAX / mul) {
-        return -1;
-    }
-    *out = (size_t)(v * mul);
-    return 0;
-}
-
-/* bench_proc_cpu: utime + stime of pid in seconds, or -1. */
-static double
-bench_proc_cpu(int pid)
-{
-    char path[64], buf[1024];
-    FILE *f;
-    size_t n;
-
-    snprintf(path, sizeof(path), "/proc/%d/stat", pid);
-    f = fopen(path, "r");
-    if (f == NULL) {
-        return -1;
-    }
-    n = fread(buf, 1, sizeof(buf) - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    char *p = strrchr(buf, ')'); /* the command name may hold spaces */
-    if (p == NULL) {
-        return -1;
-    }
-    unsigned long long ut, st;
-    if (sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2) {
-        return -1;
-    }
-    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
-}
-
-static double
-bench_self_cpu(void)
-{
-    struct rusage ru;
-
-    getrusage(RUSAGE_SELF, &ru);
-    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 +
-           (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6;
-}
 
 static void
 bench_key(char *dst, const struct bench_cfg *cfg, int thread, uint64_t ctr)
@@ -228,83 +119,9 @@ bench_key(char *dst, const struct bench_cfg *cfg, int thread, uint64_t ctr)
     memcpy(dst, tmp, BENCH_KEY_LEN);
 }
 
-/* bench_key_ctr: rewrite the 10 counter digits of a key in place. */
-static void
-bench_key_ctr(uint8_t *digits, uint64_t ctr)
-{
-    for (int i = 9; i >= 0; i--) {
-        digits[i] = (uint8_t)('0' + ctr % 10);
-        ctr /= 10;
-    }
-}
 
 /* ---- connection ---- */
 
-static int
-bench_connect(const char *addr, int *fdp)
-{
-    if (strncmp(addr, "unix:", 5) == 0 || strchr(addr, '/') != NULL) {
-        const char *path = strncmp(addr, "unix:", 5) == 0 ? addr + 5 : addr;
-        struct sockaddr_un sun;
-        memset(&sun, 0, sizeof(sun));
-        sun.sun_family = AF_UNIX;
-        if (strlen(path) >= sizeof(sun.sun_path)) {
-            return -ENAMETOOLONG;
-        }
-        memcpy(sun.sun_path, path, strlen(path) + 1);
-        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (fd < 0) {
-            return -errno;
-        }
-        if (connect(fd, (struct sockaddr *)&sun, sizeof(sun)) != 0) {
-            int e = errno;
-            close(fd);
-            return -e;
-        }
-        *fdp = fd;
-        return 0;
-    }
-    char host[256], port[32] = "7431";
-    const char *colon = strrchr(addr, ':');
-    size_t hlen = colon ? (size_t)(colon - addr) : strlen(addr);
-    if (hlen >= sizeof(host)) {
-        return -EINVAL;
-    }
-    memcpy(host, addr, hlen);
-    host[hlen] = '\0';
-    if (host[0] == '[' && hlen > 1 && host[hlen - 1] == ']') {
-        memmove(host, host + 1, hlen - 2);
-        host[hlen - 2] = '\0';
-    }
-    if (colon) {
-        snprintf(port, sizeof(port), "%s", colon + 1);
-    }
-    struct addrinfo hints, *res = NULL;
-    memset(&hints, 0, sizeof(hints));
-    hints.ai_socktype = SOCK_STREAM;
-    if (getaddrinfo(host, port, &hints, &res) != 0) {
-        return -ENXIO;
-    }
-    int rc = -ECONNREFUSED;
-    for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
-        int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
-        if (fd < 0) {
-            rc = -errno;
-            continue;
-        }
-        if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
-            int one = 1;
-            setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-            *fdp = fd;
-            rc = 0;
-            break;
-        }
-        rc = -errno;
-        close(fd);
-    }
-    freeaddrinfo(res);
-    return rc;
-}
 
 static int
 bench_fail(struct bench_thread *t, int rc, const char *what)
@@ -320,34 +137,9 @@ bench_fail(struct bench_thread *t, int rc, const char *what)
 static int
 bench_send(struct bench_thread *t, const struct bench_slot *s)
 {
-    struct iovec *iov = t->scratch;
-    size_t n = s->niov;
-
-    memcpy(iov, s->iov, n * sizeof(*iov));
-    while (n > 0) {
-        struct msghdr mh;
-        memset(&mh, 0, sizeof(mh));
-        mh.msg_iov = iov;
-        mh.msg_iovlen = n < IOV_MAX ? n : IOV_MAX;
-        ssize_t w = sendmsg(t->fd, &mh, MSG_NOSIGNAL);
-        if (w < 0) {
-            if (errno == EINTR) {
-                continue;
-            }
-            return bench_fail(t, -errno, "send");
-        }
-        size_t left = (size_t)w;
-        while (n > 0 && left >= iov->iov_len) {
-            left -= iov->iov_len;
-            iov++;
-            n--;
-        }
-        if (n > 0) {
-            iov->iov_base = (uint8_t *)iov->iov_base + left;
-            iov->iov_len -= left;
-        }
-    }
-    return 0;
+    memcpy(t->scratch, s->iov, s->niov * sizeof(*s->iov));
+    int rc = bench_send_all(t->fd, t->scratch, s->niov);
+    return rc != 0 ? bench_fail(t, rc, "send") : 0;
 }
 
 /* ---- streaming reply reader ---- */
@@ -796,7 +588,7 @@ bench_thread_main(void *arg)
         rc = bench_preload(t);
     }
     if (rc == 0) {
-        rc = bench_connect(cfg->addr, &t->fd);
+        rc = bench_connect(cfg->addr, "7431", 1, &t->fd);
         if (rc != 0) {
             bench_fail(t, rc, "connect");
         }

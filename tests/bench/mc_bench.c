@@ -35,6 +35,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_util.h"
+
 #define MC_RBUF (64u * 1024)
 #define MC_PEEK 512u                  /* refill size after a body went straight to the sink */
 #define MC_MAX_LINE 1024u             /* longest reply line accepted */
@@ -44,7 +46,6 @@
 #define MC_MAX_BODY (1ull << 31)      /* larger VALUE lengths are a protocol error */
 #define MC_KEY_LEN 25                 /* "mb" runid(8) "-" thread(3) "-" counter(10) */
 #define MC_CTR_OFF 15                 /* offset of the counter digits in a key */
-#define MC_HIST 1024
 #define MC_WORKSET (1ull << 30)       /* default bytes of the get working set, all threads */
 #define MC_PRELOAD_SECS 120           /* bound on one thread's preload */
 
@@ -94,129 +95,19 @@ struct mc_thread {
     uint64_t ctr;
     /* results */
     uint64_t reqs, keys, bytes, misses, errors, mismatches;
-    uint64_t hist[MC_HIST];
+    uint64_t hist[BENCH_HIST];
     int fail;
     char why[160];
 };
 
-/* ---- small helpers (after kvstash_bench.c) ---- */
+/* ---- small helpers (the shared ones are in bench_util.c) ---- */
 
-static uint64_t
-mc_now_ns(void)
-{
-    struct timespec ts;
 
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
-static int
-mc_hist_index(uint64_t v)
-{
-    if (v < 16) {
-        return (int)v;
-    }
-    int msb = 63 - __builtin_clzll(v);
-    int idx = 16 + (msb - 4) * 16 + (int)((v >> (msb - 4)) & 15);
-    return idx < MC_HIST ? idx : MC_HIST - 1;
-}
 
-/* mc_hist_value: the middle of bucket idx. */
-static double
-mc_hist_value(int idx)
-{
-    if (idx < 16) {
-        return idx;
-    }
-    int k = idx - 16, shift = k / 16;
-    double lo = (double)((16ull + (uint64_t)(k % 16)) << shift);
-    return lo + (double)(1ull << shift) / 2.0;
-}
 
-static double
-mc_hist_pct(const uint64_t *h, double p)
-{
-    uint64_t total = 0, seen = 0;
 
-    for (int i = 0; i < MC_HIST; i++) {
-        total += h[i];
-    }
-    if (total == 0) {
-        return 0;
-    }
-    uint64_t want = (uint64_t)(p * (double)total + 0.999999);
-    for (int i = 0; i < MC_HIST; i++) {
-        seen += h[i];
-        if (seen >= want && h[i] > 0) {
-            return mc_hist_value(i);
-        }
-    }
-    return 0;
-}
 
-static int
-mc_parse_size(const char *s, size_t *out)
-{
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    unsigned long long mul = 1;
-
-    if (errno != 0 || end == s) {
-        return -1;
-    }
-    switch (*end) {
-    case 'k': case 'K': mul = 1ull << 10; end++; break;
-    case 'm': case 'M': mul = 1ull << 20; end++; break;
-    case 'g': case 'G': mul = 1ull << 30; end++; break;
-    default: break;
-    }
-    if ((*end == 'b' || *end == 'B') && mul > 1) {
-        end++;
-    }
-    if (*end != '\0' || v > SIZE_MAX / mul) {
-        return -1;
-    }
-    *out = (size_t)(v * mul);
-    return 0;
-}
-
-/* mc_proc_cpu: utime + stime of pid in seconds, or -1. */
-static double
-mc_proc_cpu(int pid)
-{
-    char path[64], buf[1024];
-    FILE *f;
-    size_t n;
-
-    snprintf(path, sizeof(path), "/proc/%d/stat", pid);
-    f = fopen(path, "r");
-    if (f == NULL) {
-        return -1;
-    }
-    n = fread(buf, 1, sizeof(buf) - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    char *p = strrchr(buf, ')'); /* the command name may hold spaces */
-    if (p == NULL) {
-        return -1;
-    }
-    unsigned long long ut, st;
-    if (sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2) {
-        return -1;
-    }
-    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
-}
-
-static double
-mc_self_cpu(void)
-{
-    struct rusage ru;
-
-    getrusage(RUSAGE_SELF, &ru);
-    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 +
-           (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6;
-}
 
 static void
 mc_key(char *dst, const struct mc_cfg *cfg, int thread, uint64_t ctr)
@@ -228,63 +119,9 @@ mc_key(char *dst, const struct mc_cfg *cfg, int thread, uint64_t ctr)
     memcpy(dst, tmp, MC_KEY_LEN);
 }
 
-/* mc_key_ctr: rewrite the 10 counter digits of a key in place. */
-static void
-mc_key_ctr(uint8_t *digits, uint64_t ctr)
-{
-    for (int i = 9; i >= 0; i--) {
-        digits[i] = (uint8_t)('0' + ctr % 10);
-        ctr /= 10;
-    }
-}
 
 /* ---- connection ---- */
 
-static int
-mc_connect(const char *addr, int *fdp)
-{
-    char host[256], port[32] = "11211";
-    const char *colon = strrchr(addr, ':');
-    size_t hlen = colon ? (size_t)(colon - addr) : strlen(addr);
-
-    if (hlen >= sizeof(host)) {
-        return -EINVAL;
-    }
-    memcpy(host, addr, hlen);
-    host[hlen] = '\0';
-    if (host[0] == '[' && hlen > 1 && host[hlen - 1] == ']') {
-        memmove(host, host + 1, hlen - 2);
-        host[hlen - 2] = '\0';
-    }
-    if (colon) {
-        snprintf(port, sizeof(port), "%s", colon + 1);
-    }
-    struct addrinfo hints, *res = NULL;
-    memset(&hints, 0, sizeof(hints));
-    hints.ai_socktype = SOCK_STREAM;
-    if (getaddrinfo(host, port, &hints, &res) != 0) {
-        return -ENXIO;
-    }
-    int rc = -ECONNREFUSED;
-    for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
-        int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
-        if (fd < 0) {
-            rc = -errno;
-            continue;
-        }
-        if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
-            int one = 1;
-            setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-            *fdp = fd;
-            rc = 0;
-            break;
-        }
-        rc = -errno;
-        close(fd);
-    }
-    freeaddrinfo(res);
-    return rc;
-}
 
 static int
 mc_fail(struct mc_thread *t, int rc, const char *what)
@@ -311,30 +148,9 @@ mc_note(struct mc_thread *t, const char *what, const uint8_t *line, size_t len)
 static int
 mc_send(struct mc_thread *t, const struct mc_slot *s)
 {
-    struct iovec *iov = t->scratch;
-    size_t n = s->niov;
-
-    memcpy(iov, s->iov, n * sizeof(*iov));
-    while (n > 0) {
-        ssize_t w = writev(t->fd, iov, (int)(n < IOV_MAX ? n : IOV_MAX));
-        if (w < 0) {
-            if (errno == EINTR) {
-                continue;
-            }
-            return mc_fail(t, -errno, "writev");
-        }
-        size_t left = (size_t)w;
-        while (n > 0 && left >= iov->iov_len) {
-            left -= iov->iov_len;
-            iov++;
-            n--;
-        }
-        if (n > 0) {
-            iov->iov_base = (uint8_t *)iov->iov_base + left;
-            iov->iov_len -= left;
-        }
-    }
-    return 0;
+    memcpy(t->scratch, s->iov, s->niov * sizeof(*s->iov));
+    int rc = bench_send_all(t->fd, t->scratch, s->niov);
+    return rc != 0 ? mc_fail(t, rc, "send") : 0;
 }
 
 /* ---- incremental reply reader ---- */
@@ -670,7 +486,7 @@ mc_slot_keys(struct mc_thread *t, struct mc_slot *s)
 
     for (uint32_t i = 0; i < cfg->batch; i++) {
         uint64_t k = cfg->mode == MC_MODE_SET ? t->ctr : t->ctr % cfg->keys;
-        mc_key_ctr(s->hdr + s->ctr_off[i], k);
+        bench_key_ctr(s->hdr + s->ctr_off[i], k);
         t->ctr++;
     }
 }
@@ -682,13 +498,13 @@ static int
 mc_preload(struct mc_thread *t)
 {
     const struct mc_cfg *cfg = t->cfg;
-    uint64_t deadline = mc_now_ns() + (uint64_t)MC_PRELOAD_SECS * 1000000000ull;
+    uint64_t deadline = bench_now_ns() + (uint64_t)MC_PRELOAD_SECS * 1000000000ull;
     struct mc_slot *s = &t->preload;
 
     t->ctr = 0;
     for (uint64_t done = 0; done < cfg->keys; done += cfg->batch) {
         for (uint32_t i = 0; i < cfg->batch; i++) {
-            mc_key_ctr(s->hdr + s->ctr_off[i], (done + i) % cfg->keys);
+            bench_key_ctr(s->hdr + s->ctr_off[i], (done + i) % cfg->keys);
         }
         int rc = mc_send(t, s);
         if (rc == 0) {
@@ -697,7 +513,7 @@ mc_preload(struct mc_thread *t)
         if (rc != 0) {
             return rc;
         }
-        if (mc_now_ns() > deadline) {
+        if (bench_now_ns() > deadline) {
             return mc_fail(t, -ETIMEDOUT, "preload");
         }
     }
@@ -711,7 +527,7 @@ mc_thread_main(void *arg)
     struct mc_thread *t = arg;
     const struct mc_cfg *cfg = t->cfg;
     int depth = cfg->depth;
-    int rc = mc_connect(cfg->addr, &t->fd);
+    int rc = bench_connect(cfg->addr, "11211", 0, &t->fd);
 
     if (rc != 0) {
         mc_fail(t, rc, "connect");
@@ -725,13 +541,13 @@ mc_thread_main(void *arg)
     if (rc != 0) {
         return NULL;
     }
-    uint64_t deadline = mc_now_ns() + (uint64_t)(cfg->secs * 1e9);
+    uint64_t deadline = bench_now_ns() + (uint64_t)(cfg->secs * 1e9);
     uint64_t sent = 0;
     int inflight = 0, head = 0;
 
     for (int s = 0; s < depth && (cfg->max_reqs == 0 || sent < cfg->max_reqs); s++) {
         mc_slot_keys(t, &t->slots[s]);
-        t->slots[s].t_sent = mc_now_ns();
+        t->slots[s].t_sent = bench_now_ns();
         if (mc_send(t, &t->slots[s]) != 0) {
             return NULL;
         }
@@ -744,8 +560,8 @@ mc_thread_main(void *arg)
         if (rc != 0) {
             return NULL;
         }
-        uint64_t now = mc_now_ns();
-        t->hist[mc_hist_index(now - t->slots[head].t_sent)]++;
+        uint64_t now = bench_now_ns();
+        t->hist[bench_hist_index(now - t->slots[head].t_sent)]++;
         t->reqs++;
         inflight--;
         if (now < deadline && (cfg->max_reqs == 0 || sent < cfg->max_reqs)) {
@@ -843,7 +659,7 @@ main(int argc, char **argv)
         case 'k': cfg.keys = (uint64_t)v; break;
         case 'p': cfg.pid = (int)(v < INT_MAX ? v : 0); break;
         case 's':
-            if (mc_parse_size(optarg, &cfg.vsize) != 0) {
+            if (bench_parse_size(optarg, &cfg.vsize) != 0) {
                 return mc_usage("-s wants a size like 4096, 64k, 1m");
             }
             break;
@@ -878,7 +694,7 @@ main(int argc, char **argv)
     }
     signal(SIGPIPE, SIG_IGN); /* writev has no MSG_NOSIGNAL */
     snprintf(cfg.runid, sizeof(cfg.runid), "%08x",
-             (unsigned)(mc_now_ns() ^ ((uint64_t)getpid() << 16)));
+             (unsigned)(bench_now_ns() ^ ((uint64_t)getpid() << 16)));
     cfg.pattern = malloc(cfg.vsize);
     if (cfg.pattern == NULL) {
         fputs("mc-bench: out of memory\n", stderr);
@@ -931,19 +747,19 @@ main(int argc, char **argv)
                 cfg.secs, cfg.mode == MC_MODE_SET ? "" : " (preloading)");
     }
     pthread_barrier_wait(&barrier);
-    double cpu0 = cfg.pid ? mc_proc_cpu(cfg.pid) : -1;
-    double self0 = mc_self_cpu();
-    uint64_t t0 = mc_now_ns();
+    double cpu0 = cfg.pid ? bench_proc_cpu(cfg.pid) : -1;
+    double self0 = bench_self_cpu();
+    uint64_t t0 = bench_now_ns();
     pthread_barrier_wait(&barrier);
     for (int i = 0; i < cfg.conns; i++) {
         pthread_join(th[i].tid, NULL);
     }
-    uint64_t t1 = mc_now_ns();
-    double cpu1 = cfg.pid ? mc_proc_cpu(cfg.pid) : -1;
-    double self1 = mc_self_cpu();
+    uint64_t t1 = bench_now_ns();
+    double cpu1 = cfg.pid ? bench_proc_cpu(cfg.pid) : -1;
+    double self1 = bench_self_cpu();
 
     uint64_t reqs = 0, keys = 0, bytes = 0, misses = 0, errors = 0, mism = 0;
-    static uint64_t hist[MC_HIST];
+    static uint64_t hist[BENCH_HIST];
     int failed = 0;
     for (int i = 0; i < cfg.conns; i++) {
         struct mc_thread *t = &th[i];
@@ -953,7 +769,7 @@ main(int argc, char **argv)
         misses += t->misses;
         errors += t->errors + t->mismatches;
         mism += t->mismatches;
-        for (int b = 0; b < MC_HIST; b++) {
+        for (int b = 0; b < BENCH_HIST; b++) {
             hist[b] += t->hist[b];
         }
         if (t->fail != 0) {
@@ -969,7 +785,7 @@ main(int argc, char **argv)
            "req/s=%.1f p50_us=%.0f p99_us=%.0f misses=%" PRIu64 " errors=%" PRIu64,
            mc_mode_names[cfg.mode], cfg.vsize, cfg.batch, cfg.conns, cfg.depth, secs,
            (double)bytes / secs / 1e9, (double)keys / secs, (double)reqs / secs,
-           mc_hist_pct(hist, 0.50) / 1e3, mc_hist_pct(hist, 0.99) / 1e3, misses, errors);
+           bench_hist_pct(hist, 0.50) / 1e3, bench_hist_pct(hist, 0.99) / 1e3, misses, errors);
     if (cpu0 >= 0 && cpu1 >= 0) {
         double gb = (double)bytes / 1e9;
         printf(" daemon_cpu_s=%.2f", cpu1 - cpu0);

@@ -1,0 +1,51 @@
+/*
+ * bench_util: the pieces both load generators share (kvstash-bench for kvstashd,
+ * mc-bench for memcached): a monotonic clock, a fixed log-linear latency histogram,
+ * size parsing, CPU accounting from /proc, key counters, connecting and sending a whole
+ * iovec. No allocation, no threads of its own; every function is safe from any thread.
+ */
+#ifndef BENCH_UTIL_H
+#define BENCH_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct iovec;
+
+#define BENCH_HIST 1024 /* histogram buckets: exact below 16 ns, then 16 per power of two */
+
+/* bench_now_ns: CLOCK_MONOTONIC in nanoseconds. */
+uint64_t bench_now_ns(void);
+
+/* bench_hist_index: the bucket of a value (the last bucket holds everything larger). */
+int bench_hist_index(uint64_t v);
+
+/* bench_hist_pct: the value at quantile p (0..1) of histogram h[BENCH_HIST]; 0 if empty. */
+double bench_hist_pct(const uint64_t *h, double p);
+
+/* bench_parse_size: "4096", "64k", "1m", "4g" (binary, optional b). 0 or -1. */
+int bench_parse_size(const char *s, size_t *out);
+
+/* bench_proc_cpu: utime + stime of pid in seconds, or -1 when it cannot be read. */
+double bench_proc_cpu(int pid);
+
+/* bench_self_cpu: this process's user + system CPU seconds. */
+double bench_self_cpu(void);
+
+/* bench_key_ctr: rewrite the 10 counter digits of a key in place. */
+void bench_key_ctr(uint8_t *digits, uint64_t ctr);
+
+/*
+ * bench_connect: connect to "host:port", "[v6]:port", "host" (default_port) or, when
+ * unix_ok, "unix:/path" or a path containing '/'. TCP_NODELAY on TCP. 0 and *fdp, or
+ * -errno (-ENXIO for a name that does not resolve).
+ */
+int bench_connect(const char *addr, const char *default_port, int unix_ok, int *fdp);
+
+/*
+ * bench_send_all: send iov[0..n) completely (the array is consumed: pass a scratch
+ * copy). No SIGPIPE. 0 or -errno.
+ */
+int bench_send_all(int fd, struct iovec *iov, size_t n);
+
+#endif
