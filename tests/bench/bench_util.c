@@ -238,3 +238,40 @@ bench_send_all(int fd, struct iovec *iov, size_t n)
     }
     return 0;
 }
+
+void
+bench_totals_add(struct bench_totals *tot, uint64_t reqs, uint64_t keys, uint64_t bytes,
+                 uint64_t misses, uint64_t errors, const uint64_t *hist)
+{
+    tot->reqs += reqs;
+    tot->keys += keys;
+    tot->bytes += bytes;
+    tot->misses += misses;
+    tot->errors += errors;
+    for (int b = 0; b < BENCH_HIST; b++) {
+        tot->hist[b] += hist[b];
+    }
+}
+
+void
+bench_print_result(const struct bench_run *r, const struct bench_totals *tot)
+{
+    double secs = (double)(r->t1 - r->t0) / 1e9;
+
+    printf("mode=%s size=%zu batch=%u conns=%d depth=%d secs=%.2f GB/s=%.3f keys/s=%.0f "
+           "req/s=%.1f p50_us=%.0f p99_us=%.0f misses=%" PRIu64 " errors=%" PRIu64,
+           r->mode, r->vsize, r->batch, r->conns, r->depth, secs,
+           (double)tot->bytes / secs / 1e9, (double)tot->keys / secs, (double)tot->reqs / secs,
+           bench_hist_pct(tot->hist, 0.50) / 1e3, bench_hist_pct(tot->hist, 0.99) / 1e3,
+           tot->misses, tot->errors);
+    if (r->cpu0 >= 0 && r->cpu1 >= 0) {
+        double gb = (double)tot->bytes / 1e9;
+        printf(" daemon_cpu_s=%.2f", r->cpu1 - r->cpu0);
+        if (gb > 0) {
+            printf(" daemon_core_s_per_GB=%.3f", (r->cpu1 - r->cpu0) / gb);
+        }
+    } else if (r->pid) {
+        printf(" daemon_cpu=unreadable");
+    }
+    printf(" client_cpu_s=%.2f\n", r->self1 - r->self0);
+}

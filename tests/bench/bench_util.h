@@ -48,4 +48,32 @@ int bench_connect(const char *addr, const char *default_port, int unix_ok, int *
  */
 int bench_send_all(int fd, struct iovec *iov, size_t n);
 
+/* What one run measured, summed over its connections. */
+struct bench_totals {
+    uint64_t reqs, keys, bytes, misses, errors;
+    uint64_t hist[BENCH_HIST]; /* request latencies in ns */
+};
+
+/* The run's shape and its clocks (CPU figures are -1 when unknown). */
+struct bench_run {
+    const char *mode;
+    size_t vsize;
+    unsigned batch;
+    int conns, depth, pid;
+    uint64_t t0, t1;           /* bench_now_ns around the measured part */
+    double cpu0, cpu1;         /* bench_proc_cpu(pid) around it */
+    double self0, self1;       /* bench_self_cpu() around it */
+};
+
+/* bench_totals_add: add one connection's counters and histogram to tot. */
+void bench_totals_add(struct bench_totals *tot, uint64_t reqs, uint64_t keys, uint64_t bytes,
+                      uint64_t misses, uint64_t errors, const uint64_t *hist);
+
+/*
+ * bench_print_result: the one result line run.sh parses: mode, size, batch, conns,
+ * depth, secs, GB/s, keys/s, req/s, p50_us, p99_us, misses, errors, the server's CPU
+ * (daemon_cpu_s, daemon_core_s_per_GB) when pid was given, and client_cpu_s.
+ */
+void bench_print_result(const struct bench_run *r, const struct bench_totals *tot);
+
 #endif

@@ -852,31 +852,29 @@ main(int argc, char **argv)
                 cfg.secs, cfg.mode == MODE_PUT ? "" : " (preloading)");
     }
     pthread_barrier_wait(&barrier);
-    double cpu0 = cfg.pid ? bench_proc_cpu(cfg.pid) : -1;
-    double self0 = bench_self_cpu();
-    uint64_t t0 = bench_now_ns();
+    struct bench_run run = {
+        .mode = bench_mode_names[cfg.mode], .vsize = cfg.vsize, .batch = cfg.batch,
+        .conns = cfg.conns, .depth = cfg.depth, .pid = cfg.pid,
+    };
+    run.cpu0 = cfg.pid ? bench_proc_cpu(cfg.pid) : -1;
+    run.self0 = bench_self_cpu();
+    run.t0 = bench_now_ns();
     pthread_barrier_wait(&barrier);
     for (int i = 0; i < cfg.conns; i++) {
         pthread_join(th[i].tid, NULL);
     }
-    uint64_t t1 = bench_now_ns();
-    double cpu1 = cfg.pid ? bench_proc_cpu(cfg.pid) : -1;
-    double self1 = bench_self_cpu();
+    run.t1 = bench_now_ns();
+    run.cpu1 = cfg.pid ? bench_proc_cpu(cfg.pid) : -1;
+    run.self1 = bench_self_cpu();
 
-    uint64_t reqs = 0, keys = 0, bytes = 0, misses = 0, errors = 0, mism = 0;
-    static uint64_t hist[BENCH_HIST];
+    static struct bench_totals tot;
+    uint64_t mism = 0;
     int failed = 0;
     for (int i = 0; i < cfg.conns; i++) {
         struct bench_thread *t = &th[i];
-        reqs += t->reqs;
-        keys += t->keys;
-        bytes += t->bytes;
-        misses += t->misses;
-        errors += t->errors + t->mismatches;
+        bench_totals_add(&tot, t->reqs, t->keys, t->bytes, t->misses,
+                         t->errors + t->mismatches, t->hist);
         mism += t->mismatches;
-        for (int b = 0; b < BENCH_HIST; b++) {
-            hist[b] += t->hist[b];
-        }
         if (t->fail != 0) {
             failed++;
             fprintf(stderr, "kvstash-bench: connection %d: %s\n", i, t->why);
@@ -885,27 +883,12 @@ main(int argc, char **argv)
         }
         bench_thread_free(t);
     }
-    double secs = (double)(t1 - t0) / 1e9;
-    printf("mode=%s size=%zu batch=%u conns=%d depth=%d secs=%.2f GB/s=%.3f keys/s=%.0f "
-           "req/s=%.1f p50_us=%.0f p99_us=%.0f misses=%" PRIu64 " errors=%" PRIu64,
-           bench_mode_names[cfg.mode], cfg.vsize, cfg.batch, cfg.conns, cfg.depth, secs,
-           (double)bytes / secs / 1e9, (double)keys / secs, (double)reqs / secs,
-           bench_hist_pct(hist, 0.50) / 1e3, bench_hist_pct(hist, 0.99) / 1e3, misses, errors);
-    if (cpu0 >= 0 && cpu1 >= 0) {
-        double gb = (double)bytes / 1e9;
-        printf(" daemon_cpu_s=%.2f", cpu1 - cpu0);
-        if (gb > 0) {
-            printf(" daemon_core_s_per_GB=%.3f", (cpu1 - cpu0) / gb);
-        }
-    } else if (cfg.pid) {
-        printf(" daemon_cpu=unreadable");
-    }
-    printf(" client_cpu_s=%.2f\n", self1 - self0);
+    bench_print_result(&run, &tot);
     if (mism > 0) {
         fprintf(stderr, "kvstash-bench: %" PRIu64 " values differed from what was stored\n", mism);
     }
     pthread_barrier_destroy(&barrier);
     free(th);
     free(cfg.pattern);
-    return failed ? 3 : (errors ? 1 : 0);
+    return failed ? 3 : (tot.errors ? 1 : 0);
 }
