@@ -14,7 +14,7 @@ PREFIX ?= /usr/local
 BUILD := build/$(VARIANT)
 
 CC ?= cc
-PKGS := libevent_core libevent_pthreads msgpack lmdb
+PKGS := libevent_core libevent_pthreads msgpack lmdb libcrypto
 WARN := -std=c11 -Wall -Wextra -pedantic -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
         -Wformat=2 -Wpointer-arith -Wno-format-nonliteral -Werror
 CPPFLAGS_BASE := -D_GNU_SOURCE -Isrc -Iprotocol -Istorage -Irdma -MMD -MP
@@ -47,7 +47,8 @@ endif
 
 # ---- sources ----
 CORE_SRC := src/kverr.c src/config.c src/log.c \
-            storage/alloc.c storage/store.c \
+            storage/alloc.c storage/store.c storage/store_hash.c storage/crc32c.c storage/ssd_record.c \
+            storage/ssd_index.c storage/ssd.c \
             protocol/frame.c protocol/mp.c protocol/outq.c protocol/rpc.c
 ifeq ($(RDMA),1)
   CORE_SRC += rdma/rdma_stub.c

@@ -16,6 +16,7 @@
 #include <msgpack.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kverr.h"
@@ -177,6 +178,7 @@ rpc_keys_check(struct rpc_req *rq, uint32_t *n)
 /* Read an optional trailing opts map: force and group_size are the keys known now. */
 struct rpc_opts {
     bool force;
+    bool durable;
     uint64_t group_size;
 };
 
@@ -209,6 +211,10 @@ rpc_opts_read(struct rpc_req *rq, uint32_t idx, struct rpc_opts *o)
         if (mp_str_eq(name, nlen, "force")) {
             if (mp_read_bool(&rq->rd, &o->force) != 0) {
                 return rpc_invalid(rq, "opts.force must be a bool");
+            }
+        } else if (mp_str_eq(name, nlen, "durable")) {
+            if (mp_read_bool(&rq->rd, &o->durable) != 0) {
+                return rpc_invalid(rq, "opts.durable must be a bool");
             }
         } else if (mp_str_eq(name, nlen, "group_size")) {
             if (mp_read_uint(&rq->rd, &o->group_size) != 0 || o->group_size == 0) {
@@ -311,7 +317,136 @@ rpc_store_value(struct rpc_req *rq, const uint8_t *kp, uint32_t klen, const uint
     }
     rpc_key(rq, kp, klen, &key);
     int rc = store_put(rq->ctx->srv->store, &key, vp, vlen);
+    if (rc == -EAGAIN) {
+        /* Room is coming (objects on their way to the SSD); the caller may retry. */
+        return rq->ctx->final_try ? KV_NO_SPACE : -EAGAIN;
+    }
     return rc < 0 ? KV_INTERNAL : rc;
+}
+
+/*
+ * A reply that waits for durable puts: the per-key codes so far and a
+ * reference on each object stored, until the SSD tier says how it went.
+ */
+struct rpc_deferred {
+    uint64_t msgid;
+    bool batch;
+    uint32_t n;
+    int *codes;
+    struct store_obj **objs;
+};
+
+static void
+rpc_deferred_free(struct rpc_ctx *ctx, struct rpc_deferred *d)
+{
+    if (d == NULL) {
+        return;
+    }
+    for (uint32_t i = 0; i < d->n; i++) {
+        store_obj_unref(ctx->srv->store, d->objs[i]);
+    }
+    free(d->codes);
+    free(d->objs);
+    free(d);
+}
+
+static struct rpc_deferred *
+rpc_deferred_new(struct rpc_req *rq, uint32_t n, bool batch)
+{
+    struct rpc_deferred *d = calloc(1, sizeof(*d));
+
+    if (d == NULL) {
+        return NULL;
+    }
+    d->codes = calloc(n ? n : 1, sizeof(*d->codes));
+    d->objs = calloc(n ? n : 1, sizeof(*d->objs));
+    if (d->codes == NULL || d->objs == NULL) {
+        free(d->codes);
+        free(d->objs);
+        free(d);
+        return NULL;
+    }
+    d->msgid = rq->msgid;
+    d->batch = batch;
+    d->n = n;
+    return d;
+}
+
+/* rpc_deferred_track: key i was stored: ask the SSD tier for it and remember it. */
+static void
+rpc_deferred_track(struct rpc_req *rq, struct rpc_deferred *d, uint32_t i, const uint8_t *kp,
+                   uint32_t klen)
+{
+    struct store *st = rq->ctx->srv->store;
+    struct store_obj *o;
+    struct kv_key key;
+
+    rpc_key(rq, kp, klen, &key);
+    if (klen == UINT32_MAX || store_get(st, &key, &o) != 0) {
+        d->codes[i] = KV_NO_SPACE;      /* gone already (evicted): not on SSD either */
+        return;
+    }
+    if (store_sync(st, o) != 0) {
+        store_obj_unref(st, o);
+        d->codes[i] = KV_UNSUPPORTED;
+        return;
+    }
+    d->objs[i] = o;
+}
+
+int
+rpc_deferred_poll(struct rpc_ctx *ctx, struct outq *out)
+{
+    struct rpc_deferred *d = ctx->deferred;
+    msgpack_packer pk;
+
+    if (d == NULL) {
+        return 0;
+    }
+    for (uint32_t i = 0; i < d->n; i++) {
+        if (d->objs[i] != NULL && store_obj_ssd_state(d->objs[i]) == STORE_SSD_QUEUED) {
+            return -EINPROGRESS;
+        }
+    }
+    for (uint32_t i = 0; i < d->n; i++) {
+        struct store_obj *o = d->objs[i];
+
+        if (o == NULL) {
+            continue;
+        }
+        if (store_obj_ssd_state(o) != STORE_SSD_STORED) {
+            /* Not durable, so not stored: take it back (unless someone reads it now). */
+            struct kv_key key;
+
+            store_obj_key(o, &key);
+            d->codes[i] = KV_NO_SPACE;
+            d->objs[i] = NULL;
+            store_obj_unref(ctx->srv->store, o);
+            (void)store_remove(ctx->srv->store, &key, true);
+            continue;
+        }
+    }
+    msgpack_packer_init(&pk, out, outq_pack_write);
+    msgpack_pack_array(&pk, 4);
+    msgpack_pack_uint8(&pk, 1);
+    msgpack_pack_uint64(&pk, d->msgid);
+    msgpack_pack_nil(&pk);
+    if (d->batch) {
+        msgpack_pack_array(&pk, d->n);
+    }
+    for (uint32_t i = 0; i < d->n; i++) {
+        msgpack_pack_int(&pk, d->codes[i]);
+    }
+    ctx->deferred = NULL;
+    rpc_deferred_free(ctx, d);
+    return out->failed ? -ENOMEM : 0;
+}
+
+void
+rpc_deferred_drop(struct rpc_ctx *ctx)
+{
+    rpc_deferred_free(ctx, ctx->deferred);
+    ctx->deferred = NULL;
 }
 
 static int
@@ -337,7 +472,24 @@ rpc_put(struct rpc_req *rq)
     if (rc != 0) {
         return rc;
     }
+    if (opts.durable && !store_has_tier(rq->ctx->srv->store)) {
+        rq->errmsg = "durable puts need the SSD tier (ssd_dir)";
+        return KV_UNSUPPORTED;
+    }
     rc = rpc_store_value(rq, kp, klen, vp, vlen, hole);
+    if (rc == -EAGAIN) {
+        return rc;                  /* nothing done: the connection retries the message */
+    }
+    if (opts.durable && rc == 0) {
+        struct rpc_deferred *d = rpc_deferred_new(rq, 1, false);
+
+        if (d != NULL) {
+            rpc_deferred_track(rq, d, 0, kp, klen);
+            rq->ctx->deferred = d;
+            return 0;
+        }
+        rc = KV_INTERNAL;
+    }
     rpc_reply_head(rq);
     msgpack_pack_int(&rq->pk, rc);
     return 0;
@@ -353,6 +505,7 @@ rpc_batch_put(struct rpc_req *rq)
     uint32_t klen;
     uint64_t vlen;
     const struct mp_hole *hole;
+    struct rpc_deferred *d = NULL;
     int rc = rpc_arity(rq, 2, 3);
 
     if (rc != 0) {
@@ -384,30 +537,90 @@ rpc_batch_put(struct rpc_req *rq)
     if (rc != 0) {
         return rc;
     }
-    rpc_reply_head(rq);
-    msgpack_pack_array(&rq->pk, nkeys);
+    if (opts.durable && !store_has_tier(rq->ctx->srv->store)) {
+        rq->errmsg = "durable puts need the SSD tier (ssd_dir)";
+        return KV_UNSUPPORTED;
+    }
+    if (opts.durable) {
+        d = rpc_deferred_new(rq, nkeys, true);
+        if (d == NULL) {
+            return -ENOMEM;
+        }
+    }
     for (uint32_t i = 0; i < nkeys; i++) {
         rpc_read_key(&keys, &kp, &klen);
         mp_read_bin_ref(&vals, &vp, &vlen, &hole);
-        msgpack_pack_int(&rq->pk, rpc_store_value(rq, kp, klen, vp, vlen, hole));
+        rc = rpc_store_value(rq, kp, klen, vp, vlen, hole);
+        if (rc == -EAGAIN && i == 0) {
+            rpc_deferred_free(rq->ctx, d);
+            return rc;              /* nothing done yet: the connection retries the message */
+        }
+        if (rc == -EAGAIN) {
+            rc = KV_NO_SPACE;       /* part of the batch is in: this key cannot wait */
+        }
+        if (i == 0 && d == NULL) {
+            rpc_reply_head(rq);
+            msgpack_pack_array(&rq->pk, nkeys);
+        }
+        if (d != NULL) {
+            d->codes[i] = rc;
+            if (rc == 0) {
+                rpc_deferred_track(rq, d, i, kp, klen);
+            }
+        } else {
+            msgpack_pack_int(&rq->pk, rc);
+        }
     }
+    if (nkeys == 0 && d == NULL) {
+        rpc_reply_head(rq);
+        msgpack_pack_array(&rq->pk, 0);
+    }
+    rq->ctx->deferred = d;
     return 0;
 }
 
-/* Append the reply value of one get: the bin by reference, or nil. */
-static void
-rpc_pack_get(struct rpc_req *rq, const uint8_t *kp, uint32_t klen)
+/*
+ * Look up the n keys of a get or batch_get, a reference on each one found
+ * in objs (NULL for a miss). Returns 0, or -EAGAIN when some are on the SSD
+ * tier only: their loads have started (all of them at once), nothing is
+ * held, and the connection retries the message once they are in.
+ */
+static int
+rpc_get_refs(struct rpc_req *rq, struct mp_reader keys, uint32_t n, struct store_obj **objs)
 {
-    struct store_obj *o;
-    struct kv_key key;
+    struct store *st = rq->ctx->srv->store;
+    int rc = 0;
 
-    if (klen > rq->ctx->lim->max_key_size) {
-        ctr_add(&rq->ctx->ctr->misses, 1);
-        msgpack_pack_nil(&rq->pk);
-        return;
+    for (uint32_t i = 0; i < n; i++) {
+        const uint8_t *kp;
+        uint32_t klen;
+        struct kv_key key;
+        int r;
+
+        objs[i] = NULL;
+        rpc_read_key(&keys, &kp, &klen);
+        if (klen > rq->ctx->lim->max_key_size) {
+            continue;
+        }
+        rpc_key(rq, kp, klen, &key);
+        r = store_get(st, &key, &objs[i]);
+        if (r == -EAGAIN && !rq->ctx->final_try) {
+            rc = -EAGAIN;
+        }
     }
-    rpc_key(rq, kp, klen, &key);
-    if (store_get(rq->ctx->srv->store, &key, &o) != 0) {
+    if (rc != 0) {
+        for (uint32_t i = 0; i < n; i++) {
+            store_obj_unref(st, objs[i]);
+        }
+    }
+    return rc;
+}
+
+/* Append the reply value of one get: the bin by reference (the reference goes with it), or nil. */
+static void
+rpc_pack_get(struct rpc_req *rq, struct store_obj *o)
+{
+    if (o == NULL) {
         ctr_add(&rq->ctx->ctr->misses, 1);
         msgpack_pack_nil(&rq->pk);
         return;
@@ -420,6 +633,8 @@ rpc_pack_get(struct rpc_req *rq, const uint8_t *kp, uint32_t klen)
 static int
 rpc_get(struct rpc_req *rq)
 {
+    struct mp_reader keys;
+    struct store_obj *o;
     const uint8_t *kp;
     uint32_t klen;
     int rc = rpc_arity(rq, 1, 1);
@@ -427,19 +642,25 @@ rpc_get(struct rpc_req *rq)
     if (rc != 0) {
         return rc;
     }
+    keys = rq->rd;
     if (rpc_read_key(&rq->rd, &kp, &klen) != 0) {
         return rpc_invalid(rq, "key must be bin or str");
     }
+    rc = rpc_get_refs(rq, keys, 1, &o);
+    if (rc != 0) {
+        return rc;
+    }
     rpc_reply_head(rq);
-    rpc_pack_get(rq, kp, klen);
+    rpc_pack_get(rq, o);
     return 0;
 }
 
 static int
 rpc_batch_get(struct rpc_req *rq)
 {
-    const uint8_t *kp;
-    uint32_t n, klen;
+    struct store_obj *stack[64];
+    struct store_obj **objs = stack;
+    uint32_t n;
     int rc = rpc_arity(rq, 1, 1);
 
     if (rc == 0) {
@@ -448,13 +669,24 @@ rpc_batch_get(struct rpc_req *rq)
     if (rc != 0) {
         return rc;
     }
-    rpc_reply_head(rq);
-    msgpack_pack_array(&rq->pk, n);
-    for (uint32_t i = 0; i < n; i++) {
-        rpc_read_key(&rq->rd, &kp, &klen);
-        rpc_pack_get(rq, kp, klen);
+    if (n > 64) {
+        objs = malloc(n * sizeof(*objs));   /* n <= max_batch, checked above */
+        if (objs == NULL) {
+            return -ENOMEM;
+        }
     }
-    return 0;
+    rc = rpc_get_refs(rq, rq->rd, n, objs);
+    if (rc == 0) {
+        rpc_reply_head(rq);
+        msgpack_pack_array(&rq->pk, n);
+        for (uint32_t i = 0; i < n; i++) {
+            rpc_pack_get(rq, objs[i]);
+        }
+    }
+    if (objs != stack) {
+        free(objs);
+    }
+    return rc;
 }
 
 static bool
@@ -901,6 +1133,15 @@ rpc_dispatch(struct rpc_ctx *ctx, const uint8_t *msg, size_t len, const struct m
         goto done;
     }
     rc = rpc_handlers[m](&rq);
+    if (rc == -EAGAIN) {
+        /* Nothing answered, nothing consumed: the same message comes back later. */
+        atomic_fetch_sub_explicit(&ctx->ctr->ops[m], 1, memory_order_relaxed);
+        return rc;
+    }
+    if (rc == -ENOMEM) {
+        rpc_holes_release(ctx, holes, nholes);
+        return rc;
+    }
     if (rc != 0) {
         rpc_reply_error(&rq, rc, rq.errmsg);
         ctr_add(&ctx->ctr->errors, 1);
@@ -1022,9 +1263,14 @@ rpc_spill_take(struct rpc_ctx *ctx, struct rpc_spill_cursor *cur, const uint8_t 
     key.ptr = kp;
     key.len = klen;
     int rc = store_reserve(ctx->srv->store, &key, vlen, &sp->obj);
+    if (rc == -EAGAIN && !ctx->final_try) {
+        sp->obj = NULL;
+        sp->code = -EAGAIN;         /* the caller waits and asks again */
+        return 1;
+    }
     if (rc != 0) {
         sp->obj = NULL;
-        sp->code = rc < 0 ? KV_INTERNAL : rc;
+        sp->code = rc == -EAGAIN ? KV_NO_SPACE : rc < 0 ? KV_INTERNAL : rc;
     }
     return 1;
 }

@@ -16,11 +16,13 @@
 #ifndef RPC_H
 #define RPC_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 struct mp_hole;
 struct outq;
+struct rpc_deferred;
 struct store;
 struct store_obj;
 
@@ -71,6 +73,8 @@ struct rpc_ctx {
     const struct rpc_limits *lim;
     struct rpc_counters *ctr;
     uint32_t tenant;
+    bool final_try;                  /* answer now: SSD loads and room no longer waited for */
+    struct rpc_deferred *deferred;   /* a reply waiting for durable puts (rpc_deferred_poll) */
 };
 
 /* A put value received straight into the store: its reservation, or why none. */
@@ -100,7 +104,9 @@ void rpc_spill_reset(struct rpc_spill_cursor *cur);
  * connection buffer:
  *   - the value of a put or batch_put: sp->obj is a reservation to receive
  *     it into, or NULL with sp->code saying why the key cannot be stored
- *     (the bytes are then discarded);
+ *     (the bytes are then discarded); sp->code -EAGAIN means the key must
+ *     wait for DRAM room the SSD tier is freeing: the caller leaves the
+ *     value on the wire and asks again later with the same arguments;
  *   - anything else longer than max_key_size: sp->obj is NULL and the bytes
  *     are discarded; a key there reads as one over max_key_size (answered
  *     per key as usual), anything else as a bad parameter. Memory stays flat
@@ -116,10 +122,25 @@ int rpc_spill_take(struct rpc_ctx *ctx, struct rpc_spill_cursor *cur, const uint
  * values are the holes (tags: struct rpc_spill *; all consumed here).
  * Returns 0 when a reply was queued on out or none is due (a notification),
  * KV_PROTOCOL_ERROR when the message is not a msgpack-rpc request (the
- * caller sends the error notification and closes), or -ENOMEM.
+ * caller sends the error notification and closes), -ENOMEM, or -EAGAIN when
+ * the request must wait (values being loaded from the SSD tier, or DRAM
+ * room being freed by it): nothing was answered or consumed, the holes are
+ * kept, and the caller dispatches the same message again later (with
+ * ctx->final_try set once it has waited long enough: then nothing waits).
  */
 int rpc_dispatch(struct rpc_ctx *ctx, const uint8_t *msg, size_t len, const struct mp_hole *holes,
                  size_t nholes, struct outq *out);
+
+/*
+ * After rpc_dispatch, ctx->deferred set means the request's reply waits for
+ * durable puts to reach the SSD: the connection answers nothing else (replies
+ * stay in order) and calls rpc_deferred_poll when the tier reports progress.
+ * rpc_deferred_poll: 0 when the reply was queued on out (or none waits),
+ * -EINPROGRESS while writes are pending, -ENOMEM.
+ * rpc_deferred_drop: forget a waiting reply (the connection closes).
+ */
+int rpc_deferred_poll(struct rpc_ctx *ctx, struct outq *out);
+void rpc_deferred_drop(struct rpc_ctx *ctx);
 
 /*
  * rpc_notify_error: queue the notification [2, "error", [code, name, message]]

@@ -42,43 +42,96 @@ enum conf_type {
     CONF_T_DURATION, /* uint64_t milliseconds: 250, 500ms, 10s, 5m, 1h */
     CONF_T_UINT,     /* uint64_t count, plain digits */
     CONF_T_DOUBLE,   /* double in (dmin, dmax] */
-    CONF_T_LOGLEVEL, /* int, enum conf_log_level, by name */
+    CONF_T_ENUM,     /* int, the index of its name in names[] (case-insensitive) */
+    CONF_T_BOOL,     /* int 0/1: on/off, yes/no, true/false, 1/0 (case-insensitive) */
 };
 
 /* An extra check for a string option: NULL if value is acceptable, else the reason. */
 typedef const char *conf_check_fn(const char *value);
 
 struct conf_option {
-    const char *name;      /* the key, also the struct field's name */
+    const char *name;         /* the key, also the struct field's name */
     enum conf_type type;
-    size_t offset;         /* offsetof(struct kv_config, name) */
-    uint64_t min;          /* integer types: inclusive bounds */
-    uint64_t max;          /* NO_MAX: bounded only by 64 bits */
-    double dmin;           /* CONF_T_DOUBLE: dmin < x <= dmax */
+    size_t offset;            /* offsetof(struct kv_config, name) */
+    uint64_t min;             /* integer types: inclusive bounds */
+    uint64_t max;             /* NO_MAX: bounded only by 64 bits; CONF_T_ENUM: names - 1 */
+    double dmin;              /* CONF_T_DOUBLE: dmin < x <= dmax */
     double dmax;
-    const char *def;       /* the default, as it would be written in a config file */
-    bool reloadable;       /* SIGHUP applies it; otherwise it needs a restart */
-    conf_check_fn *check;  /* CONF_T_STRING only; NULL = any string that fits */
+    const char *def;          /* the default, as it would be written in a config file */
+    bool reloadable;          /* SIGHUP applies it; otherwise it needs a restart */
+    conf_check_fn *check;     /* CONF_T_STRING only; NULL = any string that fits */
+    const char *const *names; /* CONF_T_ENUM: each value's name, indexed by value */
+    const char *what;         /* CONF_T_ENUM: the noun in "bad <what> (use a, b or c)" */
 };
 
 static conf_check_fn conf_check_listen;
 static conf_check_fn conf_check_unix_socket;
 static conf_check_fn conf_check_data_dir;
 static conf_check_fn conf_check_node_id;
+static conf_check_fn conf_check_ssd_dir;
+
+/*
+ * ssd_dir's default. conf_finalize replaces it with <data_dir>/ssd; until then it stands for
+ * "never set", and it is how a config file (and conf_dump of an unfinalized config) writes
+ * the default, so "" stays free to mean "no SSD tier".
+ */
+#define CONF_SSD_DIR_DEFAULT "<data_dir>/ssd"
+#define CONF_DATA_DIR_TAG "<data_dir>"
+
+/* The names of each CONF_T_ENUM option, indexed by the value stored in its field. */
+static const char *const conf_log_level_names[] = {
+    [LOG_LEVEL_ERROR] = "error",
+    [LOG_LEVEL_WARN] = "warn",
+    [LOG_LEVEL_INFO] = "info",
+    [LOG_LEVEL_DEBUG] = "debug",
+};
+static const char *const conf_ssd_eviction_names[] = {
+    [CONF_SSD_FIFO] = "fifo",
+    [CONF_SSD_LRU] = "lru",
+};
+static const char *const conf_ssd_offload_names[] = {
+    [CONF_SSD_ON_EVICT] = "on_evict",
+    [CONF_SSD_WRITE_THROUGH] = "write_through",
+    [CONF_SSD_OFF] = "off",
+};
+
+/* CONF_T_BOOL: what reads as true and as false, pairwise; conf_dump writes the first pair. */
+static const char *const conf_bool_true[] = {"on", "yes", "true", "1"};
+static const char *const conf_bool_false[] = {"off", "no", "false", "0"};
 
 #define RELOAD true
 #define RESTART false
 
-#define OPT_INT(n, t, lo, hi, def, rl) \
-    { #n, t, offsetof(struct kv_config, n), lo, hi, 0.0, 0.0, def, rl, NULL }
-#define OPT_STRING(n, def, rl, chk) \
-    { #n, CONF_T_STRING, offsetof(struct kv_config, n), 0, 0, 0.0, 0.0, def, rl, chk }
+#define CONF_NELEM(a) (sizeof(a) / sizeof((a)[0]))
+
+#define OPT_INT(n, t, lo, hi, dflt, rl)                                                            \
+    {                                                                                              \
+        .name = #n, .type = t, .offset = offsetof(struct kv_config, n), .min = lo, .max = hi,      \
+        .def = dflt, .reloadable = rl                                                              \
+    }
+#define OPT_STRING(n, dflt, rl, chk)                                                               \
+    {                                                                                              \
+        .name = #n, .type = CONF_T_STRING, .offset = offsetof(struct kv_config, n), .def = dflt,   \
+        .reloadable = rl, .check = chk                                                             \
+    }
 #define OPT_SIZE(n, lo, hi, def, rl) OPT_INT(n, CONF_T_SIZE, lo, hi, def, rl)
 #define OPT_DURATION(n, lo, hi, def, rl) OPT_INT(n, CONF_T_DURATION, lo, hi, def, rl)
 #define OPT_UINT(n, lo, hi, def, rl) OPT_INT(n, CONF_T_UINT, lo, hi, def, rl)
-#define OPT_DOUBLE(n, lo, hi, def, rl) \
-    { #n, CONF_T_DOUBLE, offsetof(struct kv_config, n), 0, 0, lo, hi, def, rl, NULL }
-#define OPT_LOGLEVEL(n, def, rl) OPT_INT(n, CONF_T_LOGLEVEL, 0, 0, def, rl)
+#define OPT_DOUBLE(n, lo, hi, dflt, rl)                                                            \
+    {                                                                                              \
+        .name = #n, .type = CONF_T_DOUBLE, .offset = offsetof(struct kv_config, n), .dmin = lo,    \
+        .dmax = hi, .def = dflt, .reloadable = rl                                                  \
+    }
+#define OPT_ENUM(n, nm, wh, dflt, rl)                                                              \
+    {                                                                                              \
+        .name = #n, .type = CONF_T_ENUM, .offset = offsetof(struct kv_config, n), .min = 0,        \
+        .max = CONF_NELEM(nm) - 1, .def = dflt, .reloadable = rl, .names = nm, .what = wh          \
+    }
+#define OPT_BOOL(n, dflt, rl)                                                                      \
+    {                                                                                              \
+        .name = #n, .type = CONF_T_BOOL, .offset = offsetof(struct kv_config, n), .min = 0,        \
+        .max = 1, .def = dflt, .reloadable = rl                                                    \
+    }
 
 /*
  * Table order is struct order and conf_dump order. conf/kvstashd.conf documents each row
@@ -105,16 +158,27 @@ static const struct conf_option conf_options[] = {
     OPT_DURATION(shutdown_timeout_ms,   0,        HOUR_MS,   "10s",   RELOAD),
     OPT_DOUBLE(eviction_high_watermark, 0.0,      1.0,       "0.90",  RELOAD),
     OPT_DOUBLE(eviction_low_watermark,  0.0,      1.0,       "0.80",  RELOAD),
-    /*           name                   default           reload */
-    OPT_LOGLEVEL(log_level,             "info",           RELOAD),
+    /*         name                     default               reload   extra check */
+    OPT_STRING(ssd_dir,                 CONF_SSD_DIR_DEFAULT, RESTART, conf_check_ssd_dir),
+    /*         name                     min       max        default  reload */
+    OPT_SIZE(ssd_size,                  MIB,      NO_MAX,    "64g",   RESTART),
+    OPT_SIZE(ssd_bucket_size,           MIB,      64 * GIB,  "256m",  RELOAD),
+    OPT_UINT(ssd_io_threads,            1,        64,        "2",     RESTART),
+    OPT_DOUBLE(ssd_high_watermark,      0.0,      1.0,       "0.90",  RELOAD),
+    OPT_DOUBLE(ssd_low_watermark,       0.0,      1.0,       "0.80",  RELOAD),
+    /*       name                       value names              noun         default     reload */
+    OPT_ENUM(ssd_eviction,              conf_ssd_eviction_names, "value",     "fifo",     RELOAD),
+    OPT_ENUM(ssd_offload,               conf_ssd_offload_names,  "value",     "on_evict", RELOAD),
+    /*       name                       default  reload */
+    OPT_BOOL(ssd_promote,               "on",    RELOAD),
+    /*       name                       value names              noun         default     reload */
+    OPT_ENUM(log_level,                 conf_log_level_names,    "log level", "info",     RELOAD),
+    /*         name                     default           reload   extra check */
     OPT_STRING(log_file,                "",               RELOAD,  NULL),
 };
 /* clang-format on */
 
-#define CONF_NOPTIONS (sizeof(conf_options) / sizeof(conf_options[0]))
-
-/* Indexed by enum conf_log_level. */
-static const char *const conf_log_level_names[] = {"error", "warn", "info", "debug"};
+#define CONF_NOPTIONS CONF_NELEM(conf_options)
 
 /* ---- small helpers ---- */
 
@@ -167,7 +231,8 @@ conf_field_size(const struct conf_option *o)
         return CONF_STR_MAX;
     case CONF_T_DOUBLE:
         return sizeof(double);
-    case CONF_T_LOGLEVEL:
+    case CONF_T_ENUM:
+    case CONF_T_BOOL:
         return sizeof(int);
     case CONF_T_SIZE:
     case CONF_T_DURATION:
@@ -468,7 +533,49 @@ conf_check_node_id(const char *v)
     return NULL;
 }
 
+static const char *
+conf_check_ssd_dir(const char *v)
+{
+    /* "" (no SSD tier) and the default pass; the tag means nothing anywhere else. */
+    if (strcmp(v, CONF_SSD_DIR_DEFAULT) != 0 &&
+        strncmp(v, CONF_DATA_DIR_TAG, strlen(CONF_DATA_DIR_TAG)) == 0) {
+        return "<data_dir> is only understood in the default, <data_dir>/ssd (write the whole "
+               "path, or \"\" for no SSD tier)";
+    }
+    return NULL;
+}
+
 /* ---- setting one option ---- */
+
+/* "a, b or c" from n names, into buf. */
+static void
+conf_format_names(const char *const *names, size_t n, char *buf, size_t len)
+{
+    size_t used = 0;
+
+    buf[0] = '\0';
+    for (size_t i = 0; i < n && used < len; i++) {
+        const char *sep = i == 0 ? "" : i + 1 == n ? " or " : ", ";
+        int k = snprintf(buf + used, len - used, "%s%s", sep, names[i]);
+
+        if (k < 0) {
+            break;
+        }
+        used += (size_t)k;
+    }
+}
+
+/* Case-insensitive: the index of s in names[0..n) (NULL entries never match), or -1. */
+static int
+conf_name_index(const char *s, const char *const *names, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (names[i] != NULL && strcasecmp(s, names[i]) == 0) {
+            return (int)i;
+        }
+    }
+    return -1;
+}
 
 /*
  * Parse text (already unquoted) as option o and store it in c. On failure c is unchanged
@@ -512,15 +619,28 @@ conf_store(struct kv_config *c, const struct conf_option *o, const char *text, c
         }
         memcpy(conf_field(c, o), &d, sizeof(d));
         return 0;
-    case CONF_T_LOGLEVEL:
-        for (int i = 0; i <= LOG_LEVEL_DEBUG; i++) {
-            if (strcasecmp(text, conf_log_level_names[i]) == 0) {
-                memcpy(conf_field(c, o), &i, sizeof(i));
-                return 0;
-            }
+    case CONF_T_ENUM: {
+        char list[256];
+        int v = conf_name_index(text, o->names, (size_t)o->max + 1);
+
+        if (v >= 0) {
+            memcpy(conf_field(c, o), &v, sizeof(v));
+            return 0;
         }
-        snprintf(why, whylen, "bad log level (use error, warn, info or debug)");
+        conf_format_names(o->names, (size_t)o->max + 1, list, sizeof(list));
+        snprintf(why, whylen, "bad %s (use %s)", o->what, list);
         return -1;
+    }
+    case CONF_T_BOOL: {
+        int v = conf_name_index(text, conf_bool_true, CONF_NELEM(conf_bool_true)) >= 0;
+
+        if (!v && conf_name_index(text, conf_bool_false, CONF_NELEM(conf_bool_false)) < 0) {
+            snprintf(why, whylen, "bad value (use on/off, yes/no, true/false or 1/0)");
+            return -1;
+        }
+        memcpy(conf_field(c, o), &v, sizeof(v));
+        return 0;
+    }
     case CONF_T_SIZE:
         rc = conf_size_parse(text, &u);
         reason = "bad size (use e.g. 64k, 1m, 4g, 4GiB)";
@@ -828,19 +948,52 @@ conf_load_file(struct kv_config *c, const char *path, char *err, size_t errlen)
 
 /* ---- whole-config operations ---- */
 
+/* low_key's value must not be above high_key's. 0, or -1 with err naming both keys. */
+static int
+conf_check_watermarks(double low, double high, const char *low_key, const char *high_key, char *err,
+                      size_t errlen)
+{
+    char a[32], b[32];
+
+    if (low <= high) {
+        return 0;
+    }
+    conf_format_double(low, a, sizeof(a));
+    conf_format_double(high, b, sizeof(b));
+    conf_errorf(err, errlen, "%s (%s) must not be above %s (%s)", low_key, a, high_key, b);
+    return -1;
+}
+
+/*
+ * "<data_dir>/name" into out (CONF_STR_MAX bytes), data_dir's trailing slashes dropped.
+ * Returns 0, or -1 when the result needs more than max bytes, NUL included.
+ */
+static int
+conf_data_dir_path(const struct kv_config *c, const char *name, char *out, size_t max)
+{
+    size_t n = strlen(c->data_dir);
+    int len;
+
+    /* Drop trailing slashes; data_dir "/" gives "/name". */
+    while (n > 0 && c->data_dir[n - 1] == '/') {
+        n--;
+    }
+    len = snprintf(out, CONF_STR_MAX, "%.*s/%s", (int)n, c->data_dir, name);
+    return len < 0 || (size_t)len >= max || (size_t)len >= CONF_STR_MAX ? -1 : 0;
+}
+
 int
 conf_finalize(struct kv_config *c, char *err, size_t errlen)
 {
     char a[32], b[32], d[32];
-    char sock[CONF_STR_MAX];
+    char sock[CONF_STR_MAX], ssd[CONF_STR_MAX];
     uint64_t need;
 
-    if (c->eviction_low_watermark > c->eviction_high_watermark) {
-        conf_format_double(c->eviction_low_watermark, a, sizeof(a));
-        conf_format_double(c->eviction_high_watermark, b, sizeof(b));
-        conf_errorf(err, errlen,
-                 "eviction_low_watermark (%s) must not be above eviction_high_watermark (%s)", a,
-                 b);
+    if (conf_check_watermarks(c->eviction_low_watermark, c->eviction_high_watermark,
+                              "eviction_low_watermark", "eviction_high_watermark", err,
+                              errlen) != 0 ||
+        conf_check_watermarks(c->ssd_low_watermark, c->ssd_high_watermark, "ssd_low_watermark",
+                              "ssd_high_watermark", err, errlen) != 0) {
         return -1;
     }
     /* Both operands are bounded by the table (1t, 64k), so the sum cannot overflow. */
@@ -850,32 +1003,37 @@ conf_finalize(struct kv_config *c, char *err, size_t errlen)
         conf_format_size(c->max_value_size, b, sizeof(b));
         conf_format_size(c->max_key_size, d, sizeof(d));
         conf_errorf(err, errlen,
-                 "max_message_size (%s) must hold max_value_size (%s) + max_key_size (%s) + %d "
-                 "bytes of framing = %llu bytes: raise max_message_size or lower max_value_size",
-                 a, b, d, CONF_FRAME_OVERHEAD, (unsigned long long)need);
+                    "max_message_size (%s) must hold max_value_size (%s) + max_key_size (%s) + %d "
+                    "bytes of framing = %llu bytes: raise max_message_size or lower max_value_size",
+                    a, b, d, CONF_FRAME_OVERHEAD, (unsigned long long)need);
         return -1;
     }
     if (c->unix_socket[0] == '\0') {
-        size_t n = strlen(c->data_dir);
-        int len;
-
-        while (n > 1 && c->data_dir[n - 1] == '/') {
-            n--;
-        }
-        len = snprintf(sock, sizeof(sock), "%.*s/kvstashd.sock", (int)n, c->data_dir);
-        if (len < 0 || (size_t)len >= CONF_SUN_PATH_MAX) {
+        if (conf_data_dir_path(c, "kvstashd.sock", sock, CONF_SUN_PATH_MAX) != 0) {
             conf_errorf(err, errlen,
-                     "unix_socket: the default <data_dir>/kvstashd.sock is longer than a unix "
-                     "socket path may be (max %zu bytes): set unix_socket to a shorter path, "
-                     "or none",
-                     CONF_SUN_PATH_MAX - 1);
+                        "unix_socket: the default <data_dir>/kvstashd.sock is longer than a unix "
+                        "socket path may be (max %zu bytes): set unix_socket to a shorter path, "
+                        "or none",
+                        CONF_SUN_PATH_MAX - 1);
             return -1;
         }
     } else {
         snprintf(sock, sizeof(sock), "%s", c->unix_socket);
     }
+    if (strcmp(c->ssd_dir, CONF_SSD_DIR_DEFAULT) == 0) {
+        if (conf_data_dir_path(c, "ssd", ssd, CONF_STR_MAX) != 0) {
+            conf_errorf(err, errlen,
+                        "ssd_dir: the default <data_dir>/ssd is longer than a path may be (max %d "
+                        "bytes): set ssd_dir to a shorter path, or \"\" for no SSD tier",
+                        CONF_STR_MAX - 1);
+            return -1;
+        }
+    } else {
+        snprintf(ssd, sizeof(ssd), "%s", c->ssd_dir);
+    }
     /* Every check passed: now derive, so a failed finalize leaves c as it was. */
     memcpy(c->unix_socket, sock, sizeof(sock));
+    memcpy(c->ssd_dir, ssd, sizeof(ssd));
     if (c->io_threads == 0) {
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
 
@@ -907,7 +1065,8 @@ conf_field_equal(const struct conf_option *o, const struct kv_config *a,
     case CONF_T_SIZE:
     case CONF_T_DURATION:
     case CONF_T_UINT:
-    case CONF_T_LOGLEVEL:
+    case CONF_T_ENUM:
+    case CONF_T_BOOL:
         break;
     }
     return memcmp(fa, fb, conf_field_size(o)) == 0;
@@ -1022,7 +1181,7 @@ conf_dump(const struct kv_config *c, char *buf, size_t len)
         char val[64];
         uint64_t u;
         double d;
-        int lvl;
+        int v;
 
         conf_out_str(&out, o->name);
         conf_out_add(&out, " ", 1);
@@ -1035,10 +1194,14 @@ conf_dump(const struct kv_config *c, char *buf, size_t len)
             conf_format_double(d, val, sizeof(val));
             conf_out_str(&out, val);
             break;
-        case CONF_T_LOGLEVEL:
-            memcpy(&lvl, f, sizeof(lvl));
-            conf_out_str(&out, lvl >= 0 && lvl <= LOG_LEVEL_DEBUG ? conf_log_level_names[lvl]
-                                                                  : "info");
+        case CONF_T_ENUM:
+            /* Only conf_store writes the field, so v is in range; the default is a fallback. */
+            memcpy(&v, f, sizeof(v));
+            conf_out_str(&out, v >= 0 && (uint64_t)v <= o->max ? o->names[v] : o->def);
+            break;
+        case CONF_T_BOOL:
+            memcpy(&v, f, sizeof(v));
+            conf_out_str(&out, v ? conf_bool_true[0] : conf_bool_false[0]);
             break;
         case CONF_T_SIZE:
         case CONF_T_DURATION:

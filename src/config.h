@@ -22,6 +22,12 @@
 
 enum conf_log_level { LOG_LEVEL_ERROR = 0, LOG_LEVEL_WARN, LOG_LEVEL_INFO, LOG_LEVEL_DEBUG };
 
+/* ssd_eviction: which bucket goes first when the SSD tier is full. */
+enum conf_ssd_eviction { CONF_SSD_FIFO = 0, CONF_SSD_LRU = 1 };
+
+/* ssd_offload: when a block is written to the SSD tier. */
+enum conf_ssd_offload { CONF_SSD_ON_EVICT = 0, CONF_SSD_WRITE_THROUGH = 1, CONF_SSD_OFF = 2 };
+
 struct kv_config {
     char listen[CONF_STR_MAX];        /* host:port; "" disables TCP. default 127.0.0.1:7431 */
     char unix_socket[CONF_STR_MAX];   /* path; "" before finalize = <data_dir>/kvstashd.sock; "none" disables */
@@ -39,6 +45,15 @@ struct kv_config {
     uint64_t shutdown_timeout_ms;     /* SIGTERM drain deadline; default 10 s */
     double eviction_high_watermark;   /* default 0.90 */
     double eviction_low_watermark;    /* default 0.80 */
+    char ssd_dir[CONF_STR_MAX];       /* path; "" = no SSD tier; "<data_dir>/ssd" before finalize */
+    uint64_t ssd_size;                /* bytes of the SSD tier on disk; default 64 GiB */
+    uint64_t ssd_bucket_size;         /* bytes per bucket file; default 256 MiB */
+    uint64_t ssd_io_threads;          /* threads reading the SSD tier; default 2 */
+    double ssd_high_watermark;        /* default 0.90 */
+    double ssd_low_watermark;         /* default 0.80 */
+    int ssd_eviction;                 /* enum conf_ssd_eviction; default fifo */
+    int ssd_offload;                  /* enum conf_ssd_offload; default on_evict */
+    int ssd_promote;                  /* 1: a value read back from SSD stays in DRAM; default 1 */
     int log_level;                    /* enum conf_log_level; default info */
     char log_file[CONF_STR_MAX];      /* "" = stderr */
 };
@@ -64,10 +79,11 @@ int conf_set(struct kv_config *c, const char *key, const char *value, const char
              char *err, size_t errlen);
 
 /*
- * conf_finalize: derive what defaults depend on (unix_socket from data_dir,
- * io_threads from the core count) and check cross-key rules (low watermark
- * <= high watermark, max_key_size < max_message_size, ...). Returns 0 or -1
- * with err filled.
+ * conf_finalize: derive what defaults depend on (unix_socket and ssd_dir from
+ * data_dir, io_threads from the core count) and check cross-key rules (low
+ * watermarks <= high watermarks, max_key_size < max_message_size, derived
+ * paths that fit, ...). Returns 0 or -1 with err filled; on failure c is
+ * unchanged. Finalizing a finalized config changes nothing.
  */
 int conf_finalize(struct kv_config *c, char *err, size_t errlen);
 

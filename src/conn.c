@@ -23,6 +23,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "frame.h"
@@ -40,6 +41,8 @@
 #define CONN_DISCARD_SIZE (256u * 1024u)
 #define CONN_IOV_MAX 256
 #define CONN_READAHEAD_IN_PUT 512
+#define CONN_RETRY_US 2000          /* a waiting request is looked at again this often */
+#define CONN_WAIT_MAX_MS 5000       /* then it is answered with whatever is there */
 
 struct conn {
     struct worker *w;
@@ -54,6 +57,10 @@ struct conn {
     bool paused;                 /* not reading: output over the limit */
     bool closing;                /* close at the end of the current callback */
     bool eof;                    /* peer closed its side */
+    bool waiting;                /* a request waits for the SSD tier (not reading meanwhile) */
+    bool offer_pending;          /* the spill offer in scan is to be asked again */
+    uint64_t wait_since;         /* ms, when waiting began */
+    struct event *ev_retry;      /* timer that retries a waiting request */
 
     uint8_t *ibuf;               /* message bytes (minus spilled bodies) + read-ahead */
     size_t icap, ilen, rpos;     /* current message starts at rpos */
@@ -101,6 +108,13 @@ conn_free(struct conn *c)
 
     log_debug("conn %llu %s: closed", (unsigned long long)c->id, c->peer);
     conn_spills_abort(c);
+    rpc_deferred_drop(&c->ctx);
+    if (c->ev_retry != NULL) {
+        event_free(c->ev_retry);
+    }
+    if (c->waiting) {
+        w->waiting--;
+    }
     outq_deinit(&c->out);
     if (c->ev_read != NULL) {
         event_free(c->ev_read);
@@ -249,12 +263,62 @@ conn_set_writing(struct conn *c, bool on)
     c->writing = on;
 }
 
-/* Idle: no partial message, no spill in progress, nothing left to send. */
+/* Idle: no partial message, no spill in progress, nothing waiting or left to send. */
 static bool
 conn_idle(const struct conn *c)
 {
-    return c->ilen == c->rpos && c->spill_left == 0 && c->nholes == 0 &&
+    return c->ilen == c->rpos && c->spill_left == 0 && c->nholes == 0 && !c->waiting &&
            outq_pending(&c->out) == 0;
+}
+
+static uint64_t
+conn_now_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static void conn_on_retry(evutil_socket_t fd, short what, void *arg);
+
+/*
+ * conn_wait: the current request waits for the SSD tier (a load, room in
+ * DRAM, a durable write). Nothing more is read or dispatched on this
+ * connection until it goes on (replies stay in order, and bytes of a value
+ * still on the wire stay there). A timer and the tier's wake-ups retry it.
+ */
+static void
+conn_wait(struct conn *c)
+{
+    static const struct timeval tv = {0, CONN_RETRY_US};
+
+    if (!c->waiting) {
+        c->waiting = true;
+        c->wait_since = conn_now_ms();
+        c->w->waiting++;
+    }
+    if (c->ev_retry == NULL) {
+        c->ev_retry = evtimer_new(c->w->base, conn_on_retry, c);
+    }
+    if (c->ev_retry == NULL || evtimer_add(c->ev_retry, &tv) != 0) {
+        log_error("conn %llu %s: cannot arm a timer; closing", (unsigned long long)c->id, c->peer);
+        c->closing = true;
+        return;
+    }
+    conn_set_reading(c, false);
+}
+
+static void
+conn_wait_end(struct conn *c)
+{
+    if (c->waiting) {
+        c->waiting = false;
+        c->w->waiting--;
+        if (c->ev_retry != NULL) {
+            evtimer_del(c->ev_retry);
+        }
+    }
 }
 
 /* ---- output ---- */
@@ -369,6 +433,10 @@ conn_dispatch(struct conn *c)
         c->holes[i].tag = &c->spills[i];
     }
     int rc = rpc_dispatch(&c->ctx, c->ibuf + c->rpos, c->scan.pos, c->holes, c->nholes, &c->out);
+    if (rc == -EAGAIN) {
+        conn_wait(c);           /* the same message is dispatched again */
+        return c->closing ? -1 : 0;
+    }
     c->rpos += c->scan.pos;
     conn_message_reset(c);
     if (rc == KV_PROTOCOL_ERROR) {
@@ -399,11 +467,31 @@ conn_process(struct conn *c)
     c->flim.spill_min = CONN_SPILL_MIN;
 
     while (c->spill_left == 0 && c->rpos < c->ilen) {
+        if (c->ctx.deferred != NULL) {
+            int prc = rpc_deferred_poll(&c->ctx, &c->out);
+
+            if (prc == -EINPROGRESS) {
+                conn_wait(c);
+                return c->closing ? -1 : 0;
+            }
+            if (prc != 0) {
+                c->closing = true;
+                return -1;
+            }
+        }
+        if (c->waiting) {
+            return 0;
+        }
         if (outq_pending(&c->out) > out_limit) {
             c->paused = true;
             return 0;
         }
-        int st = frame_scan(&c->scan, c->ibuf + c->rpos, c->ilen - c->rpos, &c->flim);
+        int st = FRAME_SPILL;
+        if (c->offer_pending) {
+            c->offer_pending = false;   /* the same offer, asked again */
+        } else {
+            st = frame_scan(&c->scan, c->ibuf + c->rpos, c->ilen - c->rpos, &c->flim);
+        }
         if (st == FRAME_DONE) {
             if (conn_dispatch(c) != 0) {
                 return -1;
@@ -425,6 +513,11 @@ conn_process(struct conn *c)
             frame_scan_decline(&c->scan);
             continue;
         }
+        if (sp.obj == NULL && sp.code == -EAGAIN) {
+            c->offer_pending = true;    /* leave the value on the wire until there is room */
+            conn_wait(c);
+            return c->closing ? -1 : 0;
+        }
         if (conn_hole_add(c, c->scan.spill_len) < 0) {
             store_abort(c->w->srv->store, sp.obj);
             log_error("conn %llu %s: out of memory; closing", (unsigned long long)c->id, c->peer);
@@ -437,6 +530,19 @@ conn_process(struct conn *c)
         size_t at = c->rpos + c->scan.pos;
         conn_spill_fill(c, c->ibuf + at, c->scan.spill_have);
         c->ilen = at; /* the buffered part of the body now lives in the store */
+    }
+    if (c->ctx.deferred != NULL) {
+        /* The last buffered message left a reply waiting. */
+        int prc = rpc_deferred_poll(&c->ctx, &c->out);
+
+        if (prc == -EINPROGRESS) {
+            conn_wait(c);
+            return c->closing ? -1 : 0;
+        }
+        if (prc != 0) {
+            c->closing = true;
+            return -1;
+        }
     }
     if (c->rpos == c->ilen) {
         c->rpos = c->ilen = 0;
@@ -596,17 +702,17 @@ conn_on_read(evutil_socket_t fd, short what, void *arg)
             c->closing = true;
             break;
         }
-        if (conn_process(c) != 0 || c->paused) {
+        if (conn_process(c) != 0 || c->paused || c->waiting) {
             break;
         }
     }
     if (!c->closing && conn_flush(c) != 0) {
         c->closing = true;
     }
-    if (!c->closing && c->paused) {
+    if (!c->closing && (c->paused || c->waiting)) {
         conn_set_reading(c, false);
     }
-    if (!c->closing && c->eof) {
+    if (!c->closing && c->eof && !c->waiting) {
         /* Peer is done sending: answer what it sent, then close. */
         conn_set_reading(c, false);
         if (c->rpos != c->ilen || c->spill_left > 0 || c->nholes > 0) {
@@ -635,7 +741,7 @@ conn_on_write(evutil_socket_t fd, short what, void *arg)
         conn_free(c);
         return;
     }
-    if (c->paused && outq_pending(&c->out) <= c->w->conf->client_output_limit / 2) {
+    if (c->paused && !c->waiting && outq_pending(&c->out) <= c->w->conf->client_output_limit / 2) {
         c->paused = false;
         if (conn_process(c) != 0) {
             conn_free(c);
@@ -645,16 +751,70 @@ conn_on_write(evutil_socket_t fd, short what, void *arg)
             conn_free(c);
             return;
         }
-        if (!c->paused && !c->eof) {
+        if (!c->paused && !c->eof && !c->waiting) {
             conn_set_reading(c, true);
         }
     }
-    if (c->eof && outq_pending(&c->out) == 0) {
+    if (c->eof && !c->waiting && outq_pending(&c->out) == 0) {
         c->closing = true;
     }
     conn_maybe_finish_drain(c);
     if (c->closing) {
         conn_free(c);
+    }
+}
+
+/* conn_retry: look at a waiting request again; after CONN_WAIT_MAX_MS it is answered as is. */
+static void
+conn_retry(struct conn *c)
+{
+    bool final = conn_now_ms() - c->wait_since >= CONN_WAIT_MAX_MS;
+
+    conn_refresh_limits(c->w);
+    conn_wait_end(c);
+    c->ctx.final_try = final;
+    if (conn_process(c) != 0) {
+        c->ctx.final_try = false;
+        conn_free(c);
+        return;
+    }
+    c->ctx.final_try = false;
+    if (conn_flush(c) != 0) {
+        conn_free(c);
+        return;
+    }
+    if (!c->waiting && !c->paused && !c->eof && !c->w->draining) {
+        conn_set_reading(c, true);
+    }
+    if (c->eof && !c->waiting && outq_pending(&c->out) == 0) {
+        c->closing = true;
+    }
+    conn_maybe_finish_drain(c);
+    if (c->closing) {
+        conn_free(c);
+    }
+}
+
+static void
+conn_on_retry(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    conn_retry(arg);
+}
+
+void
+conn_retry_waiting(struct worker *w)
+{
+    struct conn *c = w->conns;
+
+    while (c != NULL && w->waiting > 0) {
+        struct conn *next = c->next;
+
+        if (c->waiting) {
+            conn_retry(c);
+        }
+        c = next;
     }
 }
 

@@ -32,6 +32,12 @@ int conn_adopt(struct worker *w, int fd, int is_unix);
  */
 void conn_drain_all(struct worker *w);
 
+/*
+ * conn_retry_waiting: the SSD tier made progress: retry every connection of
+ * w whose request waits for it (called on w's thread).
+ */
+void conn_retry_waiting(struct worker *w);
+
 /* conn_close_all: close every connection of w at once (final teardown). */
 void conn_close_all(struct worker *w);
 

@@ -32,6 +32,7 @@
 #include "outq.h"
 #include "rpc.h"
 #include "stats.h"
+#include "ssd.h"
 #include "store.h"
 #include "version.h"
 
@@ -372,6 +373,52 @@ worker_on_notify(evutil_socket_t fd, short what, void *arg)
     }
 }
 
+/* The SSD tier made progress: requests waiting for it may go on. */
+static void
+worker_on_wake(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    conn_retry_waiting(arg);
+}
+
+/* Called from the SSD tier's threads: wake every worker that has a waiting connection. */
+static void
+server_ssd_wake(void *arg)
+{
+    struct server *s = arg;
+
+    for (int i = 0; i < s->nworkers; i++) {
+        struct worker *w = &s->workers[i];
+
+        if (w->wake_ev != NULL) {
+            event_active(w->wake_ev, EV_READ, 0);
+        }
+    }
+}
+
+/* server_ssd_config: the tier's settings from a config (strings borrowed from conf). */
+static void
+server_ssd_config(struct server *s, const struct kv_config *c, struct ssd_config *sc)
+{
+    memset(sc, 0, sizeof(*sc));
+    sc->dir = c->ssd_dir;
+    sc->size = c->ssd_size;
+    sc->bucket_size = c->ssd_bucket_size;
+    sc->eviction = c->ssd_eviction == CONF_SSD_LRU ? SSD_LRU : SSD_FIFO;
+    sc->high_watermark = c->ssd_high_watermark;
+    sc->low_watermark = c->ssd_low_watermark;
+    sc->offload = c->ssd_offload == CONF_SSD_WRITE_THROUGH ? SSD_WRITE_THROUGH
+                  : c->ssd_offload == CONF_SSD_OFF       ? SSD_OFFLOAD_OFF
+                                                          : SSD_ON_EVICT;
+    sc->promote = c->ssd_promote != 0;
+    sc->io_threads = (int)c->ssd_io_threads;
+    sc->max_key_size = (uint32_t)c->max_key_size;
+    sc->max_value_size = c->max_value_size;
+    sc->wake = server_ssd_wake;
+    sc->wake_arg = s;
+}
+
 static void *
 worker_main(void *arg)
 {
@@ -405,6 +452,10 @@ worker_init(struct server *s, struct worker *w, int idx)
     if (w->notify_ev == NULL || event_add(w->notify_ev, NULL) != 0) {
         return -ENOMEM;
     }
+    w->wake_ev = event_new(w->base, -1, 0, worker_on_wake, w);
+    if (w->wake_ev == NULL) {
+        return -ENOMEM;
+    }
     w->conf = server_conf(s);
     w->lim.max_key_size = w->conf->max_key_size;
     w->lim.max_value_size = w->conf->max_value_size;
@@ -422,6 +473,9 @@ worker_deinit(struct worker *w)
     }
     if (w->notify_ev != NULL) {
         event_free(w->notify_ev);
+    }
+    if (w->wake_ev != NULL) {
+        event_free(w->wake_ev);
     }
     if (w->base != NULL) {
         event_base_free(w->base);
@@ -509,6 +563,12 @@ server_reload(struct server *s)
     if (store_set_limits(s->store, &sc) != 0) {
         log_error("reload: store rejected the new limits; keeping the running config");
         goto fail;
+    }
+    if (s->ssd != NULL) {
+        struct ssd_config ssc;
+
+        server_ssd_config(s, next, &ssc);
+        ssd_reconfigure(s->ssd, &ssc);
     }
     if (strcmp(next->log_file, cur->log_file) != 0) {
         int rc = log_open(next->log_file, next->log_level);
@@ -763,6 +823,17 @@ server_create(const struct kv_config *conf, const char *config_path, int argc, c
             goto fail;
         }
     }
+    if (c->ssd_dir[0] != '\0') {
+        struct ssd_config ssc;
+        char err[1024];
+
+        server_ssd_config(s, c, &ssc);
+        rc = ssd_open(&ssc, s->store, &s->ssd, err, sizeof(err));
+        if (rc != 0) {
+            log_error("cannot open the SSD tier: %s", err);
+            goto fail;
+        }
+    }
     for (int i = 0; i < s->nworkers; i++) {
         rc = pthread_create(&s->workers[i].thread, NULL, worker_main, &s->workers[i]);
         if (rc != 0) {
@@ -824,6 +895,8 @@ server_destroy(struct server *s)
     for (int i = 0; i < s->nthreads; i++) {
         pthread_join(s->workers[i].thread, NULL);
     }
+    ssd_close(s->ssd);      /* before the workers' wake events go */
+    s->ssd = NULL;
     for (int i = 0; s->workers != NULL && i < s->nworkers; i++) {
         if (s->workers[i].srv != NULL) {
             worker_deinit(&s->workers[i]);

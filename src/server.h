@@ -30,6 +30,7 @@
 struct event;
 struct event_base;
 struct conn;
+struct ssd;
 struct store;
 
 #define SERVER_MAX_WORKERS 64
@@ -54,6 +55,8 @@ struct worker {
     _Atomic uint64_t protocol_errors;
     _Atomic int done;
     uint8_t *discard;                /* scratch for bytes read only to be dropped */
+    int waiting;                     /* connections waiting for the SSD tier */
+    struct event *wake_ev;           /* made active by the SSD tier's threads */
 };
 
 struct server {
@@ -64,6 +67,7 @@ struct server {
     struct kv_config **old_confs;    /* retired snapshots, freed at exit */
     int nold;
     struct store *store;
+    struct ssd *ssd;                 /* the SSD tier, or NULL */
     struct rpc_server rpc;
     char node_id[CONF_STR_MAX];
     const char *transports[2];

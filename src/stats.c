@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "server.h"
+#include "ssd.h"
 #include "store.h"
 
 static char stats_op_names[RPC_METHOD_COUNT][40];
@@ -89,6 +90,39 @@ stats_collect(void *arg, const char **names, uint64_t *values, int max)
     STAT("pinned_soft", st.pinned_soft);
     STAT("metadata_bytes", st.metadata_bytes);
     STAT("memory_prefaulted", st.memory_prefaulted);
+    STAT("dram_objects", st.resident);
+    STAT("dram_bytes", st.resident_bytes);
+    STAT("loading", st.loading);
+    STAT("offloading", st.offloading);
+    if (s->ssd != NULL) {
+        struct ssd_stats ss;
+
+        ssd_stats(s->ssd, &ss);
+        STAT("ssd_objects", ss.objects);
+        STAT("ssd_bytes", ss.bytes);
+        STAT("ssd_disk_bytes", ss.disk_bytes);
+        STAT("ssd_capacity", ss.capacity);
+        STAT("ssd_buckets", ss.buckets);
+        STAT("ssd_hits", ss.hits);
+        STAT("ssd_reads", ss.reads);
+        STAT("ssd_read_bytes", ss.read_bytes);
+        STAT("ssd_writes", ss.writes);
+        STAT("ssd_write_bytes", ss.write_bytes);
+        STAT("ssd_syncs", ss.syncs);
+        STAT("ssd_evicted_buckets", ss.evicted_buckets);
+        STAT("ssd_evicted_objects", ss.evicted_objects);
+        STAT("ssd_checksum_errors", ss.checksum_errors);
+        STAT("ssd_io_errors", ss.io_errors);
+        STAT("ssd_no_space", ss.no_space);
+        STAT("ssd_write_failed", ss.write_failed);
+        STAT("ssd_offload_queue", ss.queue_objects);
+        STAT("ssd_offload_queue_bytes", ss.queue_bytes);
+        STAT("ssd_load_queue", ss.load_queue);
+        STAT("ssd_degraded", ss.degraded);
+        STAT("ssd_index_map_size", ss.index_map_size);
+        STAT("ssd_start_objects", ss.start_objects);
+        STAT("ssd_start_ms", ss.start_ms);
+    }
 #undef STAT
     return n;
 }

@@ -73,12 +73,18 @@ enum store_lru {
 };
 
 /*
- * One object: 80 bytes on LP64, then n_ext extents (8 bytes each) and the
- * key bytes in the same heap block. What a lookup reads (hash, tenant,
- * key_len, state) and what an access writes (atime, referenced) sit in the
- * first 40 bytes. Everything but refs is guarded by the shard lock, except
- * what is immutable after store_reserve (hash, tenant, key_len, n_ext, size,
- * base, ext, key), which reference holders read without it.
+ * One object: 112 bytes on LP64, then room for ext_cap extents (8 bytes
+ * each) and the key bytes in the same heap block. What a lookup reads (hash,
+ * tenant, key_len, state) and what an access writes (atime, referenced) sit
+ * in the first 40 bytes. Everything but refs and ssd is guarded by the shard
+ * lock, except what is immutable after store_reserve (hash, tenant, key_len,
+ * ext_cap, size, base, key), which reference holders read without it. n_ext
+ * and ext change only while the object is not resident (evicted to the SSD
+ * tier, or being loaded back), when no reader holds it through store_get.
+ *
+ * With an SSD tier the room for extents has a little slack over what the
+ * object first needed (ext_cap), so that a load back into a more fragmented
+ * arena still fits in the same block.
  */
 struct store_obj {
     struct store_obj *hnext;        /* hash chain; after detaching, a private free list */
@@ -96,10 +102,17 @@ struct store_obj {
     uint8_t *base;                  /* arena base, so the obj_* calls need no store */
     struct store_obj *lru_prev;     /* toward the head (newer) */
     struct store_obj *lru_next;     /* toward the tail (older) */
-    struct alloc_extent ext[];      /* n_ext extents, then key_len key bytes */
+    struct store_loc loc;           /* the SSD copy, when ssd == STORE_SSD_STORED */
+    struct store_obj *tlink;        /* the tier's queue link (store_obj_link) */
+    uint8_t ext_cap;                /* extents the block has room for */
+    uint8_t resident;               /* the value is in the arena (ext[0..n_ext)) */
+    uint8_t loading;                /* the tier is reading it back */
+    _Atomic uint8_t ssd;            /* enum store_ssd_state */
+    uint32_t pad;
+    struct alloc_extent ext[];      /* ext_cap extents, then key_len key bytes */
 };
 
-_Static_assert(sizeof(struct store_obj) <= 80, "object header grew; update the comment above");
+_Static_assert(sizeof(struct store_obj) <= 112, "object header grew; update the comment above");
 
 struct store_list {
     struct store_obj *head;
@@ -120,6 +133,10 @@ struct store_shard {
     uint64_t value_bytes;
     uint64_t pinned_hard;
     uint64_t pinned_soft;
+    uint64_t resident;              /* published and in the arena */
+    uint64_t resident_bytes;
+    uint64_t stored;                /* published with an SSD copy */
+    uint64_t loading;
     /* Copies of buckets/mask for prefetching without the lock (store_exists_batch): a
      * stale or torn pair only makes a prefetch useless, never a lookup wrong. */
     _Atomic(uintptr_t) pf_buckets;
@@ -139,103 +156,16 @@ struct store {
     _Atomic uint64_t evicted_bytes; /* value bytes of evicted objects */
     _Atomic uint64_t no_space;
     _Atomic uint64_t metadata_bytes;
+    _Atomic uint64_t offloading;    /* objects handed to the tier's offload, not back yet */
+    struct store_tier tier;         /* hooks; valid when has_tier */
+    bool has_tier;
+    _Atomic bool write_through;
+    _Atomic bool on_evict;
+    _Atomic bool promote;
+    _Atomic bool degraded;
+    _Atomic unsigned cold_cursor;   /* shard store_offload_cold starts at */
     int nshards_ready;              /* shard mutexes initialized (for a half-built destroy) */
 };
-
-/* ---- hash ---- */
-
-#define STORE_K0 0xa0761d6478bd642full
-#define STORE_K1 0xe7037ed1a0b428dbull
-#define STORE_K2 0x8ebc6af09c88c6e3ull
-#define STORE_K3 0x589965cc75374cc3ull
-
-__extension__ typedef unsigned __int128 store_u128;
-
-/* store_mum: the 64x64->128 multiply folded to 64 bits, the whole mixing step. */
-static inline uint64_t
-store_mum(uint64_t a, uint64_t b)
-{
-    store_u128 r = (store_u128)a * b;
-
-    return (uint64_t)r ^ (uint64_t)(r >> 64);
-}
-
-static inline uint64_t
-store_load64(const uint8_t *p)
-{
-    uint64_t v;
-
-    memcpy(&v, p, sizeof(v));
-    return v;
-}
-
-static inline uint64_t
-store_load32(const uint8_t *p)
-{
-    uint32_t v;
-
-    memcpy(&v, p, sizeof(v));
-    return v;
-}
-
-/*
- * A multiply-fold hash in the wyhash style: 16 bytes per step, each step one
- * 128-bit multiply of the two input words keyed with constants and the
- * running state; three independent lanes above 48 bytes; the last 16 bytes
- * read as two (possibly overlapping) words, so no byte loop. The tenant
- * seeds the state and the length goes into the final fold, so overlapping
- * tails cannot collide across lengths. About 20 cycles for a 40-byte key.
- * Loads are native-endian: stable on one machine, which is all sharding needs.
- */
-uint64_t
-store_hash64(const struct kv_key *key)
-{
-    const uint8_t *p = key->ptr;
-    size_t len = key->len;
-    uint64_t seed = store_mum((uint64_t)key->tenant ^ STORE_K0, STORE_K1);
-    uint64_t a;
-    uint64_t b;
-
-    if (len <= 16) {
-        if (len >= 8) {
-            a = store_load64(p);
-            b = store_load64(p + len - 8);
-        } else if (len >= 4) {
-            a = store_load32(p);
-            b = store_load32(p + len - 4);
-        } else if (len > 0) {
-            a = ((uint64_t)p[0] << 16) | ((uint64_t)p[len >> 1] << 8) | p[len - 1];
-            b = 0;
-        } else {
-            a = 0;
-            b = 0;
-        }
-    } else {
-        size_t left = len;
-
-        if (left > 48) {
-            uint64_t s1 = seed;
-            uint64_t s2 = seed;
-
-            do {
-                seed = store_mum(store_load64(p) ^ STORE_K1, store_load64(p + 8) ^ seed);
-                s1 = store_mum(store_load64(p + 16) ^ STORE_K2, store_load64(p + 24) ^ s1);
-                s2 = store_mum(store_load64(p + 32) ^ STORE_K3, store_load64(p + 40) ^ s2);
-                p += 48;
-                left -= 48;
-            } while (left > 48);
-            seed ^= s1 ^ s2;
-        }
-        while (left > 16) {
-            seed = store_mum(store_load64(p) ^ STORE_K1, store_load64(p + 8) ^ seed);
-            p += 16;
-            left -= 16;
-        }
-        a = store_load64(p + left - 16);
-        b = store_load64(p + left - 8);
-    }
-    return store_mum(STORE_K1 ^ len, store_mum(a ^ STORE_K1, b ^ seed));
-}
 
 /* ---- small helpers ---- */
 
@@ -255,15 +185,15 @@ store_shard_of(struct store *s, uint64_t hash)
 }
 
 static inline const uint8_t *
-store_obj_key(const struct store_obj *o)
+store_obj_kptr(const struct store_obj *o)
 {
-    return (const uint8_t *)(o->ext + o->n_ext);
+    return (const uint8_t *)(o->ext + o->ext_cap);
 }
 
 static inline size_t
 store_obj_heap_bytes(const struct store_obj *o)
 {
-    return sizeof(*o) + o->n_ext * sizeof(struct alloc_extent) + o->key_len;
+    return sizeof(*o) + o->ext_cap * sizeof(struct alloc_extent) + o->key_len;
 }
 
 static inline uint64_t
@@ -321,11 +251,27 @@ store_list_unlink(struct store_list *l, struct store_obj *o)
     o->lru_next = NULL;
 }
 
-/* store_list_of: the list a published object is on, or NULL (hard-pinned, reserved). */
+static void
+store_list_push_tail(struct store_list *l, struct store_obj *o)
+{
+    o->lru_next = NULL;
+    o->lru_prev = l->tail;
+    if (l->tail != NULL) {
+        l->tail->lru_next = o;
+    } else {
+        l->head = o;
+    }
+    l->tail = o;
+}
+
+/*
+ * store_list_of: the list a published object is on, or NULL (hard-pinned,
+ * reserved, or not resident: only arena pages are evicted from lists).
+ */
 static struct store_list *
 store_list_of(struct store_shard *sh, const struct store_obj *o)
 {
-    if (o->state != STORE_OBJ_PUBLISHED) {
+    if (o->state != STORE_OBJ_PUBLISHED || !o->resident) {
         return NULL;
     }
     switch (o->pin) {
@@ -375,7 +321,7 @@ store_find_locked(struct store_shard *sh, uint64_t hash, const struct kv_key *ke
 {
     for (struct store_obj *o = *store_bucket_locked(sh, hash); o != NULL; o = o->hnext) {
         if (o->hash == hash && o->tenant == key->tenant && o->key_len == key->len
-            && (key->len == 0 || memcmp(store_obj_key(o), key->ptr, key->len) == 0)) {
+            && (key->len == 0 || memcmp(store_obj_kptr(o), key->ptr, key->len) == 0)) {
             return o;
         }
     }
@@ -455,6 +401,13 @@ store_forget_locked(struct store_shard *sh, struct store_obj *o)
         }
         sh->objects--;
         sh->value_bytes -= o->size;
+        if (o->resident) {
+            sh->resident--;
+            sh->resident_bytes -= o->size;
+        }
+        if (atomic_load_explicit(&o->ssd, memory_order_relaxed) == STORE_SSD_STORED) {
+            sh->stored--;
+        }
         if (o->pin == STORE_PIN_HARD) {
             sh->pinned_hard--;
         } else if (o->pin == STORE_PIN_SOFT) {
@@ -610,6 +563,28 @@ store_evictable_locked(const struct store_obj *o, uint64_t now)
     return atomic_load_explicit(&o->refs, memory_order_acquire) == 1 && o->lease_until <= now;
 }
 
+/* store_queue_locked: hand o to the tier's offload hook with a reference of its own. */
+static void
+store_queue_locked(struct store *s, struct store_obj *o)
+{
+    atomic_store_explicit(&o->ssd, STORE_SSD_QUEUED, memory_order_relaxed);
+    atomic_fetch_add_explicit(&o->refs, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&s->offloading, 1, memory_order_relaxed);
+    s->tier.offload(s->tier.arg, o);
+}
+
+/*
+ * store_must_offload_locked: an evictable object whose pages cannot be
+ * reused yet because, in on-evict mode, it has to reach the SSD first.
+ */
+static int
+store_must_offload_locked(struct store *s, const struct store_obj *o)
+{
+    return s->has_tier && atomic_load_explicit(&s->on_evict, memory_order_relaxed)
+           && !atomic_load_explicit(&s->degraded, memory_order_relaxed)
+           && atomic_load_explicit(&o->ssd, memory_order_relaxed) == STORE_SSD_NONE;
+}
+
 /*
  * store_candidate_locked: the next object eviction should take from one
  * list, or NULL. From the tail up, a referenced object gets its second
@@ -620,7 +595,7 @@ store_evictable_locked(const struct store_obj *o, uint64_t now)
  * evictable object is taken, referenced or not.
  */
 static struct store_obj *
-store_candidate_locked(struct store_shard *sh, int cls, uint64_t now)
+store_candidate_locked(struct store *s, struct store_shard *sh, int cls, uint64_t now)
 {
     struct store_list *l = &sh->lru[cls];
     int busy = 0;
@@ -629,7 +604,13 @@ store_candidate_locked(struct store_shard *sh, int cls, uint64_t now)
     while (l->tail != NULL) {
         struct store_obj *o = l->tail;
 
-        if (store_evictable_locked(o, now)) {
+        if (store_evictable_locked(o, now) && store_must_offload_locked(s, o)) {
+            /* Written first, freed by a later look; busy until the tier is done. */
+            store_queue_locked(s, o);
+            if (++busy > STORE_EVICT_SCAN) {
+                return NULL;
+            }
+        } else if (store_evictable_locked(o, now)) {
             if (!o->referenced || promoted == STORE_EVICT_PROMOTE) {
                 return o;
             }
@@ -660,7 +641,7 @@ store_scan(struct store *s, int cls, uint64_t now, uint64_t *cand, uint64_t *obj
         struct store_obj *c;
 
         pthread_mutex_lock(&sh->lock);
-        c = store_candidate_locked(sh, cls, now);
+        c = store_candidate_locked(s, sh, cls, now);
         cand[i] = c != NULL ? c->atime : STORE_NO_CANDIDATE;
         *objects += sh->objects;
         pthread_mutex_unlock(&sh->lock);
@@ -670,6 +651,27 @@ store_scan(struct store *s, int cls, uint64_t now, uint64_t *cand, uint64_t *obj
 }
 
 enum store_evict_end { STORE_EVICT_DONE, STORE_EVICT_EMPTY, STORE_EVICT_GAVE_UP };
+
+/*
+ * store_evict_locked: take an evictable object's pages. One with an SSD copy
+ * stays indexed without them (returns 1); any other leaves the table
+ * (returns 0: the caller drops the table's reference after unlocking).
+ */
+static int
+store_evict_locked(struct store *s, struct store_shard *sh, struct store_obj *o)
+{
+    if (atomic_load_explicit(&o->ssd, memory_order_relaxed) != STORE_SSD_STORED) {
+        store_detach_locked(s, sh, o);
+        return 0;
+    }
+    store_list_unlink(store_list_of(sh, o), o);
+    alloc_give(s->alloc, o->ext, o->n_ext);
+    o->n_ext = 0;
+    o->resident = 0;
+    sh->resident--;
+    sh->resident_bytes -= o->size;
+    return 1;
+}
 
 /*
  * store_evict_class: evict from one list class, oldest stamp first across
@@ -696,6 +698,7 @@ store_evict_class(struct store *s, int cls, uint64_t target_pages, uint64_t now,
         struct store_obj *c;
         struct store_obj *next;
         int best = -1;
+        int kept;
 
         if (alloc_used_pages(s->alloc) <= target_pages) {
             return STORE_EVICT_DONE;
@@ -719,22 +722,24 @@ store_evict_class(struct store *s, int cls, uint64_t target_pages, uint64_t now,
 
         sh = &s->shard[best];
         pthread_mutex_lock(&sh->lock);
-        c = store_candidate_locked(sh, cls, now);
+        c = store_candidate_locked(s, sh, cls, now);
         if (c == NULL || c->atime > cand[best]) {
             cand[best] = c != NULL ? c->atime : STORE_NO_CANDIDATE;
             pthread_mutex_unlock(&sh->lock);
             misses++;
             continue;
         }
-        store_detach_locked(s, sh, c);
-        next = store_candidate_locked(sh, cls, now);
+        kept = store_evict_locked(s, sh, c);
+        next = store_candidate_locked(s, sh, cls, now);
         cand[best] = next != NULL ? next->atime : STORE_NO_CANDIDATE;
         pthread_mutex_unlock(&sh->lock);
 
         atomic_fetch_add_explicit(&s->evictions, 1, memory_order_relaxed);
         atomic_fetch_add_explicit(&s->evicted_bytes, c->size, memory_order_relaxed);
         *freed_pages += store_pages(c->size);
-        store_obj_unref(s, c);      /* the table's reference was the only one */
+        if (!kept) {
+            store_obj_unref(s, c);  /* the table's reference was the only one */
+        }
         budget--;
         misses = 0;
     }
@@ -764,7 +769,7 @@ store_evict(struct store *s, uint64_t target)
  * fragmented for STORE_MAX_EXTENTS extents). Never waits for anything.
  */
 static int
-store_take_pages(struct store *s, uint64_t npages, struct alloc_extent *ext, int *n)
+store_take_pages(struct store *s, uint64_t npages, struct alloc_extent *ext, int max, int *n)
 {
     uint64_t low = atomic_load_explicit(&s->low_pages, memory_order_relaxed);
     uint64_t high = atomic_load_explicit(&s->high_pages, memory_order_relaxed);
@@ -778,7 +783,7 @@ store_take_pages(struct store *s, uint64_t npages, struct alloc_extent *ext, int
     if (alloc_used_pages(s->alloc) + npages > high) {
         (void)store_evict(s, target * STORE_PAGE_SIZE);
     }
-    if (alloc_take(s->alloc, npages, ext, STORE_MAX_EXTENTS, n) == 0) {
+    if (alloc_take(s->alloc, npages, ext, max, n) == 0) {
         return 0;
     }
     used = alloc_used_pages(s->alloc);
@@ -786,10 +791,32 @@ store_take_pages(struct store *s, uint64_t npages, struct alloc_extent *ext, int
         /* Below the watermark yet refused: free at least this request's worth more. */
         target = used > npages ? used - npages : 0;
     }
-    if (store_evict(s, target * STORE_PAGE_SIZE) == 0) {
-        return KV_NO_SPACE;
+    if (store_evict(s, target * STORE_PAGE_SIZE) == 0
+        || alloc_take(s->alloc, npages, ext, max, n) != 0) {
+        /* Objects on their way to the SSD free their pages when written. */
+        return atomic_load_explicit(&s->offloading, memory_order_relaxed) != 0 ? -EAGAIN
+                                                                                : KV_NO_SPACE;
     }
-    return alloc_take(s->alloc, npages, ext, STORE_MAX_EXTENTS, n);
+    return 0;
+}
+
+/*
+ * store_ext_cap: extents an object's block makes room for. With a tier, a
+ * little over the fewest the page count can take, so that a load back into
+ * a fragmented arena fits in the same block.
+ */
+static int
+store_ext_cap(const struct store *s, uint64_t npages, int n)
+{
+    int want = n;
+
+    if (s->has_tier) {
+        want = __builtin_popcountll(npages) + 2;
+        if (want > STORE_MAX_EXTENTS) {
+            want = STORE_MAX_EXTENTS;
+        }
+    }
+    return want > n ? want : n;
 }
 
 /* ---- write path ---- */
@@ -804,6 +831,7 @@ store_reserve(struct store *s, const struct kv_key *key, uint64_t size, struct s
     uint64_t hash;
     size_t bytes;
     int n = 0;
+    int cap;
     int rc;
 
     if (s == NULL || key == NULL || out == NULL || (key->len != 0 && key->ptr == NULL)) {
@@ -833,11 +861,12 @@ store_reserve(struct store *s, const struct kv_key *key, uint64_t size, struct s
         rc = KV_NO_SPACE;
         goto fail_count;
     }
-    rc = store_take_pages(s, store_pages(size), ext, &n);
+    rc = store_take_pages(s, store_pages(size), ext, STORE_MAX_EXTENTS, &n);
     if (rc != 0) {
         goto fail_count;
     }
-    bytes = sizeof(*o) + (size_t)n * sizeof(ext[0]) + key->len;
+    cap = store_ext_cap(s, store_pages(size), n);
+    bytes = sizeof(*o) + (size_t)cap * sizeof(ext[0]) + key->len;
     o = malloc(bytes);
     if (o == NULL) {
         rc = -ENOMEM;
@@ -857,10 +886,17 @@ store_reserve(struct store *s, const struct kv_key *key, uint64_t size, struct s
     o->state = STORE_OBJ_RESERVED;
     o->pin = STORE_PIN_NONE;
     o->n_ext = (uint8_t)n;
+    o->ext_cap = (uint8_t)cap;
     o->referenced = 0;
+    o->resident = 1;
+    o->loading = 0;
+    o->tlink = NULL;
+    o->pad = 0;
+    atomic_init(&o->ssd, STORE_SSD_NONE);
+    memset(&o->loc, 0, sizeof(o->loc));
     memcpy(o->ext, ext, (size_t)n * sizeof(ext[0]));
     if (key->len != 0) {
-        memcpy((uint8_t *)(o->ext + n), key->ptr, key->len);
+        memcpy((uint8_t *)(o->ext + cap), key->ptr, key->len);
     }
 
     pthread_mutex_lock(&sh->lock);
@@ -907,6 +943,11 @@ store_commit(struct store *s, struct store_obj *o)
     sh->reserved--;
     sh->objects++;
     sh->value_bytes += o->size;
+    sh->resident++;
+    sh->resident_bytes += o->size;
+    if (s->has_tier && atomic_load_explicit(&s->write_through, memory_order_relaxed)) {
+        store_queue_locked(s, o);
+    }
     /* The writer's reference; the table still holds one, so this never frees. */
     atomic_fetch_sub_explicit(&o->refs, 1, memory_order_release);
     pthread_mutex_unlock(&sh->lock);
@@ -1070,8 +1111,18 @@ store_get(struct store *s, const struct kv_key *key, struct store_obj **out)
         pthread_mutex_unlock(&sh->lock);
         return KV_NOT_FOUND;
     }
-    atomic_fetch_add_explicit(&o->refs, 1, memory_order_relaxed);
     store_touch_locked(o);
+    if (!o->resident) {
+        if (!o->loading && s->has_tier) {
+            o->loading = 1;
+            sh->loading++;
+            atomic_fetch_add_explicit(&o->refs, 1, memory_order_relaxed);
+            s->tier.load(s->tier.arg, o);
+        }
+        pthread_mutex_unlock(&sh->lock);
+        return s->has_tier ? -EAGAIN : KV_NOT_FOUND;
+    }
+    atomic_fetch_add_explicit(&o->refs, 1, memory_order_relaxed);
     pthread_mutex_unlock(&sh->lock);
     *out = o;
     return 0;
@@ -1152,6 +1203,18 @@ store_size(struct store *s, const struct kv_key *key, uint64_t *size)
 
 /* ---- removal and pinning ---- */
 
+/* store_forget: tell the tier that o, just unindexed by remove, lost its SSD copy too. */
+static void
+store_forget(struct store *s, struct store_obj *o)
+{
+    struct kv_key key;
+
+    if (s->has_tier && atomic_load_explicit(&o->ssd, memory_order_acquire) == STORE_SSD_STORED) {
+        store_obj_key(o, &key);
+        s->tier.forget(s->tier.arg, &key, &o->loc, o->size);
+    }
+}
+
 /* store_removable_locked: 0 when remove may take a published object, else KV_BUSY. */
 static int
 store_removable_locked(const struct store_obj *o, bool force, uint64_t now)
@@ -1184,6 +1247,7 @@ store_remove(struct store *s, const struct kv_key *key, bool force)
     }
     pthread_mutex_unlock(&sh->lock);
     if (rc == 0) {
+        store_forget(s, o);
         store_obj_unref(s, o);
     }
     return rc;
@@ -1225,6 +1289,7 @@ store_remove_all(struct store *s, uint32_t tenant, bool all_tenants, bool force)
             struct store_obj *o = gone;
 
             gone = o->hnext;
+            store_forget(s, o);
             store_obj_unref(s, o);
         }
     }
@@ -1307,6 +1372,10 @@ store_stats(struct store *s, struct store_stats *out)
         out->value_bytes += sh->value_bytes;
         out->pinned_hard += sh->pinned_hard;
         out->pinned_soft += sh->pinned_soft;
+        out->resident += sh->resident;
+        out->resident_bytes += sh->resident_bytes;
+        out->stored += sh->stored;
+        out->loading += sh->loading;
         pthread_mutex_unlock(&sh->lock);
     }
     out->memory_used = alloc_used_pages(s->alloc) * STORE_PAGE_SIZE;
@@ -1316,4 +1385,292 @@ store_stats(struct store *s, struct store_stats *out)
     out->no_space = atomic_load_explicit(&s->no_space, memory_order_relaxed);
     out->metadata_bytes = atomic_load_explicit(&s->metadata_bytes, memory_order_relaxed);
     out->memory_prefaulted = alloc_prefaulted(s->alloc);
+    out->offloading = atomic_load_explicit(&s->offloading, memory_order_relaxed);
+}
+
+/* ---- the SSD tier's side ---- */
+
+void
+store_set_tier(struct store *s, const struct store_tier *t)
+{
+    s->has_tier = t != NULL;
+    if (t != NULL) {
+        s->tier = *t;
+        store_tier_flags(s, t->write_through, t->on_evict, t->promote);
+    }
+}
+
+bool
+store_has_tier(const struct store *s)
+{
+    return s->has_tier;
+}
+
+void
+store_tier_flags(struct store *s, bool write_through, bool on_evict, bool promote)
+{
+    atomic_store(&s->write_through, write_through);
+    atomic_store(&s->on_evict, on_evict);
+    atomic_store(&s->promote, promote);
+}
+
+void
+store_tier_degraded(struct store *s, bool degraded)
+{
+    atomic_store(&s->degraded, degraded);
+}
+
+void
+store_obj_key(const struct store_obj *o, struct kv_key *key)
+{
+    key->tenant = o->tenant;
+    key->len = o->key_len;
+    key->ptr = store_obj_kptr(o);
+}
+
+struct store_obj *
+store_obj_link(const struct store_obj *o)
+{
+    return o->tlink;
+}
+
+void
+store_obj_set_link(struct store_obj *o, struct store_obj *next)
+{
+    o->tlink = next;
+}
+
+int
+store_obj_ssd_state(const struct store_obj *o)
+{
+    return atomic_load_explicit(&o->ssd, memory_order_acquire);
+}
+
+void
+store_obj_loc(const struct store_obj *o, struct store_loc *loc)
+{
+    *loc = o->loc;
+}
+
+int
+store_obj_stored(struct store *s, struct store_obj *o, const struct store_loc *loc)
+{
+    struct store_shard *sh = store_shard_of(s, o->hash);
+    int rc = 0;
+
+    pthread_mutex_lock(&sh->lock);
+    atomic_fetch_sub_explicit(&s->offloading, 1, memory_order_relaxed);
+    if (o->state != STORE_OBJ_PUBLISHED) {
+        atomic_store_explicit(&o->ssd, STORE_SSD_NONE, memory_order_release);
+        rc = KV_NOT_FOUND;
+    } else {
+        o->loc = *loc;
+        atomic_store_explicit(&o->ssd, STORE_SSD_STORED, memory_order_release);
+        sh->stored++;
+    }
+    pthread_mutex_unlock(&sh->lock);
+    return rc;
+}
+
+void
+store_obj_store_failed(struct store *s, struct store_obj *o)
+{
+    struct store_shard *sh = store_shard_of(s, o->hash);
+
+    pthread_mutex_lock(&sh->lock);
+    atomic_fetch_sub_explicit(&s->offloading, 1, memory_order_relaxed);
+    atomic_store_explicit(&o->ssd, STORE_SSD_FAILED, memory_order_release);
+    pthread_mutex_unlock(&sh->lock);
+}
+
+int
+store_sync(struct store *s, struct store_obj *o)
+{
+    struct store_shard *sh = store_shard_of(s, o->hash);
+    int state;
+
+    if (!s->has_tier) {
+        return KV_UNSUPPORTED;
+    }
+    pthread_mutex_lock(&sh->lock);
+    state = atomic_load_explicit(&o->ssd, memory_order_relaxed);
+    if (o->state == STORE_OBJ_PUBLISHED && (state == STORE_SSD_NONE || state == STORE_SSD_FAILED)) {
+        store_queue_locked(s, o);
+    }
+    pthread_mutex_unlock(&sh->lock);
+    return 0;
+}
+
+uint64_t
+store_offload_cold(struct store *s, uint64_t bytes)
+{
+    enum { PER_SHARD = 8 };
+    unsigned start = atomic_fetch_add_explicit(&s->cold_cursor, 1, memory_order_relaxed);
+    uint64_t now = store_now_ms();
+    uint64_t queued = 0;
+
+    if (!s->has_tier) {
+        return 0;
+    }
+    for (unsigned i = 0; i < STORE_SHARDS && queued < bytes; i++) {
+        struct store_shard *sh = &s->shard[(start + i) % STORE_SHARDS];
+        struct store_obj *o;
+        int seen = 0;
+
+        pthread_mutex_lock(&sh->lock);
+        for (o = sh->lru[STORE_LRU_NORMAL].tail; o != NULL && seen < PER_SHARD && queued < bytes;
+             o = o->lru_prev, seen++) {
+            if (store_evictable_locked(o, now)
+                && atomic_load_explicit(&o->ssd, memory_order_relaxed) == STORE_SSD_NONE) {
+                store_queue_locked(s, o);
+                queued += o->size;
+            }
+        }
+        pthread_mutex_unlock(&sh->lock);
+    }
+    return queued;
+}
+
+int
+store_insert_stored(struct store *s, const struct kv_key *key, uint64_t size,
+                    const struct store_loc *loc)
+{
+    uint64_t hash = store_hash64(key);
+    struct store_shard *sh = store_shard_of(s, hash);
+    int cap = store_ext_cap(s, store_pages(size), 1);
+    size_t bytes = sizeof(struct store_obj) + (size_t)cap * sizeof(struct alloc_extent) + key->len;
+    struct store_obj *o;
+
+    if (key->len > atomic_load_explicit(&s->max_key_size, memory_order_relaxed)) {
+        return KV_TOO_LARGE;
+    }
+    o = malloc(bytes);
+    if (o == NULL) {
+        return -ENOMEM;
+    }
+    memset(o, 0, sizeof(*o));
+    o->base = s->base;
+    o->hash = hash;
+    o->size = size;
+    atomic_init(&o->refs, 1);       /* the table's */
+    o->tenant = key->tenant;
+    o->key_len = key->len;
+    o->state = STORE_OBJ_PUBLISHED;
+    o->ext_cap = (uint8_t)cap;
+    o->loc = *loc;
+    atomic_init(&o->ssd, STORE_SSD_STORED);
+    if (key->len != 0) {
+        memcpy((uint8_t *)(o->ext + cap), key->ptr, key->len);
+    }
+    pthread_mutex_lock(&sh->lock);
+    if (store_find_locked(sh, hash, key) != NULL) {
+        pthread_mutex_unlock(&sh->lock);
+        free(o);
+        return KV_EXISTS;
+    }
+    store_index_locked(s, sh, o);
+    sh->objects++;
+    sh->value_bytes += size;
+    sh->stored++;
+    pthread_mutex_unlock(&sh->lock);
+    atomic_fetch_add_explicit(&s->metadata_bytes, bytes, memory_order_relaxed);
+    return 0;
+}
+
+int
+store_drop_stored(struct store *s, const struct kv_key *key, const struct store_loc *loc)
+{
+    uint64_t hash = store_hash64(key);
+    struct store_shard *sh = store_shard_of(s, hash);
+    struct store_obj *o;
+    int left = 0;
+
+    pthread_mutex_lock(&sh->lock);
+    o = store_find_locked(sh, hash, key);
+    if (o != NULL && o->state == STORE_OBJ_PUBLISHED
+        && atomic_load_explicit(&o->ssd, memory_order_relaxed) == STORE_SSD_STORED
+        && o->loc.bucket == loc->bucket && o->loc.offset == loc->offset) {
+        if (o->resident) {
+            atomic_store_explicit(&o->ssd, STORE_SSD_NONE, memory_order_release);
+            sh->stored--;
+        } else {
+            store_detach_locked(s, sh, o);
+            left = 1;
+        }
+    }
+    pthread_mutex_unlock(&sh->lock);
+    if (left) {
+        store_obj_unref(s, o);      /* the table's; a running load keeps its own */
+    }
+    return left;
+}
+
+int
+store_load_begin(struct store *s, struct store_obj *o, struct iovec *iov, int max, int *n)
+{
+    struct store_shard *sh = store_shard_of(s, o->hash);
+    struct alloc_extent ext[STORE_MAX_EXTENTS];
+    uint64_t npages = store_pages(o->size);
+    int got = 0;
+    int rc;
+
+    *n = 0;
+    if (max < STORE_MAX_EXTENTS) {
+        return KV_INVALID_ARGUMENT;
+    }
+    rc = store_take_pages(s, npages, ext, o->ext_cap, &got);
+    if (rc != 0) {
+        return rc == -EAGAIN ? KV_NO_SPACE : rc;
+    }
+    pthread_mutex_lock(&sh->lock);
+    if (o->state != STORE_OBJ_PUBLISHED) {
+        pthread_mutex_unlock(&sh->lock);
+        alloc_give(s->alloc, ext, got);
+        return KV_NOT_FOUND;
+    }
+    memcpy(o->ext, ext, (size_t)got * sizeof(ext[0]));
+    o->n_ext = (uint8_t)got;
+    pthread_mutex_unlock(&sh->lock);
+    for (int i = 0; i < got; i++) {
+        iov[i].iov_base = alloc_extent_ptr(s->base, &ext[i]);
+        iov[i].iov_len = alloc_extent_bytes(&ext[i]);
+    }
+    *n = got;
+    return 0;
+}
+
+int
+store_load_end(struct store *s, struct store_obj *o, int rc)
+{
+    struct store_shard *sh = store_shard_of(s, o->hash);
+    int left = 0;
+
+    pthread_mutex_lock(&sh->lock);
+    o->loading = 0;
+    sh->loading--;
+    if (rc == 0 && o->state == STORE_OBJ_PUBLISHED) {
+        struct store_list *l;
+
+        o->resident = 1;
+        sh->resident++;
+        sh->resident_bytes += o->size;
+        o->atime = store_now_ms();
+        o->referenced = 0;
+        l = store_list_of(sh, o);
+        if (l != NULL && atomic_load_explicit(&s->promote, memory_order_relaxed)) {
+            store_list_push_head(l, o);
+        } else if (l != NULL) {
+            store_list_push_tail(l, o);
+        }
+    } else {
+        alloc_give(s->alloc, o->ext, o->n_ext);
+        o->n_ext = 0;
+        if ((rc == KV_CHECKSUM_MISMATCH || rc == KV_NOT_FOUND) && o->state == STORE_OBJ_PUBLISHED) {
+            store_detach_locked(s, sh, o);
+            left = 1;
+        }
+    }
+    pthread_mutex_unlock(&sh->lock);
+    store_obj_put(s, o, left ? 2 : 1);
+    return left;
 }

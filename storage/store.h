@@ -32,10 +32,25 @@
  * refresh recency (near-LRU order) but never pin; store_lease blocks
  * remove (unless forced) and eviction until it expires.
  *
+ * Tiers: with an SSD tier attached (store_set_tier, storage/ssd.h) the
+ * table is the directory of both tiers. A PUBLISHED object may be resident
+ * (its bytes in the arena), stored (a copy on SSD at a struct store_loc), or
+ * both; an object that is only stored reads as present to exists, size and
+ * prefix match, and store_get answers -EAGAIN while the tier loads it back
+ * (readers retry). The store asks the tier to write objects (offload: at
+ * commit in write-through mode, at eviction in on-evict mode, or on request
+ * for durable puts) and to load them (load); eviction of a stored object
+ * only frees its arena pages and keeps it indexed. The tier reports back
+ * with store_obj_stored / store_obj_store_failed / store_load_end and feeds
+ * the table at start (store_insert_stored) and when it drops a bucket
+ * (store_drop_stored).
+ *
  * Threads: every function is safe to call from any thread at once. The key
  * table is split into shards, each under its own mutex; the arena allocator
- * has one mutex. Lock order: shard lock before allocator lock; no function
- * holds two shard locks at once. No function blocks on I/O.
+ * has one mutex. Lock order: shard lock before allocator lock, and shard
+ * lock before any lock the tier's offload/load hooks take (the hooks are
+ * called with a shard lock held and must only queue); no function holds two
+ * shard locks at once. No function blocks on I/O.
  */
 #ifndef STORE_H
 #define STORE_H
@@ -85,6 +100,43 @@ struct store_stats {
     uint64_t pinned_soft;
     uint64_t metadata_bytes;   /* heap bytes held by object metadata and the table */
     uint64_t memory_prefaulted; /* arena bytes whose pages are populated (see alloc.h) */
+    uint64_t resident;         /* published objects whose bytes are in the arena */
+    uint64_t resident_bytes;   /* their value bytes */
+    uint64_t stored;           /* published objects with a copy on the SSD tier */
+    uint64_t loading;          /* objects being read back from the SSD tier */
+    uint64_t offloading;       /* objects queued or being written to the SSD tier */
+};
+
+/* Where an object's copy lives on the SSD tier (meaningful to the tier only). */
+struct store_loc {
+    uint32_t bucket;
+    uint32_t crc;
+    uint64_t offset;
+};
+
+/* An object's SSD copy, as store_obj_ssd_state reports it. */
+enum store_ssd_state {
+    STORE_SSD_NONE = 0,    /* no copy (dirty in on-evict terms) */
+    STORE_SSD_QUEUED = 1,  /* handed to the tier, not written yet */
+    STORE_SSD_STORED = 2,  /* written, synced and indexed */
+    STORE_SSD_FAILED = 3   /* the tier could not write it (disk full, I/O error) */
+};
+
+/*
+ * The SSD tier's hooks. offload and load are called with a shard lock held
+ * and must only queue the object; each receives a reference the tier gives
+ * back (store_obj_unref) when done. forget is called without locks after
+ * a stored object left the table (removed), with its key and location.
+ */
+struct store_tier {
+    void *arg;
+    void (*offload)(void *arg, struct store_obj *o);
+    void (*load)(void *arg, struct store_obj *o);
+    void (*forget)(void *arg, const struct kv_key *key, const struct store_loc *loc,
+                   uint64_t size);
+    bool write_through;    /* offload every object at commit */
+    bool on_evict;         /* offload an object before its pages are reused */
+    bool promote;          /* a loaded object goes to the LRU head (else the tail) */
 };
 
 /*
@@ -120,6 +172,8 @@ int store_set_limits(struct store *s, const struct store_config *cfg);
  *   KV_EXISTS      the key is PUBLISHED (it is not rewritten)
  *   KV_BUSY        the key is RESERVED by another writer
  *   KV_NO_SPACE    no room even after eviction
+ *   -EAGAIN        no room now, but objects are being written to the SSD
+ *                  tier and their pages will be freed: retry shortly
  *   -ENOMEM        metadata allocation failed
  */
 int store_reserve(struct store *s, const struct kv_key *key, uint64_t size,
@@ -150,7 +204,9 @@ int store_put(struct store *s, const struct kv_key *key, const void *data, uint6
 /*
  * store_get: find a PUBLISHED object and take a reader reference on it
  * (refreshes recency). Returns 0 and *out, or KV_NOT_FOUND (also for a
- * RESERVED key). Give the reference back with store_obj_unref.
+ * RESERVED key), or -EAGAIN when the object is on the SSD tier only: a load
+ * has been started (or is running) and a later store_get finds it resident.
+ * Give the reference back with store_obj_unref.
  */
 int store_get(struct store *s, const struct kv_key *key, struct store_obj **out);
 
@@ -243,6 +299,106 @@ void store_stats(struct store *s, struct store_stats *out);
  * exported for tests and for a future background evictor.
  */
 uint64_t store_evict(struct store *s, uint64_t target);
+
+/* ---- the SSD tier's side (storage/ssd.c) ---- */
+
+/*
+ * store_set_tier: attach (or with NULL detach) the SSD tier; the struct is
+ * copied. Call before the store is shared between threads, or at a point
+ * where no other call runs (config reload changes only the three flags
+ * through store_tier_flags).
+ */
+void store_set_tier(struct store *s, const struct store_tier *t);
+
+/* store_has_tier: whether an SSD tier is attached. */
+bool store_has_tier(const struct store *s);
+
+/* store_tier_flags: change write_through/on_evict/promote of the attached tier. */
+void store_tier_flags(struct store *s, bool write_through, bool on_evict, bool promote);
+
+/*
+ * store_tier_degraded: while set (the tier cannot write: disk full, I/O
+ * errors), eviction takes objects that have no SSD copy instead of waiting
+ * for them to be written, so DRAM keeps serving.
+ */
+void store_tier_degraded(struct store *s, bool degraded);
+
+/* store_obj_key: the object's key (borrowed; valid while a reference is held). */
+void store_obj_key(const struct store_obj *o, struct kv_key *key);
+
+/*
+ * store_obj_link / store_obj_set_link: one pointer in every object that
+ * belongs to the tier, for its queues. An object is on at most one of them
+ * (it is offloaded only while resident and loaded only while not).
+ */
+struct store_obj *store_obj_link(const struct store_obj *o);
+void store_obj_set_link(struct store_obj *o, struct store_obj *next);
+
+/* store_obj_ssd_state: the object's enum store_ssd_state (any thread, no lock). */
+int store_obj_ssd_state(const struct store_obj *o);
+
+/* store_obj_loc: the SSD location of a STORED object (set by store_obj_stored). */
+void store_obj_loc(const struct store_obj *o, struct store_loc *loc);
+
+/*
+ * store_obj_stored: the tier wrote o at loc (synced and indexed). Marks it
+ * STORED, so eviction may free its pages without losing it. Returns 0, or
+ * KV_NOT_FOUND when o left the table meanwhile (removed): the caller then
+ * deletes the index entry it just wrote. The caller keeps its reference.
+ */
+int store_obj_stored(struct store *s, struct store_obj *o, const struct store_loc *loc);
+
+/* store_obj_store_failed: the tier could not write o; marks it FAILED. */
+void store_obj_store_failed(struct store *s, struct store_obj *o);
+
+/*
+ * store_sync: make sure o (a reference the caller holds, PUBLISHED) gets
+ * written to the tier: queue it unless it is queued or stored already.
+ * Returns 0, or KV_UNSUPPORTED when no tier is attached. Wait for the
+ * outcome with store_obj_ssd_state.
+ */
+int store_sync(struct store *s, struct store_obj *o);
+
+/*
+ * store_offload_cold: queue up to `bytes` of the coldest resident objects
+ * that have no SSD copy (on-evict mode: written ahead so that eviction
+ * finds them clean). Returns the bytes queued.
+ */
+uint64_t store_offload_cold(struct store *s, uint64_t bytes);
+
+/*
+ * store_insert_stored: index a PUBLISHED, non-resident object of `size`
+ * bytes whose copy is at loc (the tier's index at start). Returns 0,
+ * KV_EXISTS, KV_TOO_LARGE (key over max_key_size) or -ENOMEM.
+ */
+int store_insert_stored(struct store *s, const struct kv_key *key, uint64_t size,
+                        const struct store_loc *loc);
+
+/*
+ * store_drop_stored: the tier is dropping the copy of key at loc (bucket
+ * evicted, record unreadable). A resident object only loses its SSD state;
+ * a non-resident one leaves the table (even while being loaded: the loader
+ * finds it gone). Returns 1 when the object left the table, 0 when it
+ * stayed or was absent or its copy is elsewhere.
+ */
+int store_drop_stored(struct store *s, const struct kv_key *key, const struct store_loc *loc);
+
+/*
+ * store_load_begin: arena pages for loading o (a reference from the load
+ * hook). Fills iov[0..*n) with whole pages covering the value rounded up to
+ * STORE_PAGE_SIZE (page aligned, for O_DIRECT). Returns 0, KV_NO_SPACE, or
+ * KV_NOT_FOUND when o left the table. max must be STORE_MAX_EXTENTS.
+ */
+int store_load_begin(struct store *s, struct store_obj *o, struct iovec *iov, int max, int *n);
+
+/*
+ * store_load_end: finish a load. rc 0: o becomes resident (LRU head when
+ * promoting, else tail). rc != 0: its pages are returned; with
+ * KV_CHECKSUM_MISMATCH or KV_NOT_FOUND the object also leaves the table
+ * (an unreadable copy is never served) and 1 is returned, so the tier
+ * drops its index entry. Consumes the load hook's reference.
+ */
+int store_load_end(struct store *s, struct store_obj *o, int rc);
 
 /* store_hash64: the key hash used by the table (exported for tests and sharding). */
 uint64_t store_hash64(const struct kv_key *key);

@@ -130,6 +130,15 @@ static const char *const changed_values[][2] = {
     {"shutdown_timeout_ms", "1s"},
     {"eviction_high_watermark", "0.95"},
     {"eviction_low_watermark", "0.5"},
+    {"ssd_dir", "/tmp/kvstash-ssd"},
+    {"ssd_size", "128g"},
+    {"ssd_bucket_size", "64m"},
+    {"ssd_io_threads", "4"},
+    {"ssd_high_watermark", "0.95"},
+    {"ssd_low_watermark", "0.5"},
+    {"ssd_eviction", "lru"},
+    {"ssd_offload", "write_through"},
+    {"ssd_promote", "off"},
     {"log_level", "debug"},
     {"log_file", "/tmp/kvstash-test.log"},
 };
@@ -140,7 +149,8 @@ static const char *const reloadable_keys[] = {
     "log_level",       "log_file",         "lease_ttl_ms",        "max_key_size",
     "max_value_size",  "max_batch",        "max_message_size",    "max_connections",
     "client_output_limit", "shutdown_timeout_ms", "eviction_high_watermark",
-    "eviction_low_watermark", NULL,
+    "eviction_low_watermark", "ssd_bucket_size", "ssd_eviction", "ssd_high_watermark",
+    "ssd_low_watermark", "ssd_offload", "ssd_promote", NULL,
 };
 
 static bool
@@ -281,6 +291,15 @@ Test(config, defaults)
     cr_expect_eq(c.shutdown_timeout_ms, 10000);
     cr_expect_eq(c.eviction_high_watermark, 0.90);
     cr_expect_eq(c.eviction_low_watermark, 0.80);
+    cr_expect_str_eq(c.ssd_dir, "<data_dir>/ssd", "derived by conf_finalize");
+    cr_expect_eq(c.ssd_size, 64ull << 30);
+    cr_expect_eq(c.ssd_bucket_size, 256ull << 20);
+    cr_expect_eq(c.ssd_io_threads, 2);
+    cr_expect_eq(c.ssd_high_watermark, 0.90);
+    cr_expect_eq(c.ssd_low_watermark, 0.80);
+    cr_expect_eq(c.ssd_eviction, CONF_SSD_FIFO);
+    cr_expect_eq(c.ssd_offload, CONF_SSD_ON_EVICT);
+    cr_expect_eq(c.ssd_promote, 1);
     cr_expect_eq(c.log_level, LOG_LEVEL_INFO);
     cr_expect_str_eq(c.log_file, "");
 }
@@ -719,19 +738,358 @@ Test(config, apply_reloadable_copies_only_reloadable_keys)
     conf_apply_reloadable(&running, &fresh);
 
     /* What still differs from the new config is exactly the restart-only keys... */
-    cr_expect_eq(conf_diff(&running, &fresh, diff_collect, &d), 6);
+    cr_expect_eq(conf_diff(&running, &fresh, diff_collect, &d), 9);
     for (int i = 0; i < d.n; i++) {
         cr_expect_not(d.reloadable[i], "%s should have been applied", d.keys[i]);
     }
     /* ...and what changed from before is exactly the reloadable ones. */
     d.n = 0;
-    cr_expect_eq(conf_diff(&before, &running, diff_collect, &d), 12);
+    cr_expect_eq(conf_diff(&before, &running, diff_collect, &d), 18);
     for (int i = 0; i < d.n; i++) {
         cr_expect(d.reloadable[i], "%s needs a restart but was applied", d.keys[i]);
     }
     cr_expect_str_eq(running.log_file, "/tmp/kvstash-test.log");
     cr_expect_eq(running.memory_size, 1ull << 30);
     cr_expect_str_eq(running.listen, "127.0.0.1:7431");
+    cr_expect_eq(running.ssd_eviction, CONF_SSD_LRU);
+    cr_expect_eq(running.ssd_offload, CONF_SSD_WRITE_THROUGH);
+    cr_expect_eq(running.ssd_promote, 0);
+    cr_expect_eq(running.ssd_bucket_size, 64ull << 20);
+    cr_expect_str_eq(running.ssd_dir, "<data_dir>/ssd");
+    cr_expect_eq(running.ssd_size, 64ull << 30);
+    cr_expect_eq(running.ssd_io_threads, 2);
+}
+
+/* ---- the SSD tier ---- */
+
+Test(config, ssd_dir_derived_from_data_dir, .init = tmp_setup, .fini = tmp_teardown)
+{
+    static const struct {
+        const char *data_dir, *want;
+    } cases[] = {
+        {"./var", "./var/ssd"},
+        {"/srv/kv", "/srv/kv/ssd"},
+        {"/srv/kv///", "/srv/kv/ssd"},
+        {"/", "/ssd"},
+    };
+    struct kv_config c;
+    char err[512];
+
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        conf_init(&c);
+        cr_assert_eq(conf_set(&c, "data_dir", cases[i].data_dir, "t", err, sizeof(err)), 0);
+        cr_assert_eq(conf_finalize(&c, err, sizeof(err)), 0, "%s", err);
+        cr_expect_str_eq(c.ssd_dir, cases[i].want, "data_dir %s", cases[i].data_dir);
+        cr_assert_eq(conf_finalize(&c, err, sizeof(err)), 0, "finalize twice: %s", err);
+        cr_expect_str_eq(c.ssd_dir, cases[i].want, "finalize twice, data_dir %s",
+                         cases[i].data_dir);
+    }
+
+    /* data_dir set after ssd_dir in a file still counts: the default is derived at the end. */
+    conf_init(&c);
+    cr_assert_eq(load_text(&c, "ssd_dir <data_dir>/ssd\ndata_dir /srv/a\n", err, sizeof(err)),
+                 0, "%s", err);
+    cr_assert_eq(conf_finalize(&c, err, sizeof(err)), 0, "%s", err);
+    cr_expect_str_eq(c.ssd_dir, "/srv/a/ssd");
+
+    /* A path that is set is kept as written, whatever data_dir is. */
+    conf_init(&c);
+    cr_assert_eq(conf_set(&c, "ssd_dir", "/mnt/nvme0/kv/", "--ssd_dir", err, sizeof(err)), 0);
+    cr_assert_eq(conf_set(&c, "data_dir", "/srv/kv", "t", err, sizeof(err)), 0);
+    cr_assert_eq(conf_finalize(&c, err, sizeof(err)), 0, "%s", err);
+    cr_expect_str_eq(c.ssd_dir, "/mnt/nvme0/kv/");
+
+    /* The tag means nothing outside the default. */
+    cr_expect_eq(conf_set(&c, "ssd_dir", "<data_dir>/ssd2", "--ssd_dir", err, sizeof(err)), -1);
+    cr_expect_str_eq(err, "--ssd_dir=<data_dir>/ssd2: <data_dir> is only understood in the "
+                          "default, <data_dir>/ssd (write the whole path, or \"\" for no SSD "
+                          "tier)");
+    cr_expect_str_eq(c.ssd_dir, "/mnt/nvme0/kv/", "a failed set leaves the value");
+}
+
+Test(config, ssd_dir_too_long_is_rejected)
+{
+    struct kv_config c;
+    char err[512], dir[CONF_STR_MAX + 8];
+
+    /* A set path is bounded like every string. */
+    conf_init(&c);
+    memset(dir, 's', sizeof(dir));
+    dir[0] = '/';
+    dir[CONF_STR_MAX] = '\0';
+    cr_expect_eq(conf_set(&c, "ssd_dir", dir, "--ssd_dir", err, sizeof(err)), -1);
+    cr_expect_not_null(strstr(err, ": too long (max 511 bytes)"), "%s", err);
+    dir[CONF_STR_MAX - 1] = '\0';
+    cr_expect_eq(conf_set(&c, "ssd_dir", dir, "--ssd_dir", err, sizeof(err)), 0, "%s", err);
+
+    /* The derived <data_dir>/ssd must fit as well: 507 + "/ssd" does, 508 does not. */
+    conf_init(&c);
+    cr_assert_eq(conf_set(&c, "unix_socket", "none", "t", err, sizeof(err)), 0);
+    memset(dir, 'd', sizeof(dir));
+    dir[0] = '/';
+    dir[507] = '\0';
+    cr_assert_eq(conf_set(&c, "data_dir", dir, "t", err, sizeof(err)), 0);
+    cr_expect_eq(conf_finalize(&c, err, sizeof(err)), 0, "%s", err);
+    cr_expect_eq(strlen(c.ssd_dir), 511);
+
+    conf_init(&c);
+    cr_assert_eq(conf_set(&c, "unix_socket", "none", "t", err, sizeof(err)), 0);
+    dir[507] = 'd';
+    dir[508] = '\0';
+    cr_assert_eq(conf_set(&c, "data_dir", dir, "t", err, sizeof(err)), 0);
+    cr_expect_eq(conf_finalize(&c, err, sizeof(err)), -1);
+    cr_expect_str_eq(err, "ssd_dir: the default <data_dir>/ssd is longer than a path may be "
+                          "(max 511 bytes): set ssd_dir to a shorter path, or \"\" for no SSD "
+                          "tier");
+    cr_expect_str_eq(c.ssd_dir, "<data_dir>/ssd", "a failed finalize derives nothing");
+    cr_assert_eq(conf_set(&c, "ssd_dir", "", "--ssd_dir", err, sizeof(err)), 0);
+    cr_expect_eq(conf_finalize(&c, err, sizeof(err)), 0, "no SSD tier, nothing to derive: %s",
+                 err);
+}
+
+/* Dump a finalized config, load the dump over fresh defaults, finalize: same config. */
+static void
+expect_dump_round_trip(const struct kv_config *a)
+{
+    struct kv_config b;
+    char dump[8192], err[512];
+
+    cr_assert_lt(conf_dump(a, dump, sizeof(dump)), (int)sizeof(dump));
+    conf_init(&b);
+    cr_assert_eq(load_text(&b, dump, err, sizeof(err)), 0, "%s\n%s", err, dump);
+    cr_assert_eq(conf_finalize(&b, err, sizeof(err)), 0, "%s", err);
+    cr_expect_str_eq(b.ssd_dir, a->ssd_dir, "%s", dump);
+    cr_expect_eq(conf_diff(a, &b, NULL, NULL), 0, "%s", dump);
+}
+
+Test(config, ssd_dir_empty_disables_and_survives_dump, .init = tmp_setup, .fini = tmp_teardown)
+{
+    struct kv_config c;
+    char dump[8192], err[512];
+
+    /* In a file. */
+    conf_init(&c);
+    cr_assert_eq(load_text(&c, "data_dir /srv/kv\nssd_dir \"\"\n", err, sizeof(err)), 0, "%s",
+                 err);
+    cr_assert_eq(conf_finalize(&c, err, sizeof(err)), 0, "%s", err);
+    cr_expect_str_eq(c.ssd_dir, "");
+    cr_assert_lt(conf_dump(&c, dump, sizeof(dump)), (int)sizeof(dump));
+    cr_expect_not_null(strstr(dump, "\nssd_dir \"\"\n"), "%s", dump);
+    expect_dump_round_trip(&c);
+
+    /* On the command line, --ssd_dir= */
+    conf_init(&c);
+    cr_assert_eq(conf_set(&c, "ssd_dir", "", "--ssd_dir", err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(conf_finalize(&c, err, sizeof(err)), 0, "%s", err);
+    cr_expect_str_eq(c.ssd_dir, "");
+    expect_dump_round_trip(&c);
+
+    /* The derived default and a set path round-trip too. */
+    conf_init(&c);
+    cr_assert_eq(conf_finalize(&c, err, sizeof(err)), 0, "%s", err);
+    cr_expect_str_eq(c.ssd_dir, "./var/ssd");
+    cr_assert_lt(conf_dump(&c, dump, sizeof(dump)), (int)sizeof(dump));
+    cr_expect_not_null(strstr(dump, "\nssd_dir ./var/ssd\n"), "%s", dump);
+    expect_dump_round_trip(&c);
+    cr_assert_eq(conf_set(&c, "ssd_dir", "/mnt/ssd dir", "t", err, sizeof(err)), 0);
+    expect_dump_round_trip(&c);
+
+    /* Unfinalized, the default dumps as itself and is derived from the new data_dir. */
+    conf_init(&c);
+    cr_assert_lt(conf_dump(&c, dump, sizeof(dump)), (int)sizeof(dump));
+    cr_expect_not_null(strstr(dump, "\nssd_dir <data_dir>/ssd\n"), "%s", dump);
+    conf_init(&c);
+    cr_assert_eq(load_text(&c, dump, err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(conf_set(&c, "data_dir", "/srv/b", "t", err, sizeof(err)), 0);
+    cr_assert_eq(conf_finalize(&c, err, sizeof(err)), 0, "%s", err);
+    cr_expect_str_eq(c.ssd_dir, "/srv/b/ssd");
+}
+
+Test(config, ssd_enums_and_bool_by_name, .init = tmp_setup, .fini = tmp_teardown)
+{
+    static const struct {
+        const char *key, *text;
+        int want;
+    } ok[] = {
+        {"ssd_eviction", "fifo", CONF_SSD_FIFO},
+        {"ssd_eviction", "lru", CONF_SSD_LRU},
+        {"ssd_eviction", "LRU", CONF_SSD_LRU},
+        {"ssd_offload", "on_evict", CONF_SSD_ON_EVICT},
+        {"ssd_offload", "write_through", CONF_SSD_WRITE_THROUGH},
+        {"ssd_offload", "Write_Through", CONF_SSD_WRITE_THROUGH},
+        {"ssd_offload", "off", CONF_SSD_OFF},
+        {"ssd_promote", "on", 1},  {"ssd_promote", "off", 0},   {"ssd_promote", "yes", 1},
+        {"ssd_promote", "no", 0},  {"ssd_promote", "true", 1},  {"ssd_promote", "false", 0},
+        {"ssd_promote", "1", 1},   {"ssd_promote", "0", 0},     {"ssd_promote", "ON", 1},
+        {"ssd_promote", "No", 0},  {"ssd_promote", "TRUE", 1},  {"ssd_promote", "False", 0},
+    };
+    static const char *const bad_promote[] = {"", "2", "01", "y", "n", "enabled", "on ", "tru"};
+    struct kv_config c;
+    char err[512], dump[8192];
+    int v;
+
+    conf_init(&c);
+    for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+        cr_expect_eq(conf_set(&c, ok[i].key, ok[i].text, "t", err, sizeof(err)), 0,
+                     "rejected '%s %s': %s", ok[i].key, ok[i].text, err);
+        v = strcmp(ok[i].key, "ssd_eviction") == 0  ? c.ssd_eviction
+            : strcmp(ok[i].key, "ssd_offload") == 0 ? c.ssd_offload
+                                                    : c.ssd_promote;
+        cr_expect_eq(v, ok[i].want, "'%s %s' = %d", ok[i].key, ok[i].text, v);
+    }
+    for (size_t i = 0; i < sizeof(bad_promote) / sizeof(bad_promote[0]); i++) {
+        cr_expect_eq(conf_set(&c, "ssd_promote", bad_promote[i], "t", err, sizeof(err)), -1,
+                     "accepted '%s'", bad_promote[i]);
+    }
+
+    /* Bad values name the source, the text and every accepted value. */
+    expect_file_error("\n\nssd_eviction random\n", 3,
+                      "'ssd_eviction random': bad value (use fifo or lru)");
+    expect_file_error("ssd_offload never  # comment\n", 1,
+                      "'ssd_offload never': bad value (use on_evict, write_through or off)");
+    expect_file_error("ssd_promote maybe\n", 1,
+                      "'ssd_promote maybe': bad value (use on/off, yes/no, true/false or 1/0)");
+    expect_file_error("ssd_promote \"\"\n", 1,
+                      "'ssd_promote \"\"': bad value (use on/off, yes/no, true/false or 1/0)");
+    expect_file_error("log_level loud\n", 1,
+                      "'log_level loud': bad log level (use error, warn, info or debug)");
+    conf_init(&c);
+    cr_expect_eq(conf_set(&c, "ssd_eviction", "clock", "--ssd_eviction", err, sizeof(err)), -1);
+    cr_expect_str_eq(err, "--ssd_eviction=clock: bad value (use fifo or lru)");
+    cr_expect_eq(conf_set(&c, "ssd_promote", "maybe", "--ssd_promote", err, sizeof(err)), -1);
+    cr_expect_str_eq(err, "--ssd_promote=maybe: bad value (use on/off, yes/no, true/false or "
+                          "1/0)");
+    cr_expect_eq(c.ssd_eviction, CONF_SSD_FIFO, "a failed set leaves the value");
+    cr_expect_eq(c.ssd_promote, 1, "a failed set leaves the value");
+
+    /* conf_dump writes names, on/off for a boolean. */
+    cr_assert_eq(conf_set(&c, "ssd_eviction", "LRU", "t", err, sizeof(err)), 0);
+    cr_assert_eq(conf_set(&c, "ssd_offload", "off", "t", err, sizeof(err)), 0);
+    cr_assert_eq(conf_set(&c, "ssd_promote", "no", "t", err, sizeof(err)), 0);
+    cr_assert_lt(conf_dump(&c, dump, sizeof(dump)), (int)sizeof(dump));
+    cr_expect_not_null(strstr(dump, "\nssd_eviction lru\n"), "%s", dump);
+    cr_expect_not_null(strstr(dump, "\nssd_offload off\n"), "%s", dump);
+    cr_expect_not_null(strstr(dump, "\nssd_promote off\n"), "%s", dump);
+    conf_init(&c);
+    cr_assert_lt(conf_dump(&c, dump, sizeof(dump)), (int)sizeof(dump));
+    cr_expect_not_null(strstr(dump, "\nssd_eviction fifo\n"), "%s", dump);
+    cr_expect_not_null(strstr(dump, "\nssd_offload on_evict\n"), "%s", dump);
+    cr_expect_not_null(strstr(dump, "\nssd_promote on\n"), "%s", dump);
+    cr_expect_not_null(strstr(dump, "\nlog_level info\n"), "%s", dump);
+}
+
+Test(config, ssd_bounds, .init = tmp_setup, .fini = tmp_teardown)
+{
+    struct kv_config c;
+    char err[512];
+
+    expect_file_error("ssd_size 512k\n", 1, "'ssd_size 512k': out of range (min 1m)");
+    expect_file_error("ssd_bucket_size 1023k\n", 1,
+                      "'ssd_bucket_size 1023k': out of range (min 1m, max 64g)");
+    expect_file_error("ssd_bucket_size 65g\n", 1,
+                      "'ssd_bucket_size 65g': out of range (min 1m, max 64g)");
+    expect_file_error("ssd_io_threads 0\n", 1, "'ssd_io_threads 0': out of range (min 1, max 64)");
+    expect_file_error("ssd_io_threads 65\n", 1,
+                      "'ssd_io_threads 65': out of range (min 1, max 64)");
+    expect_file_error("ssd_high_watermark 0\n", 1,
+                      "'ssd_high_watermark 0': out of range (0 < x <= 1)");
+    expect_file_error("ssd_low_watermark 1.01\n", 1,
+                      "'ssd_low_watermark 1.01': out of range (0 < x <= 1)");
+
+    conf_init(&c);
+    cr_expect_eq(load_text(&c,
+                           "ssd_size 1m\nssd_bucket_size 64g\nssd_io_threads 64\n"
+                           "ssd_high_watermark 1\nssd_low_watermark 0.001\n",
+                           err, sizeof(err)),
+                 0, "%s", err);
+    cr_expect_eq(c.ssd_size, 1ull << 20);
+    cr_expect_eq(c.ssd_bucket_size, 64ull << 30);
+    cr_expect_eq(c.ssd_io_threads, 64);
+    cr_expect_eq(c.ssd_high_watermark, 1.0);
+    cr_expect_eq(c.ssd_low_watermark, 0.001);
+}
+
+Test(config, ssd_low_watermark_above_high_is_rejected)
+{
+    struct kv_config c;
+    char err[512];
+
+    conf_init(&c);
+    cr_assert_eq(conf_set(&c, "ssd_low_watermark", "0.95", "t", err, sizeof(err)), 0);
+    cr_expect_eq(conf_finalize(&c, err, sizeof(err)), -1);
+    cr_expect_str_eq(err, "ssd_low_watermark (0.95) must not be above ssd_high_watermark (0.9)");
+    cr_expect_str_eq(c.ssd_dir, "<data_dir>/ssd", "a failed finalize derives nothing");
+    cr_expect_str_eq(c.unix_socket, "");
+
+    conf_init(&c);
+    cr_assert_eq(conf_set(&c, "ssd_high_watermark", "0.5", "t", err, sizeof(err)), 0);
+    cr_assert_eq(conf_set(&c, "ssd_low_watermark", "0.5", "t", err, sizeof(err)), 0);
+    cr_expect_eq(conf_finalize(&c, err, sizeof(err)), 0, "low == high is fine: %s", err);
+
+    /* The DRAM and SSD watermarks are separate pairs. */
+    conf_init(&c);
+    cr_assert_eq(conf_set(&c, "ssd_high_watermark", "0.5", "t", err, sizeof(err)), 0);
+    cr_assert_eq(conf_set(&c, "ssd_low_watermark", "0.4", "t", err, sizeof(err)), 0);
+    cr_expect_eq(conf_finalize(&c, err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(conf_set(&c, "ssd_high_watermark", "0.3", "t", err, sizeof(err)), 0);
+    cr_expect_eq(conf_finalize(&c, err, sizeof(err)), -1);
+    cr_expect_str_eq(err, "ssd_low_watermark (0.4) must not be above ssd_high_watermark (0.3)");
+}
+
+/* Change one SSD key between two finalized configs, as a SIGHUP reload would see it. */
+Test(config, ssd_reload_classification)
+{
+    static const struct {
+        const char *key, *value;
+        bool reloadable;
+    } cases[] = {
+        {"ssd_dir", "/mnt/ssd", false},     {"ssd_dir", "", false},
+        {"ssd_size", "1t", false},          {"ssd_io_threads", "8", false},
+        {"ssd_bucket_size", "1g", true},    {"ssd_eviction", "lru", true},
+        {"ssd_high_watermark", "0.99", true}, {"ssd_low_watermark", "0.1", true},
+        {"ssd_offload", "write_through", true}, {"ssd_offload", "off", true},
+        {"ssd_promote", "false", true},
+    };
+    struct kv_config running, fresh, next;
+    struct diff_log d;
+    char err[512];
+
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        conf_init(&running);
+        cr_assert_eq(conf_finalize(&running, err, sizeof(err)), 0, "%s", err);
+        conf_init(&fresh);
+        cr_assert_eq(conf_set(&fresh, cases[i].key, cases[i].value, "t", err, sizeof(err)), 0,
+                     "%s", err);
+        cr_assert_eq(conf_finalize(&fresh, err, sizeof(err)), 0, "%s", err);
+
+        memset(&d, 0, sizeof(d));
+        cr_assert_eq(conf_diff(&running, &fresh, diff_collect, &d), 1, "%s %s", cases[i].key,
+                     cases[i].value);
+        cr_expect_str_eq(d.keys[0], cases[i].key);
+        cr_expect_eq(d.reloadable[0], cases[i].reloadable, "%s", cases[i].key);
+
+        /* SIGHUP applies the reloadable ones and keeps the running value of the others. */
+        next = running;
+        conf_apply_reloadable(&next, &fresh);
+        cr_expect_eq(conf_diff(&next, &fresh, NULL, NULL), cases[i].reloadable ? 0 : 1, "%s",
+                     cases[i].key);
+        cr_expect_eq(conf_diff(&next, &running, NULL, NULL), cases[i].reloadable ? 1 : 0, "%s",
+                     cases[i].key);
+    }
+
+    /* A new data_dir moves the derived ssd_dir: both need a restart. */
+    conf_init(&running);
+    cr_assert_eq(conf_finalize(&running, err, sizeof(err)), 0, "%s", err);
+    conf_init(&fresh);
+    cr_assert_eq(conf_set(&fresh, "data_dir", "/srv/kv", "t", err, sizeof(err)), 0);
+    cr_assert_eq(conf_finalize(&fresh, err, sizeof(err)), 0, "%s", err);
+    memset(&d, 0, sizeof(d));
+    conf_diff(&running, &fresh, diff_collect, &d);
+    for (int i = 0; i < d.n; i++) {
+        cr_expect_not(d.reloadable[i], "%s", d.keys[i]);
+    }
+    cr_expect(d.n == 3 && strcmp(d.keys[1], "data_dir") == 0 && strcmp(d.keys[2], "ssd_dir") == 0,
+              "want unix_socket, data_dir, ssd_dir; got %d keys", d.n);
 }
 
 /* ---- log ---- */

@@ -1,0 +1,107 @@
+/*
+ * ssd: the SSD tier. It owns the bucket files under ssd_dir, the LMDB index
+ * (through storage/ssd_index.h), its I/O threads and its counters, and it
+ * plugs into the store through struct store_tier (store.h): the store hands
+ * it objects to write (offload) and objects to read back (load); the tier
+ * reports each outcome to the store and, when it drops a bucket, removes
+ * that bucket's objects from the store's table.
+ *
+ * Buckets are append-only files of records (storage/ssd_record.h), each
+ * aligned to 4 KiB so values go between arena pages and the disk with
+ * O_DIRECT where the filesystem allows it. One writer thread appends, syncs
+ * (fdatasync) and only then commits the index entries that make the records
+ * visible, one transaction and one sync per group of objects. Readers
+ * (ssd_io_threads) read values straight into arena pages and verify their
+ * CRC-32C before the object becomes resident; a mismatch drops the entry.
+ * When usage passes the high watermark, whole buckets are evicted (FIFO by
+ * age or LRU by last read; buckets mostly dead go first) down to the low
+ * watermark.
+ *
+ * Threads: the writer thread alone touches the index, creates, seals and
+ * drops buckets. Reader threads only read bucket files they hold a
+ * reference on. The store's hooks only queue (they are called under store
+ * shard locks). No event loop ever waits on this module; completions are
+ * announced through cfg.wake (called from tier threads with no lock held).
+ */
+#ifndef SSD_H
+#define SSD_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct ssd;
+struct store;
+
+enum ssd_eviction { SSD_FIFO = 0, SSD_LRU = 1 };
+enum ssd_offload { SSD_ON_EVICT = 0, SSD_WRITE_THROUGH = 1, SSD_OFFLOAD_OFF = 2 };
+
+struct ssd_config {
+    const char *dir;            /* ssd_dir; created 0700 when missing */
+    uint64_t size;              /* ssd_size: bytes of bucket files at most (plus one bucket) */
+    uint64_t bucket_size;       /* ssd_bucket_size */
+    int eviction;               /* enum ssd_eviction */
+    double high_watermark;      /* ssd_high_watermark */
+    double low_watermark;       /* ssd_low_watermark */
+    int offload;                /* enum ssd_offload */
+    bool promote;               /* ssd_promote */
+    int io_threads;             /* ssd_io_threads (readers) */
+    uint32_t max_key_size;      /* longest key a record may carry */
+    uint64_t max_value_size;
+    void (*wake)(void *arg);    /* a load or a write finished: retry waiting requests */
+    void *wake_arg;
+};
+
+struct ssd_stats {
+    uint64_t objects;           /* objects indexed on SSD */
+    uint64_t bytes;             /* their value bytes */
+    uint64_t disk_bytes;        /* bytes of bucket files */
+    uint64_t capacity;          /* ssd_size */
+    uint64_t buckets;
+    uint64_t hits;              /* objects read back and verified */
+    uint64_t reads;             /* read attempts */
+    uint64_t read_bytes;
+    uint64_t writes;            /* objects written and indexed */
+    uint64_t write_bytes;
+    uint64_t syncs;             /* group commits (fdatasync + index transaction) */
+    uint64_t evicted_buckets;
+    uint64_t evicted_objects;
+    uint64_t checksum_errors;   /* values that failed their CRC (dropped, never served) */
+    uint64_t io_errors;         /* EIO and other read/write/sync failures */
+    uint64_t no_space;          /* ENOSPC / map full */
+    uint64_t write_failed;      /* objects that could not be written */
+    uint64_t queue_objects;     /* offloads pending */
+    uint64_t queue_bytes;
+    uint64_t load_queue;        /* loads pending */
+    uint64_t degraded;          /* 1 while writes are suspended after a fault */
+    uint64_t index_map_size;
+    uint64_t start_objects;     /* objects indexed at start */
+    uint64_t start_ms;          /* time the start-up index load took */
+};
+
+/*
+ * ssd_open: lock ssd_dir (a second daemon on it is refused), open the
+ * index, reconcile it with the bucket files (unindexed tails truncated,
+ * orphan files removed, records of missing files dropped), index every
+ * object in the store as non-resident, start the threads and attach to
+ * the store. s must not be shared with other threads yet.
+ * Returns 0 and *out, or an error with a message in err naming the path
+ * and the reason (KV_BUSY: locked by another process).
+ */
+int ssd_open(const struct ssd_config *cfg, struct store *s, struct ssd **out, char *err,
+             size_t errlen);
+
+/*
+ * ssd_close: finish queued writes, stop the threads, detach from the
+ * store, close the index and unlock. Accepts NULL. No event loop may be
+ * running requests any more.
+ */
+void ssd_close(struct ssd *t);
+
+/* ssd_reconfigure: apply reloadable settings (watermarks, eviction, offload, promote, bucket size). */
+void ssd_reconfigure(struct ssd *t, const struct ssd_config *cfg);
+
+/* ssd_stats: a snapshot of the counters. */
+void ssd_stats(struct ssd *t, struct ssd_stats *out);
+
+#endif
