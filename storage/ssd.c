@@ -620,37 +620,62 @@ ssd_bucket_drop(struct ssd *t, struct ssd_bucket *b, const char *why)
     return dropped;
 }
 
-/*
- * ssd_victim: the bucket eviction takes next (never the open one): a sealed
- * bucket more than half dead first (the deadest), else the oldest (fifo) or
- * the least recently read (lru).
- */
+int
+ssd_pick_victim(const struct ssd_bucket_view *v, size_t n, int eviction)
+{
+    int best = -1;
+    int dead = -1;
+
+    for (size_t i = 0; i < n; i++) {
+        if (!v[i].eligible) {
+            continue;
+        }
+        if (v[i].live_bytes * 2 < v[i].total_bytes
+            && (dead < 0
+                || (double)v[i].live_bytes / (double)v[i].total_bytes
+                       < (double)v[dead].live_bytes / (double)v[dead].total_bytes)) {
+            dead = (int)i;
+        }
+        if (best < 0 || (eviction == SSD_LRU && v[i].last_read_ms < v[best].last_read_ms)
+            || (eviction == SSD_LRU && v[i].last_read_ms == v[best].last_read_ms
+                && v[i].id < v[best].id)
+            || (eviction != SSD_LRU && v[i].id < v[best].id)) {
+            best = (int)i;
+        }
+    }
+    return dead >= 0 ? dead : best;
+}
+
+/* ssd_victim: the bucket eviction takes next (never the open one, nor one in the group). */
 static struct ssd_bucket *
 ssd_victim(struct ssd *t)
 {
-    struct ssd_bucket *best = NULL;
-    struct ssd_bucket *dead = NULL;
-    int lru = atomic_load(&t->eviction) == SSD_LRU;
+    struct ssd_bucket_view *v;
+    struct ssd_bucket *b = NULL;
+    int i;
 
     pthread_mutex_lock(&t->blk);
-    for (size_t i = 0; i < t->nbuckets; i++) {
-        struct ssd_bucket *b = t->buckets[i];
+    v = malloc((t->nbuckets + 1) * sizeof(*v));
+    if (v == NULL) {
+        pthread_mutex_unlock(&t->blk);
+        return NULL;
+    }
+    for (size_t k = 0; k < t->nbuckets; k++) {
+        const struct ssd_bucket *x = t->buckets[k];
 
-        if (b == t->open || b->dropping || b->in_group) {
-            continue;
-        }
-        if (b->live_bytes * 2 < b->total_bytes
-            && (dead == NULL
-                || (double)b->live_bytes / (double)b->total_bytes
-                       < (double)dead->live_bytes / (double)dead->total_bytes)) {
-            dead = b;
-        }
-        if (best == NULL || (lru && b->last_read_ms < best->last_read_ms)) {
-            best = b;       /* the array is in id order: the first is the oldest */
-        }
+        v[k].id = x->id;
+        v[k].last_read_ms = x->last_read_ms;
+        v[k].live_bytes = x->live_bytes;
+        v[k].total_bytes = x->total_bytes;
+        v[k].eligible = x != t->open && !x->dropping && !x->in_group;
+    }
+    i = ssd_pick_victim(v, t->nbuckets, atomic_load(&t->eviction));
+    if (i >= 0) {
+        b = t->buckets[i];
     }
     pthread_mutex_unlock(&t->blk);
-    return dead != NULL ? dead : best;
+    free(v);
+    return b;
 }
 
 /* ssd_make_room: evict buckets until `need` more bytes stay under the high watermark. */

@@ -79,6 +79,24 @@ struct ssd_stats {
     uint64_t start_ms;          /* time the start-up index load took */
 };
 
+/* One bucket as the eviction rule sees it. */
+struct ssd_bucket_view {
+    uint64_t id;                /* ids grow with creation: the smallest is the oldest */
+    uint64_t last_read_ms;
+    uint64_t live_bytes;
+    uint64_t total_bytes;
+    bool eligible;              /* false: the open bucket, or one being written or dropped */
+};
+
+/*
+ * ssd_pick_victim: the index in v[0..n) of the bucket eviction takes next,
+ * or -1 when none is eligible. A bucket more than half dead (live bytes
+ * under half its total) goes first, the deadest of them; otherwise fifo
+ * takes the oldest (smallest id) and lru the least recently read (oldest
+ * last_read_ms; ties to the older bucket). Pure function, for tests too.
+ */
+int ssd_pick_victim(const struct ssd_bucket_view *v, size_t n, int eviction);
+
 /*
  * ssd_open: lock ssd_dir (a second daemon on it is refused), open the
  * index, reconcile it with the bucket files (unindexed tails truncated,
