@@ -1215,12 +1215,19 @@ store_forget(struct store *s, struct store_obj *o)
     }
 }
 
-/* store_removable_locked: 0 when remove may take a published object, else KV_BUSY. */
+/*
+ * store_removable_locked: 0 when remove may take a published object, else
+ * KV_BUSY. The tier's own reference (an offload queued, a load running) does
+ * not count: the tier finds the object gone and drops what it wrote or read.
+ */
 static int
 store_removable_locked(const struct store_obj *o, bool force, uint64_t now)
 {
+    uint32_t tier_refs = (atomic_load_explicit(&o->ssd, memory_order_relaxed) == STORE_SSD_QUEUED)
+                         + o->loading;
+
     if (o->state != STORE_OBJ_PUBLISHED
-        || atomic_load_explicit(&o->refs, memory_order_acquire) > 1
+        || atomic_load_explicit(&o->refs, memory_order_acquire) > 1 + tier_refs
         || (!force && o->lease_until > now)) {
         return KV_BUSY;
     }
@@ -1509,8 +1516,10 @@ store_offload_cold(struct store *s, uint64_t bytes)
     uint64_t now = store_now_ms();
     uint64_t queued = 0;
 
-    if (!s->has_tier) {
-        return 0;
+    if (!s->has_tier
+        || alloc_used_pages(s->alloc)
+               < atomic_load_explicit(&s->low_pages, memory_order_relaxed) / 16 * 15) {
+        return 0;   /* far from eviction: nothing needs to be written ahead yet */
     }
     for (unsigned i = 0; i < STORE_SHARDS && queued < bytes; i++) {
         struct store_shard *sh = &s->shard[(start + i) % STORE_SHARDS];
@@ -1654,7 +1663,8 @@ store_load_end(struct store *s, struct store_obj *o, int rc)
         o->resident = 1;
         sh->resident++;
         sh->resident_bytes += o->size;
-        o->atime = store_now_ms();
+        /* Not promoted: stamped old, so eviction ranks it first across shards too. */
+        o->atime = atomic_load_explicit(&s->promote, memory_order_relaxed) ? store_now_ms() : 0;
         o->referenced = 0;
         l = store_list_of(sh, o);
         if (l != NULL && atomic_load_explicit(&s->promote, memory_order_relaxed)) {
