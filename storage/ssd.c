@@ -64,7 +64,7 @@ struct ssd_bucket {
     bool direct;                /* opened with O_DIRECT */
     bool sealed;
     bool dropping;              /* readers may not take new references */
-    bool stamp_dirty;           /* last_read_ms changed since it was saved */
+    bool dirty;                 /* changed since its index record was written */
     bool in_group;              /* holds records of the group being committed: not a victim */
     int readers;                /* references held by reader threads */
     uint64_t created_ms;
@@ -357,7 +357,7 @@ ssd_bucket_unref(struct ssd *t, struct ssd_bucket *b, bool read_ok)
     pthread_mutex_lock(&t->blk);
     if (read_ok) {
         b->last_read_ms = ssd_wall_ms();
-        b->stamp_dirty = true;
+        b->dirty = true;
     }
     if (--b->readers == 0 && b->dropping) {
         pthread_cond_broadcast(&t->bcond);
@@ -379,6 +379,7 @@ ssd_bucket_account(struct ssd *t, uint64_t id, int64_t delta)
         } else {
             b->live_bytes += (uint64_t)delta;
         }
+        b->dirty = true;
     }
     pthread_mutex_unlock(&t->blk);
     return b != NULL;
@@ -695,6 +696,7 @@ ssd_make_room(struct ssd *t, uint64_t need)
             if (t->open != NULL && t->open->total_bytes > 0) {
                 /* Only the open bucket is left: seal it so that it can go too. */
                 t->open->sealed = true;
+                t->open->dirty = true;
                 t->open = NULL;
                 continue;
             }
@@ -746,6 +748,7 @@ ssd_seal(struct ssd *t)
     if (t->open != NULL) {
         pthread_mutex_lock(&t->blk);
         t->open->sealed = true;
+        t->open->dirty = true;
         pthread_mutex_unlock(&t->blk);
         t->open = NULL;
     }
@@ -828,6 +831,7 @@ ssd_append(struct ssd *t, struct store_obj *o, struct store_loc *loc, uint64_t *
     pthread_mutex_lock(&t->blk);
     t->open->total_bytes += rec_size;
     t->open->live_bytes += rec_size;
+    t->open->dirty = true;
     pthread_mutex_unlock(&t->blk);
     CTR_ADD(t, disk_bytes, rec_size);
     *rec_bytes = rec_size;
@@ -932,7 +936,7 @@ ssd_forget_free(struct ssd_forget *f)
     }
 }
 
-/* Append the bucket records that changed (every bucket touched, plus read stamps due). */
+/* Append the records of the buckets that changed since they were last written. */
 static size_t
 ssd_bucket_ops(struct ssd *t, struct idx_op *ops, size_t max, bool stamps)
 {
@@ -942,11 +946,11 @@ ssd_bucket_ops(struct ssd *t, struct idx_op *ops, size_t max, bool stamps)
     for (size_t i = 0; i < t->nbuckets && n < max; i++) {
         struct ssd_bucket *b = t->buckets[i];
 
-        if (b == t->open || b->stamp_dirty || stamps) {
+        if (b == t->open || b->dirty || stamps) {
             memset(&ops[n], 0, sizeof(ops[n]));
             ops[n].kind = IDX_BUCKET_PUT;
             ssd_bucket_record(b, &ops[n].bucket);
-            b->stamp_dirty = false;
+            b->dirty = false;
             n++;
         }
     }

@@ -1602,6 +1602,10 @@ store_drop_stored(struct store *s, const struct kv_key *key, const struct store_
         if (o->resident) {
             atomic_store_explicit(&o->ssd, STORE_SSD_NONE, memory_order_release);
             sh->stored--;
+            if (atomic_load_explicit(&s->write_through, memory_order_relaxed)) {
+                /* Write-through promises an SSD copy of every object: write it again. */
+                store_queue_locked(s, o);
+            }
         } else {
             store_detach_locked(s, sh, o);
             left = 1;
