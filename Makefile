@@ -78,7 +78,7 @@ LIBCLIENT_SO := $(BUILD)/libkvstash.so
 UNIT := $(BUILD)/unit-tests
 INTEG := $(BUILD)/integration-tests
 
-.PHONY: all run test deps asan fuzz bench install uninstall format clean help \
+.PHONY: all run test deps bench-deps asan fuzz bench install uninstall format clean help \
         test-unit test-integration test-python check-deps
 
 all: $(KVSTASHD) $(KVSTASH) $(BENCH) $(LIBCLIENT_A) $(LIBCLIENT_SO)
@@ -119,15 +119,27 @@ $(INTEG): $(call obj,$(INTEG_SRC)) $(LIBCLIENT_A) $(LIBCORE)
 DEB_PKGS := build-essential pkg-config libevent-dev libmsgpack-dev libssl-dev liblmdb-dev \
             libibverbs-dev libcriterion-dev python3 python3-msgpack python3-pytest
 
-deps:
-	@missing=""; for p in $(DEB_PKGS); do \
+# tools only `make bench` uses (fio: the SSD section's device baseline)
+BENCH_PKGS := fio
+
+# apt_install TARGET,PACKAGES: apt-get install those of PACKAGES not installed yet
+define apt_install
+	@missing=""; for p in $(2); do \
 	    dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$p"; \
 	done; \
 	if [ -n "$$missing" ]; then \
-	    echo "make deps: installing$$missing"; \
+	    echo "make $(1): installing$$missing"; \
 	    if [ "$$(id -u)" != 0 ]; then SUDO=sudo; else SUDO=; fi; \
 	    $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q $$missing; \
 	fi
+endef
+
+deps:
+	$(call apt_install,deps,$(DEB_PKGS))
+
+# after deps, never beside it: two apt-gets at once fight over dpkg's lock
+bench-deps: deps
+	$(call apt_install,bench-deps,$(BENCH_PKGS))
 
 # ---- running ----
 run: deps
@@ -157,7 +169,7 @@ asan:
 	    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	    $(MAKE) --no-print-directory VARIANT=asan test
 
-bench: deps
+bench: bench-deps
 	$(Q)$(MAKE) --no-print-directory all $(MCBENCH)
 	KVSTASHD=$(abspath $(KVSTASHD)) BENCH=$(abspath $(BENCH)) MCBENCH=$(abspath $(MCBENCH)) \
 	    tests/bench/run.sh
@@ -186,7 +198,7 @@ clean:
 	rm -rf build
 
 help:
-	@echo "targets: all run test deps asan fuzz bench install uninstall format clean help"
+	@echo "targets: all run test deps bench-deps asan fuzz bench install uninstall format clean help"
 	@echo "vars:    VARIANT=release|debug|asan  V=1 (verbose)  PREFIX=$(PREFIX)"
 
 -include $(shell find build -name '*.d' 2>/dev/null)

@@ -65,6 +65,7 @@ struct bench_cfg {
     uint64_t keys;                /* working set per connection (get, exists) */
     int pid;                      /* daemon to charge CPU to; 0 = none */
     bool reset;                   /* remove_all before the run */
+    bool no_preload;              /* get/exists: the keys are already there (-N) */
     bool quiet;
     char runid[9];
     uint8_t *pattern;             /* vsize bytes, shared by every value */
@@ -584,7 +585,7 @@ bench_thread_main(void *arg)
     int depth = cfg->depth;
     int rc = 0;
 
-    if (cfg->mode != MODE_PUT) {
+    if (cfg->mode != MODE_PUT && !cfg->no_preload) {
         rc = bench_preload(t);
     }
     if (rc == 0) {
@@ -653,7 +654,7 @@ bench_thread_free(struct bench_thread *t)
 static const char bench_usage_text[] =
     "usage: kvstash-bench [-H host:port | -S socket] [-m put|get|exists] [-c conns]\n"
     "                     [-d depth] [-b batch] [-s size] [-t seconds] [-n requests]\n"
-    "                     [-k keys] [-p pid] [-R] [-q]\n"
+    "                     [-k keys] [-i id] [-N] [-p pid] [-R] [-q]\n"
     "  -m MODE     batch_put, batch_get or batch_is_exist load (default get)\n"
     "  -c N        connections, one thread each (default 1)\n"
     "  -d N        requests in flight per connection (default 2, at most 64)\n"
@@ -662,6 +663,10 @@ static const char bench_usage_text[] =
     "  -t SECS     run time (default 5)\n"
     "  -n N        stop each connection after N requests (default: time only)\n"
     "  -k N        keys preloaded per connection for get/exists (default: ~1 GiB in all)\n"
+    "  -i ID       key id (1-8 of [0-9a-z]) instead of a random one: a get run with -N\n"
+    "              reads the keys a put run with the same -i, -c and -b stored\n"
+    "              (connection c's keys are numbered 0, 1, ... in the order it put them)\n"
+    "  -N          get/exists: no preload, the keys are already stored (with -i)\n"
     "  -p PID      charge the daemon's CPU time (/proc/PID/stat) to the bytes moved\n"
     "  -R          remove_all (forced) before the run\n"
     "  -q          print only the result line\n"
@@ -686,11 +691,12 @@ main(int argc, char **argv)
         .mode = MODE_GET, .conns = 1, .depth = 2, .batch = 8, .vsize = 0, .secs = 5,
     };
     bool size_given = false;
+    const char *fixed_id = NULL;
     const char *env = getenv("KVSTASH_ADDR");
     int opt;
 
     cfg.addr = env && env[0] ? env : "127.0.0.1:7431";
-    while ((opt = getopt(argc, argv, "H:S:m:c:d:b:s:t:n:k:p:Rqh")) != -1) {
+    while ((opt = getopt(argc, argv, "H:S:m:c:d:b:s:t:n:k:i:p:NRqh")) != -1) {
         char *end = NULL;
         long long v = 0;
         if (strchr("cdbnkp", opt) != NULL) {
@@ -737,6 +743,14 @@ main(int argc, char **argv)
                 return bench_usage("-t wants seconds in (0, 3600]");
             }
             break;
+        case 'i':
+            if (optarg[0] == '\0' || strlen(optarg) > 8
+                || strspn(optarg, "0123456789abcdefghijklmnopqrstuvwxyz") != strlen(optarg)) {
+                return bench_usage("-i wants 1 to 8 characters of [0-9a-z]");
+            }
+            fixed_id = optarg;
+            break;
+        case 'N': cfg.no_preload = true; break;
         case 'R': cfg.reset = true; break;
         case 'q': cfg.quiet = true; break;
         case 'h':
@@ -748,6 +762,9 @@ main(int argc, char **argv)
     }
     if (optind != argc) {
         return bench_usage("unexpected operand");
+    }
+    if (cfg.no_preload && (fixed_id == NULL || cfg.mode == MODE_PUT || cfg.reset)) {
+        return bench_usage("-N is for get/exists with -i, and not with -R");
     }
     if (!size_given) {
         cfg.vsize = cfg.mode == MODE_EXISTS ? 64 : 1u << 20;
@@ -790,8 +807,15 @@ main(int argc, char **argv)
         uint64_t lo = (uint64_t)cfg.batch * (uint64_t)cfg.depth;
         cfg.keys = per < lo ? lo : per > 16384 ? 16384 : per;
     }
-    snprintf(cfg.runid, sizeof(cfg.runid), "%08x",
-             (unsigned)(bench_now_ns() ^ ((uint64_t)getpid() << 16)));
+    if (fixed_id != NULL) {
+        size_t len = strlen(fixed_id);
+        memset(cfg.runid, '0', 8);              /* left-padded: keys keep their length */
+        memcpy(cfg.runid + 8 - len, fixed_id, len);
+        cfg.runid[8] = '\0';
+    } else {
+        snprintf(cfg.runid, sizeof(cfg.runid), "%08x",
+                 (unsigned)(bench_now_ns() ^ ((uint64_t)getpid() << 16)));
+    }
     cfg.pattern = malloc(cfg.vsize ? cfg.vsize : 1);
     if (cfg.pattern == NULL) {
         fputs("kvstash-bench: out of memory\n", stderr);
@@ -849,7 +873,7 @@ main(int argc, char **argv)
         fprintf(stderr,
                 "kvstash-bench: %s %s x %zu bytes, batch %u, %d conns, depth %d, %.1f s%s\n",
                 cfg.addr, bench_mode_names[cfg.mode], cfg.vsize, cfg.batch, cfg.conns, cfg.depth,
-                cfg.secs, cfg.mode == MODE_PUT ? "" : " (preloading)");
+                cfg.secs, cfg.mode == MODE_PUT || cfg.no_preload ? "" : " (preloading)");
     }
     pthread_barrier_wait(&barrier);
     struct bench_run run = {

@@ -9,12 +9,15 @@
 # own text-protocol load generator, tests/bench/mc_bench.c) when memcached is
 # installed; a peer that is missing or fails is reported and skipped. Every
 # command is printed before it runs; every loop and every command is bounded.
+# Last, the SSD section (tests/bench/ssd.sh): fio and kvstashd's SSD tier on one
+# directory of the same disk, sequential 1 MiB writes and reads.
 # Exits non-zero only if kvstashd dies or a kvstash-bench run fails.
 #
 # Environment: KVSTASHD, BENCH, MCBENCH (binaries; set by make bench),
 # KVSTASH_CLI (default: kvstash next to BENCH), BENCH_SECS (5), BENCH_REPS (3),
 # BENCH_MEMORY (default: a third of available RAM, 1g..8g), BENCH_PEERS
-# (1; 0 skips redis/memcached).
+# (1; 0 skips redis/memcached), BENCH_SSD (1; 0 skips the SSD section; its other
+# settings are in ssd.sh).
 set -u -o pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -541,8 +544,28 @@ for row in "${matrix[@]}"; do
 done
 [ -n "$tcp_ceiling" ] && echo "raw TCP (iperf3)  $tcp_ceiling"
 kvd_alive || kvd_died
+
+# ---- SSD tier ----
+# The DRAM daemon is done: stopped, so the SSD section has the machine to itself. ssd.sh
+# bounds its own runs (it starts none after 240 s); the timeout is the last resort.
+ssd_rc=0
+if [ "${BENCH_SSD:-1}" != 0 ]; then
+    kill "$kvd_pid" 2>/dev/null
+    wait "$kvd_pid" 2>/dev/null
+    kvd_pid=""
+    echo
+    KVSTASHD="$KVSTASHD" BENCH="$BENCH" KVSTASH_CLI="$KVSTASH_CLI" BENCH_REPS="$REPS" \
+        timeout 900 "$here/ssd.sh" || ssd_rc=$?
+else
+    echo
+    echo "== SSD tier: skipped (BENCH_SSD=0)"
+fi
 if [ "$failures" -gt 0 ]; then
     echo "run.sh: $failures kvstash-bench run(s) failed" >&2
+    exit 1
+fi
+if [ "$ssd_rc" -ne 0 ]; then
+    echo "run.sh: the SSD section failed (exit $ssd_rc)" >&2
     exit 1
 fi
 exit 0
