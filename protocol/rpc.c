@@ -589,8 +589,30 @@ static int
 rpc_get_refs(struct rpc_req *rq, struct mp_reader keys, uint32_t n, struct store_obj **objs)
 {
     struct store *st = rq->ctx->srv->store;
+    struct mp_reader probe = keys;
     int rc = 0;
 
+    /*
+     * First start every load without touching anything: a key found resident
+     * is not stamped (nor, for an unpromoted copy, used up) by a try that waits.
+     */
+    for (uint32_t i = 0; i < n && !rq->ctx->final_try; i++) {
+        const uint8_t *kp;
+        uint32_t klen;
+        struct kv_key key;
+
+        rpc_read_key(&probe, &kp, &klen);
+        if (klen > rq->ctx->lim->max_key_size) {
+            continue;
+        }
+        rpc_key(rq, kp, klen, &key);
+        if (store_prefetch(st, &key)) {
+            rc = -EAGAIN;
+        }
+    }
+    if (rc != 0) {
+        return rc;
+    }
     for (uint32_t i = 0; i < n; i++) {
         const uint8_t *kp;
         uint32_t klen;
@@ -1153,6 +1175,45 @@ done:
         return -ENOMEM;
     }
     return rc;
+}
+
+void
+rpc_prefetch(struct rpc_ctx *ctx, const uint8_t *msg, size_t len)
+{
+    struct mp_reader rd;
+    uint32_t n, mlen, np, nkeys = 1;
+    uint64_t type, msgid;
+    const char *mname;
+
+    mp_reader_init(&rd, msg, len);
+    if (mp_read_array(&rd, &n) != 0 || n != 4 || mp_read_uint(&rd, &type) != 0 || type != 0
+        || mp_read_uint(&rd, &msgid) != 0 || mp_read_str(&rd, &mname, &mlen) != 0
+        || mp_read_array(&rd, &np) != 0 || np < 1) {
+        return;
+    }
+    if (mp_str_eq(mname, mlen, "batch_get")) {
+        if (mp_read_array(&rd, &nkeys) != 0 || nkeys > ctx->lim->max_batch) {
+            return;
+        }
+    } else if (!mp_str_eq(mname, mlen, "get")) {
+        return;
+    }
+    for (uint32_t i = 0; i < nkeys; i++) {
+        const uint8_t *kp;
+        uint32_t klen;
+        struct kv_key key;
+
+        if (rpc_read_key(&rd, &kp, &klen) != 0) {
+            return;
+        }
+        if (klen > ctx->lim->max_key_size) {
+            continue;
+        }
+        key.tenant = ctx->tenant;
+        key.ptr = kp;
+        key.len = klen;
+        (void)store_prefetch(ctx->srv->store, &key);
+    }
 }
 
 int

@@ -140,6 +140,14 @@ int rpc_dispatch(struct rpc_ctx *ctx, const uint8_t *msg, size_t len, const stru
  * rpc_deferred_drop: forget a waiting reply (the connection closes).
  */
 int rpc_deferred_poll(struct rpc_ctx *ctx, struct outq *out);
+
+/*
+ * rpc_prefetch: msg[0..len) is a complete request queued behind one that
+ * waits: when it is a get or batch_get, start the SSD loads its keys will
+ * need, so the device works while the connection waits. Answers nothing,
+ * holds nothing; anything else is ignored.
+ */
+void rpc_prefetch(struct rpc_ctx *ctx, const uint8_t *msg, size_t len);
 void rpc_deferred_drop(struct rpc_ctx *ctx);
 
 /*

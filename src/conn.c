@@ -43,6 +43,7 @@
 #define CONN_READAHEAD_IN_PUT 512
 #define CONN_RETRY_US 2000          /* a waiting request is looked at again this often */
 #define CONN_WAIT_MAX_MS 5000       /* then it is answered with whatever is there */
+#define CONN_LOOKAHEAD_MAX (256u * 1024u) /* buffered bytes read while a get waits */
 
 struct conn {
     struct worker *w;
@@ -61,6 +62,9 @@ struct conn {
     bool offer_pending;          /* the spill offer in scan is to be asked again */
     uint64_t wait_since;         /* ms, when waiting began */
     struct event *ev_retry;      /* timer that retries a waiting request */
+    bool lookahead;              /* while waiting: read on and prefetch queued gets */
+    struct frame_scan la_scan;   /* the lookahead's scan of the message after la_pos */
+    size_t la_pos;               /* bytes after rpos the lookahead has passed */
 
     uint8_t *ibuf;               /* message bytes (minus spilled bodies) + read-ahead */
     size_t icap, ilen, rpos;     /* current message starts at rpos */
@@ -283,6 +287,44 @@ conn_now_ms(void)
 static void conn_on_retry(evutil_socket_t fd, short what, void *arg);
 
 /*
+ * conn_lookahead: while the request at rpos waits for SSD loads, scan the
+ * complete requests buffered behind it and start the loads their gets will
+ * need (rpc_prefetch), so the device is not idle between one batch and the
+ * next. Requests are still answered in order. A value to be received
+ * straight into the store (a spill offer) or a bad frame ends the lookahead:
+ * such bytes are left for the normal path.
+ */
+static void
+conn_lookahead(struct conn *c)
+{
+    while (c->lookahead && c->rpos + c->la_pos < c->ilen) {
+        const uint8_t *p = c->ibuf + c->rpos + c->la_pos;
+        int st = frame_scan(&c->la_scan, p, c->ilen - c->rpos - c->la_pos, &c->flim);
+
+        if (st == FRAME_NEED_MORE) {
+            return;
+        }
+        if (st != FRAME_DONE) {
+            c->lookahead = false;
+            return;
+        }
+        rpc_prefetch(&c->ctx, p, c->la_scan.pos);
+        c->la_pos += c->la_scan.pos;
+        frame_scan_init(&c->la_scan);
+    }
+}
+
+/* conn_reading_wanted: whether the socket should be read now. */
+static bool
+conn_reading_wanted(const struct conn *c)
+{
+    if (c->paused || c->eof || c->w->draining) {
+        return false;
+    }
+    return !c->waiting || (c->lookahead && c->ilen - c->rpos < CONN_LOOKAHEAD_MAX);
+}
+
+/*
  * conn_wait: the current request waits for the SSD tier (a load, room in
  * DRAM, a durable write). Nothing more is read or dispatched on this
  * connection until it goes on (replies stay in order, and bytes of a value
@@ -434,9 +476,22 @@ conn_dispatch(struct conn *c)
     }
     int rc = rpc_dispatch(&c->ctx, c->ibuf + c->rpos, c->scan.pos, c->holes, c->nholes, &c->out);
     if (rc == -EAGAIN) {
+        bool first = !c->lookahead;
+
         conn_wait(c);           /* the same message is dispatched again */
+        if (first && c->nholes == 0 && c->spill_left == 0) {
+            /* Nothing of it is on the wire any more: read on behind it and prefetch. */
+            c->lookahead = true;
+            c->la_pos = c->scan.pos;
+            frame_scan_init(&c->la_scan);
+        }
+        conn_lookahead(c);
+        if (c->lookahead && conn_reading_wanted(c)) {
+            conn_set_reading(c, true);
+        }
         return c->closing ? -1 : 0;
     }
+    c->lookahead = false;
     c->rpos += c->scan.pos;
     conn_message_reset(c);
     if (rc == KV_PROTOCOL_ERROR) {
@@ -702,6 +757,13 @@ conn_on_read(evutil_socket_t fd, short what, void *arg)
             c->closing = true;
             break;
         }
+        if (c->waiting) {
+            conn_lookahead(c);
+            if (!conn_reading_wanted(c)) {
+                break;
+            }
+            continue;
+        }
         if (conn_process(c) != 0 || c->paused || c->waiting) {
             break;
         }
@@ -710,7 +772,7 @@ conn_on_read(evutil_socket_t fd, short what, void *arg)
         c->closing = true;
     }
     if (!c->closing && (c->paused || c->waiting)) {
-        conn_set_reading(c, false);
+        conn_set_reading(c, conn_reading_wanted(c));
     }
     if (!c->closing && c->eof && !c->waiting) {
         /* Peer is done sending: answer what it sent, then close. */
@@ -783,9 +845,7 @@ conn_retry(struct conn *c)
         conn_free(c);
         return;
     }
-    if (!c->waiting && !c->paused && !c->eof && !c->w->draining) {
-        conn_set_reading(c, true);
-    }
+    conn_set_reading(c, conn_reading_wanted(c));
     if (c->eof && !c->waiting && outq_pending(&c->out) == 0) {
         c->closing = true;
     }

@@ -108,7 +108,8 @@ struct store_obj {
     uint8_t resident;               /* the value is in the arena (ext[0..n_ext)) */
     uint8_t loading;                /* the tier is reading it back */
     _Atomic uint8_t ssd;            /* enum store_ssd_state */
-    uint32_t pad;
+    uint8_t cold;                   /* loaded without promotion: kept only until read */
+    uint8_t pad[3];
     struct alloc_extent ext[];      /* ext_cap extents, then key_len key bytes */
 };
 
@@ -293,6 +294,14 @@ static void
 store_touch_locked(struct store_obj *o)
 {
     uint64_t now = store_now_ms();
+
+    if (o->cold) {
+        /* An SSD copy loaded without promotion has served its read: it goes first. */
+        o->atime = 0;
+        o->referenced = 0;
+        o->cold = 0;
+        return;
+    }
 
     if (o->atime != now) {
         o->atime = now;
@@ -891,7 +900,8 @@ store_reserve(struct store *s, const struct kv_key *key, uint64_t size, struct s
     o->resident = 1;
     o->loading = 0;
     o->tlink = NULL;
-    o->pad = 0;
+    o->cold = 0;
+    memset(o->pad, 0, sizeof(o->pad));
     atomic_init(&o->ssd, STORE_SSD_NONE);
     memset(&o->loc, 0, sizeof(o->loc));
     memcpy(o->ext, ext, (size_t)n * sizeof(ext[0]));
@@ -1126,6 +1136,29 @@ store_get(struct store *s, const struct kv_key *key, struct store_obj **out)
     pthread_mutex_unlock(&sh->lock);
     *out = o;
     return 0;
+}
+
+int
+store_prefetch(struct store *s, const struct kv_key *key)
+{
+    uint64_t hash = store_hash64(key);
+    struct store_shard *sh = store_shard_of(s, hash);
+    struct store_obj *o;
+    int pending = 0;
+
+    pthread_mutex_lock(&sh->lock);
+    o = store_find_locked(sh, hash, key);
+    if (o != NULL && o->state == STORE_OBJ_PUBLISHED && !o->resident && s->has_tier) {
+        if (!o->loading) {
+            o->loading = 1;
+            sh->loading++;
+            atomic_fetch_add_explicit(&o->refs, 1, memory_order_relaxed);
+            s->tier.load(s->tier.arg, o);
+        }
+        pending = 1;
+    }
+    pthread_mutex_unlock(&sh->lock);
+    return pending;
 }
 
 int
@@ -1667,9 +1700,13 @@ store_load_end(struct store *s, struct store_obj *o, int rc)
         o->resident = 1;
         sh->resident++;
         sh->resident_bytes += o->size;
-        /* Not promoted: stamped old, so eviction ranks it first across shards too. */
-        o->atime = atomic_load_explicit(&s->promote, memory_order_relaxed) ? store_now_ms() : 0;
+        /*
+         * Stamped now either way, so it outlives older objects until its reader (or a
+         * prefetch's) comes for it; without promotion that read stamps it oldest.
+         */
+        o->atime = store_now_ms();
         o->referenced = 0;
+        o->cold = !atomic_load_explicit(&s->promote, memory_order_relaxed);
         l = store_list_of(sh, o);
         if (l != NULL && atomic_load_explicit(&s->promote, memory_order_relaxed)) {
             store_list_push_head(l, o);

@@ -136,7 +136,8 @@ struct store_tier {
                    uint64_t size);
     bool write_through;    /* offload every object at commit */
     bool on_evict;         /* offload an object before its pages are reused */
-    bool promote;          /* a loaded object goes to the LRU head (else the tail) */
+    bool promote;          /* a loaded object goes to the LRU head; else to the tail, and
+                              once read it is the first to be evicted */
 };
 
 /*
@@ -242,6 +243,14 @@ uint64_t store_obj_read(const struct store_obj *o, uint64_t off, void *dst, uint
  * off (writer only). Returns bytes copied (short past the end).
  */
 uint64_t store_obj_write(struct store_obj *o, uint64_t off, const void *src, uint64_t len);
+
+/*
+ * store_prefetch: when key is PUBLISHED on the SSD tier only, start loading
+ * it (as store_get would, unless a load runs already) and return 1, without
+ * reading it: no reference, no recency change. Otherwise return 0 (resident,
+ * absent or reserved: store_get answers at once).
+ */
+int store_prefetch(struct store *s, const struct kv_key *key);
 
 /*
  * store_exists: 1 when the key is PUBLISHED (refreshing its recency, never

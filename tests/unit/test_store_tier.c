@@ -1014,11 +1014,12 @@ Test(store_tier, offload_cold_does_nothing_when_the_store_is_nearly_empty)
 /* ---- promote ---- */
 
 /*
- * Without promote a loaded object goes to the LRU tail, so it is the next
- * one eviction takes (scan resistance); with promote it is the newest.
+ * Without promote a loaded object is kept until its read (or a prefetch's)
+ * comes, then it is the next one eviction takes (scan resistance); with
+ * promote it is the newest.
  */
 static uint64_t
-t_evict_one_after_load(bool promote)
+t_evict_one_after_load(bool promote, bool read)
 {
     struct store *s = t_store(1 * MiB, 1.0, 1.0);
     struct t_tier *t = t_tier_attach(s, false, true, promote);
@@ -1041,6 +1042,9 @@ t_evict_one_after_load(bool promote)
     t_sleep_ms(30);
     cr_assert_eq(t_check(s, 100, obj), -EAGAIN);
     t_load(s, t_next_load(t), 100);
+    if (read) {
+        cr_assert_eq(t_check(s, 100, obj), 1, "the read the load was for");
+    }
 
     used = t_stats(s).memory_used;
     cr_assert_eq(store_evict(s, used - obj), obj);
@@ -1063,13 +1067,21 @@ t_evict_one_after_load(bool promote)
 
 Test(store_tier, loaded_object_without_promote_is_evicted_first)
 {
-    cr_assert_eq(t_evict_one_after_load(false), 100,
-                 "a loaded object (promote off) outlived older objects");
+    cr_assert_eq(t_evict_one_after_load(false, true), 100,
+                 "a loaded object (promote off), once read, outlived older objects");
+}
+
+Test(store_tier, loaded_object_without_promote_waits_for_its_read)
+{
+    uint64_t gone = t_evict_one_after_load(false, false);
+
+    cr_assert_neq(gone, UINT64_MAX);
+    cr_assert_neq(gone, 100, "a loaded object (promote off) was evicted before it was read");
 }
 
 Test(store_tier, loaded_object_with_promote_is_not_evicted_first)
 {
-    uint64_t gone = t_evict_one_after_load(true);
+    uint64_t gone = t_evict_one_after_load(true, true);
 
     cr_assert_neq(gone, UINT64_MAX);
     cr_assert_neq(gone, 100, "a loaded object (promote on) was evicted first");
