@@ -57,6 +57,7 @@
 #define SSD_MAP_INITIAL (64ull << 20)
 #define SSD_MAP_MAX (1ull << 40)
 #define SSD_PATH_MAX 4096
+#define SSD_STAMP_SLOTS 65536u          /* read stamps of DRAM hits, by bucket id modulo this */
 
 struct ssd_bucket {
     uint64_t id;
@@ -70,7 +71,8 @@ struct ssd_bucket {
     uint64_t created_ms;
     uint64_t last_read_ms;
     uint64_t live_bytes;        /* record bytes of indexed objects */
-    uint64_t total_bytes;       /* bytes written (the file's committed length) */
+    uint64_t total_bytes;       /* bytes written */
+    uint64_t committed_bytes;   /* bytes synced and indexed: what a restart keeps */
 };
 
 /* A dropped index entry waiting for the writer: removed objects, unreadable records. */
@@ -155,6 +157,14 @@ struct ssd {
     _Atomic uint64_t degraded_flag;
     uint64_t start_objects;
     uint64_t start_ms;
+
+    /*
+     * Wall-clock ms of the last DRAM hit on an object of bucket id, at
+     * [id % SSD_STAMP_SLOTS]; folded into the buckets' last_read_ms under blk.
+     * Live buckets span far fewer ids than slots; a stale stamp left by an old
+     * bucket in the same slot is older than the new bucket's creation and ignored.
+     */
+    _Atomic uint64_t stamps[SSD_STAMP_SLOTS];
 };
 
 #define CTR_ADD(t, f, v) atomic_fetch_add_explicit(&(t)->f, (v), memory_order_relaxed)
@@ -418,6 +428,39 @@ ssd_hook_offload(void *arg, struct store_obj *o)
     CTR_ADD(t, queue_bytes, store_obj_size(o));
 }
 
+static uint64_t
+ssd_wall_coarse_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_REALTIME_COARSE, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static void
+ssd_hook_touch(void *arg, uint32_t bucket)
+{
+    struct ssd *t = arg;
+    _Atomic uint64_t *slot = &t->stamps[bucket % SSD_STAMP_SLOTS];
+    uint64_t now = ssd_wall_coarse_ms();
+
+    if (atomic_load_explicit(slot, memory_order_relaxed) < now) {
+        atomic_store_explicit(slot, now, memory_order_relaxed);
+    }
+}
+
+/* ssd_fold_stamp_locked: take DRAM hits into a bucket's last read time (blk held). */
+static void
+ssd_fold_stamp_locked(struct ssd *t, struct ssd_bucket *b)
+{
+    uint64_t v = atomic_load_explicit(&t->stamps[b->id % SSD_STAMP_SLOTS], memory_order_relaxed);
+
+    if (v > b->last_read_ms && v >= b->created_ms) {
+        b->last_read_ms = v;
+        b->dirty = true;
+    }
+}
+
 static void
 ssd_hook_load(void *arg, struct store_obj *o)
 {
@@ -662,8 +705,9 @@ ssd_victim(struct ssd *t)
         return NULL;
     }
     for (size_t k = 0; k < t->nbuckets; k++) {
-        const struct ssd_bucket *x = t->buckets[k];
+        struct ssd_bucket *x = t->buckets[k];
 
+        ssd_fold_stamp_locked(t, x);
         v[k].id = x->id;
         v[k].last_read_ms = x->last_read_ms;
         v[k].live_bytes = x->live_bytes;
@@ -708,7 +752,36 @@ ssd_make_room(struct ssd *t, uint64_t need)
 
 /* ---- the writer ---- */
 
-/* ssd_fault: a write, sync or commit failed: drop the bucket, suspend writes. */
+/*
+ * ssd_rollback: cut a bucket back to what its last commit made visible
+ * (records after that were never indexed) and seal it. Its committed records
+ * were synced by an fdatasync that succeeded, so they stay.
+ */
+static void
+ssd_rollback(struct ssd *t, struct ssd_bucket *b)
+{
+    if (b->total_bytes > b->committed_bytes) {
+        if (ftruncate(b->fd, (off_t)b->committed_bytes) != 0) {
+            log_error("ssd: ftruncate of bucket %" PRIu64 ": %s", b->id, strerror(errno));
+        }
+        CTR_SUB(t, disk_bytes, b->total_bytes - b->committed_bytes);
+    }
+    pthread_mutex_lock(&t->blk);
+    b->total_bytes = b->committed_bytes;
+    b->sealed = true;
+    b->dirty = true;
+    pthread_mutex_unlock(&t->blk);
+    if (t->open == b) {
+        t->open = NULL;
+    }
+}
+
+/*
+ * ssd_fault: a write, sync or commit failed: suspend writes. b, when not
+ * NULL, is dropped with everything in it (a failed fdatasync or an I/O
+ * error: its data cannot be trusted); a full disk only costs the records
+ * not committed yet, which the caller rolled back.
+ */
 static void
 ssd_fault(struct ssd *t, struct ssd_bucket *b, int rc, const char *what)
 {
@@ -717,10 +790,13 @@ ssd_fault(struct ssd *t, struct ssd_bucket *b, int rc, const char *what)
     } else {
         CTR_ADD(t, io_errors, 1);
     }
-    log_error("ssd: %s in %s: %s; dropping bucket %" PRIu64 ", writes suspended for %d ms", what,
-              t->dir, kv_strerror(rc), b != NULL ? b->id : 0, SSD_RETRY_MS);
     if (b != NULL) {
+        log_error("ssd: %s in %s: %s; dropping bucket %" PRIu64 ", writes suspended for %d ms",
+                  what, t->dir, kv_strerror(rc), b->id, SSD_RETRY_MS);
         ssd_bucket_drop(t, b, "write failed");
+    } else {
+        log_error("ssd: %s in %s: %s; uncommitted records cut off, writes suspended for %d ms",
+                  what, t->dir, kv_strerror(rc), SSD_RETRY_MS);
     }
     if (!t->degraded) {
         t->degraded = true;
@@ -938,7 +1014,7 @@ ssd_forget_free(struct ssd_forget *f)
 
 /* Append the records of the buckets that changed since they were last written. */
 static size_t
-ssd_bucket_ops(struct ssd *t, struct idx_op *ops, size_t max, bool stamps)
+ssd_bucket_ops(struct ssd *t, struct idx_op *ops, size_t max)
 {
     size_t n = 0;
 
@@ -946,7 +1022,8 @@ ssd_bucket_ops(struct ssd *t, struct idx_op *ops, size_t max, bool stamps)
     for (size_t i = 0; i < t->nbuckets && n < max; i++) {
         struct ssd_bucket *b = t->buckets[i];
 
-        if (b == t->open || b->dirty || stamps) {
+        ssd_fold_stamp_locked(t, b);
+        if (b == t->open || b->dirty) {
             memset(&ops[n], 0, sizeof(ops[n]));
             ops[n].kind = IDX_BUCKET_PUT;
             ssd_bucket_record(b, &ops[n].bucket);
@@ -1030,8 +1107,19 @@ ssd_commit_group(struct ssd *t, struct ssd_group *g, struct ssd_forget *forgets)
         touched[i]->in_group = false;
     }
     if (rc != 0) {
+        /* Only a full disk at write time keeps the failing bucket's committed records. */
+        bool drop = !(rc == -ENOSPC && strcmp(what, "write") == 0);
+
         ssd_group_unwrite(t, g, written);
-        ssd_fault(t, fault, rc, what);
+        for (int i = 0; i < ntouched; i++) {
+            if (touched[i] != fault || !drop) {
+                ssd_rollback(t, touched[i]);
+            }
+        }
+        if (fault != NULL && !drop) {
+            ssd_rollback(t, fault);
+        }
+        ssd_fault(t, drop ? fault : NULL, rc, what);
         free(ops);
         ssd_forget_requeue(t, forgets);
         return;
@@ -1056,7 +1144,7 @@ ssd_commit_group(struct ssd *t, struct ssd_group *g, struct ssd_forget *forgets)
         op->loc.crc = g->loc[i].crc;
     }
     nops += ssd_forget_ops(forgets, ops + nops);
-    nops += ssd_bucket_ops(t, ops + nops, cap - nops, false);
+    nops += ssd_bucket_ops(t, ops + nops, cap - nops);
     ops[nops].kind = IDX_META_PUT;
     ops[nops].name = "next_bucket";
     ops[nops].value = t->next_id;
@@ -1064,11 +1152,20 @@ ssd_commit_group(struct ssd *t, struct ssd_group *g, struct ssd_forget *forgets)
     rc = idx_apply(t->idx, ops, nops);
     free(ops);
     if (rc != 0) {
+        /* The records are on disk but were never indexed: cut them off, keep the rest. */
         ssd_group_unwrite(t, g, g->n);
-        ssd_fault(t, t->open, rc, "index commit");
+        for (int i = 0; i < ntouched; i++) {
+            ssd_rollback(t, touched[i]);
+        }
+        ssd_fault(t, NULL, rc, "index commit");
         ssd_forget_requeue(t, forgets);
         return;
     }
+    pthread_mutex_lock(&t->blk);
+    for (int i = 0; i < ntouched; i++) {
+        touched[i]->committed_bytes = touched[i]->total_bytes;
+    }
+    pthread_mutex_unlock(&t->blk);
     CTR_ADD(t, syncs, 1);
     ssd_forget_done(t, forgets);
     ssd_forget_free(forgets);
@@ -1202,7 +1299,7 @@ ssd_writer_main(void *arg)
         }
         if (now - t->stamps_saved_at >= SSD_LAST_READ_SAVE_MS) {
             struct idx_op ops[64];
-            size_t n = ssd_bucket_ops(t, ops, 64, false);
+            size_t n = ssd_bucket_ops(t, ops, 64);
 
             t->stamps_saved_at = now;
             if (n > 0) {
@@ -1422,6 +1519,7 @@ ssd_index_bucket_fn(void *arg, const struct idx_bucket *r)
     b->last_read_ms = r->last_read_ms;
     b->live_bytes = r->live_bytes;
     b->total_bytes = r->total_bytes;
+    b->committed_bytes = r->total_bytes;
     b->sealed = true;           /* new records go to a new bucket after a start */
     b->direct = true;
     b->fd = open(path, O_RDWR | O_CLOEXEC | O_DIRECT);
@@ -1679,6 +1777,7 @@ ssd_open(const struct ssd_config *cfg, struct store *s, struct ssd **out, char *
     tier.offload = ssd_hook_offload;
     tier.load = ssd_hook_load;
     tier.forget = ssd_hook_forget;
+    tier.touch = ssd_hook_touch;
     tier.write_through = cfg->offload == SSD_WRITE_THROUGH;
     tier.on_evict = cfg->offload == SSD_ON_EVICT;
     tier.promote = cfg->promote;

@@ -1133,6 +1133,10 @@ store_get(struct store *s, const struct kv_key *key, struct store_obj **out)
         return s->has_tier ? -EAGAIN : KV_NOT_FOUND;
     }
     atomic_fetch_add_explicit(&o->refs, 1, memory_order_relaxed);
+    if (s->has_tier && s->tier.touch != NULL
+        && atomic_load_explicit(&o->ssd, memory_order_relaxed) == STORE_SSD_STORED) {
+        s->tier.touch(s->tier.arg, o->loc.bucket);     /* lru buckets count DRAM hits too */
+    }
     pthread_mutex_unlock(&sh->lock);
     *out = o;
     return 0;

@@ -134,6 +134,9 @@ struct store_tier {
     void (*load)(void *arg, struct store_obj *o);
     void (*forget)(void *arg, const struct kv_key *key, const struct store_loc *loc,
                    uint64_t size);
+    /* touch (may be NULL): a get was served from DRAM for an object whose copy is in
+     * `bucket` (called with a shard lock held: a store to memory, nothing more) */
+    void (*touch)(void *arg, uint32_t bucket);
     bool write_through;    /* offload every object at commit */
     bool on_evict;         /* offload an object before its pages are reused */
     bool promote;          /* a loaded object goes to the LRU head; else to the tail, and

@@ -633,6 +633,7 @@ def test_disk_full_degrades_keeps_serving_and_recovers(work, tmpfs, kv):
     c = d.client()
     assert c.call("put", b"before-full", value_for(b"before-full", 64 * KIB),
                   {"durable": True}) == 0
+    promised = [b"before-full"]     # durable puts answered 0: never to be lost
 
     assert fill(filler) > 0
     # The daemon may give space back (a failed bucket is dropped): take that too, a few times.
@@ -644,6 +645,7 @@ def test_disk_full_degrades_keeps_serving_and_recovers(work, tmpfs, kv):
         if code == NO_SPACE:
             no_space_seen = True
             break
+        promised.append(key)
         fill(filler)
     assert no_space_seen, "durable puts kept succeeding on a full filesystem"
 
@@ -701,6 +703,9 @@ def test_disk_full_degrades_keeps_serving_and_recovers(work, tmpfs, kv):
     c = d.client()
     assert c.call("get", key) == value_for(key, 64 * KIB)
     assert c.call("get", b"after-2") == b"z" * 70000
+    # A full disk costs only what was not committed: every acknowledged durable put is here.
+    for k in promised:
+        assert c.call("get", k) == value_for(k, 64 * KIB), f"{k}: durable put lost to ENOSPC"
     d.stop()
 
 
