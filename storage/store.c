@@ -3,7 +3,9 @@
  * shards, each a chained hash table that doubles as it fills, its near-LRU
  * lists and its counters, all under the shard's mutex), the object metadata
  * (one heap block per object: the struct, its extents, its key) and the
- * eviction policy; the arena pages themselves belong to storage/alloc.c.
+ * eviction policy; the arena pages themselves belong to storage/alloc.c,
+ * the SSD tier's side of the store (reports from the tier, loads, start-up
+ * inserts) to storage/store_tier.c, and what both share to store_int.h.
  * It must not block on I/O, must not hold two shard locks at once, and takes
  * the allocator's lock only after (or without) a shard lock.
  *
@@ -28,7 +30,7 @@
  * refs == 1 under its shard lock has no holder but the table: eviction and
  * remove detach it there and drop the last reference after unlocking.
  */
-#include "store.h"
+#include "store_int.h"
 
 #include "alloc.h"
 #include "kverr.h"
@@ -42,165 +44,16 @@
 #include <sys/uio.h>
 #include <time.h>
 
-#define STORE_SHARD_BITS 6
-#define STORE_SHARDS (1u << STORE_SHARD_BITS)
-#define STORE_BUCKETS_INIT 64u      /* per shard; a power of two */
-#define STORE_REHASH_STEP 64        /* old buckets moved per insert or remove while growing */
-#define STORE_EVICT_SCAN 16         /* busy objects one look at a shard tail may skip */
-#define STORE_EVICT_PROMOTE 1024    /* second chances one look may give before it stops */
-#define STORE_EVICT_MISSES 256      /* looks in a row that evict nothing (4 per shard) */
-#define STORE_EVICT_RESCANS 2       /* full rescans before a class counts as empty */
-#define STORE_NO_CANDIDATE UINT64_MAX
-
-_Static_assert(STORE_PAGE_SIZE == ALLOC_PAGE_SIZE, "the store and the allocator disagree on pages");
-
-#ifdef CLOCK_MONOTONIC_COARSE
-#define STORE_CLOCK CLOCK_MONOTONIC_COARSE
-#else
-#define STORE_CLOCK CLOCK_MONOTONIC
-#endif
-
-enum store_obj_state {
-    STORE_OBJ_RESERVED = 1,
-    STORE_OBJ_PUBLISHED = 2,
-    STORE_OBJ_GONE = 3              /* no longer indexed; freed with the last reference */
-};
-
-enum store_lru {
-    STORE_LRU_NORMAL = 0,
-    STORE_LRU_SOFT = 1,
-    STORE_LRU_CLASSES = 2
-};
-
-/*
- * One object: 112 bytes on LP64, then room for ext_cap extents (8 bytes
- * each) and the key bytes in the same heap block. What a lookup reads (hash,
- * tenant, key_len, state) and what an access writes (atime, referenced) sit
- * in the first 40 bytes. Everything but refs and ssd is guarded by the shard
- * lock, except what is immutable after store_reserve (hash, tenant, key_len,
- * ext_cap, size, base, key), which reference holders read without it. n_ext
- * and ext change only while the object is not resident (evicted to the SSD
- * tier, or being loaded back), when no reader holds it through store_get.
- *
- * With an SSD tier the room for extents has a little slack over what the
- * object first needed (ext_cap), so that a load back into a more fragmented
- * arena still fits in the same block.
- */
-struct store_obj {
-    struct store_obj *hnext;        /* hash chain; after detaching, a private free list */
-    uint64_t hash;
-    uint32_t tenant;
-    uint32_t key_len;
-    uint8_t state;                  /* enum store_obj_state */
-    uint8_t pin;                    /* enum store_pin */
-    uint8_t n_ext;
-    uint8_t referenced;             /* accessed since it last reached its list head */
-    _Atomic uint32_t refs;
-    uint64_t atime;                 /* access stamp, ms */
-    uint64_t lease_until;           /* ms; 0 = no lease */
-    uint64_t size;                  /* value bytes */
-    uint8_t *base;                  /* arena base, so the obj_* calls need no store */
-    struct store_obj *lru_prev;     /* toward the head (newer) */
-    struct store_obj *lru_next;     /* toward the tail (older) */
-    struct store_loc loc;           /* the SSD copy, when ssd == STORE_SSD_STORED */
-    struct store_obj *tlink;        /* the tier's queue link (store_obj_link) */
-    uint8_t ext_cap;                /* extents the block has room for */
-    uint8_t resident;               /* the value is in the arena (ext[0..n_ext)) */
-    uint8_t loading;                /* the tier is reading it back */
-    _Atomic uint8_t ssd;            /* enum store_ssd_state */
-    uint8_t cold;                   /* loaded without promotion: kept only until read */
-    uint8_t pad[3];
-    struct alloc_extent ext[];      /* ext_cap extents, then key_len key bytes */
-};
-
-_Static_assert(sizeof(struct store_obj) <= 112, "object header grew; update the comment above");
-
-struct store_list {
-    struct store_obj *head;
-    struct store_obj *tail;
-};
-
-struct store_shard {
-    _Alignas(64) pthread_mutex_t lock; /* a cache line of its own: shards do not false-share */
-    struct store_obj **buckets;
-    uint64_t mask;                  /* buckets - 1 */
-    struct store_obj **old;         /* while growing: the previous table, see store_bucket_locked */
-    uint64_t old_mask;
-    uint64_t rehash_pos;            /* old buckets below this have moved */
-    uint64_t count;                 /* indexed objects, reserved included */
-    struct store_list lru[STORE_LRU_CLASSES];
-    uint64_t objects;               /* published */
-    uint64_t reserved;
-    uint64_t value_bytes;
-    uint64_t pinned_hard;
-    uint64_t pinned_soft;
-    uint64_t resident;              /* published and in the arena */
-    uint64_t resident_bytes;
-    uint64_t stored;                /* published with an SSD copy */
-    uint64_t loading;
-    /* Copies of buckets/mask for prefetching without the lock (store_exists_batch): a
-     * stale or torn pair only makes a prefetch useless, never a lookup wrong. */
-    _Atomic(uintptr_t) pf_buckets;
-    _Atomic uint64_t pf_mask;
-};
-
-struct store {
-    struct store_shard shard[STORE_SHARDS];
-    struct alloc *alloc;
-    uint8_t *base;
-    uint64_t capacity_pages;
-    _Atomic uint64_t max_key_size;
-    _Atomic uint64_t max_value_size;
-    _Atomic uint64_t high_pages;    /* eviction starts when a reserve would pass this */
-    _Atomic uint64_t low_pages;     /* and goes down to this */
-    _Atomic uint64_t evictions;
-    _Atomic uint64_t evicted_bytes; /* value bytes of evicted objects */
-    _Atomic uint64_t no_space;
-    _Atomic uint64_t metadata_bytes;
-    _Atomic uint64_t offloading;    /* objects handed to the tier's offload, not back yet */
-    struct store_tier tier;         /* hooks; valid when has_tier */
-    bool has_tier;
-    _Atomic bool write_through;
-    _Atomic bool on_evict;
-    _Atomic bool promote;
-    _Atomic bool degraded;
-    _Atomic unsigned cold_cursor;   /* shard store_offload_cold starts at */
-    int nshards_ready;              /* shard mutexes initialized (for a half-built destroy) */
-};
 
 /* ---- small helpers ---- */
 
-static uint64_t
+uint64_t
 store_now_ms(void)
 {
     struct timespec ts;
 
     clock_gettime(STORE_CLOCK, &ts);
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
-static inline struct store_shard *
-store_shard_of(struct store *s, uint64_t hash)
-{
-    return &s->shard[hash >> (64 - STORE_SHARD_BITS)];
-}
-
-static inline const uint8_t *
-store_obj_kptr(const struct store_obj *o)
-{
-    return (const uint8_t *)(o->ext + o->ext_cap);
-}
-
-static inline size_t
-store_obj_heap_bytes(const struct store_obj *o)
-{
-    return sizeof(*o) + o->ext_cap * sizeof(struct alloc_extent) + o->key_len;
-}
-
-static inline uint64_t
-store_pages(uint64_t size)
-{
-    return (size + STORE_PAGE_SIZE - 1) / STORE_PAGE_SIZE;
 }
 
 static int
@@ -222,7 +75,7 @@ store_limits_apply(struct store *s, const struct store_config *cfg)
 
 /* ---- lists and table (shard lock held) ---- */
 
-static void
+void
 store_list_push_head(struct store_list *l, struct store_obj *o)
 {
     o->lru_prev = NULL;
@@ -252,7 +105,7 @@ store_list_unlink(struct store_list *l, struct store_obj *o)
     o->lru_next = NULL;
 }
 
-static void
+void
 store_list_push_tail(struct store_list *l, struct store_obj *o)
 {
     o->lru_next = NULL;
@@ -269,7 +122,7 @@ store_list_push_tail(struct store_list *l, struct store_obj *o)
  * store_list_of: the list a published object is on, or NULL (hard-pinned,
  * reserved, or not resident: only arena pages are evicted from lists).
  */
-static struct store_list *
+struct store_list *
 store_list_of(struct store_shard *sh, const struct store_obj *o)
 {
     if (o->state != STORE_OBJ_PUBLISHED || !o->resident) {
@@ -325,7 +178,7 @@ store_bucket_locked(struct store_shard *sh, uint64_t hash)
     return &sh->buckets[hash & sh->mask];
 }
 
-static struct store_obj *
+struct store_obj *
 store_find_locked(struct store_shard *sh, uint64_t hash, const struct kv_key *key)
 {
     for (struct store_obj *o = *store_bucket_locked(sh, hash); o != NULL; o = o->hnext) {
@@ -382,7 +235,7 @@ store_table_grow_locked(struct store *s, struct store_shard *sh)
     atomic_store_explicit(&sh->pf_mask, n - 1, memory_order_relaxed);
 }
 
-static void
+void
 store_index_locked(struct store *s, struct store_shard *sh, struct store_obj *o)
 {
     struct store_obj **b = store_bucket_locked(sh, o->hash);
@@ -427,7 +280,7 @@ store_forget_locked(struct store_shard *sh, struct store_obj *o)
     o->hnext = NULL;
 }
 
-static void
+void
 store_detach_locked(struct store *s, struct store_shard *sh, struct store_obj *o)
 {
     struct store_obj **pp = store_bucket_locked(sh, o->hash);
@@ -450,7 +303,7 @@ store_obj_free(struct store *s, struct store_obj *o)
 }
 
 /* store_obj_put: drop n references at once; free the object with the last. */
-static void
+void
 store_obj_put(struct store *s, struct store_obj *o, uint32_t n)
 {
     uint32_t old = atomic_fetch_sub_explicit(&o->refs, n, memory_order_acq_rel);
@@ -565,7 +418,7 @@ store_set_limits(struct store *s, const struct store_config *cfg)
 
 /* ---- eviction ---- */
 
-static int
+int
 store_evictable_locked(const struct store_obj *o, uint64_t now)
 {
     /* acquire: a reader's last accesses to the value happen before we reuse its pages. */
@@ -573,7 +426,7 @@ store_evictable_locked(const struct store_obj *o, uint64_t now)
 }
 
 /* store_queue_locked: hand o to the tier's offload hook with a reference of its own. */
-static void
+void
 store_queue_locked(struct store *s, struct store_obj *o)
 {
     atomic_store_explicit(&o->ssd, STORE_SSD_QUEUED, memory_order_relaxed);
@@ -777,7 +630,7 @@ store_evict(struct store *s, uint64_t target)
  * new object) and once more when the allocator still says no (full, or too
  * fragmented for STORE_MAX_EXTENTS extents). Never waits for anything.
  */
-static int
+int
 store_take_pages(struct store *s, uint64_t npages, struct alloc_extent *ext, int max, int *n)
 {
     uint64_t low = atomic_load_explicit(&s->low_pages, memory_order_relaxed);
@@ -814,7 +667,7 @@ store_take_pages(struct store *s, uint64_t npages, struct alloc_extent *ext, int
  * little over the fewest the page count can take, so that a load back into
  * a fragmented arena fits in the same block.
  */
-static int
+int
 store_ext_cap(const struct store *s, uint64_t npages, int n)
 {
     int want = n;
@@ -1143,29 +996,6 @@ store_get(struct store *s, const struct kv_key *key, struct store_obj **out)
 }
 
 int
-store_prefetch(struct store *s, const struct kv_key *key)
-{
-    uint64_t hash = store_hash64(key);
-    struct store_shard *sh = store_shard_of(s, hash);
-    struct store_obj *o;
-    int pending = 0;
-
-    pthread_mutex_lock(&sh->lock);
-    o = store_find_locked(sh, hash, key);
-    if (o != NULL && o->state == STORE_OBJ_PUBLISHED && !o->resident && s->has_tier) {
-        if (!o->loading) {
-            o->loading = 1;
-            sh->loading++;
-            atomic_fetch_add_explicit(&o->refs, 1, memory_order_relaxed);
-            s->tier.load(s->tier.arg, o);
-        }
-        pending = 1;
-    }
-    pthread_mutex_unlock(&sh->lock);
-    return pending;
-}
-
-int
 store_exists(struct store *s, const struct kv_key *key)
 {
     uint64_t hash = store_hash64(key);
@@ -1430,302 +1260,4 @@ store_stats(struct store *s, struct store_stats *out)
     out->metadata_bytes = atomic_load_explicit(&s->metadata_bytes, memory_order_relaxed);
     out->memory_prefaulted = alloc_prefaulted(s->alloc);
     out->offloading = atomic_load_explicit(&s->offloading, memory_order_relaxed);
-}
-
-/* ---- the SSD tier's side ---- */
-
-void
-store_set_tier(struct store *s, const struct store_tier *t)
-{
-    s->has_tier = t != NULL;
-    if (t != NULL) {
-        s->tier = *t;
-        store_tier_flags(s, t->write_through, t->on_evict, t->promote);
-    }
-}
-
-bool
-store_has_tier(const struct store *s)
-{
-    return s->has_tier;
-}
-
-void
-store_tier_flags(struct store *s, bool write_through, bool on_evict, bool promote)
-{
-    atomic_store(&s->write_through, write_through);
-    atomic_store(&s->on_evict, on_evict);
-    atomic_store(&s->promote, promote);
-}
-
-void
-store_tier_degraded(struct store *s, bool degraded)
-{
-    atomic_store(&s->degraded, degraded);
-}
-
-void
-store_obj_key(const struct store_obj *o, struct kv_key *key)
-{
-    key->tenant = o->tenant;
-    key->len = o->key_len;
-    key->ptr = store_obj_kptr(o);
-}
-
-struct store_obj *
-store_obj_link(const struct store_obj *o)
-{
-    return o->tlink;
-}
-
-void
-store_obj_set_link(struct store_obj *o, struct store_obj *next)
-{
-    o->tlink = next;
-}
-
-int
-store_obj_ssd_state(const struct store_obj *o)
-{
-    return atomic_load_explicit(&o->ssd, memory_order_acquire);
-}
-
-void
-store_obj_loc(const struct store_obj *o, struct store_loc *loc)
-{
-    *loc = o->loc;
-}
-
-int
-store_obj_stored(struct store *s, struct store_obj *o, const struct store_loc *loc)
-{
-    struct store_shard *sh = store_shard_of(s, o->hash);
-    int rc = 0;
-
-    pthread_mutex_lock(&sh->lock);
-    atomic_fetch_sub_explicit(&s->offloading, 1, memory_order_relaxed);
-    if (o->state != STORE_OBJ_PUBLISHED) {
-        atomic_store_explicit(&o->ssd, STORE_SSD_NONE, memory_order_release);
-        rc = KV_NOT_FOUND;
-    } else {
-        o->loc = *loc;
-        atomic_store_explicit(&o->ssd, STORE_SSD_STORED, memory_order_release);
-        sh->stored++;
-    }
-    pthread_mutex_unlock(&sh->lock);
-    return rc;
-}
-
-void
-store_obj_store_failed(struct store *s, struct store_obj *o)
-{
-    struct store_shard *sh = store_shard_of(s, o->hash);
-
-    pthread_mutex_lock(&sh->lock);
-    atomic_fetch_sub_explicit(&s->offloading, 1, memory_order_relaxed);
-    atomic_store_explicit(&o->ssd, STORE_SSD_FAILED, memory_order_release);
-    pthread_mutex_unlock(&sh->lock);
-}
-
-int
-store_sync(struct store *s, struct store_obj *o)
-{
-    struct store_shard *sh = store_shard_of(s, o->hash);
-    int state;
-
-    if (!s->has_tier) {
-        return KV_UNSUPPORTED;
-    }
-    pthread_mutex_lock(&sh->lock);
-    state = atomic_load_explicit(&o->ssd, memory_order_relaxed);
-    if (o->state == STORE_OBJ_PUBLISHED && (state == STORE_SSD_NONE || state == STORE_SSD_FAILED)) {
-        store_queue_locked(s, o);
-    }
-    pthread_mutex_unlock(&sh->lock);
-    return 0;
-}
-
-uint64_t
-store_offload_cold(struct store *s, uint64_t bytes)
-{
-    enum { PER_SHARD = 8 };
-    unsigned start = atomic_fetch_add_explicit(&s->cold_cursor, 1, memory_order_relaxed);
-    uint64_t now = store_now_ms();
-    uint64_t queued = 0;
-
-    if (!s->has_tier
-        || alloc_used_pages(s->alloc)
-               < atomic_load_explicit(&s->low_pages, memory_order_relaxed) / 16 * 15) {
-        return 0;   /* far from eviction: nothing needs to be written ahead yet */
-    }
-    for (unsigned i = 0; i < STORE_SHARDS && queued < bytes; i++) {
-        struct store_shard *sh = &s->shard[(start + i) % STORE_SHARDS];
-        struct store_obj *o;
-        int seen = 0;
-
-        pthread_mutex_lock(&sh->lock);
-        for (o = sh->lru[STORE_LRU_NORMAL].tail; o != NULL && seen < PER_SHARD && queued < bytes;
-             o = o->lru_prev, seen++) {
-            if (store_evictable_locked(o, now)
-                && atomic_load_explicit(&o->ssd, memory_order_relaxed) == STORE_SSD_NONE) {
-                store_queue_locked(s, o);
-                queued += o->size;
-            }
-        }
-        pthread_mutex_unlock(&sh->lock);
-    }
-    return queued;
-}
-
-int
-store_insert_stored(struct store *s, const struct kv_key *key, uint64_t size,
-                    const struct store_loc *loc)
-{
-    uint64_t hash = store_hash64(key);
-    struct store_shard *sh = store_shard_of(s, hash);
-    int cap = store_ext_cap(s, store_pages(size), 1);
-    size_t bytes = sizeof(struct store_obj) + (size_t)cap * sizeof(struct alloc_extent) + key->len;
-    struct store_obj *o;
-
-    if (key->len > atomic_load_explicit(&s->max_key_size, memory_order_relaxed)) {
-        return KV_TOO_LARGE;
-    }
-    o = malloc(bytes);
-    if (o == NULL) {
-        return -ENOMEM;
-    }
-    memset(o, 0, sizeof(*o));
-    o->base = s->base;
-    o->hash = hash;
-    o->size = size;
-    atomic_init(&o->refs, 1);       /* the table's */
-    o->tenant = key->tenant;
-    o->key_len = key->len;
-    o->state = STORE_OBJ_PUBLISHED;
-    o->ext_cap = (uint8_t)cap;
-    o->loc = *loc;
-    atomic_init(&o->ssd, STORE_SSD_STORED);
-    if (key->len != 0) {
-        memcpy((uint8_t *)(o->ext + cap), key->ptr, key->len);
-    }
-    pthread_mutex_lock(&sh->lock);
-    if (store_find_locked(sh, hash, key) != NULL) {
-        pthread_mutex_unlock(&sh->lock);
-        free(o);
-        return KV_EXISTS;
-    }
-    store_index_locked(s, sh, o);
-    sh->objects++;
-    sh->value_bytes += size;
-    sh->stored++;
-    pthread_mutex_unlock(&sh->lock);
-    atomic_fetch_add_explicit(&s->metadata_bytes, bytes, memory_order_relaxed);
-    return 0;
-}
-
-int
-store_drop_stored(struct store *s, const struct kv_key *key, const struct store_loc *loc)
-{
-    uint64_t hash = store_hash64(key);
-    struct store_shard *sh = store_shard_of(s, hash);
-    struct store_obj *o;
-    int left = 0;
-
-    pthread_mutex_lock(&sh->lock);
-    o = store_find_locked(sh, hash, key);
-    if (o != NULL && o->state == STORE_OBJ_PUBLISHED
-        && atomic_load_explicit(&o->ssd, memory_order_relaxed) == STORE_SSD_STORED
-        && o->loc.bucket == loc->bucket && o->loc.offset == loc->offset) {
-        if (o->resident) {
-            atomic_store_explicit(&o->ssd, STORE_SSD_NONE, memory_order_release);
-            sh->stored--;
-            if (atomic_load_explicit(&s->write_through, memory_order_relaxed)) {
-                /* Write-through promises an SSD copy of every object: write it again. */
-                store_queue_locked(s, o);
-            }
-        } else {
-            store_detach_locked(s, sh, o);
-            left = 1;
-        }
-    }
-    pthread_mutex_unlock(&sh->lock);
-    if (left) {
-        store_obj_unref(s, o);      /* the table's; a running load keeps its own */
-    }
-    return left;
-}
-
-int
-store_load_begin(struct store *s, struct store_obj *o, struct iovec *iov, int max, int *n)
-{
-    struct store_shard *sh = store_shard_of(s, o->hash);
-    struct alloc_extent ext[STORE_MAX_EXTENTS];
-    uint64_t npages = store_pages(o->size);
-    int got = 0;
-    int rc;
-
-    *n = 0;
-    if (max < STORE_MAX_EXTENTS) {
-        return KV_INVALID_ARGUMENT;
-    }
-    rc = store_take_pages(s, npages, ext, o->ext_cap, &got);
-    if (rc != 0) {
-        return rc == -EAGAIN ? KV_NO_SPACE : rc;
-    }
-    pthread_mutex_lock(&sh->lock);
-    if (o->state != STORE_OBJ_PUBLISHED) {
-        pthread_mutex_unlock(&sh->lock);
-        alloc_give(s->alloc, ext, got);
-        return KV_NOT_FOUND;
-    }
-    memcpy(o->ext, ext, (size_t)got * sizeof(ext[0]));
-    o->n_ext = (uint8_t)got;
-    pthread_mutex_unlock(&sh->lock);
-    for (int i = 0; i < got; i++) {
-        iov[i].iov_base = alloc_extent_ptr(s->base, &ext[i]);
-        iov[i].iov_len = alloc_extent_bytes(&ext[i]);
-    }
-    *n = got;
-    return 0;
-}
-
-int
-store_load_end(struct store *s, struct store_obj *o, int rc)
-{
-    struct store_shard *sh = store_shard_of(s, o->hash);
-    int left = 0;
-
-    pthread_mutex_lock(&sh->lock);
-    o->loading = 0;
-    sh->loading--;
-    if (rc == 0 && o->state == STORE_OBJ_PUBLISHED) {
-        struct store_list *l;
-
-        o->resident = 1;
-        sh->resident++;
-        sh->resident_bytes += o->size;
-        /*
-         * Stamped now either way, so it outlives older objects until its reader (or a
-         * prefetch's) comes for it; without promotion that read stamps it oldest.
-         */
-        o->atime = store_now_ms();
-        o->referenced = 0;
-        o->cold = !atomic_load_explicit(&s->promote, memory_order_relaxed);
-        l = store_list_of(sh, o);
-        if (l != NULL && atomic_load_explicit(&s->promote, memory_order_relaxed)) {
-            store_list_push_head(l, o);
-        } else if (l != NULL) {
-            store_list_push_tail(l, o);
-        }
-    } else {
-        alloc_give(s->alloc, o->ext, o->n_ext);
-        o->n_ext = 0;
-        if ((rc == KV_CHECKSUM_MISMATCH || rc == KV_NOT_FOUND) && o->state == STORE_OBJ_PUBLISHED) {
-            store_detach_locked(s, sh, o);
-            left = 1;
-        }
-    }
-    pthread_mutex_unlock(&sh->lock);
-    store_obj_put(s, o, left ? 2 : 1);
-    return left;
 }

@@ -1,0 +1,217 @@
+/*
+ * ssd_int: what the SSD tier's three files share (storage/ssd.c: start-up,
+ * hooks, readers, stats; storage/ssd_bucket.c: the bucket table, bucket
+ * files, eviction; storage/ssd_writer.c: the writer thread). Nothing outside
+ * the tier includes it; the rest of the daemon sees only ssd.h.
+ *
+ * Locks: qlock guards the queues, blk the bucket table and each bucket's
+ * accounting; neither is held while calling the store or the index, and
+ * blk is never taken with qlock held. The writer thread alone creates,
+ * seals, rolls back and drops buckets and touches the index.
+ */
+#ifndef SSD_INT_H
+#define SSD_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ssd.h"
+#include "store.h"
+
+struct idx;
+struct idx_bucket;
+
+#define SSD_GROUP_OBJECTS 64            /* objects per group commit at most */
+#define SSD_GROUP_BYTES (64ull << 20)   /* and record bytes */
+#define SSD_RETRY_MS 1000               /* writes stay suspended this long after a fault */
+#define SSD_HOUSEKEEP_MS 100            /* the writer wakes at least this often */
+#define SSD_LAST_READ_SAVE_MS 1000      /* bucket read stamps reach the index this often */
+#define SSD_COLD_BATCH (64ull << 20)    /* on-evict: bytes queued ahead per idle round */
+#define SSD_MAP_INITIAL (64ull << 20)
+#define SSD_MAP_MAX (1ull << 40)
+#define SSD_PATH_MAX 4096
+#define SSD_STAMP_SLOTS 65536u          /* read stamps of DRAM hits, by bucket id modulo this */
+
+struct ssd_bucket {
+    uint64_t id;
+    int fd;
+    bool direct;                /* opened with O_DIRECT */
+    bool sealed;
+    bool dropping;              /* readers may not take new references */
+    bool dirty;                 /* changed since its index record was written */
+    bool in_group;              /* holds records of the group being committed: not a victim */
+    int readers;                /* references held by reader threads */
+    uint64_t created_ms;
+    uint64_t last_read_ms;
+    uint64_t live_bytes;        /* record bytes of indexed objects */
+    uint64_t total_bytes;       /* bytes written */
+    uint64_t committed_bytes;   /* bytes synced and indexed: what a restart keeps */
+};
+
+/* A dropped index entry waiting for the writer: removed objects, unreadable records. */
+struct ssd_forget {
+    struct ssd_forget *next;
+    struct store_loc loc;
+    uint64_t size;
+    uint32_t tenant;
+    uint32_t key_len;
+    uint8_t key[];
+};
+
+struct ssd {
+    struct ssd_config cfg;
+    char dir[SSD_PATH_MAX];
+    struct store *store;
+    struct idx *idx;
+    int lock_fd;
+    int dir_fd;
+
+    /* queues, under qlock */
+    pthread_mutex_t qlock;
+    pthread_cond_t wcond;       /* the writer waits here */
+    pthread_cond_t rcond;       /* readers wait here */
+    struct store_obj *wq_head;
+    struct store_obj *wq_tail;
+    struct store_obj *rq_head;
+    struct store_obj *rq_tail;
+    struct ssd_forget *forgets;
+    uint64_t drop_req[16];      /* buckets readers found failing */
+    int ndrop_req;
+    bool stop;
+
+    /* buckets, under blk; the array is sorted by id */
+    pthread_mutex_t blk;
+    pthread_cond_t bcond;       /* a dropping bucket lost its last reader */
+    struct ssd_bucket **buckets;
+    size_t nbuckets;
+    size_t cap;
+
+    /* writer thread only */
+    struct ssd_bucket *open;
+    uint64_t next_id;
+    uint64_t seq;
+    uint8_t *hdr;               /* aligned header block buffer */
+    uint64_t hdr_cap;
+    bool degraded;
+    uint64_t retry_at;
+    uint64_t stamps_saved_at;
+
+    pthread_t writer;
+    pthread_t *readers;
+    int nreaders;
+    bool writer_started;
+
+    /* reloadable settings */
+    _Atomic uint64_t bucket_size;
+    _Atomic int eviction;
+    _Atomic uint64_t high_bytes;
+    _Atomic uint64_t low_bytes;
+    _Atomic int offload;
+
+    /* counters */
+    _Atomic uint64_t objects;
+    _Atomic uint64_t bytes;
+    _Atomic uint64_t disk_bytes;
+    _Atomic uint64_t hits;
+    _Atomic uint64_t reads;
+    _Atomic uint64_t read_bytes;
+    _Atomic uint64_t writes;
+    _Atomic uint64_t write_bytes;
+    _Atomic uint64_t syncs;
+    _Atomic uint64_t evicted_buckets;
+    _Atomic uint64_t evicted_objects;
+    _Atomic uint64_t checksum_errors;
+    _Atomic uint64_t io_errors;
+    _Atomic uint64_t no_space;
+    _Atomic uint64_t write_failed;
+    _Atomic uint64_t queue_objects;
+    _Atomic uint64_t queue_bytes;
+    _Atomic uint64_t load_queue;
+    _Atomic uint64_t degraded_flag;
+    uint64_t start_objects;
+    uint64_t start_ms;
+
+    /*
+     * Wall-clock ms of the last DRAM hit on an object of bucket id, at
+     * [id % SSD_STAMP_SLOTS]; folded into the buckets' last_read_ms under blk.
+     * Live buckets span far fewer ids than slots; a stale stamp left by an old
+     * bucket in the same slot is older than the new bucket's creation and ignored.
+     */
+    _Atomic uint64_t stamps[SSD_STAMP_SLOTS];
+};
+
+#define CTR_ADD(t, f, v) atomic_fetch_add_explicit(&(t)->f, (v), memory_order_relaxed)
+#define CTR_SUB(t, f, v) atomic_fetch_sub_explicit(&(t)->f, (v), memory_order_relaxed)
+#define CTR_GET(t, f) atomic_load_explicit(&(t)->f, memory_order_relaxed)
+
+/* ---- ssd.c ---- */
+
+/* Monotonic and wall-clock milliseconds. */
+uint64_t ssd_now_ms(void);
+uint64_t ssd_wall_ms(void);
+
+/* ssd_wake: tell the daemon that waiting requests may go on (cfg.wake). */
+void ssd_wake(struct ssd *t);
+
+/*
+ * Forgets: index entries to delete at the writer's next commit. new copies
+ * the key (NULL when out of memory); push hands one to the writer (qlock);
+ * free releases a list.
+ */
+struct ssd_forget *ssd_forget_new(const struct kv_key *key, const struct store_loc *loc,
+                                  uint64_t size);
+void ssd_forget_push(struct ssd *t, struct ssd_forget *f);
+void ssd_forget_free(struct ssd_forget *f);
+
+/* ---- ssd_bucket.c ---- */
+
+/* ssd_bucket_path: <dir>/bucket-<id as 16 hex digits>.kvb into buf. */
+void ssd_bucket_path(const struct ssd *t, uint64_t id, char *buf, size_t len);
+
+/* ssd_bucket_find_locked: bucket id, or NULL (blk held, or start-up: one thread). */
+struct ssd_bucket *ssd_bucket_find_locked(const struct ssd *t, uint64_t id);
+
+/* ssd_bucket_insert: add b to the table (sorted by id). 0 or -ENOMEM. */
+int ssd_bucket_insert(struct ssd *t, struct ssd_bucket *b);
+
+/*
+ * ssd_bucket_ref / ssd_bucket_unref: a reader's reference, so the file is
+ * not unlinked under it; ref gives NULL for a bucket gone or going. unref
+ * with read_ok stamps the bucket read now (for lru).
+ */
+struct ssd_bucket *ssd_bucket_ref(struct ssd *t, uint64_t id);
+void ssd_bucket_unref(struct ssd *t, struct ssd_bucket *b, bool read_ok);
+
+/* ssd_bucket_account: add delta to bucket id's live bytes. false: no such bucket. */
+bool ssd_bucket_account(struct ssd *t, uint64_t id, int64_t delta);
+
+/* ssd_bucket_record: b as its index record. */
+void ssd_bucket_record(const struct ssd_bucket *b, struct idx_bucket *r);
+
+/* ssd_fold_stamp_locked: take DRAM hits on b's objects into its last read time (blk held). */
+void ssd_fold_stamp_locked(struct ssd *t, struct ssd_bucket *b);
+
+/* Writer thread only from here. */
+
+/* ssd_bucket_create: a new empty bucket file (directory synced), in the table. 0 or -errno. */
+int ssd_bucket_create(struct ssd *t, struct ssd_bucket **out);
+
+/*
+ * ssd_bucket_drop: evict b: unindex its objects in one transaction, take
+ * them out of the store, wait for reads in flight, close and unlink the
+ * file, free b. Returns the objects dropped.
+ */
+uint64_t ssd_bucket_drop(struct ssd *t, struct ssd_bucket *b, const char *why);
+
+/* ssd_make_room: evict buckets until `need` more bytes stay under the high watermark. */
+void ssd_make_room(struct ssd *t, uint64_t need);
+
+/* ---- ssd_writer.c ---- */
+
+/* ssd_writer_main: the writer thread (pthread start routine; arg is the struct ssd). */
+void *ssd_writer_main(void *arg);
+
+#endif

@@ -1,0 +1,624 @@
+/*
+ * ssd_writer: the SSD tier's writer thread: it appends records to the open
+ * bucket, syncs, and commits the index entries that make them visible, one
+ * transaction per group; it applies deletes (forgets), keeps usage under
+ * the watermarks, and handles write faults. Nothing else writes bucket
+ * files or the index after start-up.
+ *
+ * Order of a write: records are appended to the open bucket, the bucket is
+ * synced (fdatasync), then one index transaction makes the group visible,
+ * then the store learns that the objects are stored. A crash at any point
+ * leaves either a visible record that is on disk or an unindexed tail that
+ * the next start truncates. A failed fdatasync is never retried: the bucket
+ * is dropped with everything in it (Linux may have thrown away the dirty
+ * pages a failed fsync reported, so a retry could "succeed" over lost data).
+ */
+#include "ssd_int.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kverr.h"
+#include "crc32c.h"
+#include "log.h"
+#include "ssd_index.h"
+#include "ssd_record.h"
+
+/* Full-length pwritev/preadv: -errno, or (read) the bytes read, short only at end of file. */
+static int
+ssd_pwritev_all(int fd, struct iovec *iov, int n, uint64_t off)
+{
+    while (n > 0) {
+        ssize_t w = pwritev(fd, iov, n, (off_t)off);
+
+        if (w < 0) {
+            if (errno == EINTR) {
+                continue;
+            }
+            return -errno;
+        }
+        if (w == 0) {
+            return -EIO;
+        }
+        off += (uint64_t)w;
+        while (n > 0 && (size_t)w >= iov->iov_len) {
+            w -= (ssize_t)iov->iov_len;
+            iov++;
+            n--;
+        }
+        if (n > 0) {
+            iov->iov_base = (uint8_t *)iov->iov_base + w;
+            iov->iov_len -= (size_t)w;
+        }
+    }
+    return 0;
+}
+
+/*
+ * ssd_rollback: cut a bucket back to what its last commit made visible
+ * (records after that were never indexed) and seal it. Its committed records
+ * were synced by an fdatasync that succeeded, so they stay.
+ */
+static void
+ssd_rollback(struct ssd *t, struct ssd_bucket *b)
+{
+    if (b->total_bytes > b->committed_bytes) {
+        if (ftruncate(b->fd, (off_t)b->committed_bytes) != 0) {
+            log_error("ssd: ftruncate of bucket %" PRIu64 ": %s", b->id, strerror(errno));
+        }
+        CTR_SUB(t, disk_bytes, b->total_bytes - b->committed_bytes);
+    }
+    pthread_mutex_lock(&t->blk);
+    b->total_bytes = b->committed_bytes;
+    b->sealed = true;
+    b->dirty = true;
+    pthread_mutex_unlock(&t->blk);
+    if (t->open == b) {
+        t->open = NULL;
+    }
+}
+
+/*
+ * ssd_fault: a write, sync or commit failed: suspend writes. b, when not
+ * NULL, is dropped with everything in it (a failed fdatasync or an I/O
+ * error: its data cannot be trusted); a full disk only costs the records
+ * not committed yet, which the caller rolled back.
+ */
+static void
+ssd_fault(struct ssd *t, struct ssd_bucket *b, int rc, const char *what)
+{
+    if (rc == -ENOSPC || rc == KV_NO_SPACE) {
+        CTR_ADD(t, no_space, 1);
+    } else {
+        CTR_ADD(t, io_errors, 1);
+    }
+    if (b != NULL) {
+        log_error("ssd: %s in %s: %s; dropping bucket %" PRIu64 ", writes suspended for %d ms",
+                  what, t->dir, kv_strerror(rc), b->id, SSD_RETRY_MS);
+        ssd_bucket_drop(t, b, "write failed");
+    } else {
+        log_error("ssd: %s in %s: %s; uncommitted records cut off, writes suspended for %d ms",
+                  what, t->dir, kv_strerror(rc), SSD_RETRY_MS);
+    }
+    if (!t->degraded) {
+        t->degraded = true;
+        atomic_store(&t->degraded_flag, 1);
+        store_tier_degraded(t->store, true);
+    }
+    t->retry_at = ssd_now_ms() + SSD_RETRY_MS;
+}
+
+static void
+ssd_recovered(struct ssd *t)
+{
+    if (t->degraded) {
+        t->degraded = false;
+        atomic_store(&t->degraded_flag, 0);
+        store_tier_degraded(t->store, false);
+        log_info("ssd: writes to %s work again", t->dir);
+    }
+}
+
+/* ssd_seal: no more records go to the open bucket. Its data was synced with its last group. */
+static void
+ssd_seal(struct ssd *t)
+{
+    if (t->open != NULL) {
+        pthread_mutex_lock(&t->blk);
+        t->open->sealed = true;
+        t->open->dirty = true;
+        pthread_mutex_unlock(&t->blk);
+        t->open = NULL;
+    }
+}
+
+/*
+ * ssd_append: write one object's record at the end of the open bucket
+ * (opening one when needed). Returns 0 and *loc, or an error (the caller
+ * fails the group).
+ */
+static int
+ssd_append(struct ssd *t, struct store_obj *o, struct store_loc *loc, uint64_t *rec_bytes,
+           struct ssd_bucket **used)
+{
+    struct iovec iov[STORE_MAX_EXTENTS + 1];
+    struct kv_key key;
+    struct ssd_rec rec;
+    uint64_t size = store_obj_size(o);
+    uint64_t span = ssd_rec_value_span(size);
+    uint64_t hdr_block;
+    uint64_t rec_size;
+    uint64_t left;
+    uint32_t crc;
+    int n;
+    int rc;
+
+    store_obj_key(o, &key);
+    hdr_block = ssd_rec_hdr_block(key.len);
+    rec_size = hdr_block + span;
+    if (hdr_block > t->hdr_cap || rec_size > t->cfg.size) {
+        return KV_TOO_LARGE;
+    }
+    ssd_make_room(t, rec_size);
+    if (t->open != NULL && t->open->total_bytes > 0
+        && t->open->total_bytes + rec_size > atomic_load(&t->bucket_size)) {
+        ssd_seal(t);
+    }
+    if (t->open == NULL) {
+        rc = ssd_bucket_create(t, &t->open);
+        if (rc != 0) {
+            return rc;
+        }
+    }
+    *used = t->open;
+
+    n = store_obj_iov(o, iov + 1, STORE_MAX_EXTENTS);
+    crc = ssd_rec_key_crc(key.tenant, key.ptr, key.len);
+    for (int i = 1; i <= n; i++) {
+        crc = crc32c_extend(crc, iov[i].iov_base, iov[i].iov_len);
+    }
+    if (n > 0 && span > size) {
+        /* Zero the last page's slack (no stale bytes on disk) and write whole pages. */
+        memset((uint8_t *)iov[n].iov_base + iov[n].iov_len, 0, span - size);
+        iov[n].iov_len += span - size;
+    }
+    left = span;
+    for (int i = 1; i <= n; i++) {
+        left -= iov[i].iov_len;
+    }
+    (void)left;
+
+    memset(&rec, 0, sizeof(rec));
+    rec.tenant = key.tenant;
+    rec.key_len = key.len;
+    rec.value_len = size;
+    rec.seq = ++t->seq;
+    rec.value_crc = crc;
+    rec.key = key.ptr;
+    ssd_rec_encode(&rec, t->hdr);
+    iov[0].iov_base = t->hdr;
+    iov[0].iov_len = hdr_block;
+
+    rc = ssd_pwritev_all(t->open->fd, iov, n + 1, t->open->total_bytes);
+    if (rc != 0) {
+        return rc;
+    }
+    loc->bucket = (uint32_t)t->open->id;
+    loc->crc = crc;
+    loc->offset = t->open->total_bytes + hdr_block;
+    pthread_mutex_lock(&t->blk);
+    t->open->total_bytes += rec_size;
+    t->open->live_bytes += rec_size;
+    t->open->dirty = true;
+    pthread_mutex_unlock(&t->blk);
+    CTR_ADD(t, disk_bytes, rec_size);
+    *rec_bytes = rec_size;
+    return 0;
+}
+
+struct ssd_group {
+    struct store_obj *obj[SSD_GROUP_OBJECTS];
+    struct store_loc loc[SSD_GROUP_OBJECTS];
+    uint64_t rec[SSD_GROUP_OBJECTS];
+    int n;
+};
+
+static void
+ssd_group_fail(struct ssd *t, struct ssd_group *g, int from)
+{
+    for (int i = from; i < g->n; i++) {
+        store_obj_store_failed(t->store, g->obj[i]);
+        store_obj_unref(t->store, g->obj[i]);
+        CTR_ADD(t, write_failed, 1);
+    }
+    g->n = from;
+}
+
+/*
+ * ssd_group_unwrite: the group failed: its first `written` records will never
+ * be indexed (their bytes stay dead in their buckets); every object is
+ * reported failed.
+ */
+static void
+ssd_group_unwrite(struct ssd *t, struct ssd_group *g, int written)
+{
+    for (int i = 0; i < g->n; i++) {
+        if (g->obj[i] == NULL) {
+            continue;
+        }
+        if (i < written) {
+            (void)ssd_bucket_account(t, g->loc[i].bucket, -(int64_t)g->rec[i]);
+        }
+        store_obj_store_failed(t->store, g->obj[i]);
+        store_obj_unref(t->store, g->obj[i]);
+        CTR_ADD(t, write_failed, 1);
+    }
+    g->n = 0;
+}
+
+/* ssd_forgets_ops: turn pending forgets into index deletes (ops has room for all). */
+static size_t
+ssd_forget_ops(struct ssd_forget *f, struct idx_op *ops)
+{
+    size_t n = 0;
+
+    for (; f != NULL; f = f->next) {
+        struct idx_op *op = &ops[n++];
+
+        memset(op, 0, sizeof(*op));
+        op->kind = IDX_OBJ_DEL;
+        op->tenant = f->tenant;
+        op->key_len = f->key_len;
+        op->key = f->key;
+        op->loc.bucket = f->loc.bucket;
+        op->loc.offset = f->loc.offset;
+    }
+    return n;
+}
+
+/*
+ * ssd_forget_done: account committed deletes. An entry whose bucket is gone
+ * was already counted out when the bucket was dropped.
+ */
+static void
+ssd_forget_done(struct ssd *t, const struct ssd_forget *f)
+{
+    for (; f != NULL; f = f->next) {
+        if (ssd_bucket_account(t, f->loc.bucket, -(int64_t)ssd_rec_size(f->key_len, f->size))) {
+            CTR_SUB(t, objects, 1);
+            CTR_SUB(t, bytes, f->size);
+        }
+    }
+}
+
+/* ssd_forget_requeue: put forgets back for the next commit. */
+static void
+ssd_forget_requeue(struct ssd *t, struct ssd_forget *f)
+{
+    while (f != NULL) {
+        struct ssd_forget *next = f->next;
+
+        ssd_forget_push(t, f);
+        f = next;
+    }
+}
+
+/* Append the records of the buckets that changed since they were last written. */
+static size_t
+ssd_bucket_ops(struct ssd *t, struct idx_op *ops, size_t max)
+{
+    size_t n = 0;
+
+    pthread_mutex_lock(&t->blk);
+    for (size_t i = 0; i < t->nbuckets && n < max; i++) {
+        struct ssd_bucket *b = t->buckets[i];
+
+        ssd_fold_stamp_locked(t, b);
+        if (b == t->open || b->dirty) {
+            memset(&ops[n], 0, sizeof(ops[n]));
+            ops[n].kind = IDX_BUCKET_PUT;
+            ssd_bucket_record(b, &ops[n].bucket);
+            b->dirty = false;
+            n++;
+        }
+    }
+    pthread_mutex_unlock(&t->blk);
+    return n;
+}
+
+/*
+ * ssd_commit_group: write every object of g, sync, and make them visible in
+ * one index transaction together with the pending forgets.
+ */
+static void
+ssd_commit_group(struct ssd *t, struct ssd_group *g, struct ssd_forget *forgets)
+{
+    struct ssd_bucket *touched[SSD_GROUP_OBJECTS + 1];
+    struct idx_op *ops;
+    struct ssd_forget *late = NULL;
+    size_t nforget = 0;
+    size_t nops = 0;
+    struct ssd_bucket *fault = NULL;
+    const char *what = NULL;
+    size_t cap;
+    int ntouched = 0;
+    int written = 0;
+    int rc = 0;
+
+    for (struct ssd_forget *f = forgets; f != NULL; f = f->next) {
+        nforget++;
+    }
+    pthread_mutex_lock(&t->blk);
+    cap = (size_t)g->n + nforget + t->nbuckets + 8;
+    pthread_mutex_unlock(&t->blk);
+    ops = calloc(cap + SSD_GROUP_OBJECTS + 2, sizeof(*ops));
+    if (ops == NULL) {
+        ssd_group_fail(t, g, 0);
+        ssd_forget_requeue(t, forgets);
+        return;
+    }
+
+    for (written = 0; written < g->n; written++) {
+        struct ssd_bucket *b = NULL;
+
+        rc = ssd_append(t, g->obj[written], &g->loc[written], &g->rec[written], &b);
+        if (rc == KV_TOO_LARGE) {
+            /* This object alone cannot go to the SSD; the others can. */
+            store_obj_store_failed(t->store, g->obj[written]);
+            store_obj_unref(t->store, g->obj[written]);
+            CTR_ADD(t, write_failed, 1);
+            g->obj[written] = NULL;
+            rc = 0;
+            continue;
+        }
+        if (rc != 0) {
+            fault = b != NULL ? b : t->open;
+            what = "write";
+            break;
+        }
+        if (ntouched == 0 || touched[ntouched - 1] != b) {
+            if (ntouched > 0 && fdatasync(touched[ntouched - 1]->fd) != 0) {
+                /* The group moved on to a new bucket: the sealed one must be on disk first. */
+                rc = -errno;
+                fault = touched[ntouched - 1];
+                what = "fdatasync";
+                written++;
+                break;
+            }
+            touched[ntouched++] = b;
+            b->in_group = true;
+        }
+    }
+    if (rc == 0 && ntouched > 0 && fdatasync(touched[ntouched - 1]->fd) != 0) {
+        rc = -errno;
+        fault = touched[ntouched - 1];
+        what = "fdatasync";
+    }
+    for (int i = 0; i < ntouched; i++) {
+        touched[i]->in_group = false;
+    }
+    if (rc != 0) {
+        /* Only a full disk at write time keeps the failing bucket's committed records. */
+        bool drop = !(rc == -ENOSPC && strcmp(what, "write") == 0);
+
+        ssd_group_unwrite(t, g, written);
+        for (int i = 0; i < ntouched; i++) {
+            if (touched[i] != fault || !drop) {
+                ssd_rollback(t, touched[i]);
+            }
+        }
+        if (fault != NULL && !drop) {
+            ssd_rollback(t, fault);
+        }
+        ssd_fault(t, drop ? fault : NULL, rc, what);
+        free(ops);
+        ssd_forget_requeue(t, forgets);
+        return;
+    }
+
+    for (int i = 0; i < g->n; i++) {
+        struct kv_key key;
+        struct idx_op *op;
+
+        if (g->obj[i] == NULL) {
+            continue;
+        }
+        store_obj_key(g->obj[i], &key);
+        op = &ops[nops++];
+        op->kind = IDX_OBJ_PUT;
+        op->tenant = key.tenant;
+        op->key_len = key.len;
+        op->key = key.ptr;
+        op->loc.bucket = g->loc[i].bucket;
+        op->loc.offset = g->loc[i].offset;
+        op->loc.length = store_obj_size(g->obj[i]);
+        op->loc.crc = g->loc[i].crc;
+    }
+    nops += ssd_forget_ops(forgets, ops + nops);
+    nops += ssd_bucket_ops(t, ops + nops, cap - nops);
+    ops[nops].kind = IDX_META_PUT;
+    ops[nops].name = "next_bucket";
+    ops[nops].value = t->next_id;
+    nops++;
+    rc = idx_apply(t->idx, ops, nops);
+    free(ops);
+    if (rc != 0) {
+        /* The records are on disk but were never indexed: cut them off, keep the rest. */
+        ssd_group_unwrite(t, g, g->n);
+        for (int i = 0; i < ntouched; i++) {
+            ssd_rollback(t, touched[i]);
+        }
+        ssd_fault(t, NULL, rc, "index commit");
+        ssd_forget_requeue(t, forgets);
+        return;
+    }
+    pthread_mutex_lock(&t->blk);
+    for (int i = 0; i < ntouched; i++) {
+        touched[i]->committed_bytes = touched[i]->total_bytes;
+    }
+    pthread_mutex_unlock(&t->blk);
+    CTR_ADD(t, syncs, 1);
+    ssd_forget_done(t, forgets);
+    ssd_forget_free(forgets);
+    ssd_recovered(t);
+
+    for (int i = 0; i < g->n; i++) {
+        struct store_obj *o = g->obj[i];
+
+        if (o == NULL) {
+            continue;
+        }
+        CTR_ADD(t, objects, 1);
+        CTR_ADD(t, bytes, store_obj_size(o));
+        CTR_ADD(t, writes, 1);
+        CTR_ADD(t, write_bytes, store_obj_size(o));
+        if (store_obj_stored(t->store, o, &g->loc[i]) != 0) {
+            /* Removed while it was being written: its fresh entry goes next commit. */
+            struct kv_key key;
+            struct ssd_forget *f;
+
+            store_obj_key(o, &key);
+            f = ssd_forget_new(&key, &g->loc[i], store_obj_size(o));
+            if (f != NULL) {
+                f->next = late;
+                late = f;
+            }
+        }
+        store_obj_unref(t->store, o);
+    }
+    g->n = 0;
+    while (late != NULL) {
+        struct ssd_forget *f = late;
+
+        late = f->next;
+        ssd_forget_push(t, f);
+    }
+}
+
+/* Drop buckets that no longer hold a live object, and any readers reported failing. */
+static void
+ssd_housekeep(struct ssd *t, const uint64_t *drops, int ndrops)
+{
+    for (int i = 0; i < ndrops; i++) {
+        struct ssd_bucket *b;
+
+        pthread_mutex_lock(&t->blk);
+        b = ssd_bucket_find_locked(t, drops[i]);
+        pthread_mutex_unlock(&t->blk);
+        if (b != NULL) {
+            ssd_fault(t, b, -EIO, "read");
+        }
+    }
+    for (;;) {
+        struct ssd_bucket *empty = NULL;
+
+        pthread_mutex_lock(&t->blk);
+        for (size_t i = 0; i < t->nbuckets; i++) {
+            struct ssd_bucket *b = t->buckets[i];
+
+            if (b != t->open && !b->dropping && b->live_bytes == 0) {
+                empty = b;
+                break;
+            }
+        }
+        pthread_mutex_unlock(&t->blk);
+        if (empty == NULL) {
+            break;
+        }
+        ssd_bucket_drop(t, empty, "no live objects");
+    }
+    ssd_make_room(t, 0);
+}
+
+void *
+ssd_writer_main(void *arg)
+{
+    struct ssd *t = arg;
+    struct ssd_group g;
+
+    g.n = 0;
+    for (;;) {
+        struct ssd_forget *forgets;
+        uint64_t drops[16];
+        uint64_t group_bytes = 0;
+        uint64_t now;
+        int ndrops;
+        bool stop;
+
+        pthread_mutex_lock(&t->qlock);
+        if (t->wq_head == NULL && t->forgets == NULL && t->ndrop_req == 0 && !t->stop) {
+            struct timespec ts;
+
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += SSD_HOUSEKEEP_MS * 1000000L;
+            if (ts.tv_nsec >= 1000000000L) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&t->wcond, &t->qlock, &ts);
+        }
+        while (t->wq_head != NULL && g.n < SSD_GROUP_OBJECTS && group_bytes < SSD_GROUP_BYTES) {
+            struct store_obj *o = t->wq_head;
+
+            t->wq_head = store_obj_link(o);
+            if (t->wq_head == NULL) {
+                t->wq_tail = NULL;
+            }
+            store_obj_set_link(o, NULL);
+            g.obj[g.n++] = o;
+            group_bytes += store_obj_size(o);
+        }
+        forgets = t->forgets;
+        t->forgets = NULL;
+        ndrops = t->ndrop_req;
+        memcpy(drops, t->drop_req, (size_t)ndrops * sizeof(drops[0]));
+        t->ndrop_req = 0;
+        stop = t->stop && t->wq_head == NULL;
+        pthread_mutex_unlock(&t->qlock);
+
+        for (int i = 0; i < g.n; i++) {
+            CTR_SUB(t, queue_objects, 1);
+            CTR_SUB(t, queue_bytes, store_obj_size(g.obj[i]));
+        }
+        now = ssd_now_ms();
+        if (g.n > 0 && t->degraded && now < t->retry_at) {
+            ssd_group_fail(t, &g, 0);       /* fail fast until the retry time */
+        }
+        if (g.n > 0 || forgets != NULL) {
+            ssd_commit_group(t, &g, forgets);
+            ssd_wake(t);
+        }
+        if (now - t->stamps_saved_at >= SSD_LAST_READ_SAVE_MS) {
+            struct idx_op ops[64];
+            size_t n = ssd_bucket_ops(t, ops, 64);
+
+            t->stamps_saved_at = now;
+            if (n > 0) {
+                (void)idx_apply(t->idx, ops, n);
+            }
+        }
+        ssd_housekeep(t, drops, ndrops);
+        if (stop) {
+            break;
+        }
+        if (!t->stop && atomic_load(&t->offload) == SSD_ON_EVICT && !t->degraded) {
+            pthread_mutex_lock(&t->qlock);
+            bool idle = t->wq_head == NULL;
+            pthread_mutex_unlock(&t->qlock);
+            if (idle) {
+                (void)store_offload_cold(t->store, SSD_COLD_BATCH);
+            }
+        }
+    }
+    return NULL;
+}

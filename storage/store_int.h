@@ -1,0 +1,214 @@
+/*
+ * store_int: the store's internals shared by storage/store.c (the table,
+ * the DRAM tier, eviction) and storage/store_tier.c (the SSD tier's side of
+ * the store). Nothing outside those two files includes it; everyone else
+ * uses store.h.
+ *
+ * Locking as in store.h: a _locked function needs its shard's lock held.
+ */
+#ifndef STORE_INT_H
+#define STORE_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "alloc.h"
+#include "store.h"
+
+#define STORE_SHARD_BITS 6
+#define STORE_SHARDS (1u << STORE_SHARD_BITS)
+#define STORE_BUCKETS_INIT 64u      /* per shard; a power of two */
+#define STORE_REHASH_STEP 64        /* old buckets moved per insert or remove while growing */
+#define STORE_EVICT_SCAN 16         /* busy objects one look at a shard tail may skip */
+#define STORE_EVICT_PROMOTE 1024    /* second chances one look may give before it stops */
+#define STORE_EVICT_MISSES 256      /* looks in a row that evict nothing (4 per shard) */
+#define STORE_EVICT_RESCANS 2       /* full rescans before a class counts as empty */
+#define STORE_NO_CANDIDATE UINT64_MAX
+
+_Static_assert(STORE_PAGE_SIZE == ALLOC_PAGE_SIZE, "the store and the allocator disagree on pages");
+
+#ifdef CLOCK_MONOTONIC_COARSE
+#define STORE_CLOCK CLOCK_MONOTONIC_COARSE
+#else
+#define STORE_CLOCK CLOCK_MONOTONIC
+#endif
+
+enum store_obj_state {
+    STORE_OBJ_RESERVED = 1,
+    STORE_OBJ_PUBLISHED = 2,
+    STORE_OBJ_GONE = 3              /* no longer indexed; freed with the last reference */
+};
+
+enum store_lru {
+    STORE_LRU_NORMAL = 0,
+    STORE_LRU_SOFT = 1,
+    STORE_LRU_CLASSES = 2
+};
+
+/*
+ * One object: 112 bytes on LP64, then room for ext_cap extents (8 bytes
+ * each) and the key bytes in the same heap block. What a lookup reads (hash,
+ * tenant, key_len, state) and what an access writes (atime, referenced) sit
+ * in the first 40 bytes. Everything but refs and ssd is guarded by the shard
+ * lock, except what is immutable after store_reserve (hash, tenant, key_len,
+ * ext_cap, size, base, key), which reference holders read without it. n_ext
+ * and ext change only while the object is not resident (evicted to the SSD
+ * tier, or being loaded back), when no reader holds it through store_get.
+ *
+ * With an SSD tier the room for extents has a little slack over what the
+ * object first needed (ext_cap), so that a load back into a more fragmented
+ * arena still fits in the same block.
+ */
+struct store_obj {
+    struct store_obj *hnext;        /* hash chain; after detaching, a private free list */
+    uint64_t hash;
+    uint32_t tenant;
+    uint32_t key_len;
+    uint8_t state;                  /* enum store_obj_state */
+    uint8_t pin;                    /* enum store_pin */
+    uint8_t n_ext;
+    uint8_t referenced;             /* accessed since it last reached its list head */
+    _Atomic uint32_t refs;
+    uint64_t atime;                 /* access stamp, ms */
+    uint64_t lease_until;           /* ms; 0 = no lease */
+    uint64_t size;                  /* value bytes */
+    uint8_t *base;                  /* arena base, so the obj_* calls need no store */
+    struct store_obj *lru_prev;     /* toward the head (newer) */
+    struct store_obj *lru_next;     /* toward the tail (older) */
+    struct store_loc loc;           /* the SSD copy, when ssd == STORE_SSD_STORED */
+    struct store_obj *tlink;        /* the tier's queue link (store_obj_link) */
+    uint8_t ext_cap;                /* extents the block has room for */
+    uint8_t resident;               /* the value is in the arena (ext[0..n_ext)) */
+    uint8_t loading;                /* the tier is reading it back */
+    _Atomic uint8_t ssd;            /* enum store_ssd_state */
+    uint8_t cold;                   /* loaded without promotion: kept only until read */
+    uint8_t pad[3];
+    struct alloc_extent ext[];      /* ext_cap extents, then key_len key bytes */
+};
+
+_Static_assert(sizeof(struct store_obj) <= 112, "object header grew; update the comment above");
+
+struct store_list {
+    struct store_obj *head;
+    struct store_obj *tail;
+};
+
+struct store_shard {
+    _Alignas(64) pthread_mutex_t lock; /* a cache line of its own: shards do not false-share */
+    struct store_obj **buckets;
+    uint64_t mask;                  /* buckets - 1 */
+    struct store_obj **old;         /* while growing: the previous table, see store_bucket_locked */
+    uint64_t old_mask;
+    uint64_t rehash_pos;            /* old buckets below this have moved */
+    uint64_t count;                 /* indexed objects, reserved included */
+    struct store_list lru[STORE_LRU_CLASSES];
+    uint64_t objects;               /* published */
+    uint64_t reserved;
+    uint64_t value_bytes;
+    uint64_t pinned_hard;
+    uint64_t pinned_soft;
+    uint64_t resident;              /* published and in the arena */
+    uint64_t resident_bytes;
+    uint64_t stored;                /* published with an SSD copy */
+    uint64_t loading;
+    /* Copies of buckets/mask for prefetching without the lock (store_exists_batch): a
+     * stale or torn pair only makes a prefetch useless, never a lookup wrong. */
+    _Atomic(uintptr_t) pf_buckets;
+    _Atomic uint64_t pf_mask;
+};
+
+struct store {
+    struct store_shard shard[STORE_SHARDS];
+    struct alloc *alloc;
+    uint8_t *base;
+    uint64_t capacity_pages;
+    _Atomic uint64_t max_key_size;
+    _Atomic uint64_t max_value_size;
+    _Atomic uint64_t high_pages;    /* eviction starts when a reserve would pass this */
+    _Atomic uint64_t low_pages;     /* and goes down to this */
+    _Atomic uint64_t evictions;
+    _Atomic uint64_t evicted_bytes; /* value bytes of evicted objects */
+    _Atomic uint64_t no_space;
+    _Atomic uint64_t metadata_bytes;
+    _Atomic uint64_t offloading;    /* objects handed to the tier's offload, not back yet */
+    struct store_tier tier;         /* hooks; valid when has_tier */
+    bool has_tier;
+    _Atomic bool write_through;
+    _Atomic bool on_evict;
+    _Atomic bool promote;
+    _Atomic bool degraded;
+    _Atomic unsigned cold_cursor;   /* shard store_offload_cold starts at */
+    int nshards_ready;              /* shard mutexes initialized (for a half-built destroy) */
+};
+
+/* ---- small helpers ---- */
+
+static inline struct store_shard *
+store_shard_of(struct store *s, uint64_t hash)
+{
+    return &s->shard[hash >> (64 - STORE_SHARD_BITS)];
+}
+
+static inline const uint8_t *
+store_obj_kptr(const struct store_obj *o)
+{
+    return (const uint8_t *)(o->ext + o->ext_cap);
+}
+
+static inline size_t
+store_obj_heap_bytes(const struct store_obj *o)
+{
+    return sizeof(*o) + o->ext_cap * sizeof(struct alloc_extent) + o->key_len;
+}
+
+static inline uint64_t
+store_pages(uint64_t size)
+{
+    return (size + STORE_PAGE_SIZE - 1) / STORE_PAGE_SIZE;
+}
+
+/* ---- shared by store.c and store_tier.c ---- */
+
+/* store_now_ms: the recency clock (coarse monotonic milliseconds). */
+uint64_t store_now_ms(void);
+
+/* store_find_locked: the indexed object of key (any state), or NULL. */
+struct store_obj *store_find_locked(struct store_shard *sh, uint64_t hash,
+                                    const struct kv_key *key);
+
+/* store_index_locked: insert o into its shard's table (grows it incrementally). */
+void store_index_locked(struct store *s, struct store_shard *sh, struct store_obj *o);
+
+/*
+ * store_detach_locked: unindex o (it becomes GONE, off its list and out of
+ * the counters); the caller drops the table's reference after unlocking.
+ */
+void store_detach_locked(struct store *s, struct store_shard *sh, struct store_obj *o);
+
+/* store_obj_put: drop n references at once; the last one frees the object. */
+void store_obj_put(struct store *s, struct store_obj *o, uint32_t n);
+
+/* The near-LRU lists: the list a published resident object is on (or NULL), pushes. */
+struct store_list *store_list_of(struct store_shard *sh, const struct store_obj *o);
+void store_list_push_head(struct store_list *l, struct store_obj *o);
+void store_list_push_tail(struct store_list *l, struct store_obj *o);
+
+/* store_evictable_locked: no holder but the table, no lease running. */
+int store_evictable_locked(const struct store_obj *o, uint64_t now);
+
+/* store_queue_locked: hand o to the tier's offload hook with a reference of its own. */
+void store_queue_locked(struct store *s, struct store_obj *o);
+
+/*
+ * store_take_pages: npages arena pages as at most max extents, evicting as
+ * needed. 0, KV_NO_SPACE, or -EAGAIN when offloads in flight will free room.
+ */
+int store_take_pages(struct store *s, uint64_t npages, struct alloc_extent *ext, int max, int *n);
+
+/* store_ext_cap: extents an object block makes room for (n needed now). */
+int store_ext_cap(const struct store *s, uint64_t npages, int n);
+
+#endif
