@@ -332,6 +332,7 @@ struct rpc_deferred {
     uint64_t msgid;
     bool batch;
     uint32_t n;
+    uint32_t next;              /* a batch_put that waits for room: the key to go on from */
     int *codes;
     struct store_obj **objs;
 };
@@ -447,6 +448,8 @@ rpc_deferred_drop(struct rpc_ctx *ctx)
 {
     rpc_deferred_free(ctx, ctx->deferred);
     ctx->deferred = NULL;
+    rpc_deferred_free(ctx, ctx->resume);
+    ctx->resume = NULL;
 }
 
 static int
@@ -506,6 +509,9 @@ rpc_batch_put(struct rpc_req *rq)
     uint64_t vlen;
     const struct mp_hole *hole;
     struct rpc_deferred *d = NULL;
+    int stack[64];
+    int *codes = stack;
+    uint32_t start;
     int rc = rpc_arity(rq, 2, 3);
 
     if (rc != 0) {
@@ -541,41 +547,76 @@ rpc_batch_put(struct rpc_req *rq)
         rq->errmsg = "durable puts need the SSD tier (ssd_dir)";
         return KV_UNSUPPORTED;
     }
-    if (opts.durable) {
+    /*
+     * A batch that waited for room before comes back with what it did: the
+     * keys before d->next are stored (or answered) already.
+     */
+    d = rq->ctx->resume;
+    rq->ctx->resume = NULL;
+    if (d != NULL && d->n != nkeys) {
+        rpc_deferred_free(rq->ctx, d);
+        d = NULL;
+    }
+    start = d != NULL ? d->next : 0;
+    if (d == NULL && opts.durable) {
         d = rpc_deferred_new(rq, nkeys, true);
         if (d == NULL) {
+            return -ENOMEM;
+        }
+    }
+    if (d != NULL) {
+        codes = d->codes;
+    } else if (nkeys > 64) {
+        codes = malloc(nkeys * sizeof(*codes));     /* nkeys <= max_batch, checked above */
+        if (codes == NULL) {
             return -ENOMEM;
         }
     }
     for (uint32_t i = 0; i < nkeys; i++) {
         rpc_read_key(&keys, &kp, &klen);
         mp_read_bin_ref(&vals, &vp, &vlen, &hole);
+        if (i < start) {
+            continue;
+        }
         rc = rpc_store_value(rq, kp, klen, vp, vlen, hole);
-        if (rc == -EAGAIN && i == 0) {
-            rpc_deferred_free(rq->ctx, d);
-            return rc;              /* nothing done yet: the connection retries the message */
+        if (rc == -EAGAIN && d == NULL) {
+            d = rpc_deferred_new(rq, nkeys, true);
+            if (d != NULL) {
+                memcpy(d->codes, codes, i * sizeof(*codes));
+                if (codes != stack) {
+                    free(codes);
+                }
+                codes = d->codes;
+            }
+        }
+        if (rc == -EAGAIN && d != NULL) {
+            /* Wait for room with what is done so far; the message comes back. */
+            d->next = i;
+            rq->ctx->resume = d;
+            return -EAGAIN;
         }
         if (rc == -EAGAIN) {
-            rc = KV_NO_SPACE;       /* part of the batch is in: this key cannot wait */
+            rc = KV_NO_SPACE;       /* no memory to wait with */
         }
-        if (i == 0 && d == NULL) {
-            rpc_reply_head(rq);
-            msgpack_pack_array(&rq->pk, nkeys);
-        }
-        if (d != NULL) {
-            d->codes[i] = rc;
-            if (rc == 0) {
-                rpc_deferred_track(rq, d, i, kp, klen);
-            }
-        } else {
-            msgpack_pack_int(&rq->pk, rc);
+        codes[i] = rc;
+        if (opts.durable && rc == 0) {
+            rpc_deferred_track(rq, d, i, kp, klen);
         }
     }
-    if (nkeys == 0 && d == NULL) {
-        rpc_reply_head(rq);
-        msgpack_pack_array(&rq->pk, 0);
+    if (opts.durable) {
+        rq->ctx->deferred = d;      /* answered when the SSD says how it went */
+        return 0;
     }
-    rq->ctx->deferred = d;
+    rpc_reply_head(rq);
+    msgpack_pack_array(&rq->pk, nkeys);
+    for (uint32_t i = 0; i < nkeys; i++) {
+        msgpack_pack_int(&rq->pk, codes[i]);
+    }
+    if (d != NULL) {
+        rpc_deferred_free(rq->ctx, d);
+    } else if (codes != stack) {
+        free(codes);
+    }
     return 0;
 }
 
@@ -1155,6 +1196,10 @@ rpc_dispatch(struct rpc_ctx *ctx, const uint8_t *msg, size_t len, const struct m
         goto done;
     }
     rc = rpc_handlers[m](&rq);
+    if (rc != -EAGAIN && ctx->resume != NULL) {
+        rpc_deferred_free(ctx, ctx->resume);   /* only the message that waited picks it up */
+        ctx->resume = NULL;
+    }
     if (rc == -EAGAIN) {
         /* Nothing answered, nothing consumed: the same message comes back later. */
         atomic_fetch_sub_explicit(&ctx->ctr->ops[m], 1, memory_order_relaxed);

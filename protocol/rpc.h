@@ -75,6 +75,7 @@ struct rpc_ctx {
     uint32_t tenant;
     bool final_try;                  /* answer now: SSD loads and room no longer waited for */
     struct rpc_deferred *deferred;   /* a reply waiting for durable puts (rpc_deferred_poll) */
+    struct rpc_deferred *resume;     /* a batch_put waiting for room: what it did so far */
 };
 
 /* A put value received straight into the store: its reservation, or why none. */
@@ -137,7 +138,8 @@ int rpc_dispatch(struct rpc_ctx *ctx, const uint8_t *msg, size_t len, const stru
  * stay in order) and calls rpc_deferred_poll when the tier reports progress.
  * rpc_deferred_poll: 0 when the reply was queued on out (or none waits),
  * -EINPROGRESS while writes are pending, -ENOMEM.
- * rpc_deferred_drop: forget a waiting reply (the connection closes).
+ * rpc_deferred_drop: forget a waiting reply and a waiting batch_put's
+ * progress (the connection closes).
  */
 int rpc_deferred_poll(struct rpc_ctx *ctx, struct outq *out);
 

@@ -845,3 +845,31 @@ def test_remove_of_ssd_only_object_stays_removed(work, kv):
     for key in keys[2:6]:
         assert c.call("get", key) == value_for(key, 256 * KIB), f"{key}: lost or wrong"
     d.stop()
+
+
+# ---------------------------------------------------------------------------------------
+# 10. Backpressure: batches of small values wait for the SSD instead of failing.
+
+
+def test_small_value_batches_wait_for_room_instead_of_failing(work, kv):
+    # 1 MiB of DRAM is 256 pages; write_through keeps every object busy until it is on the
+    # SSD, so 2,000 one-page objects in batches of 250 outrun DRAM many times over. Every
+    # key of every batch must be stored (0), none refused with NO_SPACE, and read back.
+    data = os.path.join(work, "data")
+    d = kv(data, "--memory_size=1m", "--ssd_offload=write_through")
+    c = d.client()
+    t0 = time.monotonic()
+    for b in range(8):
+        keys = [f"small-{b}-{i:03d}".encode() for i in range(250)]
+        codes = c.call("batch_put", keys, [value_for(k, 3000) for k in keys])
+        assert codes == [0] * len(keys), \
+            f"batch {b}: {sum(x == NO_SPACE for x in codes)} keys refused with NO_SPACE"
+        assert time.monotonic() - t0 < 60, "batches crawled"
+    wait_offload_idle(c)
+    s = stats(c)
+    assert s["objects"] == 2000 and s["ssd_objects"] == 2000, s
+    for b in (0, 7):
+        keys = [f"small-{b}-{i:03d}".encode() for i in range(0, 250, 25)]
+        got = c.call("batch_get", keys)
+        assert got == [value_for(k, 3000) for k in keys], f"batch {b} reads back wrong"
+    d.stop()
