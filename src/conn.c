@@ -791,6 +791,22 @@ conn_on_read(evutil_socket_t fd, short what, void *arg)
     }
 }
 
+/*
+ * conn_settle: the end of a callback: a connection whose peer is done and
+ * fully answered closes, a drain may finish, and a closing one is freed.
+ */
+static void
+conn_settle(struct conn *c)
+{
+    if (c->eof && !c->waiting && outq_pending(&c->out) == 0) {
+        c->closing = true;
+    }
+    conn_maybe_finish_drain(c);
+    if (c->closing) {
+        conn_free(c);
+    }
+}
+
 static void
 conn_on_write(evutil_socket_t fd, short what, void *arg)
 {
@@ -813,17 +829,9 @@ conn_on_write(evutil_socket_t fd, short what, void *arg)
             conn_free(c);
             return;
         }
-        if (!c->paused && !c->eof && !c->waiting) {
-            conn_set_reading(c, true);
-        }
+        conn_set_reading(c, conn_reading_wanted(c));
     }
-    if (c->eof && !c->waiting && outq_pending(&c->out) == 0) {
-        c->closing = true;
-    }
-    conn_maybe_finish_drain(c);
-    if (c->closing) {
-        conn_free(c);
-    }
+    conn_settle(c);
 }
 
 /* conn_retry: look at a waiting request again; after CONN_WAIT_MAX_MS it is answered as is. */
@@ -846,13 +854,7 @@ conn_retry(struct conn *c)
         return;
     }
     conn_set_reading(c, conn_reading_wanted(c));
-    if (c->eof && !c->waiting && outq_pending(&c->out) == 0) {
-        c->closing = true;
-    }
-    conn_maybe_finish_drain(c);
-    if (c->closing) {
-        conn_free(c);
-    }
+    conn_settle(c);
 }
 
 static void

@@ -947,6 +947,42 @@ idx_meta_get(struct idx *x, const char *name, uint64_t *value)
     return idx_status(rc);
 }
 
+/* idx_scan_begin: a read transaction and a cursor on dbi for a scan. 0 or a status. */
+static int
+idx_scan_begin(struct idx *x, MDB_dbi dbi, MDB_txn **txn, MDB_cursor **cur)
+{
+    int rc;
+
+    *txn = NULL;
+    *cur = NULL;
+    if (x->failed) {
+        return -EIO;
+    }
+    rc = mdb_txn_begin(x->env, NULL, MDB_RDONLY, txn);
+    if (rc == 0) {
+        rc = mdb_cursor_open(*txn, dbi, cur);
+        if (rc != 0) {
+            mdb_txn_abort(*txn);
+        }
+    }
+    return idx_status(rc);
+}
+
+/*
+ * idx_scan_end: close a scan's cursor and transaction; the callback's
+ * result ret wins over the cursor's rc, and running off the end is success.
+ */
+static int
+idx_scan_end(MDB_txn *txn, MDB_cursor *cur, int rc, int ret)
+{
+    mdb_cursor_close(cur);
+    mdb_txn_abort(txn);
+    if (ret != 0) {
+        return ret;
+    }
+    return rc == MDB_NOTFOUND ? 0 : idx_status(rc);
+}
+
 /*
  * The scans hand fn pointers into the read transaction's snapshot; they are
  * valid for the call only, which is what the header promises. A scan's own
@@ -956,22 +992,14 @@ idx_meta_get(struct idx *x, const char *name, uint64_t *value)
 int
 idx_scan_objects(struct idx *x, idx_obj_fn *fn, void *arg)
 {
-    MDB_txn *txn = NULL;
-    MDB_cursor *cur = NULL;
+    MDB_txn *txn;
+    MDB_cursor *cur;
     MDB_val k, v;
     int ret = 0;
-    int rc;
+    int rc = idx_scan_begin(x, x->objects, &txn, &cur);
 
-    if (x->failed) {
-        return -EIO;
-    }
-    rc = mdb_txn_begin(x->env, NULL, MDB_RDONLY, &txn);
     if (rc != 0) {
-        return idx_status(rc);
-    }
-    rc = mdb_cursor_open(txn, x->objects, &cur);
-    if (rc != 0) {
-        goto done;
+        return rc;
     }
     for (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0;
          rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
@@ -994,37 +1022,21 @@ idx_scan_objects(struct idx *x, idx_obj_fn *fn, void *arg)
             break;
         }
     }
-done:
-    if (cur != NULL) {
-        mdb_cursor_close(cur);
-    }
-    mdb_txn_abort(txn);
-    if (ret != 0) {
-        return ret;
-    }
-    return rc == MDB_NOTFOUND ? 0 : idx_status(rc);
+    return idx_scan_end(txn, cur, rc, ret);
 }
 
 int
 idx_scan_bucket_objects(struct idx *x, uint64_t id, idx_obj_fn *fn, void *arg)
 {
     uint8_t start[IDX_BKEY_SIZE];
-    MDB_txn *txn = NULL;
-    MDB_cursor *cur = NULL;
+    MDB_txn *txn;
+    MDB_cursor *cur;
     MDB_val k, v;
     int ret = 0;
-    int rc;
+    int rc = idx_scan_begin(x, x->bkeys, &txn, &cur);
 
-    if (x->failed) {
-        return -EIO;
-    }
-    rc = mdb_txn_begin(x->env, NULL, MDB_RDONLY, &txn);
     if (rc != 0) {
-        return idx_status(rc);
-    }
-    rc = mdb_cursor_open(txn, x->bkeys, &cur);
-    if (rc != 0) {
-        goto done;
+        return rc;
     }
     idx_bkey(id, 0, start, &k);
     for (rc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE); rc == 0;
@@ -1057,36 +1069,20 @@ idx_scan_bucket_objects(struct idx *x, uint64_t id, idx_obj_fn *fn, void *arg)
             break;
         }
     }
-done:
-    if (cur != NULL) {
-        mdb_cursor_close(cur);
-    }
-    mdb_txn_abort(txn);
-    if (ret != 0) {
-        return ret;
-    }
-    return rc == MDB_NOTFOUND ? 0 : idx_status(rc);
+    return idx_scan_end(txn, cur, rc, ret);
 }
 
 int
 idx_scan_buckets(struct idx *x, idx_bucket_fn *fn, void *arg)
 {
-    MDB_txn *txn = NULL;
-    MDB_cursor *cur = NULL;
+    MDB_txn *txn;
+    MDB_cursor *cur;
     MDB_val k, v;
     int ret = 0;
-    int rc;
+    int rc = idx_scan_begin(x, x->buckets, &txn, &cur);
 
-    if (x->failed) {
-        return -EIO;
-    }
-    rc = mdb_txn_begin(x->env, NULL, MDB_RDONLY, &txn);
     if (rc != 0) {
-        return idx_status(rc);
-    }
-    rc = mdb_cursor_open(txn, x->buckets, &cur);
-    if (rc != 0) {
-        goto done;
+        return rc;
     }
     for (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0;
          rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
@@ -1101,15 +1097,7 @@ idx_scan_buckets(struct idx *x, idx_bucket_fn *fn, void *arg)
             break;
         }
     }
-done:
-    if (cur != NULL) {
-        mdb_cursor_close(cur);
-    }
-    mdb_txn_abort(txn);
-    if (ret != 0) {
-        return ret;
-    }
-    return rc == MDB_NOTFOUND ? 0 : idx_status(rc);
+    return idx_scan_end(txn, cur, rc, ret);
 }
 
 uint64_t

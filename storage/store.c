@@ -425,6 +425,17 @@ store_evictable_locked(const struct store_obj *o, uint64_t now)
     return atomic_load_explicit(&o->refs, memory_order_acquire) == 1 && o->lease_until <= now;
 }
 
+void
+store_load_start_locked(struct store *s, struct store_shard *sh, struct store_obj *o)
+{
+    if (!o->loading) {
+        o->loading = 1;
+        sh->loading++;
+        atomic_fetch_add_explicit(&o->refs, 1, memory_order_relaxed);
+        s->tier.load(s->tier.arg, o);
+    }
+}
+
 /* store_queue_locked: hand o to the tier's offload hook with a reference of its own. */
 void
 store_queue_locked(struct store *s, struct store_obj *o)
@@ -976,11 +987,8 @@ store_get(struct store *s, const struct kv_key *key, struct store_obj **out)
     }
     store_touch_locked(o);
     if (!o->resident) {
-        if (!o->loading && s->has_tier) {
-            o->loading = 1;
-            sh->loading++;
-            atomic_fetch_add_explicit(&o->refs, 1, memory_order_relaxed);
-            s->tier.load(s->tier.arg, o);
+        if (s->has_tier) {
+            store_load_start_locked(s, sh, o);
         }
         pthread_mutex_unlock(&sh->lock);
         return s->has_tier ? -EAGAIN : KV_NOT_FOUND;

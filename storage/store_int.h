@@ -199,6 +199,13 @@ void store_list_push_tail(struct store_list *l, struct store_obj *o);
 /* store_evictable_locked: no holder but the table, no lease running. */
 int store_evictable_locked(const struct store_obj *o, uint64_t now);
 
+/*
+ * store_load_start_locked: o (published, not resident, a tier attached) is
+ * handed to the tier's load hook with a reference of its own, unless a load
+ * runs already.
+ */
+void store_load_start_locked(struct store *s, struct store_shard *sh, struct store_obj *o);
+
 /* store_queue_locked: hand o to the tier's offload hook with a reference of its own. */
 void store_queue_locked(struct store *s, struct store_obj *o);
 

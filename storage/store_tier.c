@@ -326,12 +326,7 @@ store_prefetch(struct store *s, const struct kv_key *key)
     pthread_mutex_lock(&sh->lock);
     o = store_find_locked(sh, hash, key);
     if (o != NULL && o->state == STORE_OBJ_PUBLISHED && !o->resident && s->has_tier) {
-        if (!o->loading) {
-            o->loading = 1;
-            sh->loading++;
-            atomic_fetch_add_explicit(&o->refs, 1, memory_order_relaxed);
-            s->tier.load(s->tier.arg, o);
-        }
+        store_load_start_locked(s, sh, o);
         pending = 1;
     }
     pthread_mutex_unlock(&sh->lock);
