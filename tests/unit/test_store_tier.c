@@ -13,6 +13,7 @@
 
 #include "kverr.h"
 #include "store.h"
+#include "store_keys.h"
 
 #include <errno.h>
 #include <stdint.h>
@@ -26,30 +27,6 @@
 #define MiB (1024ull * 1024ull)
 #define T_QUEUE_MAX 4096
 #define T_FORGET_MAX 64
-
-/* ---- keys and values (as in test_store.c) ---- */
-
-struct t_key {
-    struct kv_key k;
-    char buf[48];
-};
-
-static const struct kv_key *
-t_key(struct t_key *tk, uint32_t tenant, uint64_t id)
-{
-    int n = snprintf(tk->buf, sizeof(tk->buf), "key-%llu", (unsigned long long)id);
-
-    tk->k.tenant = tenant;
-    tk->k.len = (uint32_t)n;
-    tk->k.ptr = (const uint8_t *)tk->buf;
-    return &tk->k;
-}
-
-static uint8_t
-t_byte(uint64_t id, uint64_t i)
-{
-    return (uint8_t)(id * 131u + i * 7u + (i >> 12) * 13u);
-}
 
 static struct store *
 t_store(uint64_t memory, double high, double low)
