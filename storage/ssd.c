@@ -757,7 +757,6 @@ ssd_close(struct ssd *t)
         t->wq_head = store_obj_link(o);
         store_obj_set_link(o, NULL);
         store_obj_store_failed(t->store, o);
-        store_obj_unref(t->store, o);
     }
     if (t->store != NULL && t->writer_started) {
         store_set_tier(t->store, NULL);

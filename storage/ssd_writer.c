@@ -238,7 +238,6 @@ ssd_group_fail(struct ssd *t, struct ssd_group *g, int from)
 {
     for (int i = from; i < g->n; i++) {
         store_obj_store_failed(t->store, g->obj[i]);
-        store_obj_unref(t->store, g->obj[i]);
         CTR_ADD(t, write_failed, 1);
     }
     g->n = from;
@@ -260,7 +259,6 @@ ssd_group_unwrite(struct ssd *t, struct ssd_group *g, int written)
             (void)ssd_bucket_account(t, g->loc[i].bucket, -(int64_t)g->rec[i]);
         }
         store_obj_store_failed(t->store, g->obj[i]);
-        store_obj_unref(t->store, g->obj[i]);
         CTR_ADD(t, write_failed, 1);
     }
     g->n = 0;
@@ -375,7 +373,6 @@ ssd_commit_group(struct ssd *t, struct ssd_group *g, struct ssd_forget *forgets)
         if (rc == KV_TOO_LARGE) {
             /* This object alone cannot go to the SSD; the others can. */
             store_obj_store_failed(t->store, g->obj[written]);
-            store_obj_unref(t->store, g->obj[written]);
             CTR_ADD(t, write_failed, 1);
             g->obj[written] = NULL;
             rc = 0;

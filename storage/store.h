@@ -360,7 +360,10 @@ void store_obj_loc(const struct store_obj *o, struct store_loc *loc);
  */
 int store_obj_stored(struct store *s, struct store_obj *o, const struct store_loc *loc);
 
-/* store_obj_store_failed: the tier could not write o; marks it FAILED. */
+/*
+ * store_obj_store_failed: the tier could not write o; marks it FAILED and
+ * consumes the offload hook's reference (do not unref it afterwards).
+ */
 void store_obj_store_failed(struct store *s, struct store_obj *o);
 
 /*

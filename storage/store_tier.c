@@ -105,11 +105,22 @@ void
 store_obj_store_failed(struct store *s, struct store_obj *o)
 {
     struct store_shard *sh = store_shard_of(s, o->hash);
+    uint32_t old;
 
     pthread_mutex_lock(&sh->lock);
     atomic_fetch_sub_explicit(&s->offloading, 1, memory_order_relaxed);
+    /*
+     * The reference goes in the same breath as the state changes, so whoever
+     * sees FAILED (a durable put taking its object back) finds no tier holder.
+     */
+    old = atomic_fetch_sub_explicit(&o->refs, 1, memory_order_acq_rel);
     atomic_store_explicit(&o->ssd, STORE_SSD_FAILED, memory_order_release);
     pthread_mutex_unlock(&sh->lock);
+    if (old == 1) {
+        /* It had left the table meanwhile: ours was the last reference. */
+        atomic_fetch_add_explicit(&o->refs, 1, memory_order_relaxed);
+        store_obj_put(s, o, 1);
+    }
 }
 
 int

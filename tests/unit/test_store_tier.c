@@ -356,7 +356,6 @@ t_tier_detach(struct store *s, struct t_tier *t)
     }
     while ((o = t_next_offload(t)) != NULL) {
         store_obj_store_failed(s, o);
-        store_obj_unref(s, o);
     }
     store_set_tier(s, NULL);
     free(t);
@@ -893,7 +892,6 @@ Test(store_tier, sync_queues_dirty_and_failed_objects_once)
     q = t_next_offload(t);
     cr_assert_eq(q, o);
     store_obj_store_failed(s, q);
-    store_obj_unref(s, q);
     cr_assert_eq(store_obj_ssd_state(o), STORE_SSD_FAILED);
     cr_assert_eq(t_stats(s).offloading, 0);
     cr_assert_eq(t_stats(s).stored, 0);
