@@ -60,7 +60,7 @@ struct conn {
     bool eof;                    /* peer closed its side */
     bool waiting;                /* a request waits for the SSD tier (not reading meanwhile) */
     bool offer_pending;          /* the spill offer in scan is to be asked again */
-    uint64_t wait_since;         /* ms, when waiting began */
+    uint64_t wait_since;         /* ms, when the current request began to wait; 0: it has not */
     struct event *ev_retry;      /* timer that retries a waiting request */
     bool lookahead;              /* while waiting: read on and prefetch queued gets */
     struct frame_scan la_scan;   /* the lookahead's scan of the message after la_pos */
@@ -337,8 +337,10 @@ conn_wait(struct conn *c)
 
     if (!c->waiting) {
         c->waiting = true;
-        c->wait_since = conn_now_ms();
         c->w->waiting++;
+    }
+    if (c->wait_since == 0) {
+        c->wait_since = conn_now_ms();  /* kept across retries: the deadline is per request */
     }
     if (c->ev_retry == NULL) {
         c->ev_retry = evtimer_new(c->w->base, conn_on_retry, c);
@@ -492,6 +494,7 @@ conn_dispatch(struct conn *c)
         return c->closing ? -1 : 0;
     }
     c->lookahead = false;
+    c->wait_since = 0;
     c->rpos += c->scan.pos;
     conn_message_reset(c);
     if (rc == KV_PROTOCOL_ERROR) {
@@ -533,6 +536,7 @@ conn_process(struct conn *c)
                 c->closing = true;
                 return -1;
             }
+            c->wait_since = 0;
         }
         if (c->waiting) {
             return 0;
@@ -580,6 +584,7 @@ conn_process(struct conn *c)
             return -1;
         }
         c->spills[c->nholes - 1] = sp;
+        c->wait_since = 0;
         c->spill_left = c->scan.spill_len;
         c->spill_off = 0;
         size_t at = c->rpos + c->scan.pos;
@@ -598,6 +603,7 @@ conn_process(struct conn *c)
             c->closing = true;
             return -1;
         }
+        c->wait_since = 0;
     }
     if (c->rpos == c->ilen) {
         c->rpos = c->ilen = 0;
