@@ -379,12 +379,18 @@ rpc_deferred_track(struct rpc_req *rq, struct rpc_deferred *d, uint32_t i, const
                    uint32_t klen)
 {
     struct store *st = rq->ctx->srv->store;
-    struct store_obj *o;
+    struct store_obj *o = NULL;
     struct kv_key key;
+    int rc;
 
     rpc_key(rq, kp, klen, &key);
-    if (klen == UINT32_MAX || store_get(st, &key, &o) != 0) {
-        d->codes[i] = KV_NO_SPACE;      /* gone already (evicted): not on SSD either */
+    rc = klen == UINT32_MAX ? KV_NOT_FOUND : store_get(st, &key, &o);
+    if (rc == -EAGAIN) {
+        d->codes[i] = 0;                /* already left DRAM, which it only does once on SSD */
+        return;
+    }
+    if (rc != 0) {
+        d->codes[i] = KV_NO_SPACE;      /* gone already (removed): not on SSD either */
         return;
     }
     if (store_sync(st, o) != 0) {
