@@ -41,7 +41,8 @@
 #define CONN_DISCARD_SIZE (256u * 1024u)
 #define CONN_IOV_MAX 256
 #define CONN_READAHEAD_IN_PUT 512
-#define CONN_RETRY_US 2000          /* a waiting request is looked at again this often */
+#define CONN_RETRY_US 20000         /* a waiting request is retried at least this often (the
+                                       tier's wake-ups usually come first) */
 #define CONN_WAIT_MAX_MS 5000       /* then it is answered with whatever is there */
 #define CONN_LOOKAHEAD_MAX (256u * 1024u) /* buffered bytes read while a get waits */
 

@@ -573,6 +573,7 @@ ssd_load_index(struct ssd *t, char *err, size_t errlen)
         return rc;
     }
     ssd_remove_orphans(t);
+    idx_warm(t->idx);       /* one sequential read instead of a page fault per 4 KiB */
     rc = idx_scan_objects(t->idx, ssd_index_obj_fn, &c);
     if (rc == 0) {
         rc = c.rc;

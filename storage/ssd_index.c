@@ -50,6 +50,7 @@
 #include "kverr.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <lmdb.h>
 #include <openssl/sha.h>
 #include <stdio.h>
@@ -945,6 +946,37 @@ idx_meta_get(struct idx *x, const char *name, uint64_t *value)
     }
     mdb_txn_abort(txn);
     return idx_status(rc);
+}
+
+void
+idx_warm(struct idx *x)
+{
+    size_t len = 1 << 20;
+    uint8_t *buf;
+    struct stat st;
+    off_t off = 0;
+    int fd;
+
+    if (mdb_env_get_fd(x->env, &fd) != 0 || fstat(fd, &st) != 0) {
+        return;
+    }
+    buf = malloc(len);
+    if (buf == NULL) {
+        return;
+    }
+    (void)posix_fadvise(fd, 0, st.st_size, POSIX_FADV_SEQUENTIAL);
+    while (off < st.st_size) {
+        ssize_t n = pread(fd, buf, len, off);
+
+        if (n <= 0) {
+            if (n < 0 && errno == EINTR) {
+                continue;
+            }
+            break;
+        }
+        off += n;
+    }
+    free(buf);
 }
 
 /* idx_scan_begin: a read transaction and a cursor on dbi for a scan. 0 or a status. */

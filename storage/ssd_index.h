@@ -111,6 +111,14 @@ typedef int idx_obj_fn(void *arg, uint32_t tenant, const uint8_t *key, uint32_t 
 typedef int idx_bucket_fn(void *arg, const struct idx_bucket *b);
 
 /*
+ * idx_warm: read the index file once from start to end, so that a full
+ * scan that follows (start-up) finds it in the page cache instead of
+ * faulting it in a page at a time (the map is opened MDB_NORDAHEAD, right
+ * for lookups, slow for a cold scan). Best effort; blocks for the read.
+ */
+void idx_warm(struct idx *x);
+
+/*
  * idx_scan_objects: call fn for every object entry (in key order), from
  * one read transaction. Returns 0 or the first non-zero fn result.
  * fn must not call other idx functions.
