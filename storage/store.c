@@ -462,28 +462,38 @@ store_must_offload_locked(struct store *s, const struct store_obj *o)
  * store_candidate_locked: the next object eviction should take from one
  * list, or NULL. From the tail up, a referenced object gets its second
  * chance (to the head, mark cleared) and a busy one (read in flight, leased)
- * goes to the head untouched, so later looks start past it. Bounded: after
- * STORE_EVICT_SCAN busy objects the look gives up, and after
- * STORE_EVICT_PROMOTE second chances (a list that is all hot) the next
- * evictable object is taken, referenced or not.
+ * goes to the head untouched, so later looks start past it. An object on its
+ * way to the SSD (queued, and in on-evict mode queued here) stays where it
+ * is: it is old and may go as soon as it is written, so the look only steps
+ * past it. Bounded: after STORE_EVICT_SCAN busy objects the look gives up,
+ * and after STORE_EVICT_PROMOTE second chances (a list that is all hot) the
+ * next evictable object is taken, referenced or not.
  */
 static struct store_obj *
 store_candidate_locked(struct store *s, struct store_shard *sh, int cls, uint64_t now)
 {
     struct store_list *l = &sh->lru[cls];
+    struct store_obj *o = l->tail;
     int busy = 0;
     int promoted = 0;
 
-    while (l->tail != NULL) {
-        struct store_obj *o = l->tail;
+    while (o != NULL) {
+        struct store_obj *prev = o->lru_prev;
+        int evictable = store_evictable_locked(o, now);
 
-        if (store_evictable_locked(o, now) && store_must_offload_locked(s, o)) {
-            /* Written first, freed by a later look; busy until the tier is done. */
-            store_queue_locked(s, o);
+        if (evictable && store_must_offload_locked(s, o)) {
+            store_queue_locked(s, o);   /* written first, freed by a later look */
+            evictable = 0;
+        }
+        if (!evictable
+            && atomic_load_explicit(&o->ssd, memory_order_relaxed) == STORE_SSD_QUEUED) {
             if (++busy > STORE_EVICT_SCAN) {
                 return NULL;
             }
-        } else if (store_evictable_locked(o, now)) {
+            o = prev;
+            continue;
+        }
+        if (evictable) {
             if (!o->referenced || promoted == STORE_EVICT_PROMOTE) {
                 return o;
             }
@@ -493,11 +503,12 @@ store_candidate_locked(struct store *s, struct store_shard *sh, int cls, uint64_
             return NULL;
         }
         if (o == l->head) {
-            /* A one-object list: moving it changes nothing. */
-            return o->referenced || !store_evictable_locked(o, now) ? NULL : o;
+            /* Nothing left to move past. */
+            return o->referenced || !evictable ? NULL : o;
         }
         store_list_unlink(l, o);
         store_list_push_head(l, o);
+        o = prev;
     }
     return NULL;
 }
@@ -647,14 +658,29 @@ store_take_pages(struct store *s, uint64_t npages, struct alloc_extent *ext, int
     uint64_t low = atomic_load_explicit(&s->low_pages, memory_order_relaxed);
     uint64_t high = atomic_load_explicit(&s->high_pages, memory_order_relaxed);
     uint64_t target = low > npages ? low - npages : 0;
+    uint64_t progress;
     uint64_t used;
+    bool stuck;
 
     *n = 0;
     if (npages == 0) {
         return 0;
     }
-    if (alloc_used_pages(s->alloc) + npages > high) {
+    /*
+     * An eviction that came up short while objects were on their way to the
+     * SSD cannot do better until the tier reports one (everything evictable
+     * is queued): skip the scans till then, or every put of a burst would
+     * walk all the shards for nothing.
+     */
+    progress = atomic_load_explicit(&s->tier_progress, memory_order_acquire);
+    stuck = atomic_load_explicit(&s->evict_stuck, memory_order_relaxed) == progress + 1;
+    if (!stuck && alloc_used_pages(s->alloc) + npages > high) {
         (void)store_evict(s, target * STORE_PAGE_SIZE);
+        if (alloc_used_pages(s->alloc) > target
+            && atomic_load_explicit(&s->offloading, memory_order_relaxed) != 0) {
+            /* Short of the low watermark for want of written objects: wait for the tier. */
+            atomic_store_explicit(&s->evict_stuck, progress + 1, memory_order_relaxed);
+        }
     }
     if (alloc_take(s->alloc, npages, ext, max, n) == 0) {
         return 0;
@@ -664,11 +690,14 @@ store_take_pages(struct store *s, uint64_t npages, struct alloc_extent *ext, int
         /* Below the watermark yet refused: free at least this request's worth more. */
         target = used > npages ? used - npages : 0;
     }
-    if (store_evict(s, target * STORE_PAGE_SIZE) == 0
+    if (stuck || store_evict(s, target * STORE_PAGE_SIZE) == 0
         || alloc_take(s->alloc, npages, ext, max, n) != 0) {
         /* Objects on their way to the SSD free their pages when written. */
-        return atomic_load_explicit(&s->offloading, memory_order_relaxed) != 0 ? -EAGAIN
-                                                                                : KV_NO_SPACE;
+        if (atomic_load_explicit(&s->offloading, memory_order_relaxed) != 0) {
+            atomic_store_explicit(&s->evict_stuck, progress + 1, memory_order_relaxed);
+            return -EAGAIN;
+        }
+        return KV_NO_SPACE;
     }
     return 0;
 }

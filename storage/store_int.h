@@ -134,6 +134,9 @@ struct store {
     _Atomic uint64_t no_space;
     _Atomic uint64_t metadata_bytes;
     _Atomic uint64_t offloading;    /* objects handed to the tier's offload, not back yet */
+    _Atomic uint64_t tier_progress; /* bumped by every tier report and mode change */
+    _Atomic uint64_t evict_stuck;   /* tier_progress + 1 when eviction last came up short
+                                       waiting for the tier (see store_take_pages); else 0 */
     struct store_tier tier;         /* hooks; valid when has_tier */
     bool has_tier;
     _Atomic bool write_through;

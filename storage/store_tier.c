@@ -41,12 +41,14 @@ store_tier_flags(struct store *s, bool write_through, bool on_evict, bool promot
     atomic_store(&s->write_through, write_through);
     atomic_store(&s->on_evict, on_evict);
     atomic_store(&s->promote, promote);
+    atomic_fetch_add_explicit(&s->tier_progress, 1, memory_order_release);
 }
 
 void
 store_tier_degraded(struct store *s, bool degraded)
 {
     atomic_store(&s->degraded, degraded);
+    atomic_fetch_add_explicit(&s->tier_progress, 1, memory_order_release);
 }
 
 void
@@ -89,6 +91,7 @@ store_obj_stored(struct store *s, struct store_obj *o, const struct store_loc *l
 
     pthread_mutex_lock(&sh->lock);
     atomic_fetch_sub_explicit(&s->offloading, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&s->tier_progress, 1, memory_order_release);
     if (o->state != STORE_OBJ_PUBLISHED) {
         atomic_store_explicit(&o->ssd, STORE_SSD_NONE, memory_order_release);
         rc = KV_NOT_FOUND;
@@ -109,6 +112,7 @@ store_obj_store_failed(struct store *s, struct store_obj *o)
 
     pthread_mutex_lock(&sh->lock);
     atomic_fetch_sub_explicit(&s->offloading, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&s->tier_progress, 1, memory_order_release);
     /*
      * The reference goes in the same breath as the state changes, so whoever
      * sees FAILED (a durable put taking its object back) finds no tier holder.
