@@ -1061,3 +1061,34 @@ Test(store_tier, loaded_object_with_promote_is_not_evicted_first)
     cr_assert_neq(gone, UINT64_MAX);
     cr_assert_neq(gone, 100, "a loaded object (promote on) was evicted first");
 }
+
+/*
+ * Write-through fills DRAM with objects queued for the SSD: a put then
+ * waits (-EAGAIN). Once the oldest is written, the next put takes exactly
+ * its pages: objects on their way to the SSD keep their place at the LRU
+ * tail, so the first one written is the first one found.
+ */
+Test(store_tier, the_first_object_written_is_the_first_evicted)
+{
+    struct store *s = t_store(1 * MiB, 1.0, 1.0);
+    struct t_tier *t = t_tier_attach(s, true, false, true);
+    uint64_t obj = 64 * KiB;
+
+    for (uint64_t id = 0; id < 16; id++) {
+        cr_assert_eq(t_put(s, id, obj), 0, "put %llu", (unsigned long long)id);
+    }
+    cr_assert_eq(t_pending_offloads(t), 16);
+    cr_assert_eq(t_put(s, 100, obj), -EAGAIN, "room while every object waits for the SSD");
+
+    cr_assert_eq(t_write(s, t_next_offload(t)), 0);     /* object 0, the oldest */
+    cr_assert_eq(t_put(s, 100, obj), 0);
+    cr_assert_eq(t_stats(s).evictions, 1);
+    cr_assert_eq(t_check(s, 0, obj), -EAGAIN, "object 0 should have left DRAM (its load starts)");
+    for (uint64_t id = 1; id < 16; id++) {
+        cr_assert_eq(t_check(s, id, obj), 1, "object %llu should still be in DRAM",
+                     (unsigned long long)id);
+    }
+    cr_assert_eq(t_check(s, 100, obj), 1);
+    t_tier_detach(s, t);
+    store_destroy(s);
+}
