@@ -10,7 +10,8 @@
 # installed; a peer that is missing or fails is reported and skipped. Every
 # command is printed before it runs; every loop and every command is bounded.
 # Last, the SSD section (tests/bench/ssd.sh): fio and kvstashd's SSD tier on one
-# directory of the same disk, sequential 1 MiB writes and reads.
+# directory of the same disk, sequential 1 MiB writes and reads, DRAM probes under SSD
+# reads, and restarts with a million objects on the SSD.
 # Exits non-zero only if kvstashd dies or a kvstash-bench run fails.
 #
 # Environment: KVSTASHD, BENCH, MCBENCH (binaries; set by make bench),
@@ -547,7 +548,8 @@ kvd_alive || kvd_died
 
 # ---- SSD tier ----
 # The DRAM daemon is done: stopped, so the SSD section has the machine to itself. ssd.sh
-# bounds its own runs (it starts none after 240 s); the timeout is the last resort.
+# bounds its own runs (it starts none after 360 s; its restart test's fill of a million
+# objects is bounded at 660 + 300 s); the timeout is the last resort.
 ssd_rc=0
 if [ "${BENCH_SSD:-1}" != 0 ]; then
     kill "$kvd_pid" 2>/dev/null
@@ -555,7 +557,7 @@ if [ "${BENCH_SSD:-1}" != 0 ]; then
     kvd_pid=""
     echo
     KVSTASHD="$KVSTASHD" BENCH="$BENCH" KVSTASH_CLI="$KVSTASH_CLI" BENCH_REPS="$REPS" \
-        timeout 900 "$here/ssd.sh" || ssd_rc=$?
+        timeout 1800 "$here/ssd.sh" || ssd_rc=$?
 else
     echo
     echo "== SSD tier: skipped (BENCH_SSD=0)"

@@ -19,15 +19,17 @@
 #            second kvstash-bench batch_gets the 1 MiB objects from the SSD; p50/p99 of both;
 # and once, after those runs:
 #   restart: a fresh daemon takes BENCH_SSD_RESTART_OBJECTS distinct 64-byte objects
-#            (kvstash-bench batch_put of 1000; each takes 8 KiB of disk: a 4 KiB header block
-#            and the value padded to 4 KiB), written and indexed (ssd_writes == N, empty
+#            (each takes 8 KiB of disk: a 4 KiB header block and the value padded to 4 KiB)
+#            from ssd_keys.py (batch_put of 1000, 4 in flight, 77-byte KV-cache-style keys
+#            in hash order; BENCH_SSD_RESTART_KEYS=short, or no python3-msgpack: kvstash-bench
+#            and its 25-byte counter keys), written and indexed (ssd_writes == N, empty
 #            queue), then kill -9; then BENCH_REPS times: restarted with the page cache
-#            dropped (cold; root only) and once more right after (warm, the index file still
-#            cached), each ended by kill -9: time from exec to the first answered ping,
-#            ssd_start_ms and ssd_start_objects (must be N), and after the cold start every
-#            key probed (batch_is_exist), the first 1000 values and a few keys spread over
-#            the range read back and compared. Scaled down, with a note, when the disk has
-#            not room for twice the data.
+#            dropped (cold, as after a reboot; root only) and once more right after (warm,
+#            the index file still cached, as after a crash), each ended by kill -9: time
+#            from exec to the first answered ping, ssd_start_ms and ssd_start_objects (must
+#            be N), and after the cold start every key probed (batch_is_exist), the first
+#            1000 values and 8 keys spread over the range read back and compared. Scaled
+#            down, with a note, when the disk has not room for twice the data.
 # Every command is printed before it runs; every loop and command is bounded, and the whole
 # section stops starting new runs after BENCH_SSD_BUDGET seconds. fio's files and the
 # daemon's data are removed after each run. Exits non-zero only if kvstashd dies or fails
@@ -39,6 +41,7 @@
 # BENCH_SSD_BUDGET (360), BENCH_SSD_CONNS (2), BENCH_SSD_DEPTH (4), BENCH_SSD_BATCH (8),
 # BENCH_SSD_EXISTS_SECS (5; 0 skips the probes under SSD reads), BENCH_SSD_RESTART_OBJECTS
 # (1000000; 0 skips the restart test; a multiple of 1000 from 1000 up),
+# BENCH_SSD_RESTART_KEYS (long: ssd_keys.py's 77-byte keys; short: kvstash-bench's 25-byte),
 # BENCH_SSD_DAEMON_ARGS (extra kvstashd flags, e.g. --ssd_io_threads=4).
 set -u -o pipefail
 
@@ -56,6 +59,7 @@ DEPTH=${BENCH_SSD_DEPTH:-4}
 BATCH=${BENCH_SSD_BATCH:-8}
 EXSECS=${BENCH_SSD_EXISTS_SECS:-5}
 RN=${BENCH_SSD_RESTART_OBJECTS:-1000000}
+RKEYS=${BENCH_SSD_RESTART_KEYS:-long}
 read -r -a EXTRA <<<"${BENCH_SSD_DAEMON_ARGS:-}"
 PY=/usr/bin/python3
 MIB=1048576
@@ -78,6 +82,10 @@ done
 if [ $(( RN % 1000 )) != 0 ]; then
     die "BENCH_SSD_RESTART_OBJECTS must be 0 or a multiple of 1000"
 fi
+case "$RKEYS" in
+    long|short) ;;
+    *) die "BENCH_SSD_RESTART_KEYS must be long or short" ;;
+esac
 N=$(( GIB * 1024 ))                     # objects of 1 MiB per run
 per_conn=$(( N / CONNS ))
 if [ $(( N % CONNS )) != 0 ] || [ $(( per_conn % BATCH )) != 0 ]; then
@@ -461,24 +469,58 @@ done
 
 # ---- restart: RN tiny objects on the SSD, kill -9, restarted BENCH_REPS times ----
 rs_c_up=() rs_c_ms=() rs_w_up=() rs_w_ms=() rs_objs=()
-rs_n=$RN rs_note="" rs_fill="" rs_checks="" rs_state=""
+rs_n=$RN rs_note="" rs_fill="" rs_checks="" rs_state="" rs_b=1000
+rs_keys=$RKEYS
 can_drop=0
 if [ -w /proc/sys/vm/drop_caches ]; then
     can_drop=1
 fi
+if [ "$rs_keys" = long ] && ! "$PY" -c 'import msgpack' 2>/dev/null; then
+    rs_note="no $PY with msgpack for ssd_keys.py: kvstash-bench's 25-byte keys instead"
+    rs_keys=short
+fi
+if [ "$rs_keys" = long ]; then
+    rs_what="77-byte keys in hash order (ssd_keys.py)"
+else
+    rs_what="kvstash-bench's 25-byte keys in counter order"
+fi
 # rs_key I: the key kvstash-bench -i rst -c 1 gave its I-th put.
 rs_key() { printf 'kb00000rst-000-%010d' "$1"; }
+# proc_cpu PID: its user + system CPU seconds.
+proc_cpu() {
+    awk -v hz="$(getconf CLK_TCK)" '{ sub(/.*\) /, ""); printf "%.1f", ($12 + $13) / hz }' \
+        "/proc/$1/stat" 2>/dev/null
+}
 
-# rs_check: every key probed, the first batch and a few keys across the range read back and
-# compared with kvstash-bench's value pattern. Prints what it found; fails on any difference.
+# rs_check: every key probed; the first 1000 values and 8 keys across the range read back
+# and compared with what was put. Prints what it found; fails on any difference.
 rs_check() {
-    local out rc miss i k bad=0 spots=()
+    local out rc miss i k bad=0 spots
+    spots=($(( rs_n / 2 )) $(( rs_n - 1 )))
+    for _ in 1 2 3 4 5 6; do
+        spots+=($(( (RANDOM * 32768 + RANDOM) % rs_n )))
+    done
+    if [ "$rs_keys" = long ]; then
+        out=$(timeout 120 "$PY" "$here/ssd_keys.py" "127.0.0.1:$port" exists "$rs_n" 2>&1)
+        rc=$?
+        kvd_alive || kvd_died
+        echo "   restart check: $out"
+        [ "$rc" = 0 ] || bad=1
+        # shellcheck disable=SC2046  # the indexes 0..rs_b-1, one word each
+        out=$(timeout 120 "$PY" "$here/ssd_keys.py" "127.0.0.1:$port" get "$rs_n" \
+              $(seq 0 $(( rs_b - 1 ))) "${spots[@]}" 2>&1)
+        rc=$?
+        kvd_alive || kvd_died
+        echo "   restart check: keys 0-$(( rs_b - 1 )) and ${spots[*]}: $out"
+        [ "$rc" = 0 ] || bad=1
+        return "$bad"
+    fi
     out=$(timeout 120 "$BENCH" -H "127.0.0.1:$port" -m exists -b "$rs_b" -c 1 -d 4 \
           -n $(( rs_n / rs_b )) -k "$rs_n" -N -i rst -q 2>"$dir/bench.err")
     rc=$?
     kvd_alive || { cat "$dir/bench.err" >&2; kvd_died; }
     miss=$(field misses "$out")
-    if [ "$rc" -ne 0 ] || [ -z "$out" ] || [ "$(field keys/s "$out")" = "" ]; then
+    if [ "$rc" -ne 0 ] || [ -z "$out" ]; then
         echo "   restart check: batch_is_exist sweep FAILED (exit $rc): $(tr '\n' ' ' <"$dir/bench.err")"
         return 1
     fi
@@ -493,10 +535,6 @@ rs_check() {
              "$(tr '\n' ' ' <"$dir/bench.err") $(cat "$dir/get1.out")"
         bad=1
     fi
-    spots=($(( rs_n / 2 )) $(( rs_n - 1 )))
-    for _ in 1 2 3 4 5 6; do
-        spots+=($(( (RANDOM * 32768 + RANDOM) % rs_n )))
-    done
     for i in "${spots[@]}"; do
         k=$(rs_key "$i")
         if [ "$("$KVSTASH_CLI" -H "127.0.0.1:$port" -t 5000 exists "$k" 2>/dev/null)" != "$k 1" ]; then
@@ -511,31 +549,34 @@ rs_check() {
         fi
     done
     echo "   restart check: batch_is_exist of all $rs_n keys: $miss missing;" \
-         "get of keys 0-$(( rs_b - 1 )) and ${spots[*]}: $([ "$bad" = 0 ] && echo "all byte-exact" || echo "DIFFERENCES")"
+         "get of keys 0-$(( rs_b - 1 )) and ${spots[*]}:" \
+         "$([ "$bad" = 0 ] && echo "all byte-exact" || echo "DIFFERENCES")"
     return "$bad"
 }
 
 echo
-echo "-- restart: $rs_n objects of 64 B, kill -9, restarted"
+echo "-- restart: $rs_n objects of 64 B under $rs_what, kill -9, restarted"
+[ -z "$rs_note" ] || echo "   NOTE: $rs_note"
 if [ "$rs_n" = 0 ]; then
     rs_state="skipped (BENCH_SSD_RESTART_OBJECTS=0)"
 elif [ $(( SECONDS - t_section )) -ge "$BUDGET" ]; then
     rs_state="skipped, the section is past its ${BUDGET}s budget"
 else
-    # each object: 8 KiB of bucket file and about 200 bytes of index; room for twice that
+    # each object: 8 KiB of bucket file and up to about 350 bytes of index; room for twice that
     avail_kb=$(df -Pk "$dir" | awk 'NR == 2 { print $4 }')
     fit=$(( ${avail_kb:-0} / 17 / 1000 * 1000 ))
     if [ "$fit" -lt "$rs_n" ]; then
-        rs_note="scaled down from $rs_n: $dir has ${avail_kb:-?} KiB free, room for twice the data of $fit"
-        echo "   NOTE: $rs_note"
+        rs_note+="${rs_note:+; }scaled down from $rs_n objects: $dir has ${avail_kb:-?} KiB free,"
+        rs_note+=" room for twice the data of $fit"
+        echo "   NOTE: scaled down from $rs_n objects to $fit: $dir has ${avail_kb:-?} KiB free" \
+             "and each object takes 8 KiB of disk (twice that is asked for)"
         rs_n=$fit
     fi
-fi
-if [ -z "$rs_state" ] && [ "$rs_n" -lt 1000 ]; then
-    rs_state="skipped: not enough free disk for 1000 objects"
+    if [ "$rs_n" -lt 1000 ]; then
+        rs_state="skipped: not enough free disk for 1000 objects"
+    fi
 fi
 if [ -z "$rs_state" ]; then
-    rs_b=1000
     pat=""
     for i in $(seq 0 63); do
         pat+=$(printf '\\%03o' $(( (i * 131 + (i >> 12) + 7) & 255 )))
@@ -548,17 +589,23 @@ if [ -z "$rs_state" ]; then
     rm -rf "$kvroot"
     drop_caches
     kvd_start
-    fill_args=(-H "127.0.0.1:$port" -m put -s 64 -b "$rs_b" -c 1 -d 4 -n $(( rs_n / rs_b ))
-               -t 600 -i rst -p "$kvd_pid" -q)
-    show "$BENCH" "${fill_args[@]}"
+    if [ "$rs_keys" = long ]; then
+        fill=("$PY" "$here/ssd_keys.py" "127.0.0.1:$port" put "$rs_n" 64)
+    else
+        fill=("$BENCH" -H "127.0.0.1:$port" -m put -s 64 -b "$rs_b" -c 1 -d 4
+              -n $(( rs_n / rs_b )) -t 600 -i rst -q)
+    fi
+    show "${fill[@]}"
     echo "   (then stats every 200 ms until ssd_writes == $rs_n and ssd_offload_queue == 0; then kill -9)"
+    cpu0=$(proc_cpu "$kvd_pid")
     t0=$(now_ns)
-    out=$(timeout 660 "$BENCH" "${fill_args[@]}" 2>"$dir/bench.err")
+    out=$(timeout 660 "${fill[@]}" 2>"$dir/bench.err")
     rc=$?
+    t_put=$(( ($(now_ns) - t0) / 1000000 ))
     kvd_alive || { cat "$dir/bench.err" >&2; kvd_died; }
     objs=$(stat_of objects "$(stats)")
-    if [ "$rc" -ne 0 ] || [ "$(field errors "$out")" != 0 ] || [ "${objs:-0}" -lt "$rs_n" ]; then
-        rs_state="FAILED: the fill did not put $rs_n objects (exit $rc, ${objs:-?} objects):"
+    if [ "$rc" -ne 0 ] || [ "${objs:-0}" -lt "$rs_n" ]; then
+        rs_state="FAILED: the fill did not put $rs_n objects in 660 s (exit $rc, ${objs:-?} objects):"
         rs_state+=" $(tr '\n' ' ' <"$dir/bench.err") $out"
         failures=$(( failures + 1 ))
     else
@@ -584,9 +631,12 @@ if [ -z "$rs_state" ]; then
     fi
     if [ -z "$rs_state" ]; then
         rs_fill=$(( (t1 - t0) / 1000000000 ))
-        echo "   filled: $rs_n objects put in $(field secs "$out") s ($(field keys/s "$out") keys/s," \
-             "daemon CPU $(field daemon_cpu_s "$out") s), all written and indexed after $rs_fill s;" \
-             "$(du -sk "$kvroot/ssd" | awk '{ print $1 }') KiB on disk," \
+        cpu1=$(proc_cpu "$kvd_pid")
+        echo "   filled: $rs_n objects put in $(( t_put / 1000 )).$(printf '%03d' $(( t_put % 1000 ))) s," \
+             "all written and indexed after $rs_fill s (daemon CPU" \
+             "$(awk -v a="$cpu0" -v b="$cpu1" 'BEGIN { printf "%.1f", b - a }') s);" \
+             "$(du -sk "$kvroot/ssd" | awk '{ print $1 }') KiB on disk, of which index" \
+             "$(du -sk "$kvroot/ssd/index" | awk '{ print $1 }') KiB;" \
              "$(stat_of ssd_buckets "$s") buckets, $(stat_of ssd_syncs "$s") group commits"
         if [ "$rs_fill" -gt 180 ]; then
             echo "   note: the fill took more than 3 minutes"
@@ -612,7 +662,10 @@ if [ -z "$rs_state" ]; then
                      "ssd_start_ms $(stat_of ssd_start_ms "$s"), ssd_start_objects" \
                      "$(stat_of ssd_start_objects "$s"), objects $(stat_of objects "$s")," \
                      "dram_objects $(stat_of dram_objects "$s")"
-                if [ "$rep" = 1 ]; then
+                if [ "$rep" = 1 ] && [ "$rs_keys" = long ]; then
+                    show "$PY" "$here/ssd_keys.py" "127.0.0.1:$port" exists "$rs_n"
+                    echo "\$ $PY $here/ssd_keys.py 127.0.0.1:$port get $rs_n 0 1 ... $(( rs_b - 1 )) (8 more)"
+                elif [ "$rep" = 1 ]; then
                     show "$BENCH" -H "127.0.0.1:$port" -m exists -b "$rs_b" -c 1 -d 4 \
                         -n $(( rs_n / rs_b )) -k "$rs_n" -N -i rst -q
                     show "$BENCH" -H "127.0.0.1:$port" -m get -s 64 -b "$rs_b" -c 1 -d 1 -n 1 \
@@ -641,8 +694,11 @@ if [ -z "$rs_state" ]; then
                 rs_checks=FAILED
             fi
         done
-        [ "$rs_checks" = FAILED ] && failures=$(( failures + 1 ))
-        [ -n "$rs_checks" ] || rs_checks="all $rs_n indexed at every start, every key found, the values read back byte-exact"
+        if [ "$rs_checks" = FAILED ]; then
+            failures=$(( failures + 1 ))
+        else
+            rs_checks="all $rs_n indexed at every start, every key found, the values read back byte-exact"
+        fi
     fi
     kvd_kill9
     rm -rf "$kvroot"
@@ -689,7 +745,7 @@ fi
 if [ -n "$rs_state" ]; then
     echo "restart: $rs_state"
 else
-    echo "restart with $rs_n objects of 64 B (25-byte keys) on the SSD, kill -9, median of" \
+    echo "restart with $rs_n objects of 64 B under $rs_what on the SSD, kill -9, median of" \
          "${#rs_w_up[@]} restarts${rs_note:+ ($rs_note)}:"
     if [ "${#rs_c_up[@]}" -gt 0 ]; then
         echo "  page cache dropped: exec to ping $(median "${rs_c_up[@]}") ms" \
