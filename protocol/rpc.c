@@ -10,7 +10,7 @@
  * This module never touches sockets or the event loop, and reaches objects
  * only through storage/store.h.
  */
-#include "rpc.h"
+#include "rpc_int.h"
 
 #include <errno.h>
 #include <msgpack.h>
@@ -18,13 +18,15 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kverr.h"
 #include "mp.h"
 #include "outq.h"
+#include "shmbuf.h"
 #include "store.h"
 
-#define RPC_STATS_MAX 96
+#define RPC_STATS_MAX 160
 #define RPC_EXISTS_BLOCK 64
 
 static const char *const rpc_names[RPC_METHOD_COUNT] = {
@@ -45,28 +47,12 @@ static const char *const rpc_names[RPC_METHOD_COUNT] = {
     [RPC_PIN] = "pin",
     [RPC_UNPIN] = "unpin",
     [RPC_STATS] = "stats",
+    [RPC_REGISTER_BUFFER] = "register_buffer",
+    [RPC_UNREGISTER_BUFFER] = "unregister_buffer",
+    [RPC_BATCH_PUT_FROM] = "batch_put_from",
+    [RPC_BATCH_GET_INTO] = "batch_get_into",
 };
 
-/* One request being handled. */
-struct rpc_req {
-    struct rpc_ctx *ctx;
-    struct mp_reader rd;        /* positioned at the first param */
-    uint32_t nparams;
-    uint64_t msgid;
-    msgpack_packer pk;
-    struct outq *out;
-    const char *errmsg;         /* optional text for a request-level error */
-};
-
-typedef int rpc_handler_fn(struct rpc_req *rq);
-
-static inline void
-ctr_add(_Atomic uint64_t *c, uint64_t n)
-{
-    /* single writer: a plain load/store pair, no locked instruction */
-    atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + n,
-                          memory_order_relaxed);
-}
 
 const char *
 rpc_method_name(int method)
@@ -90,7 +76,7 @@ rpc_method_lookup(const char *name, uint32_t len)
 
 /* ---- reply helpers ---- */
 
-static void
+void
 rpc_reply_head(struct rpc_req *rq)
 {
     msgpack_pack_array(&rq->pk, 4);
@@ -99,7 +85,7 @@ rpc_reply_head(struct rpc_req *rq)
     msgpack_pack_nil(&rq->pk);
 }
 
-static void
+void
 rpc_reply_error(struct rpc_req *rq, int status, const char *msg)
 {
     msgpack_pack_array(&rq->pk, 4);
@@ -109,7 +95,7 @@ rpc_reply_error(struct rpc_req *rq, int status, const char *msg)
     msgpack_pack_nil(&rq->pk);
 }
 
-static int
+int
 rpc_invalid(struct rpc_req *rq, const char *why)
 {
     rq->errmsg = why;
@@ -124,7 +110,7 @@ rpc_invalid(struct rpc_req *rq, const char *why)
  * with a length of UINT32_MAX, so every method answers it per key exactly as
  * it answers any other key over max_key_size.
  */
-static int
+int
 rpc_read_key(struct mp_reader *rd, const uint8_t **p, uint32_t *len)
 {
     const struct mp_hole *hole;
@@ -139,7 +125,7 @@ rpc_read_key(struct mp_reader *rd, const uint8_t **p, uint32_t *len)
     return 0;
 }
 
-static void
+void
 rpc_key(struct rpc_req *rq, const uint8_t *p, uint32_t len, struct kv_key *k)
 {
     k->tenant = rq->ctx->tenant;
@@ -152,7 +138,7 @@ rpc_key(struct rpc_req *rq, const uint8_t *p, uint32_t len, struct kv_key *k)
  * reader on the first key and return the count through *n. A key over
  * max_key_size is not an error here: each method answers it per key.
  */
-static int
+int
 rpc_keys_check(struct rpc_req *rq, uint32_t *n)
 {
     struct mp_reader probe;
@@ -175,14 +161,8 @@ rpc_keys_check(struct rpc_req *rq, uint32_t *n)
     return 0;
 }
 
-/* Read an optional trailing opts map: force and group_size are the keys known now. */
-struct rpc_opts {
-    bool force;
-    bool durable;
-    uint64_t group_size;
-};
 
-static int
+int
 rpc_opts_read(struct rpc_req *rq, uint32_t idx, struct rpc_opts *o)
 {
     uint32_t n;
@@ -216,6 +196,11 @@ rpc_opts_read(struct rpc_req *rq, uint32_t idx, struct rpc_opts *o)
             if (mp_read_bool(&rq->rd, &o->durable) != 0) {
                 return rpc_invalid(rq, "opts.durable must be a bool");
             }
+        } else if (mp_str_eq(name, nlen, "size")) {
+            if (mp_read_uint(&rq->rd, &o->size) != 0) {
+                return rpc_invalid(rq, "opts.size must be an unsigned integer");
+            }
+            o->has_size = true;
         } else if (mp_str_eq(name, nlen, "group_size")) {
             if (mp_read_uint(&rq->rd, &o->group_size) != 0 || o->group_size == 0) {
                 return rpc_invalid(rq, "opts.group_size must be a positive integer");
@@ -227,7 +212,7 @@ rpc_opts_read(struct rpc_req *rq, uint32_t idx, struct rpc_opts *o)
     return 0;
 }
 
-static int
+int
 rpc_arity(struct rpc_req *rq, uint32_t min, uint32_t max)
 {
     if (rq->nparams < min || rq->nparams > max) {
@@ -401,12 +386,21 @@ rpc_deferred_track(struct rpc_req *rq, struct rpc_deferred *d, uint32_t i, const
     d->objs[i] = o;
 }
 
+bool
+rpc_pending(const struct rpc_ctx *ctx)
+{
+    return ctx->deferred != NULL || ctx->xfer != NULL;
+}
+
 int
 rpc_deferred_poll(struct rpc_ctx *ctx, struct outq *out)
 {
     struct rpc_deferred *d = ctx->deferred;
     msgpack_packer pk;
 
+    if (ctx->xfer != NULL) {
+        return rpc_xfer_poll(ctx, out);
+    }
     if (d == NULL) {
         return 0;
     }
@@ -450,12 +444,19 @@ rpc_deferred_poll(struct rpc_ctx *ctx, struct outq *out)
 }
 
 void
-rpc_deferred_drop(struct rpc_ctx *ctx)
+rpc_ctx_release(struct rpc_ctx *ctx)
 {
     rpc_deferred_free(ctx, ctx->deferred);
     ctx->deferred = NULL;
     rpc_deferred_free(ctx, ctx->resume);
     ctx->resume = NULL;
+    rpc_xfer_release(ctx);
+    shmbuf_set_destroy(ctx->bufs);
+    ctx->bufs = NULL;
+    for (int i = 0; i < ctx->nfds; i++) {
+        close(ctx->fds[i]);
+    }
+    ctx->nfds = 0;
 }
 
 static int
@@ -632,7 +633,7 @@ rpc_batch_put(struct rpc_req *rq)
  * tier only: their loads have started (all of them at once), nothing is
  * held, and the connection retries the message once they are in.
  */
-static int
+int
 rpc_get_refs(struct rpc_req *rq, struct mp_reader keys, uint32_t n, struct store_obj **objs)
 {
     struct store *st = rq->ctx->srv->store;
@@ -1125,6 +1126,10 @@ static rpc_handler_fn *const rpc_handlers[RPC_METHOD_COUNT] = {
     [RPC_PIN] = rpc_pin,
     [RPC_UNPIN] = rpc_unpin,
     [RPC_STATS] = rpc_stats,
+    [RPC_REGISTER_BUFFER] = rpc_register_buffer,
+    [RPC_UNREGISTER_BUFFER] = rpc_unregister_buffer,
+    [RPC_BATCH_PUT_FROM] = rpc_batch_put_from,
+    [RPC_BATCH_GET_INTO] = rpc_batch_get_into,
 };
 
 /* ---- dispatch ---- */

@@ -20,9 +20,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+struct copier;
 struct mp_hole;
 struct outq;
 struct rpc_deferred;
+struct rpc_xfer;
+struct shmbuf_set;
+
+#define RPC_MAX_FDS 8               /* descriptors a connection may hold unclaimed */
 struct store;
 struct store_obj;
 
@@ -30,6 +35,7 @@ enum rpc_method {
     RPC_PING, RPC_HELLO, RPC_PUT, RPC_BATCH_PUT, RPC_GET, RPC_BATCH_GET, RPC_IS_EXIST,
     RPC_BATCH_IS_EXIST, RPC_PREFIX_MATCH, RPC_GET_SIZE, RPC_BATCH_GET_SIZE, RPC_REMOVE,
     RPC_BATCH_REMOVE, RPC_REMOVE_ALL, RPC_PIN, RPC_UNPIN, RPC_STATS,
+    RPC_REGISTER_BUFFER, RPC_UNREGISTER_BUFFER, RPC_BATCH_PUT_FROM, RPC_BATCH_GET_INTO,
     RPC_METHOD_COUNT
 };
 
@@ -66,6 +72,7 @@ struct rpc_server {
     int ntransports;
     rpc_stats_fn *stats_fn;
     void *stats_arg;
+    struct copier *copier;          /* copy threads of the shared-memory transfers */
 };
 
 struct rpc_ctx {
@@ -76,6 +83,11 @@ struct rpc_ctx {
     bool final_try;                  /* answer now: SSD loads and room no longer waited for */
     struct rpc_deferred *deferred;   /* a reply waiting for durable puts (rpc_deferred_poll) */
     struct rpc_deferred *resume;     /* a batch_put waiting for room: what it did so far */
+    struct rpc_xfer *xfer;           /* a transfer the copy threads run for the last request */
+    bool is_unix;                    /* the Unix socket: shared-memory buffers allowed */
+    int fds[RPC_MAX_FDS];            /* descriptors received and not claimed, oldest first */
+    int nfds;
+    struct shmbuf_set *bufs;         /* buffers this connection registered (made on demand) */
 };
 
 /* A put value received straight into the store: its reservation, or why none. */
@@ -133,15 +145,23 @@ int rpc_dispatch(struct rpc_ctx *ctx, const uint8_t *msg, size_t len, const stru
                  size_t nholes, struct outq *out);
 
 /*
- * After rpc_dispatch, ctx->deferred set means the request's reply waits for
- * durable puts to reach the SSD: the connection answers nothing else (replies
- * stay in order) and calls rpc_deferred_poll when the tier reports progress.
+ * After rpc_dispatch, rpc_pending(ctx) true means the request's reply waits:
+ * for durable puts to reach the SSD, or for the copy threads. The connection
+ * answers nothing else meanwhile (replies stay in order) and calls
+ * rpc_deferred_poll when the tier or the copiers report progress.
  * rpc_deferred_poll: 0 when the reply was queued on out (or none waits),
- * -EINPROGRESS while writes are pending, -ENOMEM.
- * rpc_deferred_drop: forget a waiting reply and a waiting batch_put's
- * progress (the connection closes).
+ * -EINPROGRESS while the work is pending, -ENOMEM.
+ * rpc_ctx_release: the connection closes: forget what waits, hand running
+ * copies to the copy threads to clean up, unmap the connection's buffers,
+ * close descriptors not claimed.
  */
+bool rpc_pending(const struct rpc_ctx *ctx);
 int rpc_deferred_poll(struct rpc_ctx *ctx, struct outq *out);
+void rpc_ctx_release(struct rpc_ctx *ctx);
+
+/* rpc_xfer_poll / rpc_xfer_release: the copy side of the above (rpc_shm.c). */
+int rpc_xfer_poll(struct rpc_ctx *ctx, struct outq *out);
+void rpc_xfer_release(struct rpc_ctx *ctx);
 
 /*
  * rpc_prefetch: msg[0..len) is a complete request queued behind one that
@@ -150,7 +170,6 @@ int rpc_deferred_poll(struct rpc_ctx *ctx, struct outq *out);
  * holds nothing; anything else is ignored.
  */
 void rpc_prefetch(struct rpc_ctx *ctx, const uint8_t *msg, size_t len);
-void rpc_deferred_drop(struct rpc_ctx *ctx);
 
 /*
  * rpc_notify_error: queue the notification [2, "error", [code, name, message]]

@@ -113,7 +113,7 @@ conn_free(struct conn *c)
 
     log_debug("conn %llu %s: closed", (unsigned long long)c->id, c->peer);
     conn_spills_abort(c);
-    rpc_deferred_drop(&c->ctx);
+    rpc_ctx_release(&c->ctx);
     if (c->ev_retry != NULL) {
         event_free(c->ev_retry);
     }
@@ -214,6 +214,7 @@ conn_adopt(struct worker *w, int fd, int is_unix)
     c->ctx.lim = &w->lim;
     c->ctx.ctr = &w->ctr;
     c->ctx.tenant = 0;
+    c->ctx.is_unix = is_unix != 0;
     outq_init(&c->out, w->srv->store);
     frame_scan_init(&c->scan);
     rpc_spill_reset(&c->sc);
@@ -526,7 +527,7 @@ conn_process(struct conn *c)
     c->flim.spill_min = CONN_SPILL_MIN;
 
     while (c->spill_left == 0 && c->rpos < c->ilen) {
-        if (c->ctx.deferred != NULL) {
+        if (rpc_pending(&c->ctx)) {
             int prc = rpc_deferred_poll(&c->ctx, &c->out);
 
             if (prc == -EINPROGRESS) {
@@ -592,7 +593,7 @@ conn_process(struct conn *c)
         conn_spill_fill(c, c->ibuf + at, c->scan.spill_have);
         c->ilen = at; /* the buffered part of the body now lives in the store */
     }
-    if (c->ctx.deferred != NULL) {
+    if (rpc_pending(&c->ctx)) {
         /* The last buffered message left a reply waiting. */
         int prc = rpc_deferred_poll(&c->ctx, &c->out);
 
@@ -650,6 +651,54 @@ conn_ibuf_shrink(struct conn *c)
     }
 }
 
+/*
+ * conn_recv_fds: readv for the Unix socket, keeping the descriptors a
+ * client attaches (SCM_RIGHTS, for register_buffer) in arrival order. A
+ * client that sends more than RPC_MAX_FDS unclaimed ones gets the extra
+ * ones closed at once.
+ */
+static ssize_t
+conn_recv_fds(struct conn *c, struct iovec *iov, int n)
+{
+    union {
+        struct cmsghdr align;
+        char buf[CMSG_SPACE(sizeof(int) * RPC_MAX_FDS)];
+    } ctl;
+    struct msghdr msg;
+    ssize_t rd;
+
+    memset(&msg, 0, sizeof(msg));
+    msg.msg_iov = iov;
+    msg.msg_iovlen = (size_t)n;
+    msg.msg_control = ctl.buf;
+    msg.msg_controllen = sizeof(ctl.buf);
+    rd = recvmsg(c->fd, &msg, MSG_CMSG_CLOEXEC);
+    if (rd < 0) {
+        return rd;
+    }
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm != NULL; cm = CMSG_NXTHDR(&msg, cm)) {
+        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) {
+            continue;
+        }
+        size_t nfd = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < nfd; i++) {
+            int fd;
+
+            memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof(fd));
+            if (c->ctx.nfds < RPC_MAX_FDS) {
+                c->ctx.fds[c->ctx.nfds++] = fd;
+            } else {
+                close(fd);
+            }
+        }
+    }
+    if (msg.msg_flags & MSG_CTRUNC) {
+        log_info("conn %llu %s: descriptors beyond %d dropped", (unsigned long long)c->id, c->peer,
+                 RPC_MAX_FDS);
+    }
+    return rd;
+}
+
 /* One read syscall: into the active spill (and the buffer behind it) or the buffer. */
 static ssize_t
 conn_read_once(struct conn *c)
@@ -701,7 +750,7 @@ conn_read_once(struct conn *c)
         n++;
     }
 
-    ssize_t rd = readv(c->fd, iov, n);
+    ssize_t rd = c->is_unix ? conn_recv_fds(c, iov, n) : readv(c->fd, iov, n);
     if (rd <= 0) {
         return rd < 0 ? -errno : 0;
     }

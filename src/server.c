@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "conn.h"
+#include "copier.h"
 #include "kverr.h"
 #include "log.h"
 #include "outq.h"
@@ -382,9 +383,9 @@ worker_on_wake(evutil_socket_t fd, short what, void *arg)
     conn_retry_waiting(arg);
 }
 
-/* Called from the SSD tier's threads: wake every worker that has a waiting connection. */
+/* From the SSD tier's and the copiers' threads: wake every worker (waiting requests go on). */
 static void
-server_ssd_wake(void *arg)
+server_wake(void *arg)
 {
     struct server *s = arg;
 
@@ -415,7 +416,7 @@ server_ssd_config(struct server *s, const struct kv_config *c, struct ssd_config
     sc->io_threads = (int)c->ssd_io_threads;
     sc->max_key_size = (uint32_t)c->max_key_size;
     sc->max_value_size = c->max_value_size;
-    sc->wake = server_ssd_wake;
+    sc->wake = server_wake;
     sc->wake_arg = s;
 }
 
@@ -823,6 +824,12 @@ server_create(const struct kv_config *conf, const char *config_path, int argc, c
             goto fail;
         }
     }
+    rc = copier_create(s->nworkers, server_wake, s, &s->copier);
+    if (rc != 0) {
+        log_error("cannot start the copy threads: %s", kv_strerror(rc));
+        goto fail;
+    }
+    s->rpc.copier = s->copier;
     if (c->ssd_dir[0] != '\0') {
         struct ssd_config ssc;
         char err[1024];
@@ -895,6 +902,8 @@ server_destroy(struct server *s)
     for (int i = 0; i < s->nthreads; i++) {
         pthread_join(s->workers[i].thread, NULL);
     }
+    copier_destroy(s->copier);  /* copies in flight end (and wake) before the workers go */
+    s->copier = NULL;
     ssd_close(s->ssd);      /* before the workers' wake events go */
     s->ssd = NULL;
     for (int i = 0; s->workers != NULL && i < s->nworkers; i++) {

@@ -30,6 +30,7 @@
 struct event;
 struct event_base;
 struct conn;
+struct copier;
 struct ssd;
 struct store;
 
@@ -68,6 +69,7 @@ struct server {
     int nold;
     struct store *store;
     struct ssd *ssd;                 /* the SSD tier, or NULL */
+    struct copier *copier;           /* copy threads of the shared-memory transfers */
     struct rpc_server rpc;
     char node_id[CONF_STR_MAX];
     const char *transports[2];

@@ -1,0 +1,89 @@
+/*
+ * rpc_int: what the request handlers share (protocol/rpc.c: the method
+ * table, dispatch and the store methods; protocol/rpc_shm.c: the
+ * shared-memory buffer methods). Nothing outside those files includes it.
+ */
+#ifndef RPC_INT_H
+#define RPC_INT_H
+
+#include <msgpack.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "mp.h"
+#include "rpc.h"
+
+struct kv_key;
+struct store_obj;
+
+/* One request being handled. */
+struct rpc_req {
+    struct rpc_ctx *ctx;
+    struct mp_reader rd;        /* positioned at the first param */
+    uint32_t nparams;
+    uint64_t msgid;
+    msgpack_packer pk;
+    struct outq *out;
+    const char *errmsg;         /* optional text for a request-level error */
+};
+
+typedef int rpc_handler_fn(struct rpc_req *rq);
+
+static inline void
+ctr_add(_Atomic uint64_t *c, uint64_t n)
+{
+    /* single writer: a plain load/store pair, no locked instruction */
+    atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + n,
+                          memory_order_relaxed);
+}
+
+/* An optional trailing opts map: the keys known now. */
+struct rpc_opts {
+    bool force;
+    bool durable;
+    bool has_size;
+    uint64_t group_size;
+    uint64_t size;                  /* register_buffer */
+};
+
+/* rpc_reply_head: start the success reply [1, msgid, nil, ...]; the result follows. */
+void rpc_reply_head(struct rpc_req *rq);
+
+/* rpc_reply_error: the whole error reply [1, msgid, [code, name, msg], nil]. */
+void rpc_reply_error(struct rpc_req *rq, int status, const char *msg);
+
+/* rpc_invalid: note why and return KV_INVALID_ARGUMENT (a request-level error). */
+int rpc_invalid(struct rpc_req *rq, const char *why);
+
+/*
+ * rpc_read_key: read a bin or str key (a key too long to buffer reads back
+ * with length UINT32_MAX, see rpc.c). 0 or -1.
+ */
+int rpc_read_key(struct mp_reader *rd, const uint8_t **p, uint32_t *len);
+
+/* rpc_key: the store key of bytes p[0..len) in the connection's tenant. */
+void rpc_key(struct rpc_req *rq, const uint8_t *p, uint32_t len, struct kv_key *k);
+
+/* rpc_keys_check: read a keys array header (<= max_batch) and check every key. */
+int rpc_keys_check(struct rpc_req *rq, uint32_t *n);
+
+/* rpc_opts_read: the optional opts map at param idx (absent or nil: all defaults). */
+int rpc_opts_read(struct rpc_req *rq, uint32_t idx, struct rpc_opts *o);
+
+/* rpc_arity: the request has between min and max params, else a request error. */
+int rpc_arity(struct rpc_req *rq, uint32_t min, uint32_t max);
+
+/*
+ * rpc_get_refs: references on the n objects of keys (NULL for a miss), or
+ * -EAGAIN (nothing held) while some are being loaded from the SSD tier.
+ */
+int rpc_get_refs(struct rpc_req *rq, struct mp_reader keys, uint32_t n, struct store_obj **objs);
+
+/* The shared-memory methods (rpc_shm.c). */
+int rpc_register_buffer(struct rpc_req *rq);
+int rpc_unregister_buffer(struct rpc_req *rq);
+int rpc_batch_put_from(struct rpc_req *rq);
+int rpc_batch_get_into(struct rpc_req *rq);
+
+#endif

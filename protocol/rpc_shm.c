@@ -1,0 +1,550 @@
+/*
+ * rpc_shm: the shared-memory methods (protocol/SPEC.md, "Shared-memory
+ * buffers"): register_buffer, unregister_buffer, batch_put_from and
+ * batch_get_into. A transfer is validated and set up here, on the event
+ * loop (keys, pieces against their buffers, reservations or references,
+ * one copy segment per contiguous run), then copied by the copy threads
+ * (storage/copier.h); its reply is built when the copies are done
+ * (rpc_xfer_poll), so the loop never does a big memcpy.
+ *
+ * A transfer holds everything it touches until it ends: the reservations
+ * of a put (committed at the end, aborted if the connection went away),
+ * the references of a get, and a reference on every buffer a piece names
+ * (so an unregister or a close never unmaps memory being copied).
+ */
+#include "rpc_int.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "copier.h"
+#include "kverr.h"
+#include "outq.h"
+#include "shmbuf.h"
+#include "store.h"
+
+#define RPC_MAX_PIECES 65536        /* pieces of one request */
+
+struct rpc_xfer {
+    struct copy_job job;            /* first member: the copier hands it back */
+    struct store *st;
+    uint64_t msgid;
+    bool put;                       /* batch_put_from; else batch_get_into */
+    uint32_t n;
+    int64_t *res;                   /* put: code; get: bytes or minus a code */
+    struct store_obj **objs;        /* put: reservations to commit; get: references */
+    struct shmbuf **bufs;           /* a reference per piece used */
+    uint32_t nbufs;
+    struct copy_seg *segs;
+    size_t nsegs;
+    size_t capsegs;
+};
+
+/* One piece as validated: where it is, or why not. */
+struct rpc_piece {
+    uint8_t *ptr;
+    uint64_t len;
+};
+
+/* ---- buffers ---- */
+
+int
+rpc_register_buffer(struct rpc_req *rq)
+{
+    struct rpc_ctx *ctx = rq->ctx;
+    struct rpc_opts opts;
+    const char *why = NULL;
+    uint64_t id;
+    int fd;
+    int rc = rpc_arity(rq, 1, 1);
+
+    if (rc != 0) {
+        return rc;
+    }
+    rc = rpc_opts_read(rq, 0, &opts);
+    if (rc != 0) {
+        return rc;
+    }
+    if (!ctx->is_unix) {
+        rq->errmsg = "shared-memory buffers need the Unix socket";
+        return KV_UNSUPPORTED;
+    }
+    if (!opts.has_size) {
+        return rpc_invalid(rq, "opts.size is required");
+    }
+    if (ctx->nfds == 0) {
+        return rpc_invalid(rq, "no file descriptor came with register_buffer");
+    }
+    fd = ctx->fds[0];
+    memmove(&ctx->fds[0], &ctx->fds[1], (size_t)(ctx->nfds - 1) * sizeof(ctx->fds[0]));
+    ctx->nfds--;
+    if (ctx->bufs == NULL && shmbuf_set_create(&ctx->bufs) != 0) {
+        close(fd);
+        return -ENOMEM;
+    }
+    rc = shmbuf_register(ctx->bufs, fd, opts.size, &id, &why);
+    if (rc == KV_INVALID_ARGUMENT) {
+        return rpc_invalid(rq, why);
+    }
+    if (rc != 0) {
+        rq->errmsg = why;
+        return rc < 0 ? KV_INTERNAL : rc;
+    }
+    rpc_reply_head(rq);
+    msgpack_pack_uint64(&rq->pk, id);
+    return 0;
+}
+
+int
+rpc_unregister_buffer(struct rpc_req *rq)
+{
+    uint64_t id;
+    int rc = rpc_arity(rq, 1, 1);
+
+    if (rc != 0) {
+        return rc;
+    }
+    if (mp_read_uint(&rq->rd, &id) != 0) {
+        return rpc_invalid(rq, "buffer id must be an unsigned integer");
+    }
+    rc = shmbuf_unregister(rq->ctx->bufs, id);
+    rpc_reply_head(rq);
+    msgpack_pack_int(&rq->pk, rc);
+    return 0;
+}
+
+/* ---- transfers ---- */
+
+static void
+rpc_xfer_free(struct rpc_xfer *x)
+{
+    for (uint32_t i = 0; i < x->n; i++) {
+        if (x->objs[i] == NULL) {
+            continue;
+        }
+        if (x->put) {
+            store_abort(x->st, x->objs[i]);
+        } else {
+            store_obj_unref(x->st, x->objs[i]);
+        }
+    }
+    for (uint32_t i = 0; i < x->nbufs; i++) {
+        shmbuf_unref(x->bufs[i]);
+    }
+    free(x->res);
+    free(x->objs);
+    free(x->bufs);
+    free(x->segs);
+    free(x);
+}
+
+/* The copier's hook for a transfer whose connection went away. */
+static void
+rpc_xfer_orphan(struct copy_job *job)
+{
+    rpc_xfer_free((struct rpc_xfer *)job);
+}
+
+static struct rpc_xfer *
+rpc_xfer_new(struct rpc_req *rq, uint32_t n, uint32_t npieces, bool put)
+{
+    struct rpc_xfer *x = calloc(1, sizeof(*x));
+
+    if (x == NULL) {
+        return NULL;
+    }
+    x->res = calloc(n ? n : 1, sizeof(*x->res));
+    x->objs = calloc(n ? n : 1, sizeof(*x->objs));
+    x->bufs = calloc(npieces ? npieces : 1, sizeof(*x->bufs));
+    if (x->res == NULL || x->objs == NULL || x->bufs == NULL) {
+        free(x->res);
+        free(x->objs);
+        free(x->bufs);
+        free(x);
+        return NULL;
+    }
+    x->st = rq->ctx->srv->store;
+    x->msgid = rq->msgid;
+    x->put = put;
+    x->n = n;
+    x->job.release = rpc_xfer_orphan;
+    atomic_init(&x->job.state, COPY_JOB_RUNNING);
+    return x;
+}
+
+static int
+rpc_xfer_seg(struct rpc_xfer *x, void *dst, const void *src, size_t len)
+{
+    if (x->nsegs == x->capsegs) {
+        size_t cap = x->capsegs != 0 ? x->capsegs * 2 : 64;
+        struct copy_seg *s = realloc(x->segs, cap * sizeof(*s));
+
+        if (s == NULL) {
+            return -ENOMEM;
+        }
+        x->segs = s;
+        x->capsegs = cap;
+    }
+    x->segs[x->nsegs].dst = dst;
+    x->segs[x->nsegs].src = src;
+    x->segs[x->nsegs].len = len;
+    x->nsegs++;
+    return 0;
+}
+
+/*
+ * rpc_xfer_map: segments that move `limit` bytes between an object's
+ * extents and pieces, in order (into the object for a put, out of it for a
+ * get). Returns 0 or -ENOMEM.
+ */
+static int
+rpc_xfer_map(struct rpc_xfer *x, struct store_obj *o, const struct rpc_piece *pc, uint32_t np,
+             uint64_t limit, bool into_obj)
+{
+    struct iovec ext[STORE_MAX_EXTENTS];
+    int next = store_obj_iov(o, ext, STORE_MAX_EXTENTS);
+    int e = 0;
+    uint32_t p = 0;
+    uint64_t eo = 0;
+    uint64_t po = 0;
+
+    while (limit > 0 && e < next && p < np) {
+        uint64_t chunk = ext[e].iov_len - eo;
+        uint8_t *ep = (uint8_t *)ext[e].iov_base + eo;
+        int rc;
+
+        if (chunk > pc[p].len - po) {
+            chunk = pc[p].len - po;
+        }
+        if (chunk > limit) {
+            chunk = limit;
+        }
+        rc = into_obj ? rpc_xfer_seg(x, ep, pc[p].ptr + po, (size_t)chunk)
+                      : rpc_xfer_seg(x, pc[p].ptr + po, ep, (size_t)chunk);
+        if (rc != 0) {
+            return rc;
+        }
+        limit -= chunk;
+        eo += chunk;
+        po += chunk;
+        if (eo == ext[e].iov_len) {
+            e++;
+            eo = 0;
+        }
+        if (po == pc[p].len) {
+            p++;
+            po = 0;
+        }
+    }
+    return 0;
+}
+
+/*
+ * rpc_iovs_check: the iovs param, [[[id, offset, length], ...], ...], one
+ * list per key: shape only (request-level errors). Counts every piece.
+ */
+static int
+rpc_iovs_check(struct rpc_req *rq, uint32_t nkeys, uint32_t *npieces)
+{
+    uint32_t n;
+
+    *npieces = 0;
+    if (mp_read_array(&rq->rd, &n) != 0 || n != nkeys) {
+        return rpc_invalid(rq, "iovs must be an array with one list of pieces per key");
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t np;
+
+        if (mp_read_array(&rq->rd, &np) != 0) {
+            return rpc_invalid(rq, "iovs[i] must be an array of [buffer_id, offset, length]");
+        }
+        if (np > RPC_MAX_PIECES - *npieces) {
+            return rpc_invalid(rq, "too many pieces in one request");
+        }
+        *npieces += np;
+        for (uint32_t k = 0; k < np; k++) {
+            uint32_t three;
+
+            if (mp_read_array(&rq->rd, &three) != 0 || three != 3) {
+                return rpc_invalid(rq, "a piece is [buffer_id, offset, length]");
+            }
+            for (int f = 0; f < 3; f++) {
+                enum mp_type t = mp_peek(&rq->rd);
+
+                if ((t != MP_UINT && t != MP_INT) || mp_skip(&rq->rd) != 0) {
+                    return rpc_invalid(rq, "a piece is [buffer_id, offset, length] integers");
+                }
+            }
+        }
+    }
+    return 0;
+}
+
+/*
+ * rpc_pieces_read: the pieces of one key into pc[0..*np) with a buffer
+ * reference each kept in x. Returns 0 and the total length, or
+ * KV_INVALID_ARGUMENT (a bad piece: unknown buffer, out of range, negative).
+ */
+static int
+rpc_pieces_read(struct rpc_req *rq, struct mp_reader *rd, struct rpc_xfer *x,
+                struct rpc_piece *pc, uint32_t *np, uint64_t *total)
+{
+    uint32_t n;
+    int rc = 0;
+
+    mp_read_array(rd, &n);
+    *np = n;
+    *total = 0;
+    for (uint32_t k = 0; k < n; k++) {
+        int64_t sv[3];
+        uint64_t v[3];
+        uint32_t three;
+        struct shmbuf *b;
+
+        mp_read_array(rd, &three);
+        for (int f = 0; f < 3; f++) {
+            if (mp_read_uint(rd, &v[f]) != 0) {
+                (void)mp_read_int(rd, &sv[f]);  /* shape checked: negative, so invalid */
+                v[f] = UINT64_MAX;
+                rc = KV_INVALID_ARGUMENT;
+            }
+        }
+        if (rc != 0) {
+            continue;
+        }
+        b = shmbuf_get(rq->ctx->bufs, v[0]);
+        if (b == NULL) {
+            rc = KV_INVALID_ARGUMENT;
+            continue;
+        }
+        x->bufs[x->nbufs++] = b;
+        pc[k].ptr = shmbuf_range(b, v[1], v[2]);
+        pc[k].len = v[2];
+        if (pc[k].ptr == NULL || v[2] > UINT64_MAX - *total) {
+            rc = KV_INVALID_ARGUMENT;
+            continue;
+        }
+        *total += v[2];
+    }
+    return rc;
+}
+
+/* Hand a transfer to the copiers, or answer at once when it has nothing to copy. */
+static int
+rpc_xfer_start(struct rpc_req *rq, struct rpc_xfer *x)
+{
+    rq->ctx->xfer = x;
+    if (x->nsegs == 0) {
+        atomic_store(&x->job.state, COPY_JOB_DONE);
+        return rpc_xfer_poll(rq->ctx, rq->out);
+    }
+    x->job.segs = x->segs;
+    x->job.nsegs = x->nsegs;
+    copier_submit(rq->ctx->srv->copier, &x->job);
+    return 0;
+}
+
+int
+rpc_batch_put_from(struct rpc_req *rq)
+{
+    const struct rpc_limits *lim = rq->ctx->lim;
+    struct mp_reader keys, iovs;
+    struct rpc_piece *pc = NULL;
+    struct rpc_xfer *x;
+    struct rpc_opts opts;
+    uint32_t nkeys, npieces;
+    int reserved = 0;
+    int rc = rpc_arity(rq, 2, 3);
+
+    if (rc == 0) {
+        rc = rpc_keys_check(rq, &nkeys);
+    }
+    if (rc != 0) {
+        return rc;
+    }
+    keys = rq->rd;
+    for (uint32_t i = 0; i < nkeys; i++) {
+        const uint8_t *kp;
+        uint32_t klen;
+
+        rpc_read_key(&rq->rd, &kp, &klen);
+    }
+    iovs = rq->rd;
+    rc = rpc_iovs_check(rq, nkeys, &npieces);
+    if (rc == 0) {
+        rc = rpc_opts_read(rq, 2, &opts);
+    }
+    if (rc != 0) {
+        return rc;
+    }
+    if (opts.durable) {
+        rq->errmsg = "durable is not supported with batch_put_from yet";
+        return KV_UNSUPPORTED;
+    }
+    x = rpc_xfer_new(rq, nkeys, npieces, true);
+    pc = malloc((npieces ? npieces : 1) * sizeof(*pc));
+    if (x == NULL || pc == NULL) {
+        free(pc);
+        if (x != NULL) {
+            rpc_xfer_free(x);
+        }
+        return -ENOMEM;
+    }
+    mp_read_array(&iovs, &nkeys);
+    for (uint32_t i = 0; i < nkeys; i++) {
+        const uint8_t *kp;
+        uint32_t klen, np;
+        uint64_t total;
+        struct kv_key key;
+
+        rpc_read_key(&keys, &kp, &klen);
+        rc = rpc_pieces_read(rq, &iovs, x, pc, &np, &total);
+        if (rc == 0 && (klen > lim->max_key_size || total > lim->max_value_size)) {
+            rc = KV_TOO_LARGE;
+        }
+        if (rc == 0) {
+            rpc_key(rq, kp, klen, &key);
+            rc = store_reserve(x->st, &key, total, &x->objs[i]);
+            if (rc == -EAGAIN && reserved == 0 && !rq->ctx->final_try) {
+                /* Nothing held yet: wait for room and come back with the same message. */
+                free(pc);
+                rpc_xfer_free(x);
+                return -EAGAIN;
+            }
+            if (rc != 0) {
+                x->objs[i] = NULL;
+                rc = rc == -EAGAIN ? KV_NO_SPACE : rc < 0 ? KV_INTERNAL : rc;
+            }
+        }
+        if (rc == 0) {
+            reserved++;
+            rc = rpc_xfer_map(x, x->objs[i], pc, np, total, true);
+            if (rc != 0) {
+                free(pc);
+                rpc_xfer_free(x);
+                return rc;
+            }
+        }
+        x->res[i] = rc;
+    }
+    free(pc);
+    return rpc_xfer_start(rq, x);
+}
+
+int
+rpc_batch_get_into(struct rpc_req *rq)
+{
+    struct mp_reader keys, iovs;
+    struct rpc_piece *pc = NULL;
+    struct rpc_xfer *x;
+    uint32_t nkeys, npieces;
+    int rc = rpc_arity(rq, 2, 2);
+
+    if (rc == 0) {
+        rc = rpc_keys_check(rq, &nkeys);
+    }
+    if (rc != 0) {
+        return rc;
+    }
+    keys = rq->rd;
+    for (uint32_t i = 0; i < nkeys; i++) {
+        const uint8_t *kp;
+        uint32_t klen;
+
+        rpc_read_key(&rq->rd, &kp, &klen);
+    }
+    iovs = rq->rd;
+    rc = rpc_iovs_check(rq, nkeys, &npieces);
+    if (rc != 0) {
+        return rc;
+    }
+    x = rpc_xfer_new(rq, nkeys, npieces, false);
+    pc = malloc((npieces ? npieces : 1) * sizeof(*pc));
+    if (x == NULL || pc == NULL) {
+        free(pc);
+        if (x != NULL) {
+            rpc_xfer_free(x);
+        }
+        return -ENOMEM;
+    }
+    /* Objects on the SSD only are loaded first (all at once); the message comes back. */
+    rc = rpc_get_refs(rq, keys, nkeys, x->objs);
+    if (rc != 0) {
+        free(pc);
+        rpc_xfer_free(x);
+        return rc;
+    }
+    mp_read_array(&iovs, &nkeys);
+    for (uint32_t i = 0; i < nkeys; i++) {
+        uint32_t np;
+        uint64_t cap;
+        uint64_t n;
+
+        rc = rpc_pieces_read(rq, &iovs, x, pc, &np, &cap);
+        if (rc != 0 || x->objs[i] == NULL) {
+            x->res[i] = rc != 0 ? -(int64_t)rc : -(int64_t)KV_NOT_FOUND;
+            store_obj_unref(x->st, x->objs[i]);
+            x->objs[i] = NULL;
+            continue;
+        }
+        n = store_obj_size(x->objs[i]);
+        if (n > cap) {
+            n = cap;                /* a short read: legal, the caller sees the count */
+        }
+        rc = rpc_xfer_map(x, x->objs[i], pc, np, n, false);
+        if (rc != 0) {
+            free(pc);
+            rpc_xfer_free(x);
+            return rc;
+        }
+        x->res[i] = (int64_t)n;
+    }
+    free(pc);
+    return rpc_xfer_start(rq, x);
+}
+
+int
+rpc_xfer_poll(struct rpc_ctx *ctx, struct outq *out)
+{
+    struct rpc_xfer *x = ctx->xfer;
+    msgpack_packer pk;
+
+    if (x == NULL) {
+        return 0;
+    }
+    if (!copy_job_done(&x->job)) {
+        return -EINPROGRESS;
+    }
+    for (uint32_t i = 0; x->put && i < x->n; i++) {
+        if (x->objs[i] != NULL) {
+            x->res[i] = store_commit(x->st, x->objs[i]);
+            x->objs[i] = NULL;
+        }
+    }
+    msgpack_packer_init(&pk, out, outq_pack_write);
+    msgpack_pack_array(&pk, 4);
+    msgpack_pack_uint8(&pk, 1);
+    msgpack_pack_uint64(&pk, x->msgid);
+    msgpack_pack_nil(&pk);
+    msgpack_pack_array(&pk, x->n);
+    for (uint32_t i = 0; i < x->n; i++) {
+        msgpack_pack_int64(&pk, x->res[i]);
+    }
+    ctx->xfer = NULL;
+    rpc_xfer_free(x);      /* get: the references go now, after the copies */
+    return out->failed ? -ENOMEM : 0;
+}
+
+void
+rpc_xfer_release(struct rpc_ctx *ctx)
+{
+    struct rpc_xfer *x = ctx->xfer;
+
+    ctx->xfer = NULL;
+    if (x != NULL && copy_job_abandon(&x->job)) {
+        rpc_xfer_free(x);  /* it had finished: ours to free; else the copier frees it */
+    }
+}

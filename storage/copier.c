@@ -1,0 +1,149 @@
+/*
+ * copier: the copy thread pool behind copier.h. Jobs are served in order,
+ * one thread per job; a job's segments are copied with memcpy. The only
+ * shared state is the queue under one mutex.
+ */
+#include "copier.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct copier {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    struct copy_job *head;
+    struct copy_job *tail;
+    bool stop;
+    void (*wake)(void *arg);
+    void *wake_arg;
+    pthread_t *threads;
+    int nthreads;
+};
+
+static void *
+copier_main(void *arg)
+{
+    struct copier *c = arg;
+
+    for (;;) {
+        struct copy_job *job;
+        int expected = COPY_JOB_RUNNING;
+
+        pthread_mutex_lock(&c->lock);
+        while (c->head == NULL && !c->stop) {
+            pthread_cond_wait(&c->cond, &c->lock);
+        }
+        job = c->head;
+        if (job == NULL) {
+            pthread_mutex_unlock(&c->lock);
+            break;
+        }
+        c->head = job->next;
+        if (c->head == NULL) {
+            c->tail = NULL;
+        }
+        pthread_mutex_unlock(&c->lock);
+
+        if (atomic_load_explicit(&job->state, memory_order_acquire) != COPY_JOB_ABANDONED) {
+            for (size_t i = 0; i < job->nsegs; i++) {
+                memcpy(job->segs[i].dst, job->segs[i].src, job->segs[i].len);
+            }
+        }
+        /* After this exchange the job is not ours: the owner's, or ours to release. */
+        if (atomic_compare_exchange_strong_explicit(&job->state, &expected, COPY_JOB_DONE,
+                                                    memory_order_acq_rel,
+                                                    memory_order_acquire)) {
+            if (c->wake != NULL) {
+                c->wake(c->wake_arg);
+            }
+        } else {
+            job->release(job);
+        }
+    }
+    return NULL;
+}
+
+int
+copier_create(int threads, void (*wake)(void *arg), void *wake_arg, struct copier **out)
+{
+    struct copier *c = calloc(1, sizeof(*c));
+    int rc;
+
+    *out = NULL;
+    if (c == NULL) {
+        return -ENOMEM;
+    }
+    if (threads < 1) {
+        threads = 1;
+    }
+    pthread_mutex_init(&c->lock, NULL);
+    pthread_cond_init(&c->cond, NULL);
+    c->wake = wake;
+    c->wake_arg = wake_arg;
+    c->threads = calloc((size_t)threads, sizeof(*c->threads));
+    if (c->threads == NULL) {
+        copier_destroy(c);
+        return -ENOMEM;
+    }
+    for (int i = 0; i < threads; i++) {
+        rc = pthread_create(&c->threads[i], NULL, copier_main, c);
+        if (rc != 0) {
+            copier_destroy(c);
+            return -rc;
+        }
+        c->nthreads++;
+    }
+    *out = c;
+    return 0;
+}
+
+void
+copier_destroy(struct copier *c)
+{
+    if (c == NULL) {
+        return;
+    }
+    pthread_mutex_lock(&c->lock);
+    c->stop = true;
+    pthread_cond_broadcast(&c->cond);
+    pthread_mutex_unlock(&c->lock);
+    for (int i = 0; i < c->nthreads; i++) {
+        pthread_join(c->threads[i], NULL);     /* they finish the queue first */
+    }
+    free(c->threads);
+    pthread_mutex_destroy(&c->lock);
+    pthread_cond_destroy(&c->cond);
+    free(c);
+}
+
+void
+copier_submit(struct copier *c, struct copy_job *job)
+{
+    job->next = NULL;
+    pthread_mutex_lock(&c->lock);
+    if (c->tail != NULL) {
+        c->tail->next = job;
+    } else {
+        c->head = job;
+    }
+    c->tail = job;
+    pthread_cond_signal(&c->cond);
+    pthread_mutex_unlock(&c->lock);
+}
+
+bool
+copy_job_done(const struct copy_job *job)
+{
+    return atomic_load_explicit(&job->state, memory_order_acquire) == COPY_JOB_DONE;
+}
+
+bool
+copy_job_abandon(struct copy_job *job)
+{
+    int expected = COPY_JOB_RUNNING;
+
+    return !atomic_compare_exchange_strong_explicit(&job->state, &expected, COPY_JOB_ABANDONED,
+                                                    memory_order_acq_rel, memory_order_acquire);
+}
