@@ -1,0 +1,206 @@
+/*
+ * test_shmbuf: registered shared-memory buffers and the copy threads, as the
+ * zero-copy methods use them: only a memfd sealed against shrinking and at
+ * least the registered size is accepted; ranges are checked with overflow;
+ * a buffer stays mapped while a transfer holds it, even after unregister;
+ * copy jobs finish, and an abandoned one is released by the pool exactly
+ * once.
+ */
+#include <criterion/criterion.h>
+
+#include "copier.h"
+#include "kverr.h"
+#include "shmbuf.h"
+
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+static int
+t_memfd(size_t size, bool seal)
+{
+    int fd = memfd_create("t", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(ftruncate(fd, (off_t)size), 0);
+    if (seal) {
+        cr_assert_eq(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+    }
+    return fd;
+}
+
+Test(shmbuf, only_sealed_memfds_of_the_declared_size)
+{
+    struct shmbuf_set *s;
+    const char *why;
+    uint64_t id;
+    char path[] = "/tmp/kvstash-shmbuf-XXXXXX";
+    int fd;
+
+    cr_assert_eq(shmbuf_set_create(&s), 0);
+    cr_assert_eq(shmbuf_register(s, t_memfd(4096, false), 4096, &id, &why), KV_INVALID_ARGUMENT);
+    cr_assert(strstr(why, "F_SEAL_SHRINK") != NULL, "%s", why);
+    cr_assert_eq(shmbuf_register(s, t_memfd(4096, true), 8192, &id, &why), KV_INVALID_ARGUMENT);
+    cr_assert_eq(shmbuf_register(s, t_memfd(4096, true), 0, &id, &why), KV_INVALID_ARGUMENT);
+    fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    unlink(path);
+    cr_assert_eq(ftruncate(fd, 4096), 0);
+    cr_assert_eq(shmbuf_register(s, fd, 4096, &id, &why), KV_INVALID_ARGUMENT, "a plain file");
+    cr_assert_eq(shmbuf_register(s, t_memfd(1 << 20, true), 1 << 20, &id, &why), 0);
+    cr_assert_eq(id, 1);
+    shmbuf_set_destroy(s);
+}
+
+Test(shmbuf, ranges_are_checked_with_overflow)
+{
+    struct shmbuf_set *s;
+    struct shmbuf *b;
+    const char *why;
+    uint64_t id;
+
+    cr_assert_eq(shmbuf_set_create(&s), 0);
+    cr_assert_eq(shmbuf_register(s, t_memfd(65536, true), 65536, &id, &why), 0);
+    b = shmbuf_get(s, id);
+    cr_assert_not_null(b);
+    cr_assert_not_null(shmbuf_range(b, 0, 65536));
+    cr_assert_not_null(shmbuf_range(b, 65536, 0));
+    cr_assert_null(shmbuf_range(b, 1, 65536));
+    cr_assert_null(shmbuf_range(b, 65537, 0));
+    cr_assert_null(shmbuf_range(b, UINT64_MAX, 2));
+    cr_assert_null(shmbuf_range(b, 10, UINT64_MAX - 5));
+    cr_assert_null(shmbuf_get(s, id + 1));
+    shmbuf_unref(b);
+    shmbuf_set_destroy(s);
+}
+
+Test(shmbuf, a_held_buffer_outlives_unregister)
+{
+    struct shmbuf_set *s;
+    struct shmbuf *b;
+    const char *why;
+    uint64_t id;
+    uint8_t *p;
+
+    cr_assert_eq(shmbuf_set_create(&s), 0);
+    cr_assert_eq(shmbuf_register(s, t_memfd(8192, true), 8192, &id, &why), 0);
+    b = shmbuf_get(s, id);
+    cr_assert_eq(shmbuf_unregister(s, id), 0);
+    cr_assert_eq(shmbuf_unregister(s, id), KV_NOT_FOUND);
+    cr_assert_null(shmbuf_get(s, id), "an unregistered id is gone for new transfers");
+    p = shmbuf_range(b, 0, 8192);
+    memset(p, 0xab, 8192);          /* still mapped: a copy in flight may finish */
+    cr_assert_eq(p[8191], 0xab);
+    shmbuf_unref(b);
+    shmbuf_set_destroy(s);
+}
+
+/* ---- copier ---- */
+
+static _Atomic int t_wakes;
+static _Atomic int t_released;
+
+static void
+t_wake(void *arg)
+{
+    (void)arg;
+    atomic_fetch_add(&t_wakes, 1);
+}
+
+static void
+t_release(struct copy_job *job)
+{
+    atomic_fetch_add(&t_released, 1);
+    free(job->segs);
+    free(job);
+}
+
+static struct copy_job *
+t_job(void *dst, const void *src, size_t len, size_t nsegs)
+{
+    struct copy_job *job = calloc(1, sizeof(*job));
+    size_t per = len / nsegs;
+
+    cr_assert_not_null(job);
+    job->segs = calloc(nsegs, sizeof(*job->segs));
+    cr_assert_not_null(job->segs);
+    for (size_t i = 0; i < nsegs; i++) {
+        job->segs[i].dst = (uint8_t *)dst + i * per;
+        job->segs[i].src = (const uint8_t *)src + i * per;
+        job->segs[i].len = i + 1 == nsegs ? len - i * per : per;
+    }
+    job->nsegs = nsegs;
+    job->release = t_release;
+    atomic_init(&job->state, COPY_JOB_RUNNING);
+    return job;
+}
+
+Test(copier, jobs_copy_every_segment_and_wake)
+{
+    struct copier *c;
+    size_t len = 8 << 20;
+    uint8_t *src = malloc(len);
+    uint8_t *dst[4];
+    struct copy_job *jobs[4];
+
+    cr_assert_not_null(src);
+    for (size_t i = 0; i < len; i++) {
+        src[i] = (uint8_t)(i * 7 + (i >> 13));
+    }
+    cr_assert_eq(copier_create(2, t_wake, NULL, &c), 0);
+    for (int j = 0; j < 4; j++) {
+        dst[j] = calloc(1, len);
+        cr_assert_not_null(dst[j]);
+        jobs[j] = t_job(dst[j], src, len, (size_t)(1 + j * 5));
+        copier_submit(c, jobs[j]);
+    }
+    for (int j = 0; j < 4; j++) {
+        for (int spin = 0; !copy_job_done(jobs[j]) && spin < 10000; spin++) {
+            usleep(1000);
+        }
+        cr_assert(copy_job_done(jobs[j]));
+        cr_assert_eq(memcmp(dst[j], src, len), 0, "job %d copied wrong bytes", j);
+        cr_assert(copy_job_abandon(jobs[j]), "a finished job is the owner's to free");
+        free(jobs[j]->segs);
+        free(jobs[j]);
+        free(dst[j]);
+    }
+    copier_destroy(c);
+    cr_assert_eq(atomic_load(&t_wakes), 4);
+    cr_assert_eq(atomic_load(&t_released), 0);
+    free(src);
+}
+
+Test(copier, an_abandoned_job_is_released_by_the_pool_once)
+{
+    struct copier *c;
+    size_t len = 64 << 20;
+    uint8_t *src = calloc(1, len);
+    uint8_t *dst = calloc(1, len);
+    struct copy_job *big;
+    struct copy_job *later;
+    int abandoned_early = 0;
+
+    cr_assert(src != NULL && dst != NULL);
+    cr_assert_eq(copier_create(1, t_wake, NULL, &c), 0);
+    big = t_job(dst, src, len, 64);             /* keeps the only thread busy a while */
+    later = t_job(dst, src, 4096, 1);
+    copier_submit(c, big);
+    copier_submit(c, later);
+    if (!copy_job_abandon(later)) {
+        abandoned_early = 1;                    /* the pool frees it; we must not */
+    } else {
+        free(later->segs);
+        free(later);
+    }
+    copier_destroy(c);                          /* finishes the queue first */
+    cr_assert(copy_job_done(big));
+    cr_assert_eq(atomic_load(&t_released), abandoned_early);
+    free(big->segs);
+    free(big);
+    free(src);
+    free(dst);
+}
