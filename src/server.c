@@ -799,6 +799,7 @@ server_create(const struct kv_config *conf, const char *config_path, int argc, c
             goto fail;
         }
         s->transports[s->rpc.ntransports++] = "unix";
+        s->transports[s->rpc.ntransports++] = "shm";   /* registered buffers, over the socket */
     }
     if (s->tcp_fd < 0 && s->unix_fd < 0) {
         log_error("nothing to listen on: both listen and unix_socket are disabled");

@@ -72,7 +72,7 @@ struct server {
     struct copier *copier;           /* copy threads of the shared-memory transfers */
     struct rpc_server rpc;
     char node_id[CONF_STR_MAX];
-    const char *transports[2];
+    const char *transports[4];
     struct event_base *base;
     struct worker *workers;
     int nworkers;                    /* workers allocated */
