@@ -10,19 +10,31 @@
  * keeps no global state but the thread's last connect error, and starts no
  * thread.
  *
- * Batch calls split the keys into requests of at most max_batch keys and
- * about min(max_message_size / 2, KVSTASH_REQ_TARGET) bytes and keep up to
- * KVSTASH_WINDOW of them in flight. When replies are large (batch_get) the
+ * Batch calls split the keys into requests of at most max_batch keys, about
+ * min(max_message_size / 2, KVSTASH_REQ_TARGET) bytes and KVSTASH_REQ_PIECES
+ * shared-memory pieces (the daemon refuses a request with more as a whole;
+ * SPEC.md does not name that limit yet) and keep up to KVSTASH_WINDOW of
+ * them in flight. When replies are large (batch_get) the
  * request bytes in flight are also capped, so that a server that stops
  * reading while its output is full can never wait on a client blocked in
  * send (the classic pipelining deadlock).
+ *
+ * Shared-memory buffers are memfds mapped here and sent to the daemon once,
+ * at registration; each is kept on its connection's list so that closing
+ * the connection releases them. Transfers through them are ordinary batch
+ * calls whose requests carry pieces [id, offset, length] instead of values.
  */
 #include "kvstash.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "kverr.h"
 #include "kvstash_wire.h"
@@ -34,6 +46,9 @@
 #define KVSTASH_STATS_REPLY (16u << 20)  /* budget of a stats reply */
 #define KVSTASH_ITEM_MAX 9               /* wire bytes of an int, bool or nil */
 #define KVSTASH_ENVELOPE 64              /* request bytes besides keys and values */
+#define KVSTASH_PIECE_MAX 28             /* wire bytes of a piece [id, offset, length] */
+#define KVSTASH_REQ_PIECES 65536u        /* pieces per request the daemon takes at most */
+#define KVSTASH_UNSENT INT64_MIN         /* results[i] of a get_into key still to send */
 
 /* Server limits assumed when hello leaves one out (the daemon's defaults). */
 #define KVSTASH_DFLT_KEY (1u << 10)
@@ -44,7 +59,17 @@
 /* Why this thread's last kvstash_connect failed: there is no object to ask. */
 static _Thread_local char kvstash_connect_err[KVSTASH_WIRE_ERRLEN];
 
-enum kvstash_res { RES_CODES, RES_VALUES, RES_BOOLS };
+enum kvstash_res { RES_CODES, RES_VALUES, RES_BOOLS, RES_INTS };
+
+/* A registered shared-memory buffer (struct kvstash_buffer of kvstash.h). */
+struct kvstash_buffer {
+    struct kvstash *conn;         /* registered on this connection, on its bufs list */
+    struct kvstash_buffer *prev;
+    struct kvstash_buffer *next;
+    uint64_t id;                  /* the server's buffer id */
+    void *base;                   /* MAP_SHARED, read-write, size bytes */
+    size_t size;
+};
 
 /* A batch call: what to send and where its per-key results go. */
 struct kvstash_op {
@@ -58,11 +83,15 @@ struct kvstash_op {
     void *const *bufs;            /* batch_get */
     const size_t *caps;
     size_t *outlens;
+    const struct kvstash_piece *const *pieces; /* put_from, get_into: iovs */
+    const size_t *npieces;
     int *codes;                   /* RES_CODES, RES_VALUES */
     bool *exists;                 /* RES_BOOLS */
+    int64_t *results;             /* RES_INTS */
     const char *mode;             /* pin: the mode parameter */
     bool force;                   /* remove: opts {force: true} */
-    bool skips;                   /* codes[i] >= 0 before the call: key i is not sent */
+    bool skips;                   /* key i is not sent when, before the call, codes[i] >= 0 */
+                                  /* (RES_INTS: results[i] != KVSTASH_UNSENT) */
 };
 
 /* Keys [lo, hi) of a batch call that one request carries (minus skipped ones). */
@@ -115,7 +144,22 @@ kvstash_done(struct kvstash *c, int rc)
 static bool
 kvstash_op_skipped(const struct kvstash_op *op, size_t i)
 {
-    return op->skips && op->codes[i] >= 0;
+    if (!op->skips) {
+        return false;
+    }
+    return op->res == RES_INTS ? op->results[i] != KVSTASH_UNSENT : op->codes[i] >= 0;
+}
+
+/* kvstash_pieces_total: the bytes pieces[0..np) cover (saturating). */
+static uint64_t
+kvstash_pieces_total(const struct kvstash_piece *p, size_t np)
+{
+    uint64_t total = 0;
+
+    for (size_t j = 0; j < np; j++) {
+        total = kvstash_sat_add(total, p[j].length);
+    }
+    return total;
 }
 
 static uint64_t
@@ -126,6 +170,9 @@ kvstash_op_cost(const struct kvstash *c, const struct kvstash_op *op, size_t i, 
 
     if (op->vals != NULL) {
         w += (uint64_t)op->vlens[i] + 5;
+    }
+    if (op->pieces != NULL) {
+        w = kvstash_sat_add(w, kvstash_sat_mul(op->npieces[i], KVSTASH_PIECE_MAX) + 5);
     }
     cost = w;
     if (op->res == RES_VALUES) {
@@ -143,6 +190,7 @@ kvstash_op_plan(const struct kvstash *c, const struct kvstash_op *op, size_t lo,
                 struct kvstash_range *r)
 {
     uint64_t bytes = KVSTASH_ENVELOPE;
+    uint64_t pieces = 0;
     size_t i;
 
     r->lo = lo;
@@ -154,10 +202,13 @@ kvstash_op_plan(const struct kvstash *c, const struct kvstash_op *op, size_t lo,
             continue;
         }
         uint64_t cost = kvstash_op_cost(c, op, i, &wire);
+        uint64_t np = op->pieces != NULL ? op->npieces[i] : 0;
         if (r->nkeys > 0 && (r->nkeys >= c->hello.max_batch ||
-                             kvstash_sat_add(bytes, cost) > c->req_target)) {
+                             kvstash_sat_add(bytes, cost) > c->req_target ||
+                             pieces + np > KVSTASH_REQ_PIECES)) {
             break;
         }
+        pieces += np;
         r->nkeys++;
         bytes = kvstash_sat_add(bytes, cost);
         r->wire = kvstash_sat_add(r->wire, wire);
@@ -168,7 +219,8 @@ kvstash_op_plan(const struct kvstash *c, const struct kvstash_op *op, size_t lo,
 static int
 kvstash_op_send(struct kvstash *c, const struct kvstash_op *op, const struct kvstash_range *r)
 {
-    uint32_t nparams = 1 + (op->vals != NULL) + (op->mode != NULL) + op->force;
+    uint32_t nparams =
+        1 + (op->vals != NULL) + (op->pieces != NULL) + (op->mode != NULL) + op->force;
 
     kvstash_wire_req_begin(c, op->method, nparams);
     kvstash_wire_req_array(c, (uint32_t)r->nkeys);
@@ -182,6 +234,22 @@ kvstash_op_send(struct kvstash *c, const struct kvstash_op *op, const struct kvs
         for (size_t i = r->lo; i < r->hi; i++) {
             if (!kvstash_op_skipped(op, i)) {
                 kvstash_wire_req_value(c, op->vals[i], op->vlens[i]);
+            }
+        }
+    }
+    if (op->pieces != NULL) {
+        kvstash_wire_req_array(c, (uint32_t)r->nkeys);
+        for (size_t i = r->lo; i < r->hi; i++) {
+            if (kvstash_op_skipped(op, i)) {
+                continue;
+            }
+            kvstash_wire_req_array(c, (uint32_t)op->npieces[i]);
+            for (size_t j = 0; j < op->npieces[i]; j++) {
+                const struct kvstash_piece *p = &op->pieces[i][j];
+                kvstash_wire_req_array(c, 3);
+                kvstash_wire_req_uint(c, p->buf->id);
+                kvstash_wire_req_uint(c, p->offset);
+                kvstash_wire_req_uint(c, p->length);
             }
         }
     }
@@ -212,8 +280,34 @@ kvstash_op_fail(const struct kvstash_op *op, size_t lo, size_t hi, int code)
         case RES_BOOLS:
             op->exists[i] = false;
             break;
+        case RES_INTS:
+            op->results[i] = -(int64_t)code;
+            break;
         }
     }
+}
+
+/*
+ * kvstash_op_read_int: one get_into result: bytes written, never more than
+ * the pieces hold, or minus a code. Anything else is a malformed reply.
+ */
+static int
+kvstash_op_read_int(struct kvstash *c, const struct kvstash_op *op, size_t i)
+{
+    uint64_t total = kvstash_pieces_total(op->pieces[i], op->npieces[i]);
+    int64_t v;
+    int rc = kvstash_wire_read_int(c, &v);
+
+    if (rc != 0) {
+        return rc;
+    }
+    if (v >= 0 ? (uint64_t)v > total : v < -(int64_t)INT_MAX) {
+        kvstash_wire_errf(c, "malformed reply from server: get_into result %lld for pieces "
+                          "of %llu bytes", (long long)v, (unsigned long long)total);
+        return -EPROTO;
+    }
+    op->results[i] = v;
+    return 0;
 }
 
 static int
@@ -238,6 +332,9 @@ kvstash_op_read(struct kvstash *c, const struct kvstash_op *op, const struct kvs
             break;
         case RES_BOOLS:
             rc = kvstash_wire_read_bool(c, &op->exists[i]);
+            break;
+        case RES_INTS:
+            rc = kvstash_op_read_int(c, op, i);
             break;
         case RES_VALUES:
             rc = kvstash_wire_read_value(c, op->bufs[i], op->caps[i], NULL, &op->outlens[i]);
@@ -429,11 +526,16 @@ fail:
     return rc;
 }
 
+static void kvstash_buffer_release(struct kvstash *c, struct kvstash_buffer *b);
+
 void
 kvstash_close(struct kvstash *c)
 {
     if (c == NULL) {
         return;
+    }
+    while (c->bufs != NULL) {
+        kvstash_buffer_release(c, c->bufs);
     }
     kvstash_wire_deinit(c);
     free(c);
@@ -868,6 +970,324 @@ kvstash_unpin(struct kvstash *c, size_t n, const void *const *keys, const size_t
         kvstash_wire_errf(c, "unpin: NULL array");
         return KVSTASH_EINVAL;
     }
+    return kvstash_op_run(c, &op);
+}
+
+/* ---- shared-memory buffers ---- */
+
+/* kvstash_buffer_begin: the checks common to both ways of registering. */
+static int
+kvstash_buffer_begin(struct kvstash *c, size_t size, struct kvstash_buffer **out)
+{
+    int rc = kvstash_begin(c);
+
+    if (rc != 0) {
+        return rc;
+    }
+    if (out == NULL) {
+        kvstash_wire_errf(c, "out is NULL");
+        return KVSTASH_EINVAL;
+    }
+    *out = NULL;
+    if (!c->is_unix) {
+        kvstash_wire_errf(c, "shared-memory buffers need a Unix-socket connection");
+        return KVSTASH_EUNSUPPORTED;
+    }
+    if (size == 0 || (uint64_t)size > INT64_MAX) {
+        kvstash_wire_errf(c, "a buffer of %zu bytes cannot be registered", size);
+        return KVSTASH_EINVAL;
+    }
+    return 0;
+}
+
+/* kvstash_sys_fail: a local system call failed: say which; c stays usable. */
+static int
+kvstash_sys_fail(struct kvstash *c, const char *call, int err)
+{
+    kvstash_wire_errf(c, "%s: %s", call, kv_strerror(-err));
+    return -err;
+}
+
+/*
+ * kvstash_buffer_add: map fd (sealed against shrinking, at least size bytes)
+ * and register it with the server. The descriptor stays the caller's.
+ */
+static int
+kvstash_buffer_add(struct kvstash *c, int fd, size_t size, struct kvstash_buffer **out)
+{
+    struct kvstash_buffer *b;
+    int rc;
+
+    b = calloc(1, sizeof(*b));
+    if (b == NULL) {
+        kvstash_wire_errf(c, "out of memory");
+        return -ENOMEM;
+    }
+    b->size = size;
+    b->base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (b->base == MAP_FAILED) {
+        if (errno == EACCES || errno == EPERM) {
+            kvstash_wire_errf(c, "the memfd cannot be mapped writable: %s", kv_strerror(-errno));
+            rc = KVSTASH_EINVAL;
+        } else {
+            rc = kvstash_sys_fail(c, "mmap", errno);
+        }
+        goto fail_map;
+    }
+    kvstash_wire_req_begin(c, "register_buffer", 1);
+    kvstash_wire_req_size(c, size);
+    kvstash_wire_req_fd(c, fd);
+    rc = kvstash_wire_call(c, KVSTASH_WIRE_SMALL_REPLY);
+    if (rc == 0) {
+        rc = kvstash_done(c, kvstash_wire_read_uint(c, &b->id));
+    }
+    if (rc != 0) {
+        goto fail_call;
+    }
+    b->conn = c;
+    b->next = c->bufs;
+    if (c->bufs != NULL) {
+        c->bufs->prev = b;
+    }
+    c->bufs = b;
+    *out = b;
+    return 0;
+
+fail_call:
+    munmap(b->base, size);
+fail_map:
+    free(b);
+    return rc;
+}
+
+/* kvstash_buffer_release: unlink b from c's list, unmap and free it. */
+static void
+kvstash_buffer_release(struct kvstash *c, struct kvstash_buffer *b)
+{
+    if (b->prev != NULL) {
+        b->prev->next = b->next;
+    } else {
+        c->bufs = b->next;
+    }
+    if (b->next != NULL) {
+        b->next->prev = b->prev;
+    }
+    munmap(b->base, b->size);
+    free(b);
+}
+
+int
+kvstash_register_buffer(struct kvstash *c, size_t size, struct kvstash_buffer **out)
+{
+    int rc = kvstash_buffer_begin(c, size, out);
+    int fd;
+
+    if (rc != 0) {
+        return rc;
+    }
+    fd = memfd_create("kvstash", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0) {
+        return kvstash_sys_fail(c, "memfd_create", errno);
+    }
+    if (ftruncate(fd, (off_t)size) != 0) {
+        rc = kvstash_sys_fail(c, "ftruncate", errno);
+    } else if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0) {
+        rc = kvstash_sys_fail(c, "fcntl(F_ADD_SEALS)", errno);
+    } else {
+        rc = kvstash_buffer_add(c, fd, size, out);
+    }
+    close(fd); /* the mappings (ours, the daemon's) keep the memory */
+    return rc;
+}
+
+int
+kvstash_register_fd(struct kvstash *c, int fd, size_t size, struct kvstash_buffer **out)
+{
+    struct stat st;
+    int rc = kvstash_buffer_begin(c, size, out);
+    int seals;
+
+    if (rc != 0) {
+        return rc;
+    }
+    if (fd < 0) {
+        kvstash_wire_errf(c, "register_fd: bad descriptor %d", fd);
+        return KVSTASH_EINVAL;
+    }
+    seals = fcntl(fd, F_GET_SEALS);
+    if (seals < 0) {
+        kvstash_wire_errf(c, "register_fd: not a memfd (F_GET_SEALS: %s)", kv_strerror(-errno));
+        return KVSTASH_EINVAL;
+    }
+    /* seal first, then measure: the file cannot shrink in between */
+    if (!(seals & F_SEAL_SHRINK)) {
+        if ((seals & F_SEAL_SEAL) || fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) != 0) {
+            if (!(seals & F_SEAL_SEAL) && errno != EPERM) {
+                return kvstash_sys_fail(c, "fcntl(F_ADD_SEALS)", errno);
+            }
+            kvstash_wire_errf(c, "register_fd: the memfd does not allow sealing "
+                              "(create it with MFD_ALLOW_SEALING)");
+            return KVSTASH_EINVAL;
+        }
+    }
+    if (fstat(fd, &st) != 0) {
+        return kvstash_sys_fail(c, "fstat", errno);
+    }
+    if (st.st_size < 0 || (uint64_t)st.st_size < (uint64_t)size) {
+        kvstash_wire_errf(c, "register_fd: the memfd has %lld bytes, fewer than %zu",
+                          (long long)st.st_size, size);
+        return KVSTASH_EINVAL;
+    }
+    return kvstash_buffer_add(c, fd, size, out);
+}
+
+void *
+kvstash_buffer_ptr(const struct kvstash_buffer *b)
+{
+    return b != NULL ? b->base : NULL;
+}
+
+size_t
+kvstash_buffer_size(const struct kvstash_buffer *b)
+{
+    return b != NULL ? b->size : 0;
+}
+
+int
+kvstash_unregister_buffer(struct kvstash *c, struct kvstash_buffer *b)
+{
+    int code = 0;
+    int rc;
+
+    if (b == NULL) {
+        return 0;
+    }
+    if (c == NULL) {
+        return -EINVAL;
+    }
+    if (b->conn != c) {
+        kvstash_wire_errf(c, "unregister_buffer: the buffer is not registered on this "
+                          "connection");
+        return KVSTASH_EINVAL;
+    }
+    rc = kvstash_begin(c);
+    if (rc == 0) {
+        kvstash_wire_req_begin(c, "unregister_buffer", 1);
+        kvstash_wire_req_uint(c, b->id);
+        rc = kvstash_wire_call(c, KVSTASH_WIRE_SMALL_REPLY);
+        if (rc == 0) {
+            rc = kvstash_wire_read_code(c, &code);
+            rc = rc != 0 ? kvstash_done(c, rc) : code;
+        }
+    }
+    /* whatever the server said, the caller has no other way to release it */
+    kvstash_buffer_release(c, b);
+    return rc;
+}
+
+/*
+ * kvstash_iov_check: key and pieces can be sent: 0, KVSTASH_EINVAL (a NULL
+ * key, a bad piece) or KVSTASH_ETOOLARGE (not sendable in one request);
+ * *total gets the bytes the pieces cover.
+ */
+static int
+kvstash_iov_check(struct kvstash *c, const void *key, size_t klen,
+                  const struct kvstash_piece *p, size_t np, uint64_t *total)
+{
+    int rc = kvstash_key_check(c, key, klen);
+
+    if (rc != 0) {
+        return rc;
+    }
+    if (p == NULL && np > 0) {
+        kvstash_wire_errf(c, "pieces is NULL");
+        return KVSTASH_EINVAL;
+    }
+    for (size_t j = 0; j < np; j++) {
+        const struct kvstash_buffer *b = p[j].buf;
+        if (b == NULL || b->conn != c) {
+            kvstash_wire_errf(c, "piece %zu: buffer not registered on this connection", j);
+            return KVSTASH_EINVAL;
+        }
+        if (p[j].offset > b->size || p[j].length > b->size - p[j].offset) {
+            kvstash_wire_errf(c, "piece %zu: [%llu, +%llu) is outside its buffer of %zu bytes",
+                              j, (unsigned long long)p[j].offset,
+                              (unsigned long long)p[j].length, b->size);
+            return KVSTASH_EINVAL;
+        }
+    }
+    uint64_t wire = kvstash_sat_add(kvstash_sat_mul(np, KVSTASH_PIECE_MAX),
+                                    (uint64_t)klen + 10 + KVSTASH_ENVELOPE);
+    if (np > KVSTASH_REQ_PIECES || wire > c->hello.max_message_size) {
+        kvstash_wire_errf(c, "%zu pieces do not fit in one request", np);
+        return KVSTASH_ETOOLARGE;
+    }
+    *total = kvstash_pieces_total(p, np);
+    return 0;
+}
+
+int
+kvstash_batch_put_from(struct kvstash *c, size_t n, const void *const *keys,
+                       const size_t *klens, const struct kvstash_piece *const *pieces,
+                       const size_t *npieces, int *codes)
+{
+    struct kvstash_op op = {
+        .method = "batch_put_from", .res = RES_CODES, .n = n, .keys = keys, .klens = klens,
+        .pieces = pieces, .npieces = npieces, .codes = codes, .skips = true,
+    };
+    const struct kvstash_hello *hi;
+    int rc = kvstash_begin(c);
+
+    if (rc != 0) {
+        return rc;
+    }
+    if (n > 0 && (klens == NULL || pieces == NULL || npieces == NULL || codes == NULL)) {
+        kvstash_wire_errf(c, "batch_put_from: NULL array");
+        return KVSTASH_EINVAL;
+    }
+    hi = &c->hello;
+    for (size_t i = 0; i < n; i++) {
+        /* a key that cannot be stored is answered here and not sent */
+        uint64_t total = 0;
+        codes[i] = kvstash_iov_check(c, keys ? keys[i] : NULL, klens[i], pieces[i], npieces[i],
+                                     &total);
+        if (codes[i] == 0 && (klens[i] > hi->max_key_size || total > hi->max_value_size)) {
+            codes[i] = KVSTASH_ETOOLARGE;
+        }
+        if (codes[i] == 0) {
+            codes[i] = -1;
+        }
+    }
+    c->err[0] = '\0';
+    return kvstash_op_run(c, &op);
+}
+
+int
+kvstash_batch_get_into(struct kvstash *c, size_t n, const void *const *keys,
+                       const size_t *klens, const struct kvstash_piece *const *pieces,
+                       const size_t *npieces, int64_t *results)
+{
+    struct kvstash_op op = {
+        .method = "batch_get_into", .res = RES_INTS, .n = n, .keys = keys, .klens = klens,
+        .pieces = pieces, .npieces = npieces, .results = results, .skips = true,
+    };
+    int rc = kvstash_begin(c);
+
+    if (rc != 0) {
+        return rc;
+    }
+    if (n > 0 && (klens == NULL || pieces == NULL || npieces == NULL || results == NULL)) {
+        kvstash_wire_errf(c, "batch_get_into: NULL array");
+        return KVSTASH_EINVAL;
+    }
+    for (size_t i = 0; i < n; i++) {
+        /* a key that cannot be sent is answered here */
+        uint64_t total = 0;
+        int code = kvstash_iov_check(c, keys ? keys[i] : NULL, klens[i], pieces[i], npieces[i],
+                                     &total);
+        results[i] = code != 0 ? -(int64_t)code : KVSTASH_UNSENT;
+    }
+    c->err[0] = '\0';
     return kvstash_op_run(c, &op);
 }
 

@@ -4,12 +4,13 @@
  * One struct kvstash is one connection; it is not thread safe (use one per
  * thread). Calls are synchronous; batch calls pipeline: a batch is split into
  * requests of at most the server's max_batch keys (learned from hello at
- * connect) and about min(max_message_size / 2, 32 MiB) bytes, and up to 8 of
- * them are kept in flight while the replies are read in order (for batch_get,
- * also no more than 128 KiB of requests, so the client keeps reading while
- * the server's output is large). Values over 8 KiB are sent straight from the
- * caller's memory, and values read by kvstash_get/kvstash_batch_get go from
- * the socket straight into the caller's buffers.
+ * connect), about min(max_message_size / 2, 32 MiB) bytes and (for the
+ * shared-memory transfers) 65536 pieces, and up to 8 of them are kept in
+ * flight while the replies are read in order (for batch_get, also no more
+ * than 128 KiB of requests, so the client keeps reading while the server's
+ * output is large). Values over 8 KiB are sent straight from the caller's
+ * memory, and values read by kvstash_get/kvstash_batch_get go from the
+ * socket straight into the caller's buffers.
  *
  * Return values: 0 on success; a positive KV_* code (kverr.h numbering,
  * repeated below as KVSTASH_E*) when the server answered a request-level
@@ -20,7 +21,10 @@
  *
  * Buffers: keys and values are borrowed for the duration of a call; results
  * are written into caller buffers (get) or returned malloc'd where the call
- * says so.
+ * says so. Over a Unix socket, values can also move through registered
+ * shared-memory buffers (kvstash_register_buffer): the daemon copies them
+ * between the buffer and the store and only keys and offsets cross the
+ * socket. A buffer belongs to the connection that registered it.
  */
 #ifndef KVSTASH_H
 #define KVSTASH_H
@@ -40,6 +44,24 @@ enum kvstash_code {
 };
 
 struct kvstash;
+
+/*
+ * A registered shared-memory buffer: a memfd mapped read-write and shared in
+ * this process and in the daemon. Opaque; owned by the connection that
+ * registered it.
+ */
+struct kvstash_buffer;
+
+/*
+ * One piece of a transfer: bytes [offset, offset + length) of buf, which
+ * must be registered on the connection the call is made on. A key's value
+ * is the concatenation of its pieces, in order.
+ */
+struct kvstash_piece {
+    const struct kvstash_buffer *buf;
+    uint64_t offset;
+    uint64_t length;
+};
 
 struct kvstash_hello {
     char server[32];
@@ -164,6 +186,129 @@ int kvstash_pin(struct kvstash *c, size_t n, const void *const *keys, const size
                 const char *mode, int *codes);
 int kvstash_unpin(struct kvstash *c, size_t n, const void *const *keys, const size_t *klens,
                   int *codes);
+
+/*
+ * kvstash_register_buffer: create a shared-memory buffer of size bytes and
+ * register it with the server: a memfd (MFD_CLOEXEC | MFD_ALLOW_SEALING) of
+ * that size, sealed with F_SEAL_SHRINK | F_SEAL_GROW, mapped MAP_SHARED
+ * read-write here and sent to the server (SCM_RIGHTS) with the request. Its
+ * bytes start zeroed. Registration is meant to happen once per connection,
+ * not per transfer. Returns 0 and *out (the library keeps no descriptor of
+ * its own: the mapping holds the memory); else *out is NULL and the return
+ * is KVSTASH_EUNSUPPORTED when c is not a Unix-socket connection (nothing is
+ * sent), KVSTASH_EINVAL for out NULL or size 0 or over INT64_MAX, a positive
+ * code the server answered (KVSTASH_EUNSUPPORTED, KVSTASH_EINVAL, ...; c stays
+ * usable); the negative errno of memfd_create, ftruncate, fcntl or mmap
+ * (-EMFILE, -ENOMEM, ...: nothing was sent, c stays usable, and
+ * kvstash_last_error names the call); or a negative errno of the connection
+ * (c is then broken).
+ *
+ * *out belongs to c and is valid until kvstash_unregister_buffer(c, *out) or
+ * kvstash_close(c), which releases every buffer still registered (the memory
+ * of kvstash_buffer_ptr is then unmapped).
+ */
+int kvstash_register_buffer(struct kvstash *c, size_t size, struct kvstash_buffer **out);
+
+/*
+ * kvstash_register_fd: as kvstash_register_buffer, for the caller's own
+ * memfd: fd must be a memfd created with MFD_ALLOW_SEALING, opened
+ * read-write, at least size bytes long. The library adds F_SEAL_SHRINK to it
+ * (a permanent seal: the file can never shrink again, so the daemon can
+ * never fault on it), maps its first size bytes MAP_SHARED read-write and
+ * sends it with the request (the daemon gets its own descriptor). fd is
+ * borrowed: the caller keeps it, and may close it as soon as the call
+ * returns, whatever the outcome; the library never closes it. Bytes already
+ * in the file are kept and visible through kvstash_buffer_ptr, and any other
+ * mapping of the file sees the same memory. Returns as
+ * kvstash_register_buffer, with KVSTASH_EINVAL also for fd < 0, a descriptor
+ * that is not a memfd, a memfd that does not allow sealing (created without
+ * MFD_ALLOW_SEALING, or F_SEAL_SEAL set before F_SEAL_SHRINK), one shorter
+ * than size, or one that cannot be mapped writable (F_SEAL_WRITE,
+ * F_SEAL_FUTURE_WRITE, opened read-only); kvstash_last_error says which.
+ * *out as for kvstash_register_buffer.
+ */
+int kvstash_register_fd(struct kvstash *c, int fd, size_t size, struct kvstash_buffer **out);
+
+/*
+ * kvstash_buffer_ptr: the start (page aligned) of b's memory, size bytes,
+ * shared with the daemon; NULL for NULL. Valid until b is unregistered or its
+ * connection closed. The daemon reads and writes it only during the calls
+ * that name it in a piece (but see kvstash_batch_get_into on failed calls).
+ */
+void *kvstash_buffer_ptr(const struct kvstash_buffer *b);
+
+/* kvstash_buffer_size: b's size as registered (0 for NULL). */
+size_t kvstash_buffer_size(const struct kvstash_buffer *b);
+
+/*
+ * kvstash_unregister_buffer: tell the server to forget b, then unmap and free
+ * it. Accepts NULL (returns 0). b must have been registered on c, else
+ * KVSTASH_EINVAL and nothing is done. Otherwise b is released whatever the
+ * outcome: b and the memory of kvstash_buffer_ptr(b) are invalid once the
+ * call returns, and a memfd passed to kvstash_register_fd stays open (and
+ * sealed) in the caller's hands. Returns 0; KVSTASH_ENOTFOUND when the
+ * server did not know the buffer; another code the server answered; or a
+ * negative errno of the connection (-EPIPE when c was already broken; the
+ * server releases a connection's buffers when it closes).
+ */
+int kvstash_unregister_buffer(struct kvstash *c, struct kvstash_buffer *b);
+
+/*
+ * kvstash_batch_put_from: store n objects whose values are already in
+ * registered buffers: value i is the concatenation of pieces[i][0 ..
+ * npieces[i]) (pieces[i] may be NULL when npieces[i] is 0: an empty value).
+ * The daemon copies the bytes out of the shared memory; they never cross the
+ * socket. codes[i] gets key i's outcome as kvstash_put, or KVSTASH_EINVAL
+ * when a piece of key i is bad: its buf is NULL or not registered on c, or
+ * offset + length exceeds the buffer's size. A bad piece, a key over
+ * max_key_size and a value (the pieces' total) over max_value_size are
+ * answered here (KVSTASH_EINVAL, KVSTASH_ETOOLARGE, KVSTASH_ETOOLARGE) and
+ * not sent, as is a key with more than 65536 pieces or more than fit in
+ * max_message_size (KVSTASH_ETOOLARGE); the server checks pieces the same
+ * way. Batching, pipelining and the return value are those of
+ * kvstash_batch_put. Pieces may overlap, within a key and across keys.
+ *
+ * Buffer reuse: the daemon reads the pieces while the call runs, so they
+ * must not be written until it returns; once it returns >= 0, every key has
+ * been copied (or refused) and the pieces may be overwritten at once. After
+ * a negative return the daemon may still be copying pieces of requests it
+ * had received, for a short while after c is closed too: a key of such a
+ * call may be stored with bytes written to its pieces meanwhile.
+ */
+int kvstash_batch_put_from(struct kvstash *c, size_t n, const void *const *keys,
+                           const size_t *klens, const struct kvstash_piece *const *pieces,
+                           const size_t *npieces, int *codes);
+
+/*
+ * kvstash_batch_get_into: read n values into registered buffers: value i is
+ * copied by the daemon into pieces[i][0 .. npieces[i]), filling them in
+ * order. results[i] is the number of bytes written: the value's size when
+ * the pieces can hold it (less than their total when the value is shorter;
+ * the bytes after it are not touched); a value longer than its pieces fills
+ * them and the rest is not copied, with results[i] their total (pieces one
+ * byte larger than the value needs, or kvstash_get_size, tell the two
+ * apart). Or minus a code: -KVSTASH_ENOTFOUND (-1) for a missing key,
+ * -KVSTASH_EINVAL (-6) for a bad piece (as for kvstash_batch_put_from;
+ * answered here and not sent, or by the server, which then touches no
+ * memory), -KVSTASH_ETOOLARGE for a key that cannot be sent (over 4 GiB,
+ * more than 65536 pieces or more than fit in max_message_size). A key over
+ * max_key_size reads as missing. Batching, pipelining and the return value
+ * are those of kvstash_batch_put: on a request-level error the keys of that
+ * request and of those not yet sent get minus that code; results[] is
+ * undefined after a negative return.
+ *
+ * Buffer reuse: the daemon writes the pieces while the call runs; their
+ * contents are complete when it returns >= 0, and pieces of a key with
+ * results[i] < 0 are not written. Pieces must not overlap one another (in
+ * one key or across keys), else their contents are unspecified. After a
+ * negative return the daemon may still be writing pieces of requests it had
+ * received, even for a short while after c is closed (which matters when the
+ * caller keeps its own mapping of a memfd given to kvstash_register_fd):
+ * their contents are then undefined.
+ */
+int kvstash_batch_get_into(struct kvstash *c, size_t n, const void *const *keys,
+                           const size_t *klens, const struct kvstash_piece *const *pieces,
+                           const size_t *npieces, int64_t *results);
 
 /*
  * kvstash_stats: the server's counters as a malloc'd array of *n name/value

@@ -4,17 +4,18 @@
  * This module owns a struct kvstash's socket, its reusable request buffer
  * and its fixed reply buffer. Requests are packed with msgpack-c's packer; a
  * value larger than KVSTASH_WIRE_COPY_MAX is not copied but sent by sendmsg
- * straight from the caller's memory. Replies are decoded by a streaming
- * reader that pulls bytes from the socket as it needs them, checks every
- * declared length and count against what the reply may still hold (and
+ * straight from the caller's memory, and a request may carry one file
+ * descriptor (SCM_RIGHTS) on its first bytes. Replies are decoded by a
+ * streaming reader that pulls bytes from the socket as it needs them, checks
+ * every declared length and count against what the reply may still hold (and
  * against the caller's capacity) before acting on it, and receives large bin
  * bodies straight into the caller's buffers. The server is not trusted: a
  * malformed reply breaks the connection with -EPROTO instead of being
  * guessed at, and nothing is allocated from a wire length except a value
- * read into a malloc'd buffer (bounded by the server's max_value_size) and
- * a stats array (bounded by the reply size). It must not decide policy
- * (how batches are split and pipelined, server-limit defaults, argument
- * checks: kvstash.c), keep global state, install a signal handler (sends use
+ * read into a malloc'd buffer (bounded by the server's max_value_size) and a
+ * stats array (bounded by the reply size). It must not decide policy (how
+ * batches are split and pipelined, server-limit defaults, argument checks:
+ * kvstash.c), keep global state, install a signal handler (sends use
  * MSG_NOSIGNAL) or start a thread.
  */
 #include "kvstash_wire.h"
@@ -153,17 +154,36 @@ kvstash_wire_recv(struct kvstash *c, void *buf, size_t len, bool all)
     }
 }
 
-/* kvstash_wire_send_iov: write all of iov[0..n) (modified as it goes). 0 or -errno. */
+/*
+ * kvstash_wire_send_iov: write all of iov[0..n) (modified as it goes). With
+ * fd >= 0 the descriptor rides, as SCM_RIGHTS, on the first sendmsg that
+ * writes any byte: the kernel attaches it to those bytes, so a partial write
+ * must not carry it again and the rest goes without it. 0 or -errno.
+ */
 static int
-kvstash_wire_send_iov(struct kvstash *c, struct iovec *iov, size_t n)
+kvstash_wire_send_iov(struct kvstash *c, struct iovec *iov, size_t n, int fd)
 {
     int flags = MSG_NOSIGNAL | (c->timeout_ms > 0 ? MSG_DONTWAIT : 0);
+    union {
+        struct cmsghdr align;
+        char buf[CMSG_SPACE(sizeof(int))];
+    } ctl;
 
     while (n > 0) {
         struct msghdr mh;
         memset(&mh, 0, sizeof(mh));
         mh.msg_iov = iov;
         mh.msg_iovlen = n < IOV_MAX ? n : IOV_MAX;
+        if (fd >= 0) {
+            memset(&ctl, 0, sizeof(ctl));
+            mh.msg_control = ctl.buf;
+            mh.msg_controllen = sizeof(ctl.buf);
+            struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+            cm->cmsg_level = SOL_SOCKET;
+            cm->cmsg_type = SCM_RIGHTS;
+            cm->cmsg_len = CMSG_LEN(sizeof(int));
+            memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+        }
         ssize_t w = sendmsg(c->fd, &mh, flags);
         if (w < 0) {
             if (errno == EINTR) {
@@ -177,6 +197,9 @@ kvstash_wire_send_iov(struct kvstash *c, struct iovec *iov, size_t n)
                 continue;
             }
             return -errno;
+        }
+        if (w > 0) {
+            fd = -1; /* it went with these bytes */
         }
         size_t left = (size_t)w;
         while (n > 0 && left >= iov->iov_len) {
@@ -272,6 +295,7 @@ kvstash_wire_req_begin(struct kvstash *c, const char *method, uint32_t nparams)
     c->wfail = 0;
     c->nsegs = 0;
     c->seg_start = 0;
+    c->wfd = -1;
     msgpack_pack_array(&pk, 4);
     msgpack_pack_uint32(&pk, 0);
     msgpack_pack_uint32(&pk, c->next_msgid);
@@ -293,6 +317,14 @@ kvstash_wire_req_key(struct kvstash *c, const void *key, size_t klen)
     msgpack_packer pk = kvstash_wire_packer(c);
 
     msgpack_pack_bin_with_body(&pk, klen ? key : "", klen);
+}
+
+void
+kvstash_wire_req_uint(struct kvstash *c, uint64_t v)
+{
+    msgpack_packer pk = kvstash_wire_packer(c);
+
+    msgpack_pack_uint64(&pk, v);
 }
 
 void
@@ -338,9 +370,28 @@ kvstash_wire_req_group_size(struct kvstash *c, uint32_t g)
     msgpack_pack_uint32(&pk, g);
 }
 
+void
+kvstash_wire_req_size(struct kvstash *c, uint64_t size)
+{
+    msgpack_packer pk = kvstash_wire_packer(c);
+
+    msgpack_pack_map(&pk, 1);
+    msgpack_pack_str_with_body(&pk, "size", 4);
+    msgpack_pack_uint64(&pk, size);
+}
+
+void
+kvstash_wire_req_fd(struct kvstash *c, int fd)
+{
+    c->wfd = fd;
+}
+
 int
 kvstash_wire_req_send(struct kvstash *c)
 {
+    int fd = c->wfd;
+
+    c->wfd = -1; /* the request's descriptor is sent (or failed to be) at most once */
     kvstash_wire_seg_add(c, NULL, c->seg_start, c->wlen - c->seg_start);
     if (c->wfail) {
         kvstash_wire_errf(c, "out of memory building a request");
@@ -360,7 +411,7 @@ kvstash_wire_req_send(struct kvstash *c)
         c->iov[i].iov_base = (void *)(s->ext ? s->ext : c->wbuf + s->off);
         c->iov[i].iov_len = s->len;
     }
-    int rc = kvstash_wire_send_iov(c, c->iov, c->nsegs);
+    int rc = kvstash_wire_send_iov(c, c->iov, c->nsegs, fd);
     if (rc == 0) {
         c->next_msgid++;
     }
@@ -649,6 +700,26 @@ kvstash_wire_read_code(struct kvstash *c, int *code)
         return kvstash_wire_bad(c, "status code out of range");
     }
     *code = (int)v;
+    return 0;
+}
+
+int
+kvstash_wire_read_int(struct kvstash *c, int64_t *v)
+{
+    struct kvstash_wire_head h;
+    int rc = kvstash_wire_head_read(c, &h);
+
+    if (rc != 0) {
+        return rc;
+    }
+    if (h.type == RD_INT) {
+        *v = h.i;
+    } else if (h.type == RD_UINT && h.u <= INT64_MAX) {
+        *v = (int64_t)h.u;
+    } else {
+        return kvstash_wire_bad(c, h.type == RD_UINT ? "integer out of range"
+                                                     : "expected an integer");
+    }
     return 0;
 }
 
@@ -1217,12 +1288,17 @@ kvstash_wire_connect_tcp(const char *addr, int timeout_ms, int *fdp)
 int
 kvstash_wire_connect(struct kvstash *c, const char *addr)
 {
+    const char *path = NULL;
     int rc;
 
     if (strncmp(addr, "unix:", 5) == 0) {
-        rc = kvstash_wire_connect_unix(addr + 5, c->timeout_ms, &c->fd);
+        path = addr + 5;
     } else if (strchr(addr, '/') != NULL) {
-        rc = kvstash_wire_connect_unix(addr, c->timeout_ms, &c->fd);
+        path = addr;
+    }
+    if (path != NULL) {
+        rc = kvstash_wire_connect_unix(path, c->timeout_ms, &c->fd);
+        c->is_unix = rc == 0;
     } else {
         rc = kvstash_wire_connect_tcp(addr, c->timeout_ms, &c->fd);
     }
@@ -1240,6 +1316,7 @@ int
 kvstash_wire_init(struct kvstash *c)
 {
     c->fd = -1;
+    c->wfd = -1;
     c->fill_max = KVSTASH_WIRE_RBUF_SIZE;
     c->rbuf = malloc(KVSTASH_WIRE_RBUF_SIZE);
     return c->rbuf != NULL ? 0 : -ENOMEM;

@@ -3,7 +3,8 @@
  *
  * This module owns a connection's socket and its two buffers: it connects
  * the socket, builds one request at a time into the reusable request buffer
- * (msgpack-rpc [0, msgid, method, params]) and sends it with sendmsg, and
+ * (msgpack-rpc [0, msgid, method, params]) and sends it with sendmsg (with,
+ * when asked, one file descriptor by SCM_RIGHTS on its first bytes), and
  * decodes replies with a streaming reader that pulls bytes from the socket
  * as it needs them, checks every declared length and count against what the
  * reply may still hold before acting on it, and receives bin bodies straight
@@ -55,16 +56,19 @@ struct kvstash {
     int fd;
     int broken;                    /* 0, or set once the stream is unusable */
     int timeout_ms;                /* I/O timeout, 0 = none */
+    int is_unix;                   /* set by kvstash_wire_connect: a Unix-socket connection */
     uint32_t next_msgid;           /* id of the next request written */
     uint32_t want_msgid;           /* id of the next reply expected */
     uint64_t req_target;           /* request bytes aimed at when splitting */
     struct kvstash_hello hello;    /* max_value_size bounds kvstash_wire_read_value */
     char err[KVSTASH_WIRE_ERRLEN]; /* kvstash_last_error() */
+    struct kvstash_buffer *bufs;   /* registered shared-memory buffers (kvstash.c's list) */
     /* request side */
     uint8_t *wbuf;
     size_t wlen;
     size_t wcap;
     int wfail;                     /* building the request ran out of memory */
+    int wfd;                       /* descriptor to send with the request, or -1 */
     struct kvstash_wire_seg *segs;
     size_t nsegs;
     size_t segcap;
@@ -93,13 +97,14 @@ int kvstash_wire_init(struct kvstash *c);
 
 /*
  * kvstash_wire_connect: connect c's socket to addr: "unix:/path" or a path
- * containing '/' (a Unix socket), else "host:port", "[v6]:port", "host" or a
- * bare IPv6 address (TCP with TCP_NODELAY, default port 7431; every address
- * the name resolves to is tried in turn). Each attempt gives up after
- * c->timeout_ms when that is > 0. Returns 0 (c->fd set), or -EINVAL or
- * -ENAMETOOLONG for a bad address and -ENXIO for an unknown host (c->err
- * then says so), or another negative errno (-ECONNREFUSED, -ETIMEDOUT,
- * -EAGAIN for a temporary resolver failure, ...). addr is borrowed.
+ * containing '/' (a Unix socket; c->is_unix is then set), else "host:port",
+ * "[v6]:port", "host" or a bare IPv6 address (TCP with TCP_NODELAY, default
+ * port 7431; every address the name resolves to is tried in turn). Each
+ * attempt gives up after c->timeout_ms when that is > 0. Returns 0 (c->fd
+ * set), or -EINVAL or -ENAMETOOLONG for a bad address and -ENXIO for an
+ * unknown host (c->err then says so), or another negative errno
+ * (-ECONNREFUSED, -ETIMEDOUT, -EAGAIN for a temporary resolver failure,
+ * ...). addr is borrowed.
  */
 int kvstash_wire_connect(struct kvstash *c, const char *addr);
 
@@ -142,6 +147,9 @@ void kvstash_wire_req_key(struct kvstash *c, const void *key, size_t klen);
  */
 void kvstash_wire_req_value(struct kvstash *c, const void *val, size_t vlen);
 
+/* kvstash_wire_req_uint: a non-negative integer. */
+void kvstash_wire_req_uint(struct kvstash *c, uint64_t v);
+
 /* kvstash_wire_req_str: the NUL-terminated s as str; copied. */
 void kvstash_wire_req_str(struct kvstash *c, const char *s);
 
@@ -150,6 +158,19 @@ void kvstash_wire_req_force(struct kvstash *c);
 
 /* kvstash_wire_req_group_size: the options map {group_size: g}. */
 void kvstash_wire_req_group_size(struct kvstash *c, uint32_t g);
+
+/* kvstash_wire_req_size: the options map {size: n}. */
+void kvstash_wire_req_size(struct kvstash *c, uint64_t size);
+
+/*
+ * kvstash_wire_req_fd: send fd with the request being built: it goes by
+ * SCM_RIGHTS on the first sendmsg that writes any of the request's bytes,
+ * never again (the rest of a partly written request goes without it). Only
+ * meaningful on a Unix socket. fd is borrowed (not closed) and must stay
+ * open until kvstash_wire_req_send returns; kvstash_wire_req_begin and
+ * kvstash_wire_req_send forget it.
+ */
+void kvstash_wire_req_fd(struct kvstash *c, int fd);
 
 /*
  * kvstash_wire_req_send: write the request built since kvstash_wire_req_begin
@@ -213,6 +234,9 @@ int kvstash_wire_read_uint(struct kvstash *c, uint64_t *v);
 
 /* kvstash_wire_read_code: a status code (a non-negative integer <= INT_MAX) into *code. */
 int kvstash_wire_read_code(struct kvstash *c, int *code);
+
+/* kvstash_wire_read_int: an integer of either sign (within int64_t) into *v. */
+int kvstash_wire_read_int(struct kvstash *c, int64_t *v);
 
 /* kvstash_wire_read_bool: a bool into *v. */
 int kvstash_wire_read_bool(struct kvstash *c, bool *v);

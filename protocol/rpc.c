@@ -18,7 +18,6 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "kverr.h"
 #include "mp.h"
@@ -453,10 +452,6 @@ rpc_ctx_release(struct rpc_ctx *ctx)
     rpc_xfer_release(ctx);
     shmbuf_set_destroy(ctx->bufs);
     ctx->bufs = NULL;
-    for (int i = 0; i < ctx->nfds; i++) {
-        close(ctx->fds[i]);
-    }
-    ctx->nfds = 0;
 }
 
 static int
@@ -1210,6 +1205,9 @@ rpc_dispatch(struct rpc_ctx *ctx, const uint8_t *msg, size_t len, const struct m
     if (rc != -EAGAIN && ctx->resume != NULL) {
         rpc_deferred_free(ctx, ctx->resume);   /* only the message that waited picks it up */
         ctx->resume = NULL;
+    }
+    if (rc != -EAGAIN) {
+        rpc_xfer_resume_drop(ctx);
     }
     if (rc == -EAGAIN) {
         /* Nothing answered, nothing consumed: the same message comes back later. */

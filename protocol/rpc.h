@@ -84,9 +84,12 @@ struct rpc_ctx {
     struct rpc_deferred *deferred;   /* a reply waiting for durable puts (rpc_deferred_poll) */
     struct rpc_deferred *resume;     /* a batch_put waiting for room: what it did so far */
     struct rpc_xfer *xfer;           /* a transfer the copy threads run for the last request */
+    struct rpc_xfer *xresume;        /* a batch_put_from waiting for room: its set-up so far */
     bool is_unix;                    /* the Unix socket: shared-memory buffers allowed */
-    int fds[RPC_MAX_FDS];            /* descriptors received and not claimed, oldest first */
-    int nfds;
+    /* take_fd: the next descriptor that came with the request being dispatched (now
+     * the caller's), or -1; NULL on connections that cannot carry descriptors */
+    int (*take_fd)(void *arg);
+    void *take_fd_arg;
     struct shmbuf_set *bufs;         /* buffers this connection registered (made on demand) */
 };
 
@@ -152,16 +155,21 @@ int rpc_dispatch(struct rpc_ctx *ctx, const uint8_t *msg, size_t len, const stru
  * rpc_deferred_poll: 0 when the reply was queued on out (or none waits),
  * -EINPROGRESS while the work is pending, -ENOMEM.
  * rpc_ctx_release: the connection closes: forget what waits, hand running
- * copies to the copy threads to clean up, unmap the connection's buffers,
- * close descriptors not claimed.
+ * copies to the copy threads to clean up, unmap the connection's buffers.
  */
 bool rpc_pending(const struct rpc_ctx *ctx);
 int rpc_deferred_poll(struct rpc_ctx *ctx, struct outq *out);
 void rpc_ctx_release(struct rpc_ctx *ctx);
 
-/* rpc_xfer_poll / rpc_xfer_release: the copy side of the above (rpc_shm.c). */
+/*
+ * The copy side of the above (rpc_shm.c): rpc_xfer_poll as rpc_deferred_poll;
+ * rpc_xfer_release drops the connection's transfers (rpc_ctx_release);
+ * rpc_xfer_resume_drop forgets a waiting batch_put_from's set-up (its
+ * message was answered some other way).
+ */
 int rpc_xfer_poll(struct rpc_ctx *ctx, struct outq *out);
 void rpc_xfer_release(struct rpc_ctx *ctx);
+void rpc_xfer_resume_drop(struct rpc_ctx *ctx);
 
 /*
  * rpc_prefetch: msg[0..len) is a complete request queued behind one that

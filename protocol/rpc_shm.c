@@ -41,6 +41,7 @@ struct rpc_xfer {
     struct copy_seg *segs;
     size_t nsegs;
     size_t capsegs;
+    uint32_t next;                  /* a put that waits for room goes on from this key */
 };
 
 /* One piece as validated: where it is, or why not. */
@@ -58,29 +59,29 @@ rpc_register_buffer(struct rpc_req *rq)
     struct rpc_opts opts;
     const char *why = NULL;
     uint64_t id;
-    int fd;
+    /* Taken first: a request that fails still consumes the descriptor it came with. */
+    int fd = ctx->take_fd != NULL ? ctx->take_fd(ctx->take_fd_arg) : -1;
     int rc = rpc_arity(rq, 1, 1);
 
-    if (rc != 0) {
-        return rc;
+    if (rc == 0) {
+        rc = rpc_opts_read(rq, 0, &opts);
     }
-    rc = rpc_opts_read(rq, 0, &opts);
-    if (rc != 0) {
-        return rc;
-    }
-    if (!ctx->is_unix) {
+    if (rc == 0 && !ctx->is_unix) {
         rq->errmsg = "shared-memory buffers need the Unix socket";
-        return KV_UNSUPPORTED;
+        rc = KV_UNSUPPORTED;
     }
-    if (!opts.has_size) {
-        return rpc_invalid(rq, "opts.size is required");
+    if (rc == 0 && !opts.has_size) {
+        rc = rpc_invalid(rq, "opts.size is required");
     }
-    if (ctx->nfds == 0) {
-        return rpc_invalid(rq, "no file descriptor came with register_buffer");
+    if (rc == 0 && fd < 0) {
+        rc = rpc_invalid(rq, "no file descriptor came with register_buffer");
     }
-    fd = ctx->fds[0];
-    memmove(&ctx->fds[0], &ctx->fds[1], (size_t)(ctx->nfds - 1) * sizeof(ctx->fds[0]));
-    ctx->nfds--;
+    if (rc != 0) {
+        if (fd >= 0) {
+            close(fd);
+        }
+        return rc;
+    }
     if (ctx->bufs == NULL && shmbuf_set_create(&ctx->bufs) != 0) {
         close(fd);
         return -ENOMEM;
@@ -356,7 +357,7 @@ rpc_batch_put_from(struct rpc_req *rq)
     struct rpc_xfer *x;
     struct rpc_opts opts;
     uint32_t nkeys, npieces;
-    int reserved = 0;
+    uint32_t start;
     int rc = rpc_arity(rq, 2, 3);
 
     if (rc == 0) {
@@ -384,7 +385,17 @@ rpc_batch_put_from(struct rpc_req *rq)
         rq->errmsg = "durable is not supported with batch_put_from yet";
         return KV_UNSUPPORTED;
     }
-    x = rpc_xfer_new(rq, nkeys, npieces, true);
+    /* A batch that waited for room comes back with its reservations so far. */
+    x = rq->ctx->xresume;
+    rq->ctx->xresume = NULL;
+    if (x != NULL && x->n != nkeys) {
+        rpc_xfer_free(x);
+        x = NULL;
+    }
+    start = x != NULL ? x->next : 0;
+    if (x == NULL) {
+        x = rpc_xfer_new(rq, nkeys, npieces, true);
+    }
     pc = malloc((npieces ? npieces : 1) * sizeof(*pc));
     if (x == NULL || pc == NULL) {
         free(pc);
@@ -397,10 +408,15 @@ rpc_batch_put_from(struct rpc_req *rq)
     for (uint32_t i = 0; i < nkeys; i++) {
         const uint8_t *kp;
         uint32_t klen, np;
+        uint32_t nbufs = x->nbufs;
         uint64_t total;
         struct kv_key key;
 
         rpc_read_key(&keys, &kp, &klen);
+        if (i < start) {
+            (void)mp_skip(&iovs);       /* set up before the wait */
+            continue;
+        }
         rc = rpc_pieces_read(rq, &iovs, x, pc, &np, &total);
         if (rc == 0 && (klen > lim->max_key_size || total > lim->max_value_size)) {
             rc = KV_TOO_LARGE;
@@ -408,10 +424,15 @@ rpc_batch_put_from(struct rpc_req *rq)
         if (rc == 0) {
             rpc_key(rq, kp, klen, &key);
             rc = store_reserve(x->st, &key, total, &x->objs[i]);
-            if (rc == -EAGAIN && reserved == 0 && !rq->ctx->final_try) {
-                /* Nothing held yet: wait for room and come back with the same message. */
+            if (rc == -EAGAIN && !rq->ctx->final_try) {
+                /* Wait for room with what is set up; the same message comes back. */
+                x->objs[i] = NULL;
+                while (x->nbufs > nbufs) {
+                    shmbuf_unref(x->bufs[--x->nbufs]);  /* this key's, read again then */
+                }
+                x->next = i;
+                rq->ctx->xresume = x;
                 free(pc);
-                rpc_xfer_free(x);
                 return -EAGAIN;
             }
             if (rc != 0) {
@@ -420,7 +441,6 @@ rpc_batch_put_from(struct rpc_req *rq)
             }
         }
         if (rc == 0) {
-            reserved++;
             rc = rpc_xfer_map(x, x->objs[i], pc, np, total, true);
             if (rc != 0) {
                 free(pc);
@@ -539,10 +559,20 @@ rpc_xfer_poll(struct rpc_ctx *ctx, struct outq *out)
 }
 
 void
+rpc_xfer_resume_drop(struct rpc_ctx *ctx)
+{
+    if (ctx->xresume != NULL) {
+        rpc_xfer_free(ctx->xresume);    /* its reservations are aborted */
+        ctx->xresume = NULL;
+    }
+}
+
+void
 rpc_xfer_release(struct rpc_ctx *ctx)
 {
     struct rpc_xfer *x = ctx->xfer;
 
+    rpc_xfer_resume_drop(ctx);
     ctx->xfer = NULL;
     if (x != NULL && copy_job_abandon(&x->job)) {
         rpc_xfer_free(x);  /* it had finished: ours to free; else the copier frees it */

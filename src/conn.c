@@ -66,6 +66,12 @@ struct conn {
     bool lookahead;              /* while waiting: read on and prefetch queued gets */
     struct frame_scan la_scan;   /* the lookahead's scan of the message after la_pos */
     size_t la_pos;               /* bytes after rpos the lookahead has passed */
+    uint64_t rx_total;           /* bytes received since the connection opened */
+    uint64_t msg_start;          /* stream offset of the message being dispatched */
+    int fdq[RPC_MAX_FDS];        /* descriptors received (Unix socket), oldest first, each */
+    uint64_t fdq_lo[RPC_MAX_FDS]; /* with the stream bytes of the read that brought it */
+    uint64_t fdq_hi[RPC_MAX_FDS];
+    int nfdq;
 
     uint8_t *ibuf;               /* message bytes (minus spilled bodies) + read-ahead */
     size_t icap, ilen, rpos;     /* current message starts at rpos */
@@ -87,6 +93,7 @@ static _Atomic uint64_t conn_next_id = 1;
 
 static void conn_on_read(evutil_socket_t fd, short what, void *arg);
 static void conn_on_write(evutil_socket_t fd, short what, void *arg);
+static int conn_take_fd(void *arg);
 
 /* ---- lifecycle ---- */
 
@@ -114,6 +121,9 @@ conn_free(struct conn *c)
     log_debug("conn %llu %s: closed", (unsigned long long)c->id, c->peer);
     conn_spills_abort(c);
     rpc_ctx_release(&c->ctx);
+    for (int i = 0; i < c->nfdq; i++) {
+        close(c->fdq[i]);
+    }
     if (c->ev_retry != NULL) {
         event_free(c->ev_retry);
     }
@@ -215,6 +225,10 @@ conn_adopt(struct worker *w, int fd, int is_unix)
     c->ctx.ctr = &w->ctr;
     c->ctx.tenant = 0;
     c->ctx.is_unix = is_unix != 0;
+    if (is_unix) {
+        c->ctx.take_fd = conn_take_fd;
+        c->ctx.take_fd_arg = c;
+    }
     outq_init(&c->out, w->srv->store);
     frame_scan_init(&c->scan);
     rpc_spill_reset(&c->sc);
@@ -472,12 +486,62 @@ conn_spill_fill(struct conn *c, const uint8_t *p, size_t n)
 }
 
 /* Dispatch one complete message of scan.pos bytes at rpos. Returns 0 or -1 (close). */
+/*
+ * conn_fds_expire: the message about to be dispatched starts at msg_start;
+ * a descriptor whose read ended before that belongs to no request still to
+ * come (nothing claimed it): close it.
+ */
+static void
+conn_fds_expire(struct conn *c)
+{
+    uint64_t end = c->rx_total - (c->ilen - c->rpos - c->scan.pos);
+    int keep = 0;
+
+    c->msg_start = end - c->scan.wire_bytes;
+    for (int i = 0; i < c->nfdq; i++) {
+        if (c->fdq_hi[i] <= c->msg_start) {
+            close(c->fdq[i]);
+            continue;
+        }
+        c->fdq[keep] = c->fdq[i];
+        c->fdq_lo[keep] = c->fdq_lo[i];
+        c->fdq_hi[keep++] = c->fdq_hi[i];
+    }
+    c->nfdq = keep;
+}
+
+/*
+ * conn_take_fd (ctx.take_fd): the oldest descriptor whose read holds the
+ * start of the message being dispatched, now the caller's; or -1.
+ */
+static int
+conn_take_fd(void *arg)
+{
+    struct conn *c = arg;
+
+    for (int i = 0; i < c->nfdq; i++) {
+        if (c->fdq_lo[i] <= c->msg_start && c->msg_start < c->fdq_hi[i]) {
+            int fd = c->fdq[i];
+
+            c->nfdq--;
+            memmove(&c->fdq[i], &c->fdq[i + 1], (size_t)(c->nfdq - i) * sizeof(c->fdq[0]));
+            memmove(&c->fdq_lo[i], &c->fdq_lo[i + 1],
+                    (size_t)(c->nfdq - i) * sizeof(c->fdq_lo[0]));
+            memmove(&c->fdq_hi[i], &c->fdq_hi[i + 1],
+                    (size_t)(c->nfdq - i) * sizeof(c->fdq_hi[0]));
+            return fd;
+        }
+    }
+    return -1;
+}
+
 static int
 conn_dispatch(struct conn *c)
 {
     for (size_t i = 0; i < c->nholes; i++) {
         c->holes[i].tag = &c->spills[i];
     }
+    conn_fds_expire(c);
     int rc = rpc_dispatch(&c->ctx, c->ibuf + c->rpos, c->scan.pos, c->holes, c->nholes, &c->out);
     if (rc == -EAGAIN) {
         bool first = !c->lookahead;
@@ -673,7 +737,7 @@ conn_recv_fds(struct conn *c, struct iovec *iov, int n)
     msg.msg_control = ctl.buf;
     msg.msg_controllen = sizeof(ctl.buf);
     rd = recvmsg(c->fd, &msg, MSG_CMSG_CLOEXEC);
-    if (rd < 0) {
+    if (rd <= 0) {
         return rd;
     }
     for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm != NULL; cm = CMSG_NXTHDR(&msg, cm)) {
@@ -685,8 +749,16 @@ conn_recv_fds(struct conn *c, struct iovec *iov, int n)
             int fd;
 
             memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof(fd));
-            if (c->ctx.nfds < RPC_MAX_FDS) {
-                c->ctx.fds[c->ctx.nfds++] = fd;
+            if (c->nfdq < RPC_MAX_FDS) {
+                /*
+                 * The kernel ends a read with the bytes a descriptor was sent with, and
+                 * a sender attaches it to the first bytes of its request: the request
+                 * it belongs to starts inside this read (the last one to, see
+                 * conn_take_fd).
+                 */
+                c->fdq[c->nfdq] = fd;
+                c->fdq_lo[c->nfdq] = c->rx_total;
+                c->fdq_hi[c->nfdq++] = c->rx_total + (uint64_t)rd;
             } else {
                 close(fd);
             }
@@ -759,6 +831,7 @@ conn_read_once(struct conn *c)
                               (uint64_t)rd,
                           memory_order_relaxed);
     uint64_t got = (uint64_t)rd;
+    c->rx_total += got;
     if (body > 0) {
         uint64_t k = got < body ? got : body;
         /* Bytes went straight into the reservation: account, do not copy. */
