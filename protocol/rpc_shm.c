@@ -285,6 +285,34 @@ rpc_iovs_check(struct rpc_req *rq, uint32_t nkeys, uint32_t *npieces)
 }
 
 /*
+ * rpc_xfer_params: the [ks, iovs, ...] of a transfer (at most max params):
+ * readers at the keys and at the iovs, their counts; the shape is checked,
+ * the reader left after the iovs. 0 or a request-level error.
+ */
+static int
+rpc_xfer_params(struct rpc_req *rq, uint32_t max, struct mp_reader *keys, uint32_t *nkeys,
+                struct mp_reader *iovs, uint32_t *npieces)
+{
+    int rc = rpc_arity(rq, 2, max);
+
+    if (rc == 0) {
+        rc = rpc_keys_check(rq, nkeys);
+    }
+    if (rc != 0) {
+        return rc;
+    }
+    *keys = rq->rd;
+    for (uint32_t i = 0; i < *nkeys; i++) {
+        const uint8_t *kp;
+        uint32_t klen;
+
+        rpc_read_key(&rq->rd, &kp, &klen);
+    }
+    *iovs = rq->rd;
+    return rpc_iovs_check(rq, *nkeys, npieces);
+}
+
+/*
  * rpc_pieces_read: the pieces of one key into pc[0..*np) with a buffer
  * reference each kept in x. Returns 0 and the total length, or
  * KV_INVALID_ARGUMENT (a bad piece: unknown buffer, out of range, negative).
@@ -358,23 +386,8 @@ rpc_batch_put_from(struct rpc_req *rq)
     struct rpc_opts opts;
     uint32_t nkeys, npieces;
     uint32_t start;
-    int rc = rpc_arity(rq, 2, 3);
+    int rc = rpc_xfer_params(rq, 3, &keys, &nkeys, &iovs, &npieces);
 
-    if (rc == 0) {
-        rc = rpc_keys_check(rq, &nkeys);
-    }
-    if (rc != 0) {
-        return rc;
-    }
-    keys = rq->rd;
-    for (uint32_t i = 0; i < nkeys; i++) {
-        const uint8_t *kp;
-        uint32_t klen;
-
-        rpc_read_key(&rq->rd, &kp, &klen);
-    }
-    iovs = rq->rd;
-    rc = rpc_iovs_check(rq, nkeys, &npieces);
     if (rc == 0) {
         rc = rpc_opts_read(rq, 2, &opts);
     }
@@ -461,23 +474,8 @@ rpc_batch_get_into(struct rpc_req *rq)
     struct rpc_piece *pc = NULL;
     struct rpc_xfer *x;
     uint32_t nkeys, npieces;
-    int rc = rpc_arity(rq, 2, 2);
+    int rc = rpc_xfer_params(rq, 2, &keys, &nkeys, &iovs, &npieces);
 
-    if (rc == 0) {
-        rc = rpc_keys_check(rq, &nkeys);
-    }
-    if (rc != 0) {
-        return rc;
-    }
-    keys = rq->rd;
-    for (uint32_t i = 0; i < nkeys; i++) {
-        const uint8_t *kp;
-        uint32_t klen;
-
-        rpc_read_key(&rq->rd, &kp, &klen);
-    }
-    iovs = rq->rd;
-    rc = rpc_iovs_check(rq, nkeys, &npieces);
     if (rc != 0) {
         return rc;
     }
