@@ -23,7 +23,6 @@ import mmap
 import os
 import random
 import select
-import signal
 import socket
 import subprocess
 import sys
@@ -33,7 +32,8 @@ import time
 
 import pytest
 
-from test_python_client import KVSTASHD, Client, free_port
+from kvtest import Daemon
+from test_python_client import KVSTASHD, Client
 
 KIB = 1 << 10
 MIB = 1 << 20
@@ -179,113 +179,6 @@ def memfd_refs(pid, name):
 
 # ---------------------------------------------------------------------------------------
 # The daemon.
-
-
-class Daemon:
-    """One kvstashd process: TCP on an ephemeral port and a Unix socket in the work dir."""
-
-    seq = 0
-
-    def __init__(self, work, args):
-        Daemon.seq += 1
-        n = Daemon.seq
-        self.port = free_port()
-        self.data_dir = os.path.join(work, f"data{n}")
-        self.unix_path = os.path.join(work, f"kv{n}.sock")
-        self.log_path = os.path.join(work, f"kvstashd-{n}.log")
-        self.cmd = [KVSTASHD, f"--listen=127.0.0.1:{self.port}", f"--data_dir={self.data_dir}",
-                    f"--unix_socket={self.unix_path}", *args]
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT)
-        self.clients = []
-
-    @property
-    def pid(self):
-        return self.proc.pid
-
-    def output(self):
-        with open(self.log_path, "rb") as f:
-            return f.read().decode(errors="replace")
-
-    def tail(self, n=40):
-        return "\n".join(self.output().splitlines()[-n:])
-
-    def wait_ready(self, timeout=15.0):
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.proc.poll() is not None:
-                pytest.fail(f"kvstashd exited during startup ({self.proc.returncode}):\n"
-                            + self.tail())
-            try:
-                c = Client.tcp(self.port)
-                try:
-                    if c.call("ping") == "pong" and os.path.exists(self.unix_path):
-                        u = Client.unix(self.unix_path)
-                        try:
-                            if u.call("ping") == "pong":
-                                return self
-                        finally:
-                            u.close()
-                finally:
-                    c.close()
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"kvstashd did not accept within {timeout} s:\n" + self.tail())
-            time.sleep(0.02)
-
-    def tcp(self):
-        c = Client.tcp(self.port)
-        self.clients.append(c)
-        return c
-
-    def unix(self):
-        c = Client.unix(self.unix_path)
-        self.clients.append(c)
-        return c
-
-    def alive(self):
-        return self.proc.poll() is None
-
-    def assert_alive(self):
-        assert self.alive(), f"kvstashd died (exit {self.proc.returncode}):\n" + self.tail()
-        c = Client.tcp(self.port)
-        try:
-            assert c.call("ping") == "pong"
-        finally:
-            c.close()
-
-    def close_clients(self):
-        for c in self.clients:
-            try:
-                c.close()
-            except OSError:
-                pass
-        self.clients = []
-
-    def stop(self, timeout=20.0):
-        """SIGTERM; the daemon must exit 0."""
-        self.close_clients()
-        assert self.alive(), f"kvstashd died (exit {self.proc.returncode}):\n" + self.tail()
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
-            pytest.fail(f"kvstashd did not exit within {timeout} s of SIGTERM:\n" + self.tail())
-        assert self.proc.returncode == 0, \
-            f"kvstashd exit {self.proc.returncode} after SIGTERM:\n" + self.tail()
-
-    def reap(self):
-        self.close_clients()
-        if self.proc.poll() is None:
-            self.proc.kill()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                pass
 
 
 @pytest.fixture

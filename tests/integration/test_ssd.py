@@ -24,7 +24,8 @@ import time
 
 import pytest
 
-from test_python_client import KVSTASHD, Client, free_port
+from kvtest import Daemon
+from test_python_client import KVSTASHD, Client
 
 KIB = 1 << 10
 MIB = 1 << 20
@@ -89,92 +90,6 @@ def walk_records(path):
         off += hdr_block + align(value_len)
 
 
-class Daemon:
-    """One kvstashd process on an ephemeral port; its output goes to a log file."""
-
-    seq = 0
-
-    def __init__(self, work, data_dir, args):
-        Daemon.seq += 1
-        self.port = free_port()
-        self.log_path = os.path.join(work, f"kvstashd-{Daemon.seq}.log")
-        self.cmd = [KVSTASHD, f"--listen=127.0.0.1:{self.port}", f"--data_dir={data_dir}",
-                    "--unix_socket=none", *args]
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT)
-        self.clients = []
-
-    def output(self):
-        with open(self.log_path, "rb") as f:
-            return f.read().decode(errors="replace")
-
-    def tail(self, n=40):
-        return "\n".join(self.output().splitlines()[-n:])
-
-    def wait_ready(self, timeout=15.0):
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.proc.poll() is not None:
-                pytest.fail(f"kvstashd exited during startup ({self.proc.returncode}):\n"
-                            + self.tail())
-            try:
-                c = Client.tcp(self.port)
-                if c.call("ping") == "pong":
-                    c.close()
-                    return self
-                c.close()
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"kvstashd did not accept within {timeout} s:\n" + self.tail())
-            time.sleep(0.02)
-
-    def client(self):
-        c = Client.tcp(self.port)
-        self.clients.append(c)
-        return c
-
-    def close_clients(self):
-        for c in self.clients:
-            try:
-                c.close()
-            except OSError:
-                pass
-        self.clients = []
-
-    def stop(self, timeout=20.0):
-        """SIGTERM; the daemon must exit 0."""
-        self.close_clients()
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-                pytest.fail(f"kvstashd did not exit within {timeout} s of SIGTERM:\n"
-                            + self.tail())
-        assert self.proc.returncode == 0, \
-            f"kvstashd exit {self.proc.returncode} after SIGTERM:\n" + self.tail()
-
-    def kill9(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(10)
-        self.close_clients()
-
-    def reap(self):
-        """Teardown: whatever state it is in, the process is gone afterwards."""
-        self.close_clients()
-        if self.proc.poll() is None:
-            self.proc.kill()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                pass
-
-
 @pytest.fixture
 def work():
     if not os.access(KVSTASHD, os.X_OK):
@@ -189,7 +104,7 @@ def kv(work):
     started = []
 
     def start(data_dir, *args, ready=True):
-        d = Daemon(work, data_dir, args)
+        d = Daemon(work, args, data_dir=data_dir, unix=False)
         started.append(d)
         if ready:
             d.wait_ready()
