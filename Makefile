@@ -11,7 +11,7 @@ VARIANT ?= release
 V ?= 0
 RDMA ?= 1
 PREFIX ?= /usr/local
-BUILD := build/$(VARIANT)
+BUILD := build/$(VARIANT)$(if $(filter 0,$(RDMA)),-nordma)
 
 CC ?= cc
 PKGS := libevent_core libevent_pthreads msgpack lmdb libcrypto
@@ -52,7 +52,8 @@ CORE_SRC := src/kverr.c src/config.c src/log.c \
             storage/copier.c storage/shmbuf.c \
             protocol/frame.c protocol/mp.c protocol/outq.c protocol/rpc.c protocol/rpc_shm.c
 ifeq ($(RDMA),1)
-  CORE_SRC += rdma/rdma_stub.c
+  CORE_SRC += rdma/rdma_verbs.c
+  PKGS += libibverbs
 else
   CORE_SRC += rdma/rdma_stub.c
 endif
@@ -162,7 +163,7 @@ test-integration: $(INTEG) $(KVSTASHD) $(KVSTASH)
 	KVSTASHD=$(abspath $(KVSTASHD)) KVSTASH_CLI=$(abspath $(KVSTASH)) $(INTEG) --jobs 1
 
 test-python: $(KVSTASHD)
-	KVSTASHD=$(abspath $(KVSTASHD)) /usr/bin/python3 -m pytest -q tests/integration
+	KVSTASHD=$(abspath $(KVSTASHD)) /usr/bin/python3 -m pytest -q -rs tests/integration
 
 asan:
 	$(Q)ASAN_OPTIONS=abort_on_error=0:detect_leaks=1 \

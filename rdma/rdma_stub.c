@@ -1,6 +1,6 @@
 /*
- * rdma_stub: the build without an RDMA data port. Reports UNSUPPORTED with a
- * reason; holds no state and includes no verbs header.
+ * rdma_stub: the build without RDMA (make RDMA=0). Reports UNSUPPORTED with
+ * a reason; holds no state and includes no verbs header.
  */
 #include "rdma.h"
 
@@ -9,8 +9,12 @@
 #include "kverr.h"
 
 int
-rdma_probe(char *why, size_t len)
+rdma_probe(const char *device, char *name, size_t namelen, char *why, size_t whylen)
 {
-    snprintf(why, len, "this build has no RDMA data port");
+    (void)device;
+    if (namelen > 0) {
+        name[0] = '\0';
+    }
+    snprintf(why, whylen, "this kvstashd was built without RDMA support (make RDMA=0)");
     return KV_UNSUPPORTED;
 }

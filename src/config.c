@@ -94,6 +94,11 @@ static const char *const conf_ssd_offload_names[] = {
     [CONF_SSD_WRITE_THROUGH] = "write_through",
     [CONF_SSD_OFF] = "off",
 };
+static const char *const conf_rdma_names[] = {
+    [CONF_RDMA_OFF] = "off",
+    [CONF_RDMA_AUTO] = "auto",
+    [CONF_RDMA_REQUIRED] = "required",
+};
 
 /* CONF_T_BOOL: what reads as true and as false, pairwise; conf_dump writes the first pair. */
 static const char *const conf_bool_true[] = {"on", "yes", "true", "1"};
@@ -171,6 +176,13 @@ static const struct conf_option conf_options[] = {
     OPT_ENUM(ssd_offload,               conf_ssd_offload_names,  "value",     "on_evict", RELOAD),
     /*       name                       default  reload */
     OPT_BOOL(ssd_promote,               "on",    RELOAD),
+    /*       name                       value names              noun         default     reload */
+    OPT_ENUM(rdma,                      conf_rdma_names,         "value",     "auto",     RESTART),
+    /*         name                     default           reload   extra check */
+    OPT_STRING(rdma_device,             "",               RESTART, NULL),
+    /*         name                     min       max        default  reload */
+    OPT_UINT(rdma_port,                 1,        255,       "1",     RESTART),
+    OPT_UINT(rdma_gid_index,            0,        255,       "0",     RESTART),
     /*       name                       value names              noun         default     reload */
     OPT_ENUM(log_level,                 conf_log_level_names,    "log level", "info",     RELOAD),
     /*         name                     default           reload   extra check */

@@ -27,6 +27,7 @@ enum conf_ssd_eviction { CONF_SSD_FIFO = 0, CONF_SSD_LRU = 1 };
 
 /* ssd_offload: when a block is written to the SSD tier. */
 enum conf_ssd_offload { CONF_SSD_ON_EVICT = 0, CONF_SSD_WRITE_THROUGH = 1, CONF_SSD_OFF = 2 };
+enum conf_rdma { CONF_RDMA_OFF = 0, CONF_RDMA_AUTO = 1, CONF_RDMA_REQUIRED = 2 };
 
 struct kv_config {
     char listen[CONF_STR_MAX];        /* host:port; "" disables TCP. default 127.0.0.1:7431 */
@@ -54,6 +55,10 @@ struct kv_config {
     int ssd_eviction;                 /* enum conf_ssd_eviction; default fifo */
     int ssd_offload;                  /* enum conf_ssd_offload; default on_evict */
     int ssd_promote;                  /* 1: a value read back from SSD stays in DRAM; default 1 */
+    int rdma;                         /* enum conf_rdma; default auto */
+    char rdma_device[CONF_STR_MAX];   /* "" = the first device found */
+    uint64_t rdma_port;               /* device port; default 1 */
+    uint64_t rdma_gid_index;          /* GID table index; default 0 */
     int log_level;                    /* enum conf_log_level; default info */
     char log_file[CONF_STR_MAX];      /* "" = stderr */
 };

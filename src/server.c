@@ -31,6 +31,7 @@
 #include "kverr.h"
 #include "log.h"
 #include "outq.h"
+#include "rdma.h"
 #include "rpc.h"
 #include "stats.h"
 #include "ssd.h"
@@ -381,6 +382,42 @@ worker_on_wake(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     conn_retry_waiting(arg);
+}
+
+/*
+ * server_rdma_check: the rdma setting against this machine and build. The
+ * data port is not built yet, so a found device is reported and not used;
+ * `required` refuses to start (never a silent fall-back to TCP).
+ */
+static int
+server_rdma_check(const struct kv_config *c)
+{
+    char name[128];
+    char why[256];
+    int rc;
+
+    if (c->rdma == CONF_RDMA_OFF) {
+        return 0;
+    }
+    rc = rdma_probe(c->rdma_device, name, sizeof(name), why, sizeof(why));
+    if (c->rdma == CONF_RDMA_REQUIRED) {
+        if (rc != 0) {
+            log_error("rdma = required, but %s; refusing to start (set rdma to auto or off "
+                      "to serve without it)", why);
+        } else {
+            log_error("rdma = required: RDMA device %s port %llu is there, but this version "
+                      "of kvstashd has no RDMA data port yet; refusing to start (set rdma to "
+                      "auto or off to serve without it)", name, (unsigned long long)c->rdma_port);
+        }
+        return -1;
+    }
+    if (rc != 0) {
+        log_info("rdma: %s; serving without RDMA", why);
+    } else {
+        log_info("rdma: device %s found, but this version has no RDMA data port yet; serving "
+                 "without RDMA", name);
+    }
+    return 0;
 }
 
 /* From the SSD tier's and the copiers' threads: wake every worker (waiting requests go on). */
@@ -746,6 +783,11 @@ server_create(const struct kv_config *conf, const char *config_path, int argc, c
     rc = server_node_id(s, c);
     if (rc != 0) {
         log_error("node_id in %s: %s", c->data_dir, strerror(-rc));
+        goto fail;
+    }
+
+    rc = server_rdma_check(c);
+    if (rc != 0) {
         goto fail;
     }
 

@@ -10,6 +10,15 @@
  * per-thread sink (the reply buffer only ever holds headers and the odd
  * fragment). Latency per request lands in a fixed log-linear histogram.
  *
+ * Over the Unix socket, put_from and get_into do the same with
+ * batch_put_from / batch_get_into: each connection registers one memfd of
+ * batch x depth x size bytes (its pages touched first), slot s's key i owns
+ * bytes [(s * batch + i) * size, +size) of it, and only keys and pieces cross
+ * the socket. memcpy needs no daemon: it copies size-byte blocks from a large
+ * source region (2 GiB by default, populated first) into a batch x depth x
+ * size destination, cycling, one thread per -c: the machine's own copy rate,
+ * to put the shared-memory figures next to.
+ *
  * The wire code here is deliberately separate from libkvstash: the library
  * is used for the control path (hello, preload, remove_all) and this file
  * drives the data path the way a tuned client would. It must stay bounded:
@@ -28,6 +37,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -47,11 +58,17 @@
 #define BENCH_KEY_LEN 25              /* "kb" runid(8) "-" thread(3) "-" counter(10) */
 #define BENCH_CTR_OFF 15              /* offset of the counter digits in a key */
 #define BENCH_WORKSET (1ull << 30)    /* default bytes of the get working set, all threads */
+#define BENCH_MEMCPY_SRC (2ull << 30) /* default bytes of the memcpy source, all threads */
+#define BENCH_REG_MSGID 127u          /* register_buffer's msgid (no slot uses it) */
 
-enum bench_mode { MODE_PUT, MODE_GET, MODE_EXISTS };
+enum bench_mode { MODE_PUT, MODE_GET, MODE_EXISTS, MODE_PUT_FROM, MODE_GET_INTO, MODE_MEMCPY };
 
-static const char *const bench_mode_names[] = { "put", "get", "exists" };
-static const char *const bench_methods[] = { "batch_put", "batch_get", "batch_is_exist" };
+static const char *const bench_mode_names[] = {
+    "put", "get", "exists", "put_from", "get_into", "memcpy",
+};
+static const char *const bench_methods[] = {
+    "batch_put", "batch_get", "batch_is_exist", "batch_put_from", "batch_get_into", "",
+};
 
 struct bench_cfg {
     const char *addr;
@@ -69,7 +86,21 @@ struct bench_cfg {
     bool quiet;
     char runid[9];
     uint8_t *pattern;             /* vsize bytes, shared by every value */
+    uint8_t vhdr[8];              /* put: the bin header every value shares */
+    size_t vhdrlen;
 };
+
+static bool
+mode_put(const struct bench_cfg *cfg)
+{
+    return cfg->mode == MODE_PUT || cfg->mode == MODE_PUT_FROM;
+}
+
+static bool
+mode_shm(const struct bench_cfg *cfg)
+{
+    return cfg->mode == MODE_PUT_FROM || cfg->mode == MODE_GET_INTO;
+}
 
 /* One pre-built request. */
 struct bench_slot {
@@ -91,6 +122,11 @@ struct bench_thread {
     size_t rpos, rlen, fill_max;
     uint8_t *sink;                /* get bodies land here */
     uint8_t *check;               /* ... or here, when verifying */
+    uint8_t *shm;                 /* put_from/get_into: the registered buffer (memcpy: dst) */
+    size_t shmlen;
+    uint64_t shmid;
+    uint8_t *src;                 /* memcpy: the source region */
+    size_t srclen;
     struct bench_slot slots[BENCH_MAX_DEPTH];
     struct iovec *scratch;        /* working copy of a slot's iov for partial sends */
     uint64_t ctr;
@@ -440,6 +476,35 @@ bench_reply(struct bench_thread *t, int s, bool verify)
                 t->misses++;
             }
             break;
+        case MODE_PUT_FROM:
+        case MODE_GET_INTO:
+            /* put_from: a code; get_into: bytes written, or minus a code (-1: not found) */
+            if (h.type != BT_UINT && h.type != BT_INT) {
+                return bench_fail(t, -EPROTO, "transfer result is not an integer");
+            }
+            if (cfg->mode == MODE_GET_INTO && h.type == BT_INT && h.v == 0xff) {
+                t->misses++;
+                break;
+            }
+            if ((cfg->mode == MODE_PUT_FROM && h.type == BT_UINT && h.v == 0) ||
+                (cfg->mode == MODE_GET_INTO && h.type == BT_UINT && h.v == cfg->vsize)) {
+                const uint8_t *got = t->shm + ((size_t)s * cfg->batch + i) * cfg->vsize;
+                if (verify && memcmp(got, cfg->pattern, cfg->vsize) != 0) {
+                    t->mismatches++;
+                }
+                t->keys++;
+                t->bytes += cfg->vsize;
+                break;
+            }
+            t->errors++;
+            if (t->why[0] == '\0') {
+                snprintf(t->why, sizeof(t->why), "%s answered %s%" PRIu64,
+                         bench_methods[cfg->mode], h.type == BT_INT ? "negative, encoded " : "",
+                         h.v);
+            }
+            break;
+        case MODE_MEMCPY:
+            return bench_fail(t, -EPROTO, "memcpy has no replies");
         }
     }
     return rc;
@@ -454,7 +519,7 @@ bench_sbuf_write(void *data, const char *buf, size_t len)
 }
 
 static int
-bench_slot_build(struct bench_thread *t, int s, const uint8_t *vhdr, size_t vhdrlen)
+bench_slot_build(struct bench_thread *t, int s)
 {
     const struct bench_cfg *cfg = t->cfg;
     struct bench_slot *sl = &t->slots[s];
@@ -475,7 +540,7 @@ bench_slot_build(struct bench_thread *t, int s, const uint8_t *vhdr, size_t vhdr
     msgpack_pack_uint32(&pk, 0);
     msgpack_pack_uint32(&pk, (uint32_t)s);
     msgpack_pack_str_with_body(&pk, method, strlen(method));
-    msgpack_pack_array(&pk, cfg->mode == MODE_PUT ? 2 : 1);
+    msgpack_pack_array(&pk, cfg->mode == MODE_PUT || mode_shm(cfg) ? 2 : 1);
     msgpack_pack_array(&pk, cfg->batch);
     for (uint32_t i = 0; i < cfg->batch; i++) {
         bench_key(key, cfg, t->id, 0);
@@ -485,7 +550,18 @@ bench_slot_build(struct bench_thread *t, int s, const uint8_t *vhdr, size_t vhdr
     }
     if (cfg->mode == MODE_PUT) {
         msgpack_pack_array(&pk, cfg->batch);
-        msgpack_sbuffer_write(&sb, (const char *)vhdr, vhdrlen);
+        msgpack_sbuffer_write(&sb, (const char *)cfg->vhdr, cfg->vhdrlen);
+    }
+    if (mode_shm(cfg)) {
+        /* iovs: one piece per key, [buffer id, offset, length] in this slot's part */
+        msgpack_pack_array(&pk, cfg->batch);
+        for (uint32_t i = 0; i < cfg->batch; i++) {
+            msgpack_pack_array(&pk, 1);
+            msgpack_pack_array(&pk, 3);
+            msgpack_pack_uint64(&pk, t->shmid);
+            msgpack_pack_uint64(&pk, ((uint64_t)s * cfg->batch + i) * cfg->vsize);
+            msgpack_pack_uint64(&pk, cfg->vsize);
+        }
     }
     sl->hdr = (uint8_t *)sb.data; /* owned by the slot from here on */
     sl->hdrlen = sb.size;
@@ -495,8 +571,8 @@ bench_slot_build(struct bench_thread *t, int s, const uint8_t *vhdr, size_t vhdr
             sl->iov[1 + 2 * i] = (struct iovec){ .iov_base = cfg->pattern,
                                                  .iov_len = cfg->vsize };
             if (i + 1 < cfg->batch) {
-                sl->iov[2 + 2 * i] = (struct iovec){ .iov_base = (void *)vhdr,
-                                                     .iov_len = vhdrlen };
+                sl->iov[2 + 2 * i] = (struct iovec){ .iov_base = (void *)cfg->vhdr,
+                                                     .iov_len = cfg->vhdrlen };
             }
         }
         sl->niov = 2 * (size_t)cfg->batch;
@@ -512,7 +588,7 @@ bench_slot_keys(struct bench_thread *t, int s)
     struct bench_slot *sl = &t->slots[s];
 
     for (uint32_t i = 0; i < cfg->batch; i++) {
-        uint64_t k = cfg->mode == MODE_PUT ? t->ctr : t->ctr % cfg->keys;
+        uint64_t k = mode_put(cfg) ? t->ctr : t->ctr % cfg->keys;
         bench_key_ctr(sl->hdr + sl->ctr_off[i], k);
         t->ctr++;
     }
@@ -577,6 +653,214 @@ out:
     return rc;
 }
 
+/* bench_map: len bytes of private anonymous memory (huge pages asked for when huge). */
+static uint8_t *
+bench_map(size_t len, bool huge)
+{
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+    if (p == MAP_FAILED) {
+        return NULL;
+    }
+#ifdef MADV_HUGEPAGE
+    if (huge) {
+        (void)madvise(p, len, MADV_HUGEPAGE);
+    }
+#else
+    (void)huge;
+#endif
+    return p;
+}
+
+/*
+ * bench_shm_register: the connection's buffer: a memfd of batch x depth x size bytes,
+ * sealed against shrinking and growing, mapped shared, every page touched (put_from: each
+ * value's part holds the pattern; get_into: zeroes), then register_buffer on t->fd with
+ * the descriptor attached. 0 (t->shm, t->shmid) or the failure.
+ */
+static int
+bench_shm_register(struct bench_thread *t)
+{
+    const struct bench_cfg *cfg = t->cfg;
+    size_t n = (size_t)cfg->batch * (size_t)cfg->depth;
+    size_t len = n * cfg->vsize;
+    struct bench_head h;
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+    int fd, rc;
+
+    if (len == 0) {
+        return bench_fail(t, -EINVAL, "a shared-memory buffer needs -s > 0");
+    }
+    fd = memfd_create("kvstash-bench", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0) {
+        return bench_fail(t, -errno, "memfd_create");
+    }
+    if (ftruncate(fd, (off_t)len) != 0 ||
+        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0) {
+        rc = -errno;
+        close(fd);
+        return bench_fail(t, rc, "ftruncate/F_ADD_SEALS on the memfd");
+    }
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        rc = -errno;
+        close(fd);
+        return bench_fail(t, rc, "mmap of the memfd");
+    }
+    t->shm = p;
+    t->shmlen = len;
+    for (size_t i = 0; i < n; i++) {
+        if (cfg->mode == MODE_PUT_FROM) {
+            memcpy(t->shm + i * cfg->vsize, cfg->pattern, cfg->vsize);
+        } else {
+            memset(t->shm + i * cfg->vsize, 0, cfg->vsize);
+        }
+    }
+
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer_init(&pk, &sb, bench_sbuf_write);
+    msgpack_pack_array(&pk, 4);
+    msgpack_pack_uint32(&pk, 0);
+    msgpack_pack_uint32(&pk, BENCH_REG_MSGID);
+    msgpack_pack_str_with_body(&pk, "register_buffer", 15);
+    msgpack_pack_array(&pk, 1);
+    msgpack_pack_map(&pk, 1);
+    msgpack_pack_str_with_body(&pk, "size", 4);
+    msgpack_pack_uint64(&pk, len);
+
+    /* the descriptor rides on the sendmsg that carries the whole request */
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } ctl;
+    struct iovec iov = { .iov_base = sb.data, .iov_len = sb.size };
+    struct msghdr mh;
+    memset(&mh, 0, sizeof(mh));
+    memset(&ctl, 0, sizeof(ctl));
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    mh.msg_control = ctl.buf;
+    mh.msg_controllen = sizeof(ctl.buf);
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+    ssize_t w;
+    do {
+        w = sendmsg(t->fd, &mh, MSG_NOSIGNAL);
+    } while (w < 0 && errno == EINTR);
+    rc = w < 0 ? -errno : 0;
+    close(fd); /* the mappings (ours, the daemon's) keep the memory */
+    if (rc == 0 && (size_t)w < sb.size) {
+        struct iovec rest = { .iov_base = sb.data + w, .iov_len = sb.size - (size_t)w };
+        rc = bench_send_all(t->fd, &rest, 1);
+    }
+    msgpack_sbuffer_destroy(&sb);
+    if (rc != 0) {
+        return bench_fail(t, rc, "sending register_buffer");
+    }
+
+    /* [1, msgid, error, result] */
+    rc = bench_head(t, &h);
+    if (rc == 0 && (h.type != BT_ARRAY || h.v != 4)) {
+        return bench_fail(t, -EPROTO, "register_buffer: reply is not an rpc response");
+    }
+    if (rc == 0) {
+        rc = bench_head(t, &h);
+    }
+    if (rc == 0 && (h.type != BT_UINT || h.v != 1)) {
+        return bench_fail(t, -EPROTO, "register_buffer: unexpected message type");
+    }
+    if (rc == 0) {
+        rc = bench_head(t, &h);
+    }
+    if (rc == 0 && (h.type != BT_UINT || h.v != BENCH_REG_MSGID)) {
+        return bench_fail(t, -EPROTO, "register_buffer: reply to another request");
+    }
+    if (rc == 0) {
+        rc = bench_head(t, &h);
+    }
+    if (rc == 0 && h.type == BT_ARRAY) {
+        uint64_t code;
+        char text[120];
+        rc = bench_error(t, h.v, &code, text, sizeof(text));
+        if (rc == 0) {
+            char why[160];
+            snprintf(why, sizeof(why), "register_buffer: %s", text);
+            return bench_fail(t, -EPROTO, why);
+        }
+    }
+    if (rc == 0 && h.type != BT_NIL) {
+        return bench_fail(t, -EPROTO, "register_buffer: error is neither nil nor an array");
+    }
+    if (rc == 0) {
+        rc = bench_head(t, &h);
+    }
+    if (rc == 0 && h.type != BT_UINT) {
+        return bench_fail(t, -EPROTO, "register_buffer: the id is not an integer");
+    }
+    if (rc != 0) {
+        return rc;
+    }
+    t->shmid = h.v;
+    return 0;
+}
+
+/*
+ * bench_memcpy_main: copy size-byte blocks from t->src (cfg->keys blocks, cycled in
+ * order) into t->shm (batch x depth blocks, cycled), batch blocks a "request", until the
+ * deadline or -n requests. The first request's blocks are checked against the pattern.
+ */
+static void *
+bench_memcpy_main(struct bench_thread *t)
+{
+    const struct bench_cfg *cfg = t->cfg;
+    size_t ndst = (size_t)cfg->batch * (size_t)cfg->depth;
+    int rc = 0;
+
+    t->srclen = (size_t)cfg->keys * cfg->vsize;
+    t->shmlen = ndst * cfg->vsize;
+    t->src = bench_map(t->srclen, true);
+    t->shm = bench_map(t->shmlen, false);
+    if (t->src == NULL || t->shm == NULL) {
+        rc = bench_fail(t, -ENOMEM, "mapping the memcpy regions");
+    } else {
+        /* every page written first: the copy reads real pages, not the zero page */
+        for (size_t i = 0; i < cfg->keys; i++) {
+            memcpy(t->src + i * cfg->vsize, cfg->pattern, cfg->vsize);
+        }
+        memset(t->shm, 0, t->shmlen);
+    }
+    pthread_barrier_wait(t->barrier); /* everyone ready */
+    pthread_barrier_wait(t->barrier); /* main took the start time */
+    if (rc != 0) {
+        return NULL;
+    }
+    uint64_t deadline = bench_now_ns() + (uint64_t)(cfg->secs * 1e9);
+    size_t si = 0, di = 0;
+    uint64_t now = bench_now_ns();
+
+    while (now < deadline && (cfg->max_reqs == 0 || t->reqs < cfg->max_reqs)) {
+        uint64_t t0 = now;
+        for (uint32_t b = 0; b < cfg->batch; b++) {
+            memcpy(t->shm + di * cfg->vsize, t->src + si * cfg->vsize, cfg->vsize);
+            if (t->reqs == 0 && memcmp(t->shm + di * cfg->vsize, cfg->pattern, cfg->vsize)) {
+                t->mismatches++;
+            }
+            si = si + 1 == cfg->keys ? 0 : si + 1;
+            di = di + 1 == ndst ? 0 : di + 1;
+        }
+        now = bench_now_ns();
+        t->hist[bench_hist_index(now - t0)]++;
+        t->reqs++;
+        t->keys += cfg->batch;
+        t->bytes += (uint64_t)cfg->batch * cfg->vsize;
+    }
+    return NULL;
+}
+
 static void *
 bench_thread_main(void *arg)
 {
@@ -585,13 +869,24 @@ bench_thread_main(void *arg)
     int depth = cfg->depth;
     int rc = 0;
 
-    if (cfg->mode != MODE_PUT && !cfg->no_preload) {
+    if (cfg->mode == MODE_MEMCPY) {
+        return bench_memcpy_main(t);
+    }
+    if (!mode_put(cfg) && !cfg->no_preload) {
         rc = bench_preload(t);
     }
     if (rc == 0) {
         rc = bench_connect(cfg->addr, "7431", 1, &t->fd);
         if (rc != 0) {
             bench_fail(t, rc, "connect");
+        }
+    }
+    if (rc == 0 && mode_shm(cfg)) {
+        rc = bench_shm_register(t);
+    }
+    for (int s = 0; rc == 0 && s < depth; s++) {
+        if (bench_slot_build(t, s) != 0) {
+            rc = bench_fail(t, -ENOMEM, "building the requests");
         }
     }
     pthread_barrier_wait(t->barrier); /* everyone ready */
@@ -613,7 +908,8 @@ bench_thread_main(void *arg)
         inflight++;
     }
     while (inflight > 0) {
-        if (bench_reply(t, head, t->reqs == 0 && cfg->mode == MODE_GET) != 0) {
+        bool verify = t->reqs == 0 && (cfg->mode == MODE_GET || cfg->mode == MODE_GET_INTO);
+        if (bench_reply(t, head, verify) != 0) {
             return NULL;
         }
         uint64_t now = bench_now_ns();
@@ -645,6 +941,12 @@ bench_thread_free(struct bench_thread *t)
         free(t->slots[s].ctr_off);
         free(t->slots[s].iov);
     }
+    if (t->shm != NULL) {
+        munmap(t->shm, t->shmlen);
+    }
+    if (t->src != NULL) {
+        munmap(t->src, t->srclen);
+    }
     free(t->scratch);
     free(t->rbuf);
     free(t->sink);
@@ -652,17 +954,23 @@ bench_thread_free(struct bench_thread *t)
 }
 
 static const char bench_usage_text[] =
-    "usage: kvstash-bench [-H host:port | -S socket] [-m put|get|exists] [-c conns]\n"
+    "usage: kvstash-bench [-H host:port | -S socket] [-m MODE] [-c conns]\n"
     "                     [-d depth] [-b batch] [-s size] [-t seconds] [-n requests]\n"
     "                     [-k keys] [-i id] [-N] [-p pid] [-R] [-q]\n"
-    "  -m MODE     batch_put, batch_get or batch_is_exist load (default get)\n"
+    "  -m MODE     put, get, exists: batch_put, batch_get, batch_is_exist (default get);\n"
+    "              put_from, get_into: batch_put_from, batch_get_into through one\n"
+    "              registered shared-memory buffer of batch x depth x size bytes per\n"
+    "              connection (Unix socket only: -S); memcpy: no daemon, each thread\n"
+    "              copies size-byte blocks from a populated source of -k blocks (2 GiB\n"
+    "              in all by default) into a batch x depth x size region, cycling\n"
     "  -c N        connections, one thread each (default 1)\n"
     "  -d N        requests in flight per connection (default 2, at most 64)\n"
     "  -b N        keys per request (default 8)\n"
     "  -s SIZE     value size: 4096, 64k, 1m, 4m (default 1m; 64 for exists)\n"
     "  -t SECS     run time (default 5)\n"
     "  -n N        stop each connection after N requests (default: time only)\n"
-    "  -k N        keys preloaded per connection for get/exists (default: ~1 GiB in all)\n"
+    "  -k N        keys preloaded per connection for get/get_into/exists (default: ~1 GiB\n"
+    "              in all); memcpy: source blocks per thread\n"
     "  -i ID       key id (1-8 of [0-9a-z]) instead of a random one: a get run with -N\n"
     "              reads the keys a put run with the same -i, -c and -b stored\n"
     "              (connection c's keys are numbered 0, 1, ... in the order it put them)\n"
@@ -681,6 +989,42 @@ bench_usage(const char *why)
     }
     fputs(bench_usage_text, stderr);
     return 2;
+}
+
+/* bench_control: the control connection: the server's limits, the optional reset. 0 or an
+ * exit status (the reason printed). */
+static int
+bench_control(const struct bench_cfg *cfg)
+{
+    struct kvstash *ctl = NULL;
+    int rc = kvstash_connect_timeout(cfg->addr, 10000, &ctl);
+    if (rc != 0) {
+        fprintf(stderr, "kvstash-bench: connecting to %s: %s\n", cfg->addr,
+                kvstash_last_error(NULL));
+        return 3;
+    }
+    const struct kvstash_hello *hi = kvstash_server_info(ctl);
+    if (cfg->batch > hi->max_batch || cfg->vsize > hi->max_value_size ||
+        (!mode_shm(cfg) &&
+         (uint64_t)cfg->batch * (cfg->vsize + 40) + 64 > hi->max_message_size)) {
+        fprintf(stderr, "kvstash-bench: a request of %u x %zu bytes exceeds the server's limits "
+                "(max_batch %" PRIu64 ", max_value_size %" PRIu64 ", max_message_size %" PRIu64
+                ")\n", cfg->batch, cfg->vsize, hi->max_batch, hi->max_value_size,
+                hi->max_message_size);
+        kvstash_close(ctl);
+        return 2;
+    }
+    if (cfg->reset) {
+        uint64_t removed = 0;
+        rc = kvstash_remove_all(ctl, true, &removed);
+        if (rc != 0) {
+            fprintf(stderr, "kvstash-bench: remove_all: %s\n", kvstash_last_error(ctl));
+            kvstash_close(ctl);
+            return 3;
+        }
+    }
+    kvstash_close(ctl);
+    return 0;
 }
 
 int
@@ -721,8 +1065,14 @@ main(int argc, char **argv)
                 cfg.mode = MODE_GET;
             } else if (strcmp(optarg, "exists") == 0) {
                 cfg.mode = MODE_EXISTS;
+            } else if (strcmp(optarg, "put_from") == 0) {
+                cfg.mode = MODE_PUT_FROM;
+            } else if (strcmp(optarg, "get_into") == 0) {
+                cfg.mode = MODE_GET_INTO;
+            } else if (strcmp(optarg, "memcpy") == 0) {
+                cfg.mode = MODE_MEMCPY;
             } else {
-                return bench_usage("-m wants put, get or exists");
+                return bench_usage("-m wants put, get, exists, put_from, get_into or memcpy");
             }
             break;
         case 'c': cfg.conns = (int)(v < INT_MAX ? v : INT_MAX); break;
@@ -763,8 +1113,12 @@ main(int argc, char **argv)
     if (optind != argc) {
         return bench_usage("unexpected operand");
     }
-    if (cfg.no_preload && (fixed_id == NULL || cfg.mode == MODE_PUT || cfg.reset)) {
-        return bench_usage("-N is for get/exists with -i, and not with -R");
+    if (cfg.no_preload && (fixed_id == NULL || mode_put(&cfg) || cfg.mode == MODE_MEMCPY ||
+                           cfg.reset)) {
+        return bench_usage("-N is for get/get_into/exists with -i, and not with -R");
+    }
+    if (mode_shm(&cfg) && strncmp(cfg.addr, "unix:", 5) != 0 && strchr(cfg.addr, '/') == NULL) {
+        return bench_usage("put_from and get_into need the Unix socket (-S path)");
     }
     if (!size_given) {
         cfg.vsize = cfg.mode == MODE_EXISTS ? 64 : 1u << 20;
@@ -774,35 +1128,27 @@ main(int argc, char **argv)
         return bench_usage("need 1 <= conns <= 1024, 1 <= depth <= 64, batch >= 1");
     }
 
-    /* control connection: limits, optional reset */
-    struct kvstash *ctl = NULL;
-    int rc = kvstash_connect_timeout(cfg.addr, 10000, &ctl);
-    if (rc != 0) {
-        fprintf(stderr, "kvstash-bench: connecting to %s: %s\n", cfg.addr,
-                kvstash_last_error(NULL));
-        return 3;
-    }
-    const struct kvstash_hello *hi = kvstash_server_info(ctl);
-    if (cfg.batch > hi->max_batch || cfg.vsize > hi->max_value_size ||
-        (uint64_t)cfg.batch * (cfg.vsize + 40) + 64 > hi->max_message_size) {
-        fprintf(stderr, "kvstash-bench: a request of %u x %zu bytes exceeds the server's limits "
-                "(max_batch %" PRIu64 ", max_value_size %" PRIu64 ", max_message_size %" PRIu64
-                ")\n", cfg.batch, cfg.vsize, hi->max_batch, hi->max_value_size,
-                hi->max_message_size);
-        kvstash_close(ctl);
-        return 2;
-    }
-    if (cfg.reset) {
-        uint64_t removed = 0;
-        rc = kvstash_remove_all(ctl, true, &removed);
-        if (rc != 0) {
-            fprintf(stderr, "kvstash-bench: remove_all: %s\n", kvstash_last_error(ctl));
-            kvstash_close(ctl);
-            return 3;
+    if (mode_shm(&cfg) || cfg.mode == MODE_MEMCPY) {
+        size_t n = (size_t)cfg.batch * (size_t)cfg.depth;
+        if (cfg.vsize == 0 || n > SIZE_MAX / cfg.vsize) {
+            return bench_usage("batch x depth x size must be a size above 0");
         }
     }
-    kvstash_close(ctl);
-    if (cfg.mode != MODE_PUT && cfg.keys == 0) {
+    if (cfg.mode == MODE_MEMCPY) {
+        if (cfg.reset || cfg.no_preload) {
+            return bench_usage("memcpy talks to no daemon: no -R, -N");
+        }
+        if (cfg.keys == 0) {
+            uint64_t per = BENCH_MEMCPY_SRC / (uint64_t)cfg.conns / cfg.vsize;
+            cfg.keys = per < 1 ? 1 : per;
+        }
+    } else {
+        int rc = bench_control(&cfg);
+        if (rc != 0) {
+            return rc;
+        }
+    }
+    if (!mode_put(&cfg) && cfg.mode != MODE_MEMCPY && cfg.keys == 0) {
         uint64_t per = BENCH_WORKSET / (uint64_t)cfg.conns / (cfg.vsize ? cfg.vsize : 1);
         uint64_t lo = (uint64_t)cfg.batch * (uint64_t)cfg.depth;
         cfg.keys = per < lo ? lo : per > 16384 ? 16384 : per;
@@ -826,14 +1172,13 @@ main(int argc, char **argv)
     }
 
     /* the bin header every value shares */
-    uint8_t vhdr[8];
     msgpack_sbuffer vsb;
     msgpack_packer vpk;
     msgpack_sbuffer_init(&vsb);
     msgpack_packer_init(&vpk, &vsb, bench_sbuf_write);
     msgpack_pack_bin(&vpk, cfg.vsize);
-    memcpy(vhdr, vsb.data, vsb.size);
-    size_t vhdrlen = vsb.size;
+    memcpy(cfg.vhdr, vsb.data, vsb.size);
+    cfg.vhdrlen = vsb.size;
     msgpack_sbuffer_destroy(&vsb);
 
     struct bench_thread *th = calloc((size_t)cfg.conns, sizeof(*th));
@@ -858,12 +1203,6 @@ main(int argc, char **argv)
             fputs("kvstash-bench: out of memory\n", stderr);
             return 3;
         }
-        for (int s = 0; s < cfg.depth; s++) {
-            if (bench_slot_build(t, s, vhdr, vhdrlen) != 0) {
-                fputs("kvstash-bench: out of memory\n", stderr);
-                return 3;
-            }
-        }
         if (pthread_create(&t->tid, NULL, bench_thread_main, t) != 0) {
             fputs("kvstash-bench: cannot start threads\n", stderr);
             return 3;
@@ -873,7 +1212,8 @@ main(int argc, char **argv)
         fprintf(stderr,
                 "kvstash-bench: %s %s x %zu bytes, batch %u, %d conns, depth %d, %.1f s%s\n",
                 cfg.addr, bench_mode_names[cfg.mode], cfg.vsize, cfg.batch, cfg.conns, cfg.depth,
-                cfg.secs, cfg.mode == MODE_PUT || cfg.no_preload ? "" : " (preloading)");
+                cfg.secs, mode_put(&cfg) || cfg.no_preload ? "" :
+                cfg.mode == MODE_MEMCPY ? " (populating the source)" : " (preloading)");
     }
     pthread_barrier_wait(&barrier);
     struct bench_run run = {

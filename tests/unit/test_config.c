@@ -139,6 +139,10 @@ static const char *const changed_values[][2] = {
     {"ssd_eviction", "lru"},
     {"ssd_offload", "write_through"},
     {"ssd_promote", "off"},
+    {"rdma", "required"},
+    {"rdma_device", "mlx5_1"},
+    {"rdma_port", "2"},
+    {"rdma_gid_index", "3"},
     {"log_level", "debug"},
     {"log_file", "/tmp/kvstash-test.log"},
 };
@@ -738,7 +742,7 @@ Test(config, apply_reloadable_copies_only_reloadable_keys)
     conf_apply_reloadable(&running, &fresh);
 
     /* What still differs from the new config is exactly the restart-only keys... */
-    cr_expect_eq(conf_diff(&running, &fresh, diff_collect, &d), 9);
+    cr_expect_eq(conf_diff(&running, &fresh, diff_collect, &d), 13);
     for (int i = 0; i < d.n; i++) {
         cr_expect_not(d.reloadable[i], "%s should have been applied", d.keys[i]);
     }
@@ -953,6 +957,8 @@ Test(config, ssd_enums_and_bool_by_name, .init = tmp_setup, .fini = tmp_teardown
                       "'ssd_promote \"\"': bad value (use on/off, yes/no, true/false or 1/0)");
     expect_file_error("log_level loud\n", 1,
                       "'log_level loud': bad log level (use error, warn, info or debug)");
+    expect_file_error("rdma maybe\n", 1, "'rdma maybe': bad value (use off, auto or required)");
+    expect_file_error("rdma_port 0\n", 1, "'rdma_port 0': out of range (min 1, max 255)");
     conf_init(&c);
     cr_expect_eq(conf_set(&c, "ssd_eviction", "clock", "--ssd_eviction", err, sizeof(err)), -1);
     cr_expect_str_eq(err, "--ssd_eviction=clock: bad value (use fifo or lru)");
@@ -1267,4 +1273,23 @@ Test(log, concurrent_writers_and_reopen_never_mix_lines, .init = tmp_setup,
         cr_assert(line_matches(lines[i]), "line %d: %s", i, lines[i]);
     }
     regfree(&line_re);
+}
+
+Test(config, rdma_keys_and_defaults)
+{
+    struct kv_config c;
+    char err[256];
+
+    conf_init(&c);
+    cr_expect_eq(c.rdma, CONF_RDMA_AUTO);
+    cr_expect_str_eq(c.rdma_device, "");
+    cr_expect_eq(c.rdma_port, 1);
+    cr_expect_eq(c.rdma_gid_index, 0);
+    cr_assert_eq(conf_set(&c, "rdma", "required", "t", err, sizeof(err)), 0, "%s", err);
+    cr_expect_eq(c.rdma, CONF_RDMA_REQUIRED);
+    cr_assert_eq(conf_set(&c, "rdma", "OFF", "t", err, sizeof(err)), 0, "%s", err);
+    cr_expect_eq(c.rdma, CONF_RDMA_OFF);
+    cr_assert_eq(conf_set(&c, "rdma_device", "mlx5_0", "t", err, sizeof(err)), 0, "%s", err);
+    cr_expect_str_eq(c.rdma_device, "mlx5_0");
+    cr_expect_eq(conf_set(&c, "rdma_gid_index", "256", "t", err, sizeof(err)), -1);
 }

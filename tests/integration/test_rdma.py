@@ -1,0 +1,78 @@
+"""The rdma setting at start, on a machine with or without RDMA hardware.
+
+This version of kvstashd has no RDMA data port yet: `rdma = required` must refuse to start
+with a message that says what is missing (no device, or no data port), `auto` must start and
+say why it serves without RDMA, and hello must never list rdma as a transport.
+"""
+
+import os
+import subprocess
+import tempfile
+
+import pytest
+
+from kvtest import Daemon
+from test_python_client import KVSTASHD
+
+
+def has_rdma_device():
+    return os.path.isdir("/sys/class/infiniband") and bool(os.listdir("/sys/class/infiniband"))
+
+
+@pytest.fixture
+def work():
+    if not os.access(KVSTASHD, os.X_OK):
+        pytest.fail(f"no kvstashd at {KVSTASHD} (build it, or set KVSTASHD)")
+    with tempfile.TemporaryDirectory(prefix="kvstash-rdma-") as tmp:
+        yield tmp
+
+
+def test_required_refuses_to_start_and_says_why(work):
+    p = subprocess.run([KVSTASHD, "--listen=127.0.0.1:0", f"--data_dir={work}/data",
+                        "--unix_socket=none", "--rdma=required"],
+                       stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
+    out = p.stderr.decode(errors="replace")
+    assert p.returncode != 0, "rdma = required started anyway:\n" + out
+    assert "rdma = required" in out and "refusing to start" in out, out
+    if has_rdma_device():
+        assert "no RDMA data port" in out, out
+    else:
+        assert "no RDMA device found" in out, out
+
+
+def test_required_with_a_device_that_is_not_there(work):
+    p = subprocess.run([KVSTASHD, "--listen=127.0.0.1:0", f"--data_dir={work}/data",
+                        "--unix_socket=none", "--rdma=required", "--rdma_device=nosuchdev0"],
+                       stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
+    out = p.stderr.decode(errors="replace")
+    assert p.returncode != 0, out
+    assert "nosuchdev0" in out or "no RDMA device found" in out, out
+
+
+def test_auto_serves_without_rdma_and_hello_does_not_list_it(work):
+    d = Daemon(work, ["--rdma=auto", "--memory_size=16m", "--ssd_dir="]).wait_ready()
+    try:
+        h = d.tcp().call("hello")
+        assert "rdma" not in h["transports"], h["transports"]
+        assert "serving without RDMA" in d.output(), d.tail()
+    finally:
+        d.stop()
+
+
+def test_off_says_nothing_about_rdma(work):
+    d = Daemon(work, ["--rdma=off", "--memory_size=16m", "--ssd_dir="]).wait_ready()
+    try:
+        assert d.tcp().call("ping") == "pong"
+        assert "rdma:" not in d.output() and "RDMA" not in d.output(), d.tail()
+    finally:
+        d.stop()
+
+
+@pytest.mark.skipif(not has_rdma_device(), reason="no RDMA device here (/sys/class/infiniband "
+                    "is absent or empty): the device-present path has not run")
+def test_auto_with_a_device_names_it(work):
+    d = Daemon(work, ["--rdma=auto", "--memory_size=16m", "--ssd_dir="]).wait_ready()
+    try:
+        assert "found, but this version has no RDMA data port" in d.output(), d.tail()
+    finally:
+        d.stop()
