@@ -58,7 +58,7 @@ else
   CORE_SRC += rdma/rdma_stub.c
 endif
 DAEMON_SRC := src/main.c src/server.c src/conn.c src/stats.c
-CLIENT_SRC := protocol/kvstash.c protocol/kvstash_wire.c protocol/mp.c protocol/frame.c src/kverr.c
+CLIENT_SRC := protocol/kvstash.c protocol/kvstash_async.c protocol/kvstash_wire.c protocol/mp.c protocol/frame.c src/kverr.c
 CLI_SRC := protocol/kvstash_cli.c
 BENCH_SRC := tests/bench/kvstash_bench.c tests/bench/bench_util.c
 MCBENCH_SRC := tests/bench/mc_bench.c tests/bench/bench_util.c

@@ -320,4 +320,168 @@ int kvstash_stats(struct kvstash *c, struct kvstash_stat **items, size_t *n);
 uint64_t kvstash_stat_get(const struct kvstash_stat *items, size_t n, const char *name,
                           uint64_t dflt);
 
+/* ==== Asynchronous batches (kvstash_async.c) ====
+ *
+ * An async context owns its own connection and one worker thread. The
+ * caller submits batch requests (get_into, put_from, exists) without
+ * waiting; each gets a request id. The worker runs them one after another,
+ * in submission order, with the synchronous batch calls above (so each is
+ * split and pipelined as they describe), and queues a completion for each.
+ * Every completion adds 1 to an eventfd, which a poll/epoll loop watches;
+ * kvstash_async_drain hands completions back in the order they finished
+ * (which is submission order). This is the shape LMCache's native
+ * connector expects (event_fd, submit_batch_get/set/exists,
+ * drain_completions).
+ *
+ * Threads and locks: the worker thread owns the connection while it runs a
+ * request. kvstash_async_submit_*, kvstash_async_drain, kvstash_async_event_fd
+ * and the buffer calls may be called from any thread, concurrently with the
+ * worker and with one another (an internal mutex orders them; two threads
+ * submitting at once get ids in the order they took it). The intended use
+ * is one submitting thread and one draining thread, possibly the same.
+ * kvstash_async_close must be the last call on a context and must not run
+ * concurrently with any other call on it. Internally the connection lock is
+ * never held together with the queue lock. The worker blocks every signal.
+ *
+ * Memory: submit copies the keys and the klens, piece and npieces arrays
+ * (the caller may reuse or free them as soon as submit returns); the
+ * buffers the pieces name are borrowed until the request's completion has
+ * been queued (seen through the eventfd or drain): the daemon reads or
+ * writes them while the request runs. Pieces must name buffers registered
+ * through this context (kvstash_async_register_buffer/_fd); a buffer must
+ * not be named by a request submitted after it was unregistered.
+ *
+ * Failure: when a request fails with a negative errno and the connection is
+ * broken by it (kvstash_ping tells; a local -ENOMEM, say, leaves it usable),
+ * the context is failed: every request still queued completes with that
+ * status without being sent, and later submits return it. Close it and open
+ * another. There is no I/O timeout: a daemon that stops answering stalls
+ * the worker (and kvstash_async_close, which waits for it).
+ */
+
+/* An async context over its own connection (opaque). */
+struct kvstash_async;
+
+/*
+ * One finished request (filled by kvstash_async_drain).
+ *
+ * id: what submit returned. status: 0 when every request of the batch was
+ * answered; a positive KVSTASH_E* code a request of the batch got as a
+ * whole (as the return of the synchronous call); or a negative errno (the
+ * connection failed: see "Failure" above, or -ENOMEM).
+ *
+ * results: a malloc'd array of n per-key results (NULL when n is 0), owned
+ * by the caller, who releases it with kvstash_async_completion_free:
+ *  - get_into: as kvstash_batch_get_into's results[i]: bytes written, or
+ *    minus a code (-KVSTASH_ENOTFOUND, -KVSTASH_EINVAL, ...);
+ *  - put_from: as kvstash_batch_put_from's codes[i]: 0 or a positive code;
+ *  - exists: 1 or 0 when status is 0; when status is not 0 every results[i]
+ *    is minus the status' magnitude (-status for a code, status for an
+ *    errno), since the keys covered by a request-level error cannot be told
+ *    from the others.
+ * When status is negative every results[i] of a get_into or put_from is
+ * status too. After a negative status of a get_into or put_from, the daemon
+ * may still be reading or writing the pieces of requests it had received
+ * (see kvstash_batch_get_into): their contents are then undefined.
+ */
+struct kvstash_completion {
+    int64_t id;
+    int status;
+    size_t n;
+    int64_t *results;
+};
+
+/*
+ * kvstash_async_open: connect to addr (as kvstash_connect; shared-memory
+ * buffers need a Unix-socket address, "unix:/path"), create the eventfd
+ * (EFD_NONBLOCK | EFD_CLOEXEC) and start the worker thread. depth bounds
+ * the requests submitted and not yet drained (queued, running, or finished
+ * and waiting for drain); it must be at least 1. Returns 0 and *out, or
+ * KVSTASH_EINVAL (out NULL or depth 0), an error of kvstash_connect (a
+ * negative errno or a code the server answered to hello), or the negative
+ * errno of eventfd or pthread_create (-EMFILE, -EAGAIN, ...). On error
+ * *out is NULL (when out is not) and nothing is left behind; after a
+ * kvstash_connect error, kvstash_last_error(NULL) on the same thread says why.
+ */
+int kvstash_async_open(const char *addr, unsigned depth, struct kvstash_async **out);
+
+/*
+ * kvstash_async_close: wait until the worker has run every submitted
+ * request, then stop it, close the connection (releasing every buffer
+ * registered through a: their kvstash_buffer_ptr memory is unmapped), close
+ * the eventfd and free everything, completions not drained included (their
+ * results are lost). Accepts NULL. See the thread rule above.
+ */
+void kvstash_async_close(struct kvstash_async *a);
+
+/*
+ * kvstash_async_event_fd: a's eventfd (EFD_NONBLOCK | EFD_CLOEXEC), or
+ * -EINVAL for NULL. It is readable (POLLIN) exactly while completions wait
+ * to be drained: its counter is their number. Owned by a: poll it, but do
+ * not read, write or close it (kvstash_async_drain reads it). Valid until
+ * kvstash_async_close.
+ */
+int kvstash_async_event_fd(const struct kvstash_async *a);
+
+/*
+ * kvstash_async_register_buffer, kvstash_async_register_fd,
+ * kvstash_async_unregister_buffer: kvstash_register_buffer,
+ * kvstash_register_fd and kvstash_unregister_buffer on a's connection
+ * (buffers belong to the connection that registered them: pieces of a's
+ * requests must name buffers registered here). Same arguments, returns and
+ * ownership, with a in place of the connection (*out is valid until
+ * kvstash_async_unregister_buffer(a, *out) or kvstash_async_close(a)), and
+ * KVSTASH_EINVAL for a NULL (register) or -EINVAL (unregister). Registering
+ * waits for the request the worker is running, if any (not for queued
+ * ones: they cannot name the new buffer). Unregistering first waits until
+ * every request submitted before it has finished, so none of them can see
+ * the buffer go. The server's message for an error is not available here.
+ */
+int kvstash_async_register_buffer(struct kvstash_async *a, size_t size,
+                                  struct kvstash_buffer **out);
+int kvstash_async_register_fd(struct kvstash_async *a, int fd, size_t size,
+                              struct kvstash_buffer **out);
+int kvstash_async_unregister_buffer(struct kvstash_async *a, struct kvstash_buffer *b);
+
+/*
+ * kvstash_async_submit_get_into, kvstash_async_submit_put_from,
+ * kvstash_async_submit_exists: queue kvstash_batch_get_into,
+ * kvstash_batch_put_from or kvstash_batch_is_exist of n keys (n may be 0)
+ * for the worker; the arguments mean what they mean there, and per-key
+ * problems (a NULL key, a bad piece, a key too long) are answered per key
+ * in the completion, as there. What is copied and what is borrowed: see
+ * "Memory" above.
+ *
+ * Returns the request id (> 0, increasing by 1 with each accepted submit)
+ * or a negative errno, never a positive code: -EINVAL for a NULL, or keys,
+ * klens (or pieces, npieces) NULL with n > 0; -EAGAIN when depth requests
+ * are submitted and not yet drained (drain, then submit again); -ENOMEM;
+ * or, once a has failed, the errno it failed with. Nothing is queued on
+ * error.
+ */
+int64_t kvstash_async_submit_get_into(struct kvstash_async *a, size_t n, const void *const *keys,
+                                      const size_t *klens,
+                                      const struct kvstash_piece *const *pieces,
+                                      const size_t *npieces);
+int64_t kvstash_async_submit_put_from(struct kvstash_async *a, size_t n, const void *const *keys,
+                                      const size_t *klens,
+                                      const struct kvstash_piece *const *pieces,
+                                      const size_t *npieces);
+int64_t kvstash_async_submit_exists(struct kvstash_async *a, size_t n, const void *const *keys,
+                                    const size_t *klens);
+
+/*
+ * kvstash_async_drain: move up to max finished requests, oldest first,
+ * into out[0..) and return how many (0 when none is ready, or for a or out
+ * NULL or max 0). Never blocks on the daemon (it takes the internal lock
+ * briefly). Reads the eventfd counter down by the number returned, so the
+ * eventfd stays readable while completions remain. Each out[i].results is
+ * then the caller's (kvstash_async_completion_free), and the request no
+ * longer counts against depth.
+ */
+size_t kvstash_async_drain(struct kvstash_async *a, struct kvstash_completion *out, size_t max);
+
+/* kvstash_async_completion_free: free c->results and set it NULL, n 0. Accepts NULL. */
+void kvstash_async_completion_free(struct kvstash_completion *c);
+
 #endif
