@@ -1,7 +1,10 @@
 /*
- * copier: the copy thread pool behind copier.h. Jobs are served in order,
- * one thread per job; a job's segments are copied with memcpy. The only
- * shared state is the queue under one mutex.
+ * copier: the copy thread pool behind copier.h. Each thread takes the next
+ * segment of the job at the head of the queue (so a job's segments are
+ * copied in parallel, jobs started in order); whichever thread finishes a
+ * job's last segment completes it. The only shared state is the queue (and
+ * each job's segment cursor) under one mutex, and each job's count of
+ * segments left.
  */
 #include "copier.h"
 
@@ -22,6 +25,23 @@ struct copier {
     int nthreads;
 };
 
+/* copier_finish: the last segment of job is done: hand it back, or release it. */
+static void
+copier_finish(struct copier *c, struct copy_job *job)
+{
+    int expected = COPY_JOB_RUNNING;
+
+    /* After this exchange the job is not ours: the owner's, or ours to release. */
+    if (atomic_compare_exchange_strong_explicit(&job->state, &expected, COPY_JOB_DONE,
+                                                memory_order_acq_rel, memory_order_acquire)) {
+        if (c->wake != NULL) {
+            c->wake(c->wake_arg);
+        }
+    } else {
+        job->release(job);
+    }
+}
+
 static void *
 copier_main(void *arg)
 {
@@ -29,7 +49,7 @@ copier_main(void *arg)
 
     for (;;) {
         struct copy_job *job;
-        int expected = COPY_JOB_RUNNING;
+        size_t i;
 
         pthread_mutex_lock(&c->lock);
         while (c->head == NULL && !c->stop) {
@@ -40,26 +60,21 @@ copier_main(void *arg)
             pthread_mutex_unlock(&c->lock);
             break;
         }
-        c->head = job->next;
-        if (c->head == NULL) {
-            c->tail = NULL;
+        /* Take one segment; the job leaves the queue with its last one handed out. */
+        i = job->claim++;
+        if (job->claim == job->nsegs) {
+            c->head = job->next;
+            if (c->head == NULL) {
+                c->tail = NULL;
+            }
         }
         pthread_mutex_unlock(&c->lock);
 
         if (atomic_load_explicit(&job->state, memory_order_acquire) != COPY_JOB_ABANDONED) {
-            for (size_t i = 0; i < job->nsegs; i++) {
-                memcpy(job->segs[i].dst, job->segs[i].src, job->segs[i].len);
-            }
+            memcpy(job->segs[i].dst, job->segs[i].src, job->segs[i].len);
         }
-        /* After this exchange the job is not ours: the owner's, or ours to release. */
-        if (atomic_compare_exchange_strong_explicit(&job->state, &expected, COPY_JOB_DONE,
-                                                    memory_order_acq_rel,
-                                                    memory_order_acquire)) {
-            if (c->wake != NULL) {
-                c->wake(c->wake_arg);
-            }
-        } else {
-            job->release(job);
+        if (atomic_fetch_sub_explicit(&job->left, 1, memory_order_acq_rel) == 1) {
+            copier_finish(c, job);
         }
     }
     return NULL;
@@ -122,6 +137,12 @@ void
 copier_submit(struct copier *c, struct copy_job *job)
 {
     job->next = NULL;
+    job->claim = 0;
+    atomic_store_explicit(&job->left, job->nsegs, memory_order_relaxed);
+    if (job->nsegs == 0) {
+        copier_finish(c, job);
+        return;
+    }
     pthread_mutex_lock(&c->lock);
     if (c->tail != NULL) {
         c->tail->next = job;

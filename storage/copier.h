@@ -2,7 +2,9 @@
  * copier: a small pool of threads that copy memory for the zero-copy data
  * paths (registered client buffers <-> arena pages), so that no event loop
  * ever spends its time in a big memcpy. It knows nothing of objects or
- * buffers: a job is a list of segments and a completion protocol.
+ * buffers: a job is a list of segments and a completion protocol. The
+ * threads share a job segment by segment, so one big transfer uses them
+ * all; jobs are started in submission order.
  *
  * Lifetime of a job: the submitter owns the job and its segments. The pool
  * reads them until it finishes the job, then either marks it done (the
@@ -36,7 +38,10 @@ struct copy_job {
     size_t nsegs;
     void (*release)(struct copy_job *job);  /* frees an abandoned job (pool thread) */
     _Atomic int state;                      /* enum copy_job_state */
-    struct copy_job *next;                  /* the pool's queue link */
+    /* the pool's: */
+    struct copy_job *next;                  /* queue link */
+    size_t claim;                           /* next segment to hand out (pool lock) */
+    _Atomic size_t left;                    /* segments not finished yet */
 };
 
 /*

@@ -974,7 +974,7 @@ static const char bench_usage_text[] =
     "  -i ID       key id (1-8 of [0-9a-z]) instead of a random one: a get run with -N\n"
     "              reads the keys a put run with the same -i, -c and -b stored\n"
     "              (connection c's keys are numbered 0, 1, ... in the order it put them)\n"
-    "  -N          get/exists: no preload, the keys are already stored (with -i)\n"
+    "  -N          get/get_into/exists: no preload, the keys are already stored (with -i)\n"
     "  -p PID      charge the daemon's CPU time (/proc/PID/stat) to the bytes moved\n"
     "  -R          remove_all (forced) before the run\n"
     "  -q          print only the result line\n"

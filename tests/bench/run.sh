@@ -9,6 +9,9 @@
 # own text-protocol load generator, tests/bench/mc_bench.c) when memcached is
 # installed; a peer that is missing or fails is reported and skipped. Every
 # command is printed before it runs; every loop and every command is bounded.
+# Then the shared-memory section: single-thread memcpy of 1 MiB blocks from cold memory,
+# and batch_get_into / batch_put_from of 1 MiB objects over the Unix socket, with their
+# ratios to that memcpy and to the same run's TCP rows (get-1m-*, put-1m-*).
 # Last, the SSD section (tests/bench/ssd.sh): fio and kvstashd's SSD tier on one
 # directory of the same disk, sequential 1 MiB writes and reads, DRAM probes under SSD
 # reads, and restarts with a million objects on the SSD.
@@ -17,8 +20,8 @@
 # Environment: KVSTASHD, BENCH, MCBENCH (binaries; set by make bench),
 # KVSTASH_CLI (default: kvstash next to BENCH), BENCH_SECS (5), BENCH_REPS (3),
 # BENCH_MEMORY (default: a third of available RAM, 1g..8g), BENCH_PEERS
-# (1; 0 skips redis/memcached), BENCH_SSD (1; 0 skips the SSD section; its other
-# settings are in ssd.sh).
+# (1; 0 skips redis/memcached), BENCH_SHM (1; 0 skips the shared-memory section),
+# BENCH_SSD (1; 0 skips the SSD section; its other settings are in ssd.sh).
 set -u -o pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -196,6 +199,7 @@ median_line() {
 
 failures=0
 declare -A summary
+declare -A gbs         # name -> median GB/s of a row that moved bytes (for ratios)
 
 for row in "${matrix[@]}"; do
     read -r name mode size batch conns depth <<<"$row"
@@ -232,12 +236,107 @@ for row in "${matrix[@]}"; do
         else
             summary[$name]="$(field GB/s "$med") GB/s, p99 $(field p99_us "$med") us,"
             summary[$name]+=" $(field daemon_core_s_per_GB "$med") core-s/GB"
+            gbs[$name]=$(field GB/s "$med")
         fi
     else
         summary[$name]="failed"
     fi
     echo
 done
+
+# ---- shared memory ----
+# batch_get_into / batch_put_from of 8 x 1 MiB over the Unix socket (one registered buffer
+# of batch x depth x 1 MiB per connection), next to single-thread memcpy of 1 MiB blocks
+# from a 2 GiB source populated first (kvstash-bench -m memcpy, no daemon involved), and to
+# this run's TCP rows. Issue targets: >= 50% of that memcpy and >= 3x the TCP row's GB/s.
+sock="$tmp/data/kvstashd.sock"
+shm_rows=()
+declare -A shm_summary
+
+# shm_row NAME ARGS...: run kvstash-bench ARGS REPS times, print each run, keep the median
+# in gbs[NAME] and shm_summary[NAME].
+shm_row() {
+    local name=$1 out rc rep med lines=()
+    shift
+    shm_rows+=("$name")
+    echo "== $name"
+    show "$BENCH" "$@"
+    for rep in $(seq 1 "$REPS"); do
+        out=$(timeout $(( SECS * 4 + 120 )) "$BENCH" "$@" 2>"$tmp/bench.err")
+        rc=$?
+        kvd_alive || { cat "$tmp/bench.err" >&2; kvd_died; }
+        if [ "$rc" -ne 0 ] || [ -z "$out" ]; then
+            echo "   run $rep FAILED (exit $rc): $(tr '\n' ' ' <"$tmp/bench.err") $out"
+            failures=$(( failures + 1 ))
+            continue
+        fi
+        echo "   run $rep: $(field GB/s "$out") GB/s, p99 $(field p99_us "$out") us"
+        lines+=("$out")
+    done
+    if [ "${#lines[@]}" -gt 0 ]; then
+        med=$(median_line "GB/s" "${lines[@]}")
+        echo "   median: $med"
+        gbs[$name]=$(field GB/s "$med")
+        shm_summary[$name]="${gbs[$name]} GB/s, p99 $(field p99_us "$med") us"
+        [ -n "$(field daemon_core_s_per_GB "$med")" ] &&
+            shm_summary[$name]+=", $(field daemon_core_s_per_GB "$med") core-s/GB"
+    else
+        shm_summary[$name]="failed"
+    fi
+    echo
+}
+
+# ratio A B: A / B to two decimals, or "-" when either is missing or B is 0.
+ratio() {
+    awk -v a="${1:-}" -v b="${2:-}" 'BEGIN {
+        if (a == "" || b == "" || b + 0 == 0) print "-"; else printf "%.2f", a / b }'
+}
+
+# verdict VALUE TARGET: "met" or "NOT met" (VALUE >= TARGET), "-" without a value.
+verdict() {
+    awk -v v="$1" -v t="$2" 'BEGIN {
+        if (v == "-") print "-"; else if (v + 0 >= t + 0) print "met"; else print "NOT met" }'
+}
+
+shm_table=()
+if [ "${BENCH_SHM:-1}" = 0 ]; then
+    echo "== shared memory: skipped (BENCH_SHM=0)"
+    echo
+elif [ ! -S "$sock" ]; then
+    echo "== shared memory: skipped: no Unix socket at $sock"
+    echo
+else
+    echo "== shared memory: batch_get_into / batch_put_from of 8 x 1 MiB over $sock," \
+         "against single-thread memcpy"
+    echo
+    shm_row memcpy-1m -m memcpy -s 1m -b 8 -c 1 -d 2 -t "$SECS" -q
+    for conns in 1 8; do
+        shm_row "get_into-1m-c$conns" -S "$sock" -m get_into -s 1m -b 8 -c "$conns" -d 2 \
+            -t "$SECS" -p "$kvd_pid" -R -q
+    done
+    for conns in 1 8; do
+        # the put rows' bound: never more than 3/4 of memory_size, so no eviction
+        per=$(( mem_bytes * 3 / 4 / (conns * 8 * 1048576) ))
+        [ "$per" -lt 1 ] && per=1
+        shm_row "put_from-1m-c$conns" -S "$sock" -m put_from -s 1m -b 8 -c "$conns" -d 2 \
+            -t "$SECS" -p "$kvd_pid" -R -q -n "$per"
+    done
+    shm_table+=("$(printf '%-17s %-44s %-14s %-16s %s' "shm test" "median" "vs memcpy" \
+                "vs TCP row" "targets: >= 0.50 memcpy, >= 3.00x TCP")")
+    for name in get_into-1m-c1 get_into-1m-c8 put_from-1m-c1 put_from-1m-c8; do
+        case "$name" in
+            get_into*) tcp="get-1m-${name##*-}" ;;
+            *) tcp="put-1m-${name##*-}" ;;
+        esac
+        vm=$(ratio "${gbs[$name]:-}" "${gbs[memcpy-1m]:-}")
+        vt=$(ratio "${gbs[$name]:-}" "${gbs[$tcp]:-}")
+        shm_table+=("$(printf '%-17s %-44s %-14s %-16s %s' "$name" "${shm_summary[$name]:-}" \
+                    "$vm" "${vt}x $tcp" "$(verdict "$vm" 0.5), $(verdict "$vt" 3)")")
+    done
+    shm_table+=("memcpy-1m         ${shm_summary[memcpy-1m]:-} (single thread, cold source)")
+    printf '%s\n' "${shm_table[@]}"
+    echo
+fi
 
 # ---- peers ----
 declare -A redis_summary
@@ -544,6 +643,10 @@ for row in "${matrix[@]}"; do
            "${redis_summary[$name]:--}" "${mc_summary[$name]:--}"
 done
 [ -n "$tcp_ceiling" ] && echo "raw TCP (iperf3)  $tcp_ceiling"
+if [ "${#shm_table[@]}" -gt 0 ]; then
+    echo
+    printf '%s\n' "${shm_table[@]}"
+fi
 kvd_alive || kvd_died
 
 # ---- SSD tier ----
