@@ -577,6 +577,33 @@ conn_dispatch(struct conn *c)
 }
 
 /*
+ * conn_poll_pending: a reply that waits (durable puts, a shared-memory
+ * transfer) is queued once its work is done. Returns 0 when nothing waits
+ * any more, 1 when it still does (the connection waits), -1 when the
+ * connection must close.
+ */
+static int
+conn_poll_pending(struct conn *c)
+{
+    int rc;
+
+    if (!rpc_pending(&c->ctx)) {
+        return 0;
+    }
+    rc = rpc_deferred_poll(&c->ctx, &c->out);
+    if (rc == -EINPROGRESS) {
+        conn_wait(c);
+        return c->closing ? -1 : 1;
+    }
+    if (rc != 0) {
+        c->closing = true;
+        return -1;
+    }
+    c->wait_since = 0;
+    return 0;
+}
+
+/*
  * Scan and dispatch what is buffered. Stops at a partial message, at a spill
  * (the body must be read first), or when output is over the limit.
  * Returns 0 or -1 (closing).
@@ -591,18 +618,10 @@ conn_process(struct conn *c)
     c->flim.spill_min = CONN_SPILL_MIN;
 
     while (c->spill_left == 0 && c->rpos < c->ilen) {
-        if (rpc_pending(&c->ctx)) {
-            int prc = rpc_deferred_poll(&c->ctx, &c->out);
+        int prc = conn_poll_pending(c);
 
-            if (prc == -EINPROGRESS) {
-                conn_wait(c);
-                return c->closing ? -1 : 0;
-            }
-            if (prc != 0) {
-                c->closing = true;
-                return -1;
-            }
-            c->wait_since = 0;
+        if (prc != 0) {
+            return prc < 0 ? -1 : 0;
         }
         if (c->waiting) {
             return 0;
@@ -657,19 +676,9 @@ conn_process(struct conn *c)
         conn_spill_fill(c, c->ibuf + at, c->scan.spill_have);
         c->ilen = at; /* the buffered part of the body now lives in the store */
     }
-    if (rpc_pending(&c->ctx)) {
-        /* The last buffered message left a reply waiting. */
-        int prc = rpc_deferred_poll(&c->ctx, &c->out);
-
-        if (prc == -EINPROGRESS) {
-            conn_wait(c);
-            return c->closing ? -1 : 0;
-        }
-        if (prc != 0) {
-            c->closing = true;
-            return -1;
-        }
-        c->wait_since = 0;
+    /* The last buffered message may have left a reply waiting. */
+    if (conn_poll_pending(c) < 0) {
+        return -1;
     }
     if (c->rpos == c->ilen) {
         c->rpos = c->ilen = 0;
