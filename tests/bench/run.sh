@@ -34,9 +34,8 @@ SECS=${BENCH_SECS:-5}
 REPS=${BENCH_REPS:-3}
 PEERS=${BENCH_PEERS:-1}
 
-die() { echo "run.sh: $*" >&2; exit 1; }
-# show CMD...: print a command as it can be pasted into a shell.
-show() { printf '$'; printf ' %q' "$@"; printf '\n'; }
+# shellcheck source=lib.sh
+. "$here/lib.sh"       # die, show, field, free_port
 
 [ -x "$KVSTASHD" ] || die "no daemon at $KVSTASHD (run make first)"
 [ -x "$BENCH" ] || die "no kvstash-bench at $BENCH (run make first)"
@@ -77,19 +76,6 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-
-# free_port: a loopback port nobody answers on (50 tries at most).
-free_port() {
-    local p
-    for _ in $(seq 1 50); do
-        p=$(( 20000 + RANDOM % 40000 ))
-        if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
-            echo "$p"
-            return 0
-        fi
-    done
-    return 1
-}
 
 # proc_cpu PID: utime+stime of PID in clock ticks.
 proc_cpu() {
@@ -181,11 +167,6 @@ size_bytes() {
         *m) echo $(( ${1%m} * 1048576 )) ;;
         *) echo "$1" ;;
     esac
-}
-
-# field NAME LINE: the value of NAME=... in a result line.
-field() {
-    echo "$2" | tr ' ' '\n' | awk -F= -v k="$1" '$1 == k { print $2 }'
 }
 
 # median_line METRIC LINES...: the line whose METRIC is the median.

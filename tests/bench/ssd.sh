@@ -64,8 +64,8 @@ read -r -a EXTRA <<<"${BENCH_SSD_DAEMON_ARGS:-}"
 PY=/usr/bin/python3
 MIB=1048576
 
-die() { echo "ssd.sh: $*" >&2; exit 1; }
-show() { printf '$'; printf ' %q' "$@"; printf '\n'; }
+# shellcheck source=lib.sh
+. "$here/lib.sh"       # die, show, field, free_port
 isnum() { case "$1" in ''|*[!0-9]*) return 1 ;; esac; }
 
 [ -x "$KVSTASHD" ] || die "no daemon at $KVSTASHD (run make first)"
@@ -134,7 +134,6 @@ drop_caches() {
 now_ns() { date +%s%N; }
 gbs() { awk -v b="$1" -v ns="$2" 'BEGIN { if (ns > 0) printf "%.3f", b / ns; else print "?" }'; }
 median() { printf '%s\n' "$@" | sort -g | awk '{ l[NR] = $1 } END { if (NR) print l[int((NR + 1) / 2)] }'; }
-field() { echo "$2" | tr ' ' '\n' | awk -F= -v k="$1" '$1 == k { print $2 }'; }
 
 # ---- fio ----
 have_fio=1
@@ -159,17 +158,6 @@ print("%.3f" % (j["jobs"][0][sys.argv[1]]["bw_bytes"] / 1e9))' "$rw" <<<"$out"
 
 # ---- kvstashd ----
 port=""
-free_port() {
-    local p
-    for _ in $(seq 1 50); do
-        p=$(( 20000 + RANDOM % 40000 ))
-        if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
-            echo "$p"
-            return 0
-        fi
-    done
-    return 1
-}
 
 kvd_died() {
     echo "ssd.sh: kvstashd (pid ${kvd_pid:-?}) died; last lines of its log:" >&2

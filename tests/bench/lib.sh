@@ -1,0 +1,26 @@
+# lib.sh: shell helpers the benchmark scripts share (sourced by run.sh and ssd.sh).
+# shellcheck shell=bash
+
+# die MSG: print "<script>: MSG" and exit 1.
+die() { echo "$(basename "$0"): $*" >&2; exit 1; }
+
+# show CMD...: print a command as it can be pasted into a shell.
+show() { printf '$'; printf ' %q' "$@"; printf '\n'; }
+
+# field NAME LINE: the value of NAME=... in a kvstash-bench result line.
+field() {
+    echo "$2" | tr ' ' '\n' | awk -F= -v k="$1" '$1 == k { print $2 }'
+}
+
+# free_port: a loopback port nobody answers on (50 tries at most).
+free_port() {
+    local p
+    for _ in $(seq 1 50); do
+        p=$(( 20000 + RANDOM % 40000 ))
+        if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+            echo "$p"
+            return 0
+        fi
+    done
+    return 1
+}
