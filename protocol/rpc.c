@@ -78,10 +78,16 @@ rpc_method_lookup(const char *name, uint32_t len)
 void
 rpc_reply_head(struct rpc_req *rq)
 {
-    msgpack_pack_array(&rq->pk, 4);
-    msgpack_pack_uint8(&rq->pk, 1);
-    msgpack_pack_uint64(&rq->pk, rq->msgid);
-    msgpack_pack_nil(&rq->pk);
+    rpc_pack_head(&rq->pk, rq->msgid);
+}
+
+void
+rpc_pack_head(msgpack_packer *pk, uint64_t msgid)
+{
+    msgpack_pack_array(pk, 4);
+    msgpack_pack_uint8(pk, 1);
+    msgpack_pack_uint64(pk, msgid);
+    msgpack_pack_nil(pk);
 }
 
 void
@@ -427,10 +433,7 @@ rpc_deferred_poll(struct rpc_ctx *ctx, struct outq *out)
         }
     }
     msgpack_packer_init(&pk, out, outq_pack_write);
-    msgpack_pack_array(&pk, 4);
-    msgpack_pack_uint8(&pk, 1);
-    msgpack_pack_uint64(&pk, d->msgid);
-    msgpack_pack_nil(&pk);
+    rpc_pack_head(&pk, d->msgid);
     if (d->batch) {
         msgpack_pack_array(&pk, d->n);
     }
@@ -636,10 +639,11 @@ rpc_get_refs(struct rpc_req *rq, struct mp_reader keys, uint32_t n, struct store
     int rc = 0;
 
     /*
-     * First start every load without touching anything: a key found resident
-     * is not stamped (nor, for an unpromoted copy, used up) by a try that waits.
+     * With an SSD tier, first start every load without touching anything: a key
+     * found resident is not stamped (nor, for an unpromoted copy, used up) by a
+     * try that waits. Without one nothing can wait, and one pass is enough.
      */
-    for (uint32_t i = 0; i < n && !rq->ctx->final_try; i++) {
+    for (uint32_t i = 0; i < n && !rq->ctx->final_try && store_has_tier(st); i++) {
         const uint8_t *kp;
         uint32_t klen;
         struct kv_key key;

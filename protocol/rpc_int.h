@@ -50,6 +50,9 @@ struct rpc_opts {
 /* rpc_reply_head: start the success reply [1, msgid, nil, ...]; the result follows. */
 void rpc_reply_head(struct rpc_req *rq);
 
+/* rpc_pack_head: the same for a reply built later (a deferred one), on pk. */
+void rpc_pack_head(msgpack_packer *pk, uint64_t msgid);
+
 /* rpc_reply_error: the whole error reply [1, msgid, [code, name, msg], nil]. */
 void rpc_reply_error(struct rpc_req *rq, int status, const char *msg);
 

@@ -543,10 +543,7 @@ rpc_xfer_poll(struct rpc_ctx *ctx, struct outq *out)
         }
     }
     msgpack_packer_init(&pk, out, outq_pack_write);
-    msgpack_pack_array(&pk, 4);
-    msgpack_pack_uint8(&pk, 1);
-    msgpack_pack_uint64(&pk, x->msgid);
-    msgpack_pack_nil(&pk);
+    rpc_pack_head(&pk, x->msgid);
     msgpack_pack_array(&pk, x->n);
     for (uint32_t i = 0; i < x->n; i++) {
         msgpack_pack_int64(&pk, x->res[i]);
