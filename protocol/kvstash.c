@@ -537,6 +537,9 @@ kvstash_close(struct kvstash *c)
     while (c->bufs != NULL) {
         kvstash_buffer_release(c, c->bufs);
     }
+    if (c->arena != NULL) {
+        munmap(c->arena, (size_t)c->arena_size);
+    }
     kvstash_wire_deinit(c);
     free(c);
 }
@@ -1183,6 +1186,188 @@ kvstash_unregister_buffer(struct kvstash *c, struct kvstash_buffer *b)
     /* whatever the server said, the caller has no other way to release it */
     kvstash_buffer_release(c, b);
     return rc;
+}
+
+/* ---- direct access to the daemon's memory ---- */
+
+int
+kvstash_map_arena(struct kvstash *c, void **base, size_t *size)
+{
+    uint64_t seg = UINT64_MAX, len = 0;
+    int fd, rc = kvstash_begin(c);
+
+    if (rc != 0) {
+        return rc;
+    }
+    if (c->arena == NULL) {
+        if (!c->is_unix) {
+            kvstash_wire_errf(c, "direct access needs a Unix-socket connection");
+            return KVSTASH_EUNSUPPORTED;
+        }
+        kvstash_wire_req_begin(c, "map_segment", 1);
+        kvstash_wire_req_uint(c, 0);
+        rc = kvstash_wire_call(c, KVSTASH_WIRE_SMALL_REPLY);
+        if (rc != 0) {
+            return rc;
+        }
+        rc = kvstash_wire_read_segment(c, &seg, &len);
+        fd = kvstash_wire_take_fd(c);
+        if (rc == 0 && (fd < 0 || seg != 0 || len == 0 || len > SIZE_MAX)) {
+            kvstash_wire_errf(c, "map_segment: %s", fd < 0 ? "no descriptor came with the reply"
+                                                           : "unexpected segment or size");
+            rc = -EPROTO;
+        }
+        if (rc == 0) {
+            void *p = mmap(NULL, (size_t)len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+
+            if (p == MAP_FAILED) {
+                rc = kvstash_sys_fail(c, "mmap of the arena", errno);
+            } else {
+                c->arena = p;
+                c->arena_size = len;
+            }
+        }
+        if (fd >= 0) {
+            close(fd);
+        }
+        if (rc != 0) {
+            return rc == -EPROTO ? kvstash_done(c, rc) : rc;
+        }
+    }
+    if (base != NULL) {
+        *base = c->arena;
+    }
+    if (size != NULL) {
+        *size = (size_t)c->arena_size;
+    }
+    return 0;
+}
+
+/* kvstash_places: pieces as offsets into the arena to pointers into this mapping. */
+static void
+kvstash_places(const struct kvstash *c, const struct kvstash_wire_piece *w, size_t n,
+               struct kvstash_place *places, size_t *nplaces)
+{
+    for (size_t i = 0; i < n; i++) {
+        places[i].ptr = c->arena + w[i].offset;
+        places[i].length = (size_t)w[i].length;
+    }
+    *nplaces = n;
+}
+
+int
+kvstash_put_start(struct kvstash *c, const void *key, size_t klen, size_t size,
+                  struct kvstash_place *places, size_t *nplaces)
+{
+    struct kvstash_wire_piece w[KVSTASH_MAX_PLACES];
+    size_t n = 0;
+    int rc = kvstash_map_arena(c, NULL, NULL);
+
+    if (rc == 0) {
+        rc = kvstash_key_check(c, key, klen);
+    }
+    if (rc == 0 && (places == NULL || nplaces == NULL)) {
+        kvstash_wire_errf(c, "put_start: NULL argument");
+        rc = KVSTASH_EINVAL;
+    }
+    if (rc != 0) {
+        return rc;
+    }
+    kvstash_wire_req_begin(c, "put_start", 2);
+    kvstash_wire_req_array(c, 1);
+    kvstash_wire_req_key(c, key, klen);
+    kvstash_wire_req_array(c, 1);
+    kvstash_wire_req_uint(c, size);
+    rc = kvstash_wire_call(c, KVSTASH_WIRE_SMALL_REPLY);
+    if (rc != 0) {
+        return rc;
+    }
+    rc = kvstash_wire_read_array(c, 1);
+    if (rc == 0) {
+        rc = kvstash_wire_read_places(c, c->arena_size, w, KVSTASH_MAX_PLACES, &n);
+    }
+    if (rc == 0) {
+        kvstash_places(c, w, n, places, nplaces);
+    }
+    return kvstash_done(c, rc);
+}
+
+/* kvstash_put_finish: put_end or put_revoke of n keys. */
+static int
+kvstash_put_finish(struct kvstash *c, const char *method, size_t n, const void *const *keys,
+                   const size_t *klens, int *codes)
+{
+    struct kvstash_op op = {
+        .method = method, .res = RES_CODES, .n = n, .keys = keys, .klens = klens,
+        .codes = codes,
+    };
+    int rc = kvstash_begin(c);
+
+    if (rc != 0) {
+        return rc;
+    }
+    if (n > 0 && (klens == NULL || codes == NULL)) {
+        kvstash_wire_errf(c, "%s: NULL array", method);
+        return KVSTASH_EINVAL;
+    }
+    return kvstash_op_run(c, &op);
+}
+
+int
+kvstash_batch_put_end(struct kvstash *c, size_t n, const void *const *keys, const size_t *klens,
+                      int *codes)
+{
+    return kvstash_put_finish(c, "put_end", n, keys, klens, codes);
+}
+
+int
+kvstash_batch_put_revoke(struct kvstash *c, size_t n, const void *const *keys,
+                         const size_t *klens, int *codes)
+{
+    return kvstash_put_finish(c, "put_revoke", n, keys, klens, codes);
+}
+
+int
+kvstash_get_replica(struct kvstash *c, const void *key, size_t klen,
+                    struct kvstash_place *places, size_t *nplaces, uint64_t *size,
+                    uint64_t *lease_ms)
+{
+    struct kvstash_wire_piece w[KVSTASH_MAX_PLACES];
+    uint64_t sz = 0, lease = 0;
+    size_t n = 0;
+    int rc = kvstash_map_arena(c, NULL, NULL);
+
+    if (rc == 0) {
+        rc = kvstash_key_check(c, key, klen);
+    }
+    if (rc == 0 && (places == NULL || nplaces == NULL)) {
+        kvstash_wire_errf(c, "get_replica: NULL argument");
+        rc = KVSTASH_EINVAL;
+    }
+    if (rc != 0) {
+        return rc;
+    }
+    kvstash_wire_req_begin(c, "get_replica_list", 1);
+    kvstash_wire_req_array(c, 1);
+    kvstash_wire_req_key(c, key, klen);
+    rc = kvstash_wire_call(c, KVSTASH_WIRE_SMALL_REPLY);
+    if (rc != 0) {
+        return rc;
+    }
+    rc = kvstash_wire_read_array(c, 1);
+    if (rc == 0) {
+        rc = kvstash_wire_read_replica(c, c->arena_size, w, KVSTASH_MAX_PLACES, &n, &sz, &lease);
+    }
+    if (rc == 0) {
+        kvstash_places(c, w, n, places, nplaces);
+        if (size != NULL) {
+            *size = sz;
+        }
+        if (lease_ms != NULL) {
+            *lease_ms = lease;
+        }
+    }
+    return kvstash_done(c, rc);
 }
 
 /*

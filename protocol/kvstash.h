@@ -310,6 +310,69 @@ int kvstash_batch_get_into(struct kvstash *c, size_t n, const void *const *keys,
                            const size_t *klens, const struct kvstash_piece *const *pieces,
                            const size_t *npieces, int64_t *results);
 
+/* ==== Direct access to the daemon's memory (Unix socket only) ====
+ *
+ * A same-host client can map the daemon's DRAM arena and write or read
+ * objects where they live: no copy by the daemon, none through the socket
+ * (protocol/SPEC.md, "Direct access"). An object lies in at most
+ * KVSTASH_MAX_PLACES places of the mapped arena, in order.
+ */
+#define KVSTASH_MAX_PLACES 32
+
+/* Where part of an object lies in the mapped arena. */
+struct kvstash_place {
+    void *ptr;
+    size_t length;
+};
+
+/*
+ * kvstash_map_arena: map the daemon's arena (map_segment 0) shared,
+ * read-write, once per connection; later calls return the same mapping. It
+ * stays mapped until kvstash_close. *base and *size may be NULL. Returns 0,
+ * KVSTASH_EUNSUPPORTED over TCP (or when the daemon's arena cannot be
+ * shared), a code the server answered, or a negative errno (-EPROTO when no
+ * descriptor came with the reply, the errno of mmap).
+ */
+int kvstash_map_arena(struct kvstash *c, void **base, size_t *size);
+
+/*
+ * kvstash_put_start: reserve an object of size bytes under key and say where
+ * to write it: places[0..*nplaces) (places must hold KVSTASH_MAX_PLACES),
+ * whose lengths add up to size. The object is invisible until
+ * kvstash_batch_put_end; kvstash_batch_put_revoke, closing c, or the
+ * daemon's put_timeout_ms drop it. Maps the arena first if needed. Returns
+ * 0, or the key's code (KVSTASH_EEXISTS, KVSTASH_EBUSY, KVSTASH_ENOSPACE,
+ * KVSTASH_ETOOLARGE), or an error as kvstash_map_arena. Do not write the
+ * places after the put has ended, been revoked or timed out.
+ */
+int kvstash_put_start(struct kvstash *c, const void *key, size_t klen, size_t size,
+                      struct kvstash_place *places, size_t *nplaces);
+
+/*
+ * kvstash_batch_put_end, kvstash_batch_put_revoke: publish or drop n
+ * objects this connection reserved with kvstash_put_start. codes[i]: 0, or
+ * KVSTASH_ENOTFOUND when c holds no reservation for key i (never made,
+ * already ended or revoked, or reclaimed after put_timeout_ms). Batching and
+ * the return value are those of kvstash_batch_put.
+ */
+int kvstash_batch_put_end(struct kvstash *c, size_t n, const void *const *keys,
+                          const size_t *klens, int *codes);
+int kvstash_batch_put_revoke(struct kvstash *c, size_t n, const void *const *keys,
+                             const size_t *klens, int *codes);
+
+/*
+ * kvstash_get_replica: where the object under key lies in the mapped arena,
+ * places[0..*nplaces) (places must hold KVSTASH_MAX_PLACES), its size, and
+ * the lease (ms) during which its bytes stay there untouched (not evicted,
+ * not reused even if removed). Maps the arena first if needed. Reading
+ * after the lease is the caller's risk: copy the bytes out within it, or ask
+ * again (which extends it). Returns 0, KVSTASH_ENOTFOUND, or an error as
+ * kvstash_map_arena. size and lease_ms may be NULL.
+ */
+int kvstash_get_replica(struct kvstash *c, const void *key, size_t klen,
+                        struct kvstash_place *places, size_t *nplaces, uint64_t *size,
+                        uint64_t *lease_ms);
+
 /*
  * kvstash_stats: the server's counters as a malloc'd array of *n name/value
  * pairs (free with free()). Non-integer stats are left out.

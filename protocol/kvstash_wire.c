@@ -125,6 +125,53 @@ kvstash_wire_wait(struct kvstash *c, short events)
     }
 }
 
+/*
+ * kvstash_wire_recvmsg: recv on a Unix socket, keeping a descriptor that
+ * comes along (SCM_RIGHTS, map_segment's reply) for kvstash_wire_take_fd.
+ * Descriptors beyond the one slot are closed.
+ */
+static ssize_t
+kvstash_wire_recvmsg(struct kvstash *c, void *buf, size_t len, int flags)
+{
+    union {
+        struct cmsghdr h;
+        char buf[CMSG_SPACE(4 * sizeof(int))];
+    } u;
+    struct iovec iov = {.iov_base = buf, .iov_len = len};
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
+                        .msg_controllen = sizeof(u.buf)};
+    ssize_t r = recvmsg(c->fd, &mh, flags | MSG_CMSG_CLOEXEC);
+
+    for (struct cmsghdr *cm = r >= 0 ? CMSG_FIRSTHDR(&mh) : NULL; cm != NULL;
+         cm = CMSG_NXTHDR(&mh, cm)) {
+        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) {
+            continue;
+        }
+        size_t nfd = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+
+        for (size_t i = 0; i < nfd; i++) {
+            int fd;
+
+            memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
+            if (c->rfd < 0) {
+                c->rfd = fd;
+            } else {
+                close(fd);
+            }
+        }
+    }
+    return r;
+}
+
+int
+kvstash_wire_take_fd(struct kvstash *c)
+{
+    int fd = c->rfd;
+
+    c->rfd = -1;
+    return fd;
+}
+
 /* kvstash_wire_recv: some bytes (> 0) or -errno; end of stream is -ECONNRESET. */
 static ssize_t
 kvstash_wire_recv(struct kvstash *c, void *buf, size_t len, bool all)
@@ -132,7 +179,8 @@ kvstash_wire_recv(struct kvstash *c, void *buf, size_t len, bool all)
     int flags = c->timeout_ms > 0 ? MSG_DONTWAIT : (all ? MSG_WAITALL : 0);
 
     for (;;) {
-        ssize_t r = recv(c->fd, buf, len, flags);
+        ssize_t r = c->is_unix ? kvstash_wire_recvmsg(c, buf, len, flags)
+                               : recv(c->fd, buf, len, flags);
         if (r > 0) {
             return r;
         }
@@ -609,37 +657,42 @@ kvstash_wire_head_read(struct kvstash *c, struct kvstash_wire_head *h)
     return 0;
 }
 
-static int
-kvstash_wire_skip_nested(struct kvstash *c, int depth)
-{
-    struct kvstash_wire_head h;
-    int rc = kvstash_wire_head_read(c, &h);
+static int kvstash_wire_skip_nested(struct kvstash *c, int depth);
 
-    if (rc != 0) {
-        return rc;
-    }
-    switch (h.type) {
+/* kvstash_wire_skip_rest: consume what follows header h (read at nesting depth). */
+static int
+kvstash_wire_skip_rest(struct kvstash *c, const struct kvstash_wire_head *h, int depth)
+{
+    switch (h->type) {
     case RD_STR:
     case RD_BIN:
     case RD_EXT:
-        return kvstash_wire_body(c, NULL, h.len);
-    case RD_FLOAT:
-        return 0; /* the header read took all of it */
+        return kvstash_wire_body(c, NULL, h->len);
     case RD_ARRAY:
     case RD_MAP:
         if (depth >= KVSTASH_WIRE_MAX_DEPTH) {
             return kvstash_wire_bad(c, "nesting too deep");
         }
-        for (uint64_t i = 0; i < (h.type == RD_MAP ? 2 * h.len : h.len); i++) {
-            rc = kvstash_wire_skip_nested(c, depth + 1);
+        for (uint64_t i = 0; i < (h->type == RD_MAP ? 2 * h->len : h->len); i++) {
+            int rc = kvstash_wire_skip_nested(c, depth + 1);
+
             if (rc != 0) {
                 return rc;
             }
         }
         return 0;
     default:
-        return 0;
+        return 0;       /* scalars (floats too): the header read took all of it */
     }
+}
+
+static int
+kvstash_wire_skip_nested(struct kvstash *c, int depth)
+{
+    struct kvstash_wire_head h;
+    int rc = kvstash_wire_head_read(c, &h);
+
+    return rc != 0 ? rc : kvstash_wire_skip_rest(c, &h, depth);
 }
 
 int
@@ -1052,13 +1105,141 @@ kvstash_wire_read_hello(struct kvstash *c, struct kvstash_hello *hi)
             rc = kvstash_wire_str_copy(c, v.len, str, strsz);
         } else if (slot != NULL && v.type == RD_UINT) {
             *slot = v.u;
-        } else if (v.type == RD_STR || v.type == RD_BIN || v.type == RD_EXT) {
-            rc = kvstash_wire_body(c, NULL, v.len);
-        } else if (v.type == RD_ARRAY || v.type == RD_MAP) {
-            for (uint64_t j = 0; rc == 0 && j < (v.type == RD_MAP ? 2 * v.len : v.len); j++) {
-                rc = kvstash_wire_skip_nested(c, 2);
-            }
+        } else {
+            rc = kvstash_wire_skip_rest(c, &v, 1);
         }
+    }
+    return rc;
+}
+
+int
+kvstash_wire_read_segment(struct kvstash *c, uint64_t *segment, uint64_t *size)
+{
+    struct kvstash_wire_head h;
+    int rc = kvstash_wire_head_expect(c, &h, RD_MAP, "map_segment result is not a map");
+
+    for (uint64_t i = 0; rc == 0 && i < h.len; i++) {
+        struct kvstash_wire_head k, v;
+        char name[16];
+
+        rc = kvstash_wire_head_expect(c, &k, RD_STR, "map_segment key is not a string");
+        if (rc == 0) {
+            rc = kvstash_wire_str_copy(c, k.len, name, sizeof(name));
+        }
+        if (rc == 0) {
+            rc = kvstash_wire_head_read(c, &v);
+        }
+        if (rc != 0) {
+            break;
+        }
+        if (strcmp(name, "segment") == 0 && v.type == RD_UINT) {
+            *segment = v.u;
+        } else if (strcmp(name, "size") == 0 && v.type == RD_UINT) {
+            *size = v.u;
+        } else {
+            rc = kvstash_wire_skip_rest(c, &v, 1);
+        }
+    }
+    return rc;
+}
+
+/* kvstash_wire_places_rest: the pieces of an array header h already read. */
+static int
+kvstash_wire_places_rest(struct kvstash *c, const struct kvstash_wire_head *h, uint64_t arena,
+                         struct kvstash_wire_piece *places, size_t cap, size_t *n)
+{
+    if (h->len > cap) {
+        return kvstash_wire_bad(c, "more pieces than an object has");
+    }
+    for (uint64_t i = 0; i < h->len; i++) {
+        uint64_t seg, off, len;
+        int rc = kvstash_wire_read_array(c, 3);
+
+        if (rc == 0) {
+            rc = kvstash_wire_read_uint(c, &seg);
+        }
+        if (rc == 0) {
+            rc = kvstash_wire_read_uint(c, &off);
+        }
+        if (rc == 0) {
+            rc = kvstash_wire_read_uint(c, &len);
+        }
+        if (rc != 0) {
+            return rc;
+        }
+        if (seg != 0 || off > arena || len > arena - off) {
+            return kvstash_wire_bad(c, "a piece outside the arena");
+        }
+        places[i].offset = off;
+        places[i].length = len;
+    }
+    *n = (size_t)h->len;
+    return 0;
+}
+
+int
+kvstash_wire_read_places(struct kvstash *c, uint64_t arena, struct kvstash_wire_piece *places,
+                         size_t cap, size_t *n)
+{
+    struct kvstash_wire_head h;
+    int rc = kvstash_wire_head_read(c, &h);
+
+    if (rc != 0) {
+        return rc;
+    }
+    if (h.type == RD_UINT) {
+        return h.u > 0 && h.u <= INT_MAX ? (int)h.u : kvstash_wire_bad(c, "bad status code");
+    }
+    if (h.type != RD_ARRAY) {
+        return kvstash_wire_bad(c, "expected pieces or a code");
+    }
+    return kvstash_wire_places_rest(c, &h, arena, places, cap, n);
+}
+
+int
+kvstash_wire_read_replica(struct kvstash *c, uint64_t arena, struct kvstash_wire_piece *places,
+                          size_t cap, size_t *n, uint64_t *size, uint64_t *lease_ms)
+{
+    struct kvstash_wire_head h;
+    bool have_pieces = false;
+    int rc = kvstash_wire_head_read(c, &h);
+
+    if (rc != 0) {
+        return rc;
+    }
+    if (h.type == RD_NIL) {
+        return KVSTASH_ENOTFOUND;
+    }
+    if (h.type != RD_MAP) {
+        return kvstash_wire_bad(c, "a replica is neither nil nor a map");
+    }
+    for (uint64_t i = 0; rc == 0 && i < h.len; i++) {
+        struct kvstash_wire_head k, v;
+        char name[16];
+
+        rc = kvstash_wire_head_expect(c, &k, RD_STR, "replica key is not a string");
+        if (rc == 0) {
+            rc = kvstash_wire_str_copy(c, k.len, name, sizeof(name));
+        }
+        if (rc == 0) {
+            rc = kvstash_wire_head_read(c, &v);
+        }
+        if (rc != 0) {
+            break;
+        }
+        if (strcmp(name, "pieces") == 0 && v.type == RD_ARRAY) {
+            rc = kvstash_wire_places_rest(c, &v, arena, places, cap, n);
+            have_pieces = rc == 0;
+        } else if (strcmp(name, "size") == 0 && v.type == RD_UINT) {
+            *size = v.u;
+        } else if (strcmp(name, "lease_ms") == 0 && v.type == RD_UINT) {
+            *lease_ms = v.u;
+        } else {
+            rc = kvstash_wire_skip_rest(c, &v, 1);
+        }
+    }
+    if (rc == 0 && !have_pieces) {
+        rc = kvstash_wire_bad(c, "a replica without pieces");
     }
     return rc;
 }
@@ -1317,6 +1498,7 @@ kvstash_wire_init(struct kvstash *c)
 {
     c->fd = -1;
     c->wfd = -1;
+    c->rfd = -1;
     c->fill_max = KVSTASH_WIRE_RBUF_SIZE;
     c->rbuf = malloc(KVSTASH_WIRE_RBUF_SIZE);
     return c->rbuf != NULL ? 0 : -ENOMEM;
@@ -1327,6 +1509,9 @@ kvstash_wire_deinit(struct kvstash *c)
 {
     if (c->fd >= 0) {
         close(c->fd);
+    }
+    if (c->rfd >= 0) {
+        close(c->rfd);
     }
     free(c->wbuf);
     free(c->segs);

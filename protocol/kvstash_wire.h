@@ -47,6 +47,12 @@
 struct iovec;
 struct kvstash_wire_seg;
 
+/* A piece of an object in the daemon's arena (segment 0), as offsets. */
+struct kvstash_wire_piece {
+    uint64_t offset;
+    uint64_t length;
+};
+
 /*
  * One connection (opaque to users of kvstash.h). kvstash.c allocates it
  * zeroed, sets timeout_ms, and reads or writes the fields of the first
@@ -63,6 +69,8 @@ struct kvstash {
     struct kvstash_hello hello;    /* max_value_size bounds kvstash_wire_read_value */
     char err[KVSTASH_WIRE_ERRLEN]; /* kvstash_last_error() */
     struct kvstash_buffer *bufs;   /* registered shared-memory buffers (kvstash.c's list) */
+    uint8_t *arena;                /* the daemon's arena mapped here (kvstash_map_arena), or NULL */
+    uint64_t arena_size;
     /* request side */
     uint8_t *wbuf;
     size_t wlen;
@@ -81,6 +89,7 @@ struct kvstash {
     size_t rlen;
     size_t fill_max;               /* recv size for refills */
     uint64_t msg_left;             /* bytes the current reply may still use */
+    int rfd;                       /* a descriptor received (SCM_RIGHTS), or -1 */
 };
 
 /* Internal to libkvstash: none of these is exported by libkvstash.so. */
@@ -279,6 +288,31 @@ int kvstash_wire_read_hello(struct kvstash *c, struct kvstash_hello *hi);
  * nothing is allocated and *items, *n are not touched.
  */
 int kvstash_wire_read_stats(struct kvstash *c, struct kvstash_stat **items, size_t *n);
+
+/*
+ * kvstash_wire_read_places: a list of pieces [segment, offset, length]
+ * (at most cap of them, each in segment 0 and inside [0, arena)) into
+ * places[0..*n); or an integer code instead (put_start's
+ * per-key answer), returned as is (> 0). A list longer than cap or a piece
+ * outside the arena is malformed.
+ */
+int kvstash_wire_read_places(struct kvstash *c, uint64_t arena, struct kvstash_wire_piece *places,
+                             size_t cap, size_t *n);
+
+/*
+ * kvstash_wire_read_replica: one answer of get_replica_list: nil
+ * (KVSTASH_ENOTFOUND) or the map, whose pieces go through
+ * kvstash_wire_read_places and whose size and lease_ms fill *size and
+ * *lease_ms. Unknown names are skipped.
+ */
+int kvstash_wire_read_replica(struct kvstash *c, uint64_t arena, struct kvstash_wire_piece *places,
+                              size_t cap, size_t *n, uint64_t *size, uint64_t *lease_ms);
+
+/* kvstash_wire_read_segment: map_segment's map: its segment and size (absent: untouched). */
+int kvstash_wire_read_segment(struct kvstash *c, uint64_t *segment, uint64_t *size);
+
+/* kvstash_wire_take_fd: the descriptor the last replies brought (now the caller's), or -1. */
+int kvstash_wire_take_fd(struct kvstash *c);
 
 #pragma GCC visibility pop
 

@@ -61,8 +61,8 @@ outq_chunk_unref(struct outq *q, struct outq_chunk *c)
 static void
 outq_release(struct outq *q, uintptr_t own)
 {
-    if (own == 0) {
-        return;
+    if (own == 0 || (own & 2u)) {
+        return;                 /* nothing held, or a descriptor marker (borrowed fd) */
     }
     if (own & 1u) {
         outq_chunk_unref(q, (struct outq_chunk *)(own & ~(uintptr_t)1));
@@ -207,10 +207,44 @@ outq_pack_write(void *data, const char *buf, size_t len)
 }
 
 int
+outq_fd(struct outq *q, int fd)
+{
+    if (outq_reserve(q, 1) != 0) {
+        q->failed = 1;
+        return -ENOMEM;
+    }
+    q->iov[q->tail].iov_base = NULL;
+    q->iov[q->tail].iov_len = 0;
+    q->own[q->tail] = ((uintptr_t)fd << 2) | 2u;
+    q->tail++;
+    return 0;
+}
+
+int
+outq_head_fd(const struct outq *q)
+{
+    if (q->head < q->tail && (q->own[q->head] & 2u)) {
+        return (int)(q->own[q->head] >> 2);
+    }
+    return -1;
+}
+
+void
+outq_fd_sent(struct outq *q)
+{
+    if (outq_head_fd(q) >= 0) {
+        q->head++;
+    }
+}
+
+int
 outq_peek(const struct outq *q, struct iovec *iov, int max)
 {
     int n = 0;
     for (size_t i = q->head; i < q->tail && n < max; i++) {
+        if (i > q->head && (q->own[i] & 2u)) {
+            break;              /* a descriptor goes with the first byte after its marker */
+        }
         iov[n++] = q->iov[i];
     }
     return n;

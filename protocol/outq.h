@@ -57,7 +57,24 @@ int outq_obj(struct outq *q, struct store_obj *o);
 /* outq_pack_write: msgpack_packer write callback; data is a struct outq *. */
 int outq_pack_write(void *data, const char *buf, size_t len);
 
-/* outq_peek: the first unsent segments (at most max of them); returns the count. */
+/*
+ * outq_fd: the bytes queued after this call go out with descriptor fd
+ * attached (SCM_RIGHTS on a Unix socket). fd is borrowed: it must stay open
+ * until sent or dropped. Returns 0 or -ENOMEM (q->failed set).
+ */
+int outq_fd(struct outq *q, int fd);
+
+/* outq_head_fd: the descriptor to attach to the next write, or -1. */
+int outq_head_fd(const struct outq *q);
+
+/* outq_fd_sent: the write that carried outq_head_fd's descriptor succeeded. */
+void outq_fd_sent(struct outq *q);
+
+/*
+ * outq_peek: the first unsent segments (at most max of them); returns the
+ * count. It stops before a descriptor marker, so one write carries at most
+ * one descriptor, with its first byte.
+ */
 int outq_peek(const struct outq *q, struct iovec *iov, int max);
 
 /* outq_consume: n bytes from the front have been sent. */

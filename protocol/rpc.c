@@ -50,6 +50,11 @@ static const char *const rpc_names[RPC_METHOD_COUNT] = {
     [RPC_UNREGISTER_BUFFER] = "unregister_buffer",
     [RPC_BATCH_PUT_FROM] = "batch_put_from",
     [RPC_BATCH_GET_INTO] = "batch_get_into",
+    [RPC_MAP_SEGMENT] = "map_segment",
+    [RPC_PUT_START] = "put_start",
+    [RPC_PUT_END] = "put_end",
+    [RPC_PUT_REVOKE] = "put_revoke",
+    [RPC_GET_REPLICA_LIST] = "get_replica_list",
 };
 
 
@@ -314,20 +319,7 @@ rpc_store_value(struct rpc_req *rq, const uint8_t *kp, uint32_t klen, const uint
     return rc < 0 ? KV_INTERNAL : rc;
 }
 
-/*
- * A reply that waits for durable puts: the per-key codes so far and a
- * reference on each object stored, until the SSD tier says how it went.
- */
-struct rpc_deferred {
-    uint64_t msgid;
-    bool batch;
-    uint32_t n;
-    uint32_t next;              /* a batch_put that waits for room: the key to go on from */
-    int *codes;
-    struct store_obj **objs;
-};
-
-static void
+void
 rpc_deferred_free(struct rpc_ctx *ctx, struct rpc_deferred *d)
 {
     if (d == NULL) {
@@ -341,7 +333,7 @@ rpc_deferred_free(struct rpc_ctx *ctx, struct rpc_deferred *d)
     free(d);
 }
 
-static struct rpc_deferred *
+struct rpc_deferred *
 rpc_deferred_new(struct rpc_req *rq, uint32_t n, bool batch)
 {
     struct rpc_deferred *d = calloc(1, sizeof(*d));
@@ -363,8 +355,7 @@ rpc_deferred_new(struct rpc_req *rq, uint32_t n, bool batch)
     return d;
 }
 
-/* rpc_deferred_track: key i was stored: ask the SSD tier for it and remember it. */
-static void
+void
 rpc_deferred_track(struct rpc_req *rq, struct rpc_deferred *d, uint32_t i, const uint8_t *kp,
                    uint32_t klen)
 {
@@ -453,6 +444,7 @@ rpc_ctx_release(struct rpc_ctx *ctx)
     rpc_deferred_free(ctx, ctx->resume);
     ctx->resume = NULL;
     rpc_xfer_release(ctx);
+    rpc_resv_release(ctx);
     shmbuf_set_destroy(ctx->bufs);
     ctx->bufs = NULL;
 }
@@ -1129,6 +1121,11 @@ static rpc_handler_fn *const rpc_handlers[RPC_METHOD_COUNT] = {
     [RPC_UNREGISTER_BUFFER] = rpc_unregister_buffer,
     [RPC_BATCH_PUT_FROM] = rpc_batch_put_from,
     [RPC_BATCH_GET_INTO] = rpc_batch_get_into,
+    [RPC_MAP_SEGMENT] = rpc_map_segment,
+    [RPC_PUT_START] = rpc_put_start,
+    [RPC_PUT_END] = rpc_put_end,
+    [RPC_PUT_REVOKE] = rpc_put_revoke,
+    [RPC_GET_REPLICA_LIST] = rpc_get_replica_list,
 };
 
 /* ---- dispatch ---- */

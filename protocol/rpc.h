@@ -24,6 +24,7 @@ struct copier;
 struct mp_hole;
 struct outq;
 struct rpc_deferred;
+struct rpc_resv_set;
 struct rpc_xfer;
 struct shmbuf_set;
 
@@ -36,6 +37,7 @@ enum rpc_method {
     RPC_BATCH_IS_EXIST, RPC_PREFIX_MATCH, RPC_GET_SIZE, RPC_BATCH_GET_SIZE, RPC_REMOVE,
     RPC_BATCH_REMOVE, RPC_REMOVE_ALL, RPC_PIN, RPC_UNPIN, RPC_STATS,
     RPC_REGISTER_BUFFER, RPC_UNREGISTER_BUFFER, RPC_BATCH_PUT_FROM, RPC_BATCH_GET_INTO,
+    RPC_MAP_SEGMENT, RPC_PUT_START, RPC_PUT_END, RPC_PUT_REVOKE, RPC_GET_REPLICA_LIST,
     RPC_METHOD_COUNT
 };
 
@@ -45,6 +47,7 @@ struct rpc_counters {
     _Atomic uint64_t hits;          /* get/batch_get keys found */
     _Atomic uint64_t misses;        /* get/batch_get keys not found */
     _Atomic uint64_t errors;        /* requests answered with a request-level error */
+    _Atomic uint64_t puts_expired;  /* put_start reservations reclaimed after put_timeout_ms */
 };
 
 /* Limits in force for one request (a config snapshot). */
@@ -54,6 +57,7 @@ struct rpc_limits {
     uint64_t max_batch;
     uint64_t max_message_size;
     uint64_t lease_ttl_ms;
+    uint64_t put_timeout_ms;
 };
 
 /*
@@ -91,6 +95,7 @@ struct rpc_ctx {
     int (*take_fd)(void *arg);
     void *take_fd_arg;
     struct shmbuf_set *bufs;         /* buffers this connection registered (made on demand) */
+    struct rpc_resv_set *resv;       /* its put_start reservations (made on demand) */
 };
 
 /* A put value received straight into the store: its reservation, or why none. */
@@ -168,6 +173,12 @@ void rpc_ctx_release(struct rpc_ctx *ctx);
  * message was answered some other way).
  */
 int rpc_xfer_poll(struct rpc_ctx *ctx, struct outq *out);
+
+/*
+ * rpc_resv_expire: abort the connection's put_start reservations older
+ * than put_timeout_ms (counted in puts_expired). Cheap when none is due.
+ */
+void rpc_resv_expire(struct rpc_ctx *ctx);
 void rpc_xfer_release(struct rpc_ctx *ctx);
 void rpc_xfer_resume_drop(struct rpc_ctx *ctx);
 

@@ -83,10 +83,43 @@ int rpc_arity(struct rpc_req *rq, uint32_t min, uint32_t max);
  */
 int rpc_get_refs(struct rpc_req *rq, struct mp_reader keys, uint32_t n, struct store_obj **objs);
 
+/*
+ * A reply that waits for durable puts: the per-key codes so far and a
+ * reference on each object stored, until the SSD tier says how it went
+ * (rpc_deferred_poll). Also what a batch that waits for room did so far
+ * (ctx->resume: the keys before `next` are done).
+ */
+struct rpc_deferred {
+    uint64_t msgid;
+    bool batch;
+    uint32_t n;
+    uint32_t next;
+    int *codes;
+    struct store_obj **objs;
+};
+
+/* rpc_deferred_new: codes and objs for n keys, all 0/NULL; NULL when out of memory. */
+struct rpc_deferred *rpc_deferred_new(struct rpc_req *rq, uint32_t n, bool batch);
+
+/* rpc_deferred_free: unref what it holds and free it. Accepts NULL. */
+void rpc_deferred_free(struct rpc_ctx *ctx, struct rpc_deferred *d);
+
+/* rpc_deferred_track: key i was stored: ask the SSD tier for it and remember it in d. */
+void rpc_deferred_track(struct rpc_req *rq, struct rpc_deferred *d, uint32_t i, const uint8_t *kp,
+                        uint32_t klen);
+
 /* The shared-memory methods (rpc_shm.c). */
 int rpc_register_buffer(struct rpc_req *rq);
 int rpc_unregister_buffer(struct rpc_req *rq);
 int rpc_batch_put_from(struct rpc_req *rq);
 int rpc_batch_get_into(struct rpc_req *rq);
+
+/* Client-driven access to the store's own memory (rpc_direct.c). */
+int rpc_map_segment(struct rpc_req *rq);
+int rpc_put_start(struct rpc_req *rq);
+int rpc_put_end(struct rpc_req *rq);
+int rpc_put_revoke(struct rpc_req *rq);
+int rpc_get_replica_list(struct rpc_req *rq);
+void rpc_resv_release(struct rpc_ctx *ctx);
 
 #endif

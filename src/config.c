@@ -159,6 +159,7 @@ static const struct conf_option conf_options[] = {
     OPT_UINT(max_connections,           1,        1000000,   "1024",  RELOAD),
     OPT_UINT(io_threads,                0,        64,        "0",     RESTART),
     OPT_DURATION(lease_ttl_ms,          1,        HOUR_MS,   "10s",   RELOAD),
+    OPT_DURATION(put_timeout_ms,        1,        HOUR_MS,   "30s",   RELOAD),
     OPT_SIZE(client_output_limit,       64 * KIB, NO_MAX,    "64m",   RELOAD),
     OPT_DURATION(shutdown_timeout_ms,   0,        HOUR_MS,   "10s",   RELOAD),
     OPT_DOUBLE(eviction_high_watermark, 0.0,      1.0,       "0.90",  RELOAD),

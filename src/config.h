@@ -42,6 +42,7 @@ struct kv_config {
     uint64_t max_connections;         /* default 1024 */
     uint64_t io_threads;              /* event loops; 0 before finalize = cores, at most 8 */
     uint64_t lease_ttl_ms;            /* default 10 s */
+    uint64_t put_timeout_ms;          /* put_start reservations never ended are reclaimed; 30 s */
     uint64_t client_output_limit;     /* stop reading a connection above this much unsent output; default 64 MiB */
     uint64_t shutdown_timeout_ms;     /* SIGTERM drain deadline; default 10 s */
     double eviction_high_watermark;   /* default 0.90 */

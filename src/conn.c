@@ -186,8 +186,7 @@ conn_peer_name(struct conn *c)
     snprintf(c->peer, sizeof(c->peer), "%s:%u", host, port);
 }
 
-/* Load the config snapshot into the worker's limits when it changed. */
-static void
+void
 conn_refresh_limits(struct worker *w)
 {
     const struct kv_config *conf = server_conf(w->srv);
@@ -201,6 +200,7 @@ conn_refresh_limits(struct worker *w)
     w->lim.max_batch = conf->max_batch;
     w->lim.max_message_size = conf->max_message_size;
     w->lim.lease_ttl_ms = conf->lease_ttl_ms;
+    w->lim.put_timeout_ms = conf->put_timeout_ms;
 }
 
 int
@@ -383,6 +383,26 @@ conn_wait_end(struct conn *c)
 
 /* ---- output ---- */
 
+/* conn_send_fd: writev with descriptor fd attached to the first byte (SCM_RIGHTS). */
+static ssize_t
+conn_send_fd(int sock, struct iovec *iov, int n, int fd)
+{
+    union {
+        struct cmsghdr h;
+        char buf[CMSG_SPACE(sizeof(int))];
+    } u;
+    struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n,
+                        .msg_control = u.buf, .msg_controllen = sizeof(u.buf)};
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+
+    memset(&u, 0, sizeof(u));
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+    return sendmsg(sock, &mh, MSG_NOSIGNAL);
+}
+
 /* Write as much as the socket takes. Returns 0, or -1 when the connection broke. */
 static int
 conn_flush(struct conn *c)
@@ -391,7 +411,8 @@ conn_flush(struct conn *c)
 
     while (outq_pending(&c->out) > 0) {
         int n = outq_peek(&c->out, iov, CONN_IOV_MAX);
-        ssize_t wr = writev(c->fd, iov, n);
+        int fd = outq_head_fd(&c->out);
+        ssize_t wr = fd < 0 ? writev(c->fd, iov, n) : conn_send_fd(c->fd, iov, n, fd);
         if (wr < 0) {
             if (errno == EAGAIN || errno == EWOULDBLOCK) {
                 break;
@@ -404,6 +425,9 @@ conn_flush(struct conn *c)
                          strerror(errno));
             }
             return -1;
+        }
+        if (fd >= 0 && wr > 0) {
+            outq_fd_sent(&c->out);
         }
         outq_consume(&c->out, (size_t)wr);
         atomic_store_explicit(&c->w->bytes_out,
@@ -1030,6 +1054,19 @@ conn_drain_all(struct worker *w)
             conn_free(c);
         }
         c = next;
+    }
+}
+
+void
+conn_expire_all(struct worker *w)
+{
+    uint64_t before = atomic_load_explicit(&w->ctr.puts_expired, memory_order_relaxed);
+
+    for (struct conn *c = w->conns; c != NULL; c = c->next) {
+        rpc_resv_expire(&c->ctx);
+    }
+    if (atomic_load_explicit(&w->ctr.puts_expired, memory_order_relaxed) != before) {
+        conn_retry_waiting(w);          /* the pages they held may be what a put waits for */
     }
 }
 

@@ -38,7 +38,16 @@ void conn_drain_all(struct worker *w);
  */
 void conn_retry_waiting(struct worker *w);
 
+/*
+ * conn_expire_all: reclaim the put_start reservations of w's connections
+ * that outlived put_timeout_ms (called about once a second on w's thread).
+ */
+void conn_expire_all(struct worker *w);
+
 /* conn_close_all: close every connection of w at once (final teardown). */
 void conn_close_all(struct worker *w);
+
+/* conn_refresh_limits: load the current config snapshot into w's limits when it changed. */
+void conn_refresh_limits(struct worker *w);
 
 #endif

@@ -384,6 +384,15 @@ worker_on_wake(evutil_socket_t fd, short what, void *arg)
     conn_retry_waiting(arg);
 }
 
+/* Once a second: reservations nobody finished go back. */
+static void
+worker_on_tick(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    conn_expire_all(arg);
+}
+
 /*
  * server_rdma_check: the rdma setting against this machine and build. The
  * data port is not built yet, so a found device is reported and not used;
@@ -470,6 +479,7 @@ worker_main(void *arg)
 static int
 worker_init(struct server *s, struct worker *w, int idx)
 {
+    const struct timeval tick = {1, 0};
     int p[2];
 
     w->srv = s;
@@ -494,12 +504,11 @@ worker_init(struct server *s, struct worker *w, int idx)
     if (w->wake_ev == NULL) {
         return -ENOMEM;
     }
-    w->conf = server_conf(s);
-    w->lim.max_key_size = w->conf->max_key_size;
-    w->lim.max_value_size = w->conf->max_value_size;
-    w->lim.max_batch = w->conf->max_batch;
-    w->lim.max_message_size = w->conf->max_message_size;
-    w->lim.lease_ttl_ms = w->conf->lease_ttl_ms;
+    w->tick_ev = event_new(w->base, -1, EV_PERSIST, worker_on_tick, w);
+    if (w->tick_ev == NULL || event_add(w->tick_ev, &tick) != 0) {
+        return -ENOMEM;
+    }
+    conn_refresh_limits(w);
     return 0;
 }
 
@@ -511,6 +520,9 @@ worker_deinit(struct worker *w)
     }
     if (w->notify_ev != NULL) {
         event_free(w->notify_ev);
+    }
+    if (w->tick_ev != NULL) {
+        event_free(w->tick_ev);
     }
     if (w->wake_ev != NULL) {
         event_free(w->wake_ev);

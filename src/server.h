@@ -58,6 +58,7 @@ struct worker {
     uint8_t *discard;                /* scratch for bytes read only to be dropped */
     int waiting;                     /* connections waiting for the SSD tier */
     struct event *wake_ev;           /* made active by the SSD tier's threads */
+    struct event *tick_ev;           /* once a second: reclaim expired reservations */
 };
 
 struct server {

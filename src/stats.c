@@ -36,7 +36,7 @@ stats_collect(void *arg, const char **names, uint64_t *values, int max)
     struct server *s = arg;
     struct store_stats st;
     uint64_t ops[RPC_METHOD_COUNT] = {0};
-    uint64_t hits = 0, misses = 0, errors = 0, bin = 0, bout = 0, perr = 0;
+    uint64_t hits = 0, misses = 0, errors = 0, bin = 0, bout = 0, perr = 0, expired = 0;
     int n = 0;
 
     pthread_once(&stats_once, stats_names_init);
@@ -48,6 +48,7 @@ stats_collect(void *arg, const char **names, uint64_t *values, int max)
         hits += ld(&w->ctr.hits);
         misses += ld(&w->ctr.misses);
         errors += ld(&w->ctr.errors);
+        expired += ld(&w->ctr.puts_expired);
         bin += ld(&w->bytes_in);
         bout += ld(&w->bytes_out);
         perr += ld(&w->protocol_errors);
@@ -75,6 +76,7 @@ stats_collect(void *arg, const char **names, uint64_t *values, int max)
     STAT("hits", hits);
     STAT("misses", misses);
     STAT("request_errors", errors);
+    STAT("puts_expired", expired);
     STAT("protocol_errors", perr);
     STAT("bytes_in", bin);
     STAT("bytes_out", bout);

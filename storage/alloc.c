@@ -25,7 +25,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #define ALLOC_BM_LEVELS 6               /* 64^6 > 2^32 bits */
 #define ALLOC_HUGE_ALIGN (2u << 20)     /* 2 MiB: x86-64 transparent huge page */
@@ -40,6 +42,7 @@ struct alloc_bitmap {
 struct alloc {
     pthread_mutex_t lock;
     uint8_t *base;                      /* the arena: map_len = npages * ALLOC_PAGE_SIZE bytes */
+    int fd;                             /* the sealed memfd behind it, or -1 (private memory) */
     size_t map_len;
     uint64_t npages;
     int max_order;                      /* largest order that fits in the arena */
@@ -195,34 +198,66 @@ alloc_block_give_locked(struct alloc *a, uint64_t page, int order)
 
 /* ---- mapping ---- */
 
+/*
+ * alloc_memfd: a sealed memfd of len bytes to back the arena, or -1 (the
+ * arena is then private memory and cannot be shared). The seals keep its
+ * size fixed for good, so no one holding the descriptor can shrink it under
+ * the daemon's feet (which would make the daemon's own accesses SIGBUS).
+ */
+static int
+alloc_memfd(uint64_t len)
+{
+    int fd = memfd_create("kvstash-arena", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+
+    if (fd < 0) {
+        return -1;
+    }
+    if (ftruncate(fd, (off_t)len) != 0
+        || fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/*
+ * alloc_map: map the arena at a 2 MiB-aligned address (so the kernel can
+ * back it with huge pages), shared from a memfd when one can be made, else
+ * private anonymous memory.
+ */
 static int
 alloc_map(struct alloc *a, uint64_t len)
 {
     size_t slack_len = (size_t)len + ALLOC_HUGE_ALIGN;
-    uint8_t *map = mmap(NULL, slack_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1,
-                        0);
+    uint8_t *map = mmap(NULL, slack_len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                        -1, 0);
+    uint8_t *start = NULL;
+    int flags = a->fd >= 0 ? MAP_SHARED : MAP_PRIVATE | MAP_ANONYMOUS;
 
     if (map != MAP_FAILED) {
-        /* Trim to a 2 MiB-aligned start so the kernel can back the arena with huge pages. */
-        uintptr_t start = ((uintptr_t)map + ALLOC_HUGE_ALIGN - 1)
-                          & ~(uintptr_t)(ALLOC_HUGE_ALIGN - 1);
-        size_t head = start - (uintptr_t)map;
+        uintptr_t s = ((uintptr_t)map + ALLOC_HUGE_ALIGN - 1) & ~(uintptr_t)(ALLOC_HUGE_ALIGN - 1);
+        size_t head = s - (uintptr_t)map;
         size_t tail = slack_len - head - (size_t)len;
 
         if (head != 0) {
             munmap(map, head);
         }
         if (tail != 0) {
-            munmap((uint8_t *)start + len, tail);
+            munmap((uint8_t *)s + len, tail);
         }
-        a->base = (uint8_t *)start;
-    } else {
-        /* Without the slack, in case the slack was what did not fit. */
-        map = mmap(NULL, (size_t)len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (map == MAP_FAILED) {
-            return errno != 0 ? -errno : -ENOMEM;
+        start = (uint8_t *)s;
+        flags |= MAP_FIXED;
+    }
+    /* Over the reservation when there is one; else anywhere (the slack was what did not fit). */
+    a->base = mmap(start, (size_t)len, PROT_READ | PROT_WRITE, flags, a->fd, 0);
+    if (a->base == MAP_FAILED) {
+        int err = errno != 0 ? errno : ENOMEM;
+
+        a->base = NULL;
+        if (start != NULL) {
+            munmap(start, (size_t)len);
         }
-        a->base = map;
+        return -err;
     }
     a->map_len = (size_t)len;
 #ifdef MADV_HUGEPAGE
@@ -250,6 +285,7 @@ alloc_create(uint64_t size, struct alloc **out)
     if (a == NULL) {
         return -ENOMEM;
     }
+    a->fd = -1;
     a->npages = npages;
     a->max_order = 63 - __builtin_clzll(npages);
     if (a->max_order > ALLOC_ORDERS - 1) {
@@ -283,6 +319,7 @@ alloc_create(uint64_t size, struct alloc **out)
         }
     }
 
+    a->fd = alloc_memfd(npages << ALLOC_PAGE_SHIFT);
     rc = alloc_map(a, npages << ALLOC_PAGE_SHIFT);
     if (rc != 0) {
         goto fail;
@@ -373,6 +410,9 @@ alloc_destroy(struct alloc *a)
     if (a->base != NULL) {
         munmap(a->base, a->map_len);
     }
+    if (a->fd >= 0) {
+        close(a->fd);
+    }
     free(a->words);
     free(a->state);
     pthread_mutex_destroy(&a->lock);
@@ -445,6 +485,12 @@ alloc_give(struct alloc *a, const struct alloc_extent *ext, int n)
     atomic_store_explicit(&a->used, atomic_load_explicit(&a->used, memory_order_relaxed) - pages,
                           memory_order_relaxed);
     pthread_mutex_unlock(&a->lock);
+}
+
+int
+alloc_fd(const struct alloc *a)
+{
+    return a->fd;
 }
 
 void *

@@ -46,9 +46,11 @@ struct alloc_stats {
 };
 
 /*
- * alloc_create: map an arena of `size` bytes rounded down to whole pages
- * (MAP_PRIVATE|MAP_ANONYMOUS, aligned to 2 MiB and advised MADV_HUGEPAGE
- * where the system allows; both best-effort), every page free. The arena's
+ * alloc_create: map an arena of `size` bytes rounded down to whole pages,
+ * every page free. The arena is a memfd mapped MAP_SHARED, sealed against
+ * shrinking and growing, so that it can be handed to same-host clients
+ * (alloc_fd); where no memfd can be made it is private anonymous memory.
+ * It is aligned to 2 MiB and advised MADV_HUGEPAGE (best-effort). The arena's
  * pages are not touched, so untouched memory costs nothing until used.
  * Returns 0 and *out, KV_INVALID_ARGUMENT when size is under one page or over
  * ALLOC_MAX_PAGES pages, -ENOMEM (or the mmap errno) when the arena or the
@@ -92,6 +94,13 @@ int alloc_take(struct alloc *a, uint64_t npages, struct alloc_extent *ext, int m
  * (double free, made-up extent) prints a message on stderr and aborts.
  */
 void alloc_give(struct alloc *a, const struct alloc_extent *ext, int n);
+
+/*
+ * alloc_fd: the memfd behind the arena (owned by the allocator, valid until
+ * alloc_destroy; mapping it at offset 0 shows the arena), or -1 when the
+ * arena is private memory.
+ */
+int alloc_fd(const struct alloc *a);
 
 /* alloc_base: the first byte of the arena; valid until alloc_destroy. */
 void *alloc_base(const struct alloc *a);

@@ -47,6 +47,8 @@
 
 /* ---- small helpers ---- */
 
+static void store_graves_sweep(struct store *s);
+
 uint64_t
 store_now_ms(void)
 {
@@ -339,6 +341,12 @@ store_create(const struct store_config *cfg, struct store **out)
     }
     memset(s, 0, bytes);
     atomic_store(&s->metadata_bytes, bytes);
+    rc = pthread_mutex_init(&s->grave_lock, NULL);
+    if (rc != 0) {
+        free(s);
+        return -rc;
+    }
+    s->grave_ready = true;
 
     rc = alloc_create(cfg->memory_size, &s->alloc);
     if (rc != 0) {
@@ -384,6 +392,15 @@ store_destroy(struct store *s)
 {
     if (s == NULL) {
         return;
+    }
+    while (s->graves != NULL) {
+        struct store_obj *o = s->graves;
+
+        s->graves = o->hnext;
+        free(o);
+    }
+    if (s->grave_ready) {
+        pthread_mutex_destroy(&s->grave_lock);
     }
     for (int i = 0; i < s->nshards_ready; i++) {
         struct store_shard *sh = &s->shard[i];
@@ -763,6 +780,7 @@ store_reserve(struct store *s, const struct kv_key *key, uint64_t size, struct s
         rc = KV_NO_SPACE;
         goto fail_count;
     }
+    store_graves_sweep(s);
     rc = store_take_pages(s, store_pages(size), ext, STORE_MAX_EXTENTS, &n);
     if (rc != 0) {
         goto fail_count;
@@ -1120,6 +1138,58 @@ store_forget(struct store *s, struct store_obj *o)
 }
 
 /*
+ * store_retire: drop the table's reference on o, which remove just took out
+ * of the table. While a lease holds (a client may read its pages in place,
+ * see store_lease) the reference goes to the graveyard instead, and
+ * store_graves_sweep drops it once the lease ends.
+ */
+static void
+store_retire(struct store *s, struct store_obj *o, uint64_t now)
+{
+    if (o->lease_until <= now || !o->resident) {
+        store_obj_unref(s, o);
+        return;
+    }
+    pthread_mutex_lock(&s->grave_lock);
+    o->hnext = s->graves;
+    s->graves = o;
+    atomic_fetch_add_explicit(&s->ngraves, 1, memory_order_relaxed);
+    pthread_mutex_unlock(&s->grave_lock);
+}
+
+/* store_graves_sweep: let go of the retired objects whose lease has ended. */
+static void
+store_graves_sweep(struct store *s)
+{
+    uint64_t now = store_now_ms();
+    struct store_obj *done = NULL;
+
+    if (atomic_load_explicit(&s->ngraves, memory_order_relaxed) == 0) {
+        return;
+    }
+    pthread_mutex_lock(&s->grave_lock);
+    for (struct store_obj **pp = &s->graves; *pp != NULL;) {
+        struct store_obj *o = *pp;
+
+        if (o->lease_until > now) {
+            pp = &o->hnext;
+            continue;
+        }
+        *pp = o->hnext;
+        o->hnext = done;
+        done = o;
+        atomic_fetch_sub_explicit(&s->ngraves, 1, memory_order_relaxed);
+    }
+    pthread_mutex_unlock(&s->grave_lock);
+    while (done != NULL) {
+        struct store_obj *o = done;
+
+        done = o->hnext;
+        store_obj_unref(s, o);
+    }
+}
+
+/*
  * store_removable_locked: 0 when remove may take a published object, else
  * KV_BUSY. The tier's own reference (an offload queued, a load running) does
  * not count: the tier finds the object gone and drops what it wrote or read.
@@ -1159,7 +1229,7 @@ store_remove(struct store *s, const struct kv_key *key, bool force)
     pthread_mutex_unlock(&sh->lock);
     if (rc == 0) {
         store_forget(s, o);
-        store_obj_unref(s, o);
+        store_retire(s, o, store_now_ms());
     }
     return rc;
 }
@@ -1201,7 +1271,7 @@ store_remove_all(struct store *s, uint32_t tenant, bool all_tenants, bool force)
 
             gone = o->hnext;
             store_forget(s, o);
-            store_obj_unref(s, o);
+            store_retire(s, o, now);
         }
     }
     return count;
@@ -1241,6 +1311,14 @@ store_pin(struct store *s, const struct kv_key *key, enum store_pin mode)
     }
     pthread_mutex_unlock(&sh->lock);
     return 0;
+}
+
+int
+store_arena(const struct store *s, uint8_t **base, uint64_t *size)
+{
+    *base = s->base;
+    *size = s->capacity_pages * STORE_PAGE_SIZE;
+    return alloc_fd(s->alloc);
 }
 
 int

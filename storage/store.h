@@ -296,7 +296,9 @@ int store_pin(struct store *s, const struct kv_key *key, enum store_pin mode);
 /*
  * store_lease: block removal and eviction of a PUBLISHED object until
  * now + ttl_ms (extends, never shortens, a running lease). Returns 0 and
- * *size, or KV_NOT_FOUND.
+ * *size, or KV_NOT_FOUND. A forced remove of a leased object takes it out
+ * of the table at once, but its pages are not reused before the lease
+ * ends, so a client reading them in place never sees other bytes.
  */
 int store_lease(struct store *s, const struct kv_key *key, uint32_t ttl_ms, uint64_t *size);
 
@@ -414,6 +416,15 @@ int store_load_begin(struct store *s, struct store_obj *o, struct iovec *iov, in
  * drops its index entry. Consumes the load hook's reference.
  */
 int store_load_end(struct store *s, struct store_obj *o, int rc);
+
+/*
+ * store_arena: where object bytes live, for handing out in place to
+ * same-host clients (two-phase put, replica lists): *base and *size of the
+ * arena (pointers from store_obj_iov lie inside), and the return value, the
+ * memfd that maps it at offset 0 (owned by the store), or -1 when the arena
+ * cannot be shared.
+ */
+int store_arena(const struct store *s, uint8_t **base, uint64_t *size);
 
 /* store_hash64: the key hash used by the table (exported for tests and sharding). */
 uint64_t store_hash64(const struct kv_key *key);

@@ -145,6 +145,12 @@ struct store {
     _Atomic bool degraded;
     _Atomic unsigned cold_cursor;   /* shard store_offload_cold starts at */
     int nshards_ready;              /* shard mutexes initialized (for a half-built destroy) */
+    /* Removed (forced) while leased: out of the table, but their pages are not reused
+     * until the lease ends, since a client may be reading them in place. */
+    pthread_mutex_t grave_lock;
+    bool grave_ready;               /* grave_lock initialized */
+    struct store_obj *graves;       /* linked by hnext; each holds the table's reference */
+    _Atomic uint64_t ngraves;
 };
 
 /* ---- small helpers ---- */

@@ -126,6 +126,7 @@ static const char *const changed_values[][2] = {
     {"max_connections", "10"},
     {"io_threads", "3"},
     {"lease_ttl_ms", "5s"},
+    {"put_timeout_ms", "2m"},
     {"client_output_limit", "1m"},
     {"shutdown_timeout_ms", "1s"},
     {"eviction_high_watermark", "0.95"},
@@ -150,7 +151,7 @@ static const char *const changed_values[][2] = {
 
 /* The reload rules as the public documentation states them. */
 static const char *const reloadable_keys[] = {
-    "log_level",       "log_file",         "lease_ttl_ms",        "max_key_size",
+    "log_level",       "log_file",         "lease_ttl_ms",        "put_timeout_ms", "max_key_size",
     "max_value_size",  "max_batch",        "max_message_size",    "max_connections",
     "client_output_limit", "shutdown_timeout_ms", "eviction_high_watermark",
     "eviction_low_watermark", "ssd_bucket_size", "ssd_eviction", "ssd_high_watermark",
@@ -748,7 +749,7 @@ Test(config, apply_reloadable_copies_only_reloadable_keys)
     }
     /* ...and what changed from before is exactly the reloadable ones. */
     d.n = 0;
-    cr_expect_eq(conf_diff(&before, &running, diff_collect, &d), 18);
+    cr_expect_eq(conf_diff(&before, &running, diff_collect, &d), 19);
     for (int i = 0; i < d.n; i++) {
         cr_expect(d.reloadable[i], "%s needs a restart but was applied", d.keys[i]);
     }

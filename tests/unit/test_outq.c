@@ -376,3 +376,46 @@ Test(outq, pending_counts_bytes_and_object_values)
     cr_assert_eq(outq_pending(&t_q), 2);
     t_take(2, (const uint8_t *)"ab");
 }
+
+/*
+ * A descriptor marker: the bytes before it go out without it, the first write
+ * after it carries it (and stops at the next marker), and it is sent once.
+ */
+Test(outq, descriptor_rides_with_the_first_byte_after_its_marker)
+{
+    struct iovec iov[8];
+    int n;
+
+    cr_assert_eq(outq_write(&t_q, "ab", 2), 0);
+    cr_assert_eq(outq_fd(&t_q, 7), 0);
+    cr_assert_eq(outq_write(&t_q, "cde", 3), 0);
+    cr_assert_eq(outq_fd(&t_q, 9), 0);
+    cr_assert_eq(outq_write(&t_q, "f", 1), 0);
+    cr_assert_eq(outq_pending(&t_q), 6);
+
+    cr_assert_eq(outq_head_fd(&t_q), -1, "no descriptor goes with the bytes before the marker");
+    n = outq_peek(&t_q, iov, 8);
+    cr_assert_eq(n, 1, "a write must stop before a marker");
+    cr_assert_eq(iov[0].iov_len, 2);
+    outq_consume(&t_q, 2);
+
+    cr_assert_eq(outq_head_fd(&t_q), 7);
+    n = outq_peek(&t_q, iov, 8);
+    size_t total = 0;
+    for (int i = 0; i < n; i++) {
+        total += iov[i].iov_len;
+    }
+    cr_assert_eq(total, 3, "the write carrying fd 7 must hold exactly its 3 bytes");
+    outq_fd_sent(&t_q);
+    cr_assert_eq(outq_head_fd(&t_q), -1, "a descriptor is sent once");
+    outq_consume(&t_q, 1);
+    cr_assert_eq(outq_head_fd(&t_q), -1, "a partial write keeps the next marker behind");
+    outq_consume(&t_q, 2);
+    cr_assert_eq(outq_head_fd(&t_q), 9);
+    outq_fd_sent(&t_q);
+    n = outq_peek(&t_q, iov, 8);
+    cr_assert_eq(n, 1);
+    cr_assert_eq(((char *)iov[0].iov_base)[0], 'f');
+    outq_consume(&t_q, 1);
+    cr_assert_eq(outq_pending(&t_q), 0);
+}

@@ -529,7 +529,8 @@ Test(store, eviction_skips_referenced_reserved_leased_and_hard_pinned)
     cr_assert_eq(store_remove(s, t_key(&tk, 0, 3), true), 0);
     (void)store_evict(s, 0);
     cr_assert_eq(t_stats(s).objects, 0, "unpinned, unreferenced objects are evictable again");
-    cr_assert_eq(t_stats(s).memory_used, 0);
+    /* The forced remove took the leased key away, not its pages: a client may read them. */
+    cr_assert_eq(t_stats(s).memory_used, obj, "a leased object's pages were freed early");
     store_destroy(s);
 }
 
