@@ -334,7 +334,7 @@ rpc_deferred_free(struct rpc_ctx *ctx, struct rpc_deferred *d)
 }
 
 struct rpc_deferred *
-rpc_deferred_new(struct rpc_req *rq, uint32_t n, bool batch)
+rpc_deferred_new(uint64_t msgid, uint32_t n, bool batch)
 {
     struct rpc_deferred *d = calloc(1, sizeof(*d));
 
@@ -349,7 +349,7 @@ rpc_deferred_new(struct rpc_req *rq, uint32_t n, bool batch)
         free(d);
         return NULL;
     }
-    d->msgid = rq->msgid;
+    d->msgid = msgid;
     d->batch = batch;
     d->n = n;
     return d;
@@ -374,8 +374,14 @@ rpc_deferred_track(struct rpc_req *rq, struct rpc_deferred *d, uint32_t i, const
         d->codes[i] = KV_NO_SPACE;      /* gone already (removed): not on SSD either */
         return;
     }
-    if (store_sync(st, o) != 0) {
-        store_obj_unref(st, o);
+    rpc_deferred_hold(rq->ctx, d, i, o);
+}
+
+void
+rpc_deferred_hold(struct rpc_ctx *ctx, struct rpc_deferred *d, uint32_t i, struct store_obj *o)
+{
+    if (store_sync(ctx->srv->store, o) != 0) {
+        store_obj_unref(ctx->srv->store, o);
         d->codes[i] = KV_UNSUPPORTED;
         return;
     }
@@ -481,7 +487,7 @@ rpc_put(struct rpc_req *rq)
         return rc;                  /* nothing done: the connection retries the message */
     }
     if (opts.durable && rc == 0) {
-        struct rpc_deferred *d = rpc_deferred_new(rq, 1, false);
+        struct rpc_deferred *d = rpc_deferred_new(rq->msgid, 1, false);
 
         if (d != NULL) {
             rpc_deferred_track(rq, d, 0, kp, klen);
@@ -556,7 +562,7 @@ rpc_batch_put(struct rpc_req *rq)
     }
     start = d != NULL ? d->next : 0;
     if (d == NULL && opts.durable) {
-        d = rpc_deferred_new(rq, nkeys, true);
+        d = rpc_deferred_new(rq->msgid, nkeys, true);
         if (d == NULL) {
             return -ENOMEM;
         }
@@ -577,7 +583,7 @@ rpc_batch_put(struct rpc_req *rq)
         }
         rc = rpc_store_value(rq, kp, klen, vp, vlen, hole);
         if (rc == -EAGAIN && d == NULL) {
-            d = rpc_deferred_new(rq, nkeys, true);
+            d = rpc_deferred_new(rq->msgid, nkeys, true);
             if (d != NULL) {
                 memcpy(d->codes, codes, i * sizeof(*codes));
                 if (codes != stack) {

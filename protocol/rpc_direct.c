@@ -362,7 +362,7 @@ rpc_put_start(struct rpc_req *rq)
         d = NULL;
     }
     if (d == NULL) {
-        d = rpc_deferred_new(rq, nkeys, true);
+        d = rpc_deferred_new(rq->msgid, nkeys, true);
         if (d == NULL) {
             return -ENOMEM;
         }
@@ -427,7 +427,7 @@ rpc_put_finish(struct rpc_req *rq, bool commit)
     if (rc != 0) {
         return rc;
     }
-    d = rpc_deferred_new(rq, nkeys, true);
+    d = rpc_deferred_new(rq->msgid, nkeys, true);
     if (d == NULL) {
         return -ENOMEM;
     }
@@ -455,10 +455,13 @@ rpc_put_finish(struct rpc_req *rq, bool commit)
             store_abort(st, o);
             continue;
         }
+        store_obj_ref(o);               /* ours, past the writer's, which commit gives back */
         d->codes[i] = store_commit(st, o);
         if (dur && d->codes[i] == 0) {
-            rpc_deferred_track(rq, d, i, kp, klen);
+            rpc_deferred_hold(ctx, d, i, o);
             durable = true;
+        } else {
+            store_obj_unref(st, o);
         }
     }
     if (durable) {

@@ -98,8 +98,8 @@ struct rpc_deferred {
     struct store_obj **objs;
 };
 
-/* rpc_deferred_new: codes and objs for n keys, all 0/NULL; NULL when out of memory. */
-struct rpc_deferred *rpc_deferred_new(struct rpc_req *rq, uint32_t n, bool batch);
+/* rpc_deferred_new: the reply to msgid, codes and objs for n keys all 0/NULL; NULL if no memory. */
+struct rpc_deferred *rpc_deferred_new(uint64_t msgid, uint32_t n, bool batch);
 
 /* rpc_deferred_free: unref what it holds and free it. Accepts NULL. */
 void rpc_deferred_free(struct rpc_ctx *ctx, struct rpc_deferred *d);
@@ -107,6 +107,9 @@ void rpc_deferred_free(struct rpc_ctx *ctx, struct rpc_deferred *d);
 /* rpc_deferred_track: key i was stored: ask the SSD tier for it and remember it in d. */
 void rpc_deferred_track(struct rpc_req *rq, struct rpc_deferred *d, uint32_t i, const uint8_t *kp,
                         uint32_t klen);
+
+/* rpc_deferred_hold: the same for a published object o, whose reference becomes d's. */
+void rpc_deferred_hold(struct rpc_ctx *ctx, struct rpc_deferred *d, uint32_t i, struct store_obj *o);
 
 /* The shared-memory methods (rpc_shm.c). */
 int rpc_register_buffer(struct rpc_req *rq);

@@ -33,6 +33,7 @@ struct rpc_xfer {
     struct store *st;
     uint64_t msgid;
     bool put;                       /* batch_put_from; else batch_get_into */
+    bool durable;                   /* put: answered once the objects are on the SSD tier */
     uint32_t n;
     int64_t *res;                   /* put: code; get: bytes or minus a code */
     struct store_obj **objs;        /* put: reservations to commit; get: references */
@@ -394,8 +395,8 @@ rpc_batch_put_from(struct rpc_req *rq)
     if (rc != 0) {
         return rc;
     }
-    if (opts.durable) {
-        rq->errmsg = "durable is not supported with batch_put_from yet";
+    if (opts.durable && !store_has_tier(rq->ctx->srv->store)) {
+        rq->errmsg = "durable puts need the SSD tier (ssd_dir)";
         return KV_UNSUPPORTED;
     }
     /* A batch that waited for room comes back with its reservations so far. */
@@ -408,6 +409,9 @@ rpc_batch_put_from(struct rpc_req *rq)
     start = x != NULL ? x->next : 0;
     if (x == NULL) {
         x = rpc_xfer_new(rq, nkeys, npieces, true);
+    }
+    if (x != NULL) {
+        x->durable = opts.durable;
     }
     pc = malloc((npieces ? npieces : 1) * sizeof(*pc));
     if (x == NULL || pc == NULL) {
@@ -524,6 +528,41 @@ rpc_batch_get_into(struct rpc_req *rq)
     return rpc_xfer_start(rq, x);
 }
 
+/*
+ * rpc_xfer_durable: a durable batch_put_from whose copies are done: publish
+ * its objects and hand the reply over to ctx->deferred, which answers once
+ * the SSD tier has them (-EINPROGRESS: the connection waits for it).
+ */
+static int
+rpc_xfer_durable(struct rpc_ctx *ctx, struct rpc_xfer *x)
+{
+    struct rpc_deferred *d = rpc_deferred_new(x->msgid, x->n, true);
+
+    if (d == NULL) {
+        return -ENOMEM;
+    }
+    for (uint32_t i = 0; i < x->n; i++) {
+        struct store_obj *o = x->objs[i];
+
+        d->codes[i] = (int)x->res[i];
+        if (o == NULL) {
+            continue;
+        }
+        x->objs[i] = NULL;
+        store_obj_ref(o);               /* ours, past the writer's, which commit gives back */
+        d->codes[i] = store_commit(x->st, o);
+        if (d->codes[i] == 0) {
+            rpc_deferred_hold(ctx, d, i, o);
+        } else {
+            store_obj_unref(x->st, o);
+        }
+    }
+    ctx->xfer = NULL;
+    rpc_xfer_free(x);
+    ctx->deferred = d;
+    return -EINPROGRESS;
+}
+
 int
 rpc_xfer_poll(struct rpc_ctx *ctx, struct outq *out)
 {
@@ -535,6 +574,9 @@ rpc_xfer_poll(struct rpc_ctx *ctx, struct outq *out)
     }
     if (!copy_job_done(&x->job)) {
         return -EINPROGRESS;
+    }
+    if (x->durable) {
+        return rpc_xfer_durable(ctx, x);
     }
     for (uint32_t i = 0; x->put && i < x->n; i++) {
         if (x->objs[i] != NULL) {

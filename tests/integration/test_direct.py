@@ -249,3 +249,27 @@ def test_errors(kv):
     assert c.call("put_end", [b"a", b"nope"]) == [OK, NOT_FOUND]
     assert c.call("get", b"a") is not None
     d.assert_alive()
+
+
+def test_durable_put_end_is_on_ssd_when_answered(kv, tmp_path):
+    args = ("--memory_size=32m", "--ssd_dir=" + str(tmp_path / "ssd"), "--ssd_offload=off")
+    d = kv(*args)
+    c = direct(d)
+    mm, _ = c.map_arena()
+    vals = {b"dur": blob(1, MIB + 3), b"plain": blob(2, 5000)}
+    res = c.call("put_start", [b"dur"], [len(vals[b"dur"])], {"durable": True})
+    write_pieces(mm, res[0], vals[b"dur"])
+    res2 = c.call("put_start", [b"plain"], [len(vals[b"plain"])])
+    write_pieces(mm, res2[0], vals[b"plain"])
+    assert c.call("put_end", [b"dur", b"plain"]) == [OK, OK]
+    mm.close()
+    d.kill9()
+    d2 = Daemon(str(tmp_path), ("--ssd_dir=" + str(tmp_path / "ssd"), *args[:1], *args[2:]),
+                data_dir=d.data_dir)
+    try:
+        d2.wait_ready()
+        c2 = d2.unix()
+        assert c2.call("get", b"dur") == vals[b"dur"], "a durable put_end was lost by kill -9"
+        assert c2.call("get", b"plain") is None
+    finally:
+        d2.reap()

@@ -1066,3 +1066,38 @@ def test_batch_put_from_waits_for_room_like_batch_put(kv, bufs):
     for j in (0, 1, n // 2, n - 1):
         assert c.call("get", keys[j]) == pattern(j), keys[j]
     d.stop()
+
+
+def test_durable_put_from_is_on_ssd_when_answered(kv, bufs, work):
+    # ssd_offload off: only durable puts reach the SSD, so only they survive kill -9.
+    args = ("--memory_size=64m", "--ssd_offload=off")
+    d = kv(*args)
+    c = d.unix()
+    src = bufs(4 * MIB)
+    for j in range(4):
+        src.write(j * MIB, pattern(j))
+    bid = register_ok(c, src)
+    keys = [f"dur-{j}".encode() for j in range(4)]
+    iovs = [[[bid, j * MIB, MIB]] for j in range(4)]
+    assert put_from(c, keys[:2], iovs[:2], {"durable": True}) == [OK, OK]
+    assert put_from(c, keys[2:], iovs[2:]) == [OK, OK]
+    d.kill9()
+    d2 = Daemon(work, args, data_dir=d.data_dir)
+    try:
+        d2.wait_ready()
+        c2 = d2.unix()
+        for j in range(2):
+            got = c2.call("get", keys[j])
+            assert got is not None, f"{keys[j]}: a durable put_from was lost by kill -9"
+            assert_same(got, pattern(j), f"{keys[j]} after kill -9")
+        # The others were only in DRAM (nothing made them durable): they are gone.
+        assert c2.call("batch_is_exist", keys[2:]) == [False, False]
+    finally:
+        d2.reap()
+    # Without an SSD tier durable cannot be promised: refused, nothing stored.
+    d3 = kv("--memory_size=16m", "--ssd_dir=")
+    c3 = d3.unix()
+    bid3 = register_ok(c3, src)
+    err, _ = c3.call_raw("batch_put_from", [b"x"], [[[bid3, 0, 10]]], {"durable": True})
+    assert err is not None and err[0] == UNSUPPORTED, err
+    assert c3.call("get", b"x") is None
