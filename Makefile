@@ -51,6 +51,7 @@ CORE_SRC := src/kverr.c src/config.c src/log.c \
             storage/ssd_index.c storage/ssd.c storage/ssd_bucket.c storage/ssd_writer.c \
             storage/copier.c storage/shmbuf.c \
             protocol/frame.c protocol/mp.c protocol/outq.c protocol/rpc.c protocol/rpc_shm.c protocol/rpc_direct.c
+CORE_SRC += rdma/rdma_port.c rdma/rdma_emu.c
 ifeq ($(RDMA),1)
   CORE_SRC += rdma/rdma_verbs.c
   PKGS += libibverbs

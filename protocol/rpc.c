@@ -630,7 +630,8 @@ rpc_batch_put(struct rpc_req *rq)
  * held, and the connection retries the message once they are in.
  */
 int
-rpc_get_refs(struct rpc_req *rq, struct mp_reader keys, uint32_t n, struct store_obj **objs)
+rpc_get_refs(struct rpc_req *rq, struct mp_reader keys, uint32_t n, struct store_obj **objs,
+             const uint8_t *skip)
 {
     struct store *st = rq->ctx->srv->store;
     struct mp_reader probe = keys;
@@ -647,7 +648,7 @@ rpc_get_refs(struct rpc_req *rq, struct mp_reader keys, uint32_t n, struct store
         struct kv_key key;
 
         rpc_read_key(&probe, &kp, &klen);
-        if (klen > rq->ctx->lim->max_key_size) {
+        if (klen > rq->ctx->lim->max_key_size || (skip != NULL && skip[i])) {
             continue;
         }
         rpc_key(rq, kp, klen, &key);
@@ -664,8 +665,11 @@ rpc_get_refs(struct rpc_req *rq, struct mp_reader keys, uint32_t n, struct store
         struct kv_key key;
         int r;
 
-        objs[i] = NULL;
         rpc_read_key(&keys, &kp, &klen);
+        if (skip != NULL && skip[i]) {
+            continue;
+        }
+        objs[i] = NULL;
         if (klen > rq->ctx->lim->max_key_size) {
             continue;
         }
@@ -677,7 +681,10 @@ rpc_get_refs(struct rpc_req *rq, struct mp_reader keys, uint32_t n, struct store
     }
     if (rc != 0) {
         for (uint32_t i = 0; i < n; i++) {
-            store_obj_unref(st, objs[i]);
+            if (skip == NULL || !skip[i]) {
+                store_obj_unref(st, objs[i]);
+                objs[i] = NULL;
+            }
         }
     }
     return rc;
@@ -713,7 +720,7 @@ rpc_get(struct rpc_req *rq)
     if (rpc_read_key(&rq->rd, &kp, &klen) != 0) {
         return rpc_invalid(rq, "key must be bin or str");
     }
-    rc = rpc_get_refs(rq, keys, 1, &o);
+    rc = rpc_get_refs(rq, keys, 1, &o, NULL);
     if (rc != 0) {
         return rc;
     }
@@ -742,7 +749,7 @@ rpc_batch_get(struct rpc_req *rq)
             return -ENOMEM;
         }
     }
-    rc = rpc_get_refs(rq, rq->rd, n, objs);
+    rc = rpc_get_refs(rq, rq->rd, n, objs, NULL);
     if (rc == 0) {
         rpc_reply_head(rq);
         msgpack_pack_array(&rq->pk, n);

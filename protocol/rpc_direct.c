@@ -516,7 +516,7 @@ rpc_get_replica_list(struct rpc_req *rq)
             return -ENOMEM;
         }
     }
-    rc = rpc_get_refs(rq, keys, nkeys, objs);
+    rc = rpc_get_refs(rq, keys, nkeys, objs, NULL);
     if (rc != 0) {
         goto out;                   /* -EAGAIN: loads from the SSD tier started */
     }

@@ -80,8 +80,11 @@ int rpc_arity(struct rpc_req *rq, uint32_t min, uint32_t max);
 /*
  * rpc_get_refs: references on the n objects of keys (NULL for a miss), or
  * -EAGAIN (nothing held) while some are being loaded from the SSD tier.
+ * Keys with skip[i] set (skip may be NULL) are neither looked up nor
+ * loaded, and objs[i] is left as it is for them.
  */
-int rpc_get_refs(struct rpc_req *rq, struct mp_reader keys, uint32_t n, struct store_obj **objs);
+int rpc_get_refs(struct rpc_req *rq, struct mp_reader keys, uint32_t n, struct store_obj **objs,
+                 const uint8_t *skip);
 
 /*
  * A reply that waits for durable puts: the per-key codes so far and a

@@ -27,6 +27,7 @@
 #include "store.h"
 
 #define RPC_MAX_PIECES 65536        /* pieces of one request */
+#define RPC_DIRECT_ALIGN 4096u      /* what O_DIRECT needs of the client's pieces */
 
 struct rpc_xfer {
     struct copy_job job;            /* first member: the copier hands it back */
@@ -43,6 +44,16 @@ struct rpc_xfer {
     size_t nsegs;
     size_t capsegs;
     uint32_t next;                  /* a put that waits for room goes on from this key */
+    struct rpc_dread *dreads;       /* get: per key, a read from the SSD into its pieces */
+};
+
+/* A get_into key read from the SSD tier straight into the client's pieces. */
+struct rpc_dread {
+    struct store *st;
+    struct store_obj *obj;          /* the transfer's reference (x->objs[i]) */
+    int64_t *res;                   /* x->res[i]: bytes, or minus a code */
+    struct iovec iov[STORE_MAX_EXTENTS];
+    int n;
 };
 
 /* One piece as validated: where it is, or why not. */
@@ -139,6 +150,7 @@ rpc_xfer_free(struct rpc_xfer *x)
     free(x->res);
     free(x->objs);
     free(x->bufs);
+    free(x->dreads);
     free(x->segs);
     free(x);
 }
@@ -193,8 +205,23 @@ rpc_xfer_seg(struct rpc_xfer *x, void *dst, const void *src, size_t len)
     x->segs[x->nsegs].dst = dst;
     x->segs[x->nsegs].src = src;
     x->segs[x->nsegs].len = len;
+    x->segs[x->nsegs].run = NULL;
+    x->segs[x->nsegs].arg = NULL;
     x->nsegs++;
     return 0;
+}
+
+/* rpc_xfer_run: a segment that calls run(arg) on a copy thread. 0 or -ENOMEM. */
+static int
+rpc_xfer_run(struct rpc_xfer *x, void (*run)(void *), void *arg)
+{
+    int rc = rpc_xfer_seg(x, NULL, NULL, 0);
+
+    if (rc == 0) {
+        x->segs[x->nsegs - 1].run = run;
+        x->segs[x->nsegs - 1].arg = arg;
+    }
+    return rc;
 }
 
 /*
@@ -471,13 +498,110 @@ rpc_batch_put_from(struct rpc_req *rq)
     return rpc_xfer_start(rq, x);
 }
 
+/* One key's pieces within a transfer's piece array, as rpc_pieces_read found them. */
+struct rpc_key_pieces {
+    uint32_t off;
+    uint32_t np;
+    uint64_t cap;
+    int rc;
+};
+
+/*
+ * rpc_dread_fits: pieces O_DIRECT can read a whole value of size bytes
+ * into: 4 KiB-aligned addresses and lengths, at most STORE_MAX_EXTENTS of
+ * them for the value. Fills d->iov, d->n.
+ */
+static bool
+rpc_dread_fits(struct rpc_dread *d, const struct rpc_piece *pc, uint32_t np, uint64_t size)
+{
+    uint64_t left = size;
+
+    d->n = 0;
+    if (size == 0 || size % RPC_DIRECT_ALIGN != 0) {
+        return false;
+    }
+    for (uint32_t p = 0; p < np && left > 0; p++) {
+        uint64_t len = pc[p].len < left ? pc[p].len : left;
+
+        if (d->n == STORE_MAX_EXTENTS || (uintptr_t)pc[p].ptr % RPC_DIRECT_ALIGN != 0
+            || len % RPC_DIRECT_ALIGN != 0) {
+            return false;
+        }
+        d->iov[d->n].iov_base = pc[p].ptr;
+        d->iov[d->n].iov_len = (size_t)len;
+        d->n++;
+        left -= len;
+    }
+    return left == 0;
+}
+
+/* The copy threads' side of a direct read (a segment's run hook). */
+static void
+rpc_dread_run(void *arg)
+{
+    struct rpc_dread *d = arg;
+    int rc = store_read_stored(d->st, d->obj, d->iov, d->n);
+
+    *d->res = rc == 0 ? (int64_t)store_obj_size(d->obj) : -(int64_t)rc;
+}
+
+/*
+ * rpc_get_into_direct: the keys whose objects are on the SSD tier only and
+ * whose pieces suit O_DIRECT get a reference (store_get_stored) and a
+ * direct read: the value goes from the disk into the client's pieces, with
+ * no stop in the arena. Marks them in skip. Returns 0 or -ENOMEM.
+ */
+static int
+rpc_get_into_direct(struct rpc_req *rq, struct rpc_xfer *x, struct mp_reader keys,
+                    const struct rpc_key_pieces *kp, const struct rpc_piece *pc, uint8_t *skip)
+{
+    struct store *st = x->st;
+
+    for (uint32_t i = 0; i < x->n; i++) {
+        const uint8_t *p;
+        uint32_t klen;
+        struct kv_key key;
+        struct store_obj *o;
+        struct rpc_dread *d;
+
+        rpc_read_key(&keys, &p, &klen);
+        if (kp[i].rc != 0 || klen > rq->ctx->lim->max_key_size) {
+            continue;
+        }
+        rpc_key(rq, p, klen, &key);
+        if (store_get_stored(st, &key, &o) != 0) {
+            continue;
+        }
+        if (x->dreads == NULL) {
+            x->dreads = calloc(x->n, sizeof(*x->dreads));
+            if (x->dreads == NULL) {
+                store_obj_unref(st, o);
+                return -ENOMEM;
+            }
+        }
+        d = &x->dreads[i];
+        if (!rpc_dread_fits(d, pc + kp[i].off, kp[i].np, store_obj_size(o))) {
+            store_obj_unref(st, o);     /* through the arena, like any short or odd read */
+            continue;
+        }
+        d->st = st;
+        d->obj = o;
+        d->res = &x->res[i];
+        x->objs[i] = o;
+        skip[i] = 1;
+    }
+    return 0;
+}
+
 int
 rpc_batch_get_into(struct rpc_req *rq)
 {
     struct mp_reader keys, iovs;
     struct rpc_piece *pc = NULL;
+    struct rpc_key_pieces *kp = NULL;
+    uint8_t *skip = NULL;
     struct rpc_xfer *x;
-    uint32_t nkeys, npieces;
+    uint32_t nkeys, npieces, off = 0;
     int rc = rpc_xfer_params(rq, 2, &keys, &nkeys, &iovs, &npieces);
 
     if (rc != 0) {
@@ -485,46 +609,54 @@ rpc_batch_get_into(struct rpc_req *rq)
     }
     x = rpc_xfer_new(rq, nkeys, npieces, false);
     pc = malloc((npieces ? npieces : 1) * sizeof(*pc));
-    if (x == NULL || pc == NULL) {
-        free(pc);
-        if (x != NULL) {
-            rpc_xfer_free(x);
-        }
-        return -ENOMEM;
-    }
-    /* Objects on the SSD only are loaded first (all at once); the message comes back. */
-    rc = rpc_get_refs(rq, keys, nkeys, x->objs);
-    if (rc != 0) {
-        free(pc);
-        rpc_xfer_free(x);
-        return rc;
+    kp = malloc((nkeys ? nkeys : 1) * sizeof(*kp));
+    skip = calloc(nkeys ? nkeys : 1, 1);
+    if (x == NULL || pc == NULL || kp == NULL || skip == NULL) {
+        rc = -ENOMEM;
+        goto out;
     }
     mp_read_array(&iovs, &nkeys);
     for (uint32_t i = 0; i < nkeys; i++) {
-        uint32_t np;
-        uint64_t cap;
+        kp[i].off = off;
+        kp[i].rc = rpc_pieces_read(rq, &iovs, x, pc + off, &kp[i].np, &kp[i].cap);
+        off += kp[i].np;
+    }
+    rc = store_has_tier(x->st) ? rpc_get_into_direct(rq, x, keys, kp, pc, skip) : 0;
+    if (rc == 0) {
+        /* The others: objects on the SSD only are loaded first (all at once); the message
+         * comes back then. */
+        rc = rpc_get_refs(rq, keys, nkeys, x->objs, skip);
+    }
+    for (uint32_t i = 0; rc == 0 && i < nkeys; i++) {
         uint64_t n;
 
-        rc = rpc_pieces_read(rq, &iovs, x, pc, &np, &cap);
-        if (rc != 0 || x->objs[i] == NULL) {
-            x->res[i] = rc != 0 ? -(int64_t)rc : -(int64_t)KV_NOT_FOUND;
+        if (kp[i].rc != 0 || x->objs[i] == NULL) {
+            x->res[i] = kp[i].rc != 0 ? -(int64_t)kp[i].rc : -(int64_t)KV_NOT_FOUND;
             store_obj_unref(x->st, x->objs[i]);
             x->objs[i] = NULL;
             continue;
         }
+        if (skip[i]) {
+            rc = rpc_xfer_run(x, rpc_dread_run, &x->dreads[i]);
+            continue;
+        }
         n = store_obj_size(x->objs[i]);
-        if (n > cap) {
-            n = cap;                /* a short read: legal, the caller sees the count */
+        if (n > kp[i].cap) {
+            n = kp[i].cap;          /* a short read: legal, the caller sees the count */
         }
-        rc = rpc_xfer_map(x, x->objs[i], pc, np, n, false);
-        if (rc != 0) {
-            free(pc);
-            rpc_xfer_free(x);
-            return rc;
-        }
+        rc = rpc_xfer_map(x, x->objs[i], pc + kp[i].off, kp[i].np, n, false);
         x->res[i] = (int64_t)n;
     }
+out:
     free(pc);
+    free(kp);
+    free(skip);
+    if (rc != 0) {
+        if (x != NULL) {
+            rpc_xfer_free(x);
+        }
+        return rc;
+    }
     return rpc_xfer_start(rq, x);
 }
 

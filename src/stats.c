@@ -114,6 +114,7 @@ stats_collect(void *arg, const char **names, uint64_t *values, int max)
         STAT("ssd_evicted_buckets", ss.evicted_buckets);
         STAT("ssd_evicted_objects", ss.evicted_objects);
         STAT("ssd_checksum_errors", ss.checksum_errors);
+        STAT("ssd_direct_reads", ss.direct_reads);
         STAT("ssd_io_errors", ss.io_errors);
         STAT("ssd_no_space", ss.no_space);
         STAT("ssd_write_failed", ss.write_failed);

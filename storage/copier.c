@@ -71,7 +71,13 @@ copier_main(void *arg)
         pthread_mutex_unlock(&c->lock);
 
         if (atomic_load_explicit(&job->state, memory_order_acquire) != COPY_JOB_ABANDONED) {
-            memcpy(job->segs[i].dst, job->segs[i].src, job->segs[i].len);
+            struct copy_seg *sg = &job->segs[i];
+
+            if (sg->run != NULL) {
+                sg->run(sg->arg);
+            } else {
+                memcpy(sg->dst, sg->src, sg->len);
+            }
         }
         if (atomic_fetch_sub_explicit(&job->left, 1, memory_order_acq_rel) == 1) {
             copier_finish(c, job);

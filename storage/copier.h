@@ -1,7 +1,8 @@
 /*
  * copier: a small pool of threads that copy memory for the zero-copy data
- * paths (registered client buffers <-> arena pages), so that no event loop
- * ever spends its time in a big memcpy. It knows nothing of objects or
+ * paths (registered client buffers <-> arena pages, or SSD -> client
+ * buffers), so that no event loop ever spends its time in a big memcpy or
+ * waits on a disk. It knows nothing of objects or
  * buffers: a job is a list of segments and a completion protocol. The
  * threads share a job segment by segment, so one big transfer uses them
  * all; jobs are started in submission order.
@@ -25,10 +26,17 @@
 
 struct copier;
 
+/*
+ * A segment: copy len bytes from src to dst; or, when run is set, call
+ * run(arg) instead: blocking work of the same transfer (an SSD read
+ * straight into the destination), shared among the threads like a copy.
+ */
 struct copy_seg {
     void *dst;
     const void *src;
     size_t len;
+    void (*run)(void *arg);
+    void *arg;
 };
 
 enum copy_job_state { COPY_JOB_RUNNING = 0, COPY_JOB_DONE = 1, COPY_JOB_ABANDONED = 2 };

@@ -236,22 +236,87 @@ ssd_request_drop(struct ssd *t, uint64_t bucket)
     pthread_mutex_unlock(&t->qlock);
 }
 
+/*
+ * ssd_read_value: read the value of the record at loc (size bytes, padded to
+ * its span on disk) into iov[0..n), which covers at least the span, and
+ * check it against loc's CRC. Returns 0, KV_CHECKSUM_MISMATCH (short or
+ * wrong), or -errno (the read failed).
+ */
+static int
+ssd_read_value(const struct ssd_bucket *b, const struct store_loc *loc, const struct kv_key *key,
+               uint64_t size, const struct iovec *iov, int n)
+{
+    struct iovec rd[STORE_MAX_EXTENTS];
+    uint64_t left = ssd_rec_value_span(size);
+    uint32_t crc;
+    int64_t got;
+    int nr = 0;
+
+    for (int i = 0; i < n && nr < STORE_MAX_EXTENTS && left > 0; i++) {
+        rd[nr] = iov[i];
+        if (rd[nr].iov_len > left) {
+            rd[nr].iov_len = left;
+        }
+        left -= rd[nr].iov_len;
+        nr++;
+    }
+    got = ssd_preadv_all(b->fd, rd, nr, loc->offset);
+    if (got < 0) {
+        return (int)got;
+    }
+    crc = ssd_rec_key_crc(key->tenant, key->ptr, key->len);
+    left = size;
+    for (int i = 0; i < n && left > 0; i++) {
+        uint64_t len = iov[i].iov_len < left ? iov[i].iov_len : left;
+
+        crc = crc32c_extend(crc, iov[i].iov_base, len);
+        left -= len;
+    }
+    return (uint64_t)got < size || crc != loc->crc ? KV_CHECKSUM_MISMATCH : 0;
+}
+
+/*
+ * ssd_read_failed: what a failed ssd_read_value costs: an I/O error drops
+ * the bucket, a checksum mismatch the entry (through the caller). Returns
+ * KV_NOT_FOUND for an I/O error, else rc.
+ */
+static int
+ssd_read_failed(struct ssd *t, struct ssd_bucket *b, const struct store_loc *loc, uint64_t size,
+                int rc)
+{
+    ssd_bucket_unref(t, b, false);
+    if (rc < 0) {
+        log_error("ssd: read of bucket %" PRIu64 " at %" PRIu64 ": %s", (uint64_t)loc->bucket,
+                  loc->offset, strerror(-rc));
+        CTR_ADD(t, io_errors, 1);
+        ssd_request_drop(t, loc->bucket);
+        return KV_NOT_FOUND;
+    }
+    log_error("ssd: checksum mismatch in bucket %" PRIu64 " at %" PRIu64 " (%" PRIu64
+              " bytes): entry dropped", (uint64_t)loc->bucket, loc->offset, size);
+    CTR_ADD(t, checksum_errors, 1);
+    return rc;
+}
+
+/* ssd_read_ok: a value read back and verified. */
+static void
+ssd_read_ok(struct ssd *t, struct ssd_bucket *b, uint64_t size)
+{
+    ssd_bucket_unref(t, b, true);
+    CTR_ADD(t, hits, 1);
+    CTR_ADD(t, read_bytes, size);
+}
+
 /* ssd_load: read o's value into arena pages and check it. Returns a store_load_end rc. */
 static int
 ssd_load(struct ssd *t, struct store_obj *o)
 {
     struct iovec iov[STORE_MAX_EXTENTS];
-    struct iovec rd[STORE_MAX_EXTENTS];
     struct store_loc loc;
     struct kv_key key;
     struct ssd_bucket *b;
     uint64_t size = store_obj_size(o);
-    uint64_t span = ssd_rec_value_span(size);
-    uint64_t left;
-    uint32_t crc;
-    int64_t got;
     int n = 0;
-    int nr = 0;
     int rc;
 
     store_obj_loc(o, &loc);
@@ -266,43 +331,74 @@ ssd_load(struct ssd *t, struct store_obj *o)
         ssd_bucket_unref(t, b, false);
         return rc;
     }
-    left = span;
-    for (int i = 0; i < n && left > 0; i++) {
-        rd[nr] = iov[i];
-        if (rd[nr].iov_len > left) {
-            rd[nr].iov_len = left;
-        }
-        left -= rd[nr].iov_len;
-        nr++;
+    rc = ssd_read_value(b, &loc, &key, size, iov, n);
+    if (rc != 0) {
+        return ssd_read_failed(t, b, &loc, size, rc);
     }
-    got = ssd_preadv_all(b->fd, rd, nr, loc.offset);
-    if (got < 0) {
-        log_error("ssd: read of bucket %" PRIu64 " at %" PRIu64 ": %s", (uint64_t)loc.bucket,
-                  loc.offset, strerror((int)-got));
-        CTR_ADD(t, io_errors, 1);
-        ssd_bucket_unref(t, b, false);
-        ssd_request_drop(t, loc.bucket);
+    ssd_read_ok(t, b, size);
+    return 0;
+}
+
+/*
+ * ssd_hook_read: store_read_stored. The value goes straight into the
+ * caller's pages; since those are a client's, a mismatch there may be the
+ * client writing them meanwhile, so the copy on disk is checked again
+ * through a buffer of our own before it is declared bad and dropped.
+ */
+static int
+ssd_hook_read(void *arg, struct store_obj *o, const struct iovec *iov, int n)
+{
+    struct ssd *t = arg;
+    struct store_loc loc;
+    struct kv_key key;
+    struct ssd_bucket *b;
+    uint64_t size = store_obj_size(o);
+    int rc;
+
+    store_obj_loc(o, &loc);
+    store_obj_key(o, &key);
+    CTR_ADD(t, reads, 1);
+    b = ssd_bucket_ref(t, loc.bucket);
+    if (b == NULL) {
         return KV_NOT_FOUND;
     }
-    crc = ssd_rec_key_crc(key.tenant, key.ptr, key.len);
-    left = size;
-    for (int i = 0; i < n && left > 0; i++) {
-        uint64_t len = iov[i].iov_len < left ? iov[i].iov_len : left;
+    rc = ssd_read_value(b, &loc, &key, size, iov, n);
+    if (rc == KV_CHECKSUM_MISMATCH) {
+        uint64_t span = ssd_rec_value_span(size);
+        void *tmp = NULL;
 
-        crc = crc32c_extend(crc, iov[i].iov_base, len);
-        left -= len;
+        rc = posix_memalign(&tmp, SSD_REC_ALIGN, span ? span : SSD_REC_ALIGN) != 0 ? -ENOMEM : 0;
+        if (rc == 0) {
+            struct iovec one = {.iov_base = tmp, .iov_len = span};
+
+            rc = ssd_read_value(b, &loc, &key, size, &one, 1);
+            for (int i = 0; rc == 0 && i < n && one.iov_len > 0; i++) {
+                size_t len = iov[i].iov_len < one.iov_len ? iov[i].iov_len : one.iov_len;
+
+                memcpy(iov[i].iov_base, one.iov_base, len);
+                one.iov_base = (uint8_t *)one.iov_base + len;
+                one.iov_len -= len;
+            }
+            free(tmp);
+        }
     }
-    if ((uint64_t)got < size || crc != loc.crc) {
-        log_error("ssd: checksum mismatch in bucket %" PRIu64 " at %" PRIu64
-                  " (%" PRIu64 " bytes, read %" PRId64 "): entry dropped",
-                  (uint64_t)loc.bucket, loc.offset, size, got);
-        CTR_ADD(t, checksum_errors, 1);
+    if (rc == -ENOMEM) {
         ssd_bucket_unref(t, b, false);
-        return KV_CHECKSUM_MISMATCH;
+        return KV_NOT_FOUND;            /* not the copy's fault: it stays */
     }
-    ssd_bucket_unref(t, b, true);
-    CTR_ADD(t, hits, 1);
-    CTR_ADD(t, read_bytes, size);
+    if (rc != 0) {
+        rc = ssd_read_failed(t, b, &loc, size, rc);
+        if (rc == KV_CHECKSUM_MISMATCH && store_drop_stored(t->store, &key, &loc) == 1) {
+            struct ssd_forget *f = ssd_forget_new(&key, &loc, size);
+
+            if (f != NULL) {
+                ssd_forget_push(t, f);
+            }
+        }
+        return KV_NOT_FOUND;
+    }
+    ssd_read_ok(t, b, size);
+    CTR_ADD(t, direct_reads, 1);
     return 0;
 }
 
@@ -678,6 +774,7 @@ ssd_open(const struct ssd_config *cfg, struct store *s, struct ssd **out, char *
     tier.load = ssd_hook_load;
     tier.forget = ssd_hook_forget;
     tier.touch = ssd_hook_touch;
+    tier.read = ssd_hook_read;
     tier.write_through = cfg->offload == SSD_WRITE_THROUGH;
     tier.on_evict = cfg->offload == SSD_ON_EVICT;
     tier.promote = cfg->promote;
@@ -817,6 +914,7 @@ ssd_stats(struct ssd *t, struct ssd_stats *out)
     out->evicted_buckets = CTR_GET(t, evicted_buckets);
     out->evicted_objects = CTR_GET(t, evicted_objects);
     out->checksum_errors = CTR_GET(t, checksum_errors);
+    out->direct_reads = CTR_GET(t, direct_reads);
     out->io_errors = CTR_GET(t, io_errors);
     out->no_space = CTR_GET(t, no_space);
     out->write_failed = CTR_GET(t, write_failed);

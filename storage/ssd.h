@@ -67,6 +67,7 @@ struct ssd_stats {
     uint64_t evicted_buckets;
     uint64_t evicted_objects;
     uint64_t checksum_errors;   /* values that failed their CRC (dropped, never served) */
+    uint64_t direct_reads;      /* values read straight into client memory (also in hits) */
     uint64_t io_errors;         /* EIO and other read/write/sync failures */
     uint64_t no_space;          /* ENOSPC / map full */
     uint64_t write_failed;      /* objects that could not be written */

@@ -124,6 +124,7 @@ struct ssd {
     _Atomic uint64_t evicted_buckets;
     _Atomic uint64_t evicted_objects;
     _Atomic uint64_t checksum_errors;
+    _Atomic uint64_t direct_reads;
     _Atomic uint64_t io_errors;
     _Atomic uint64_t no_space;
     _Atomic uint64_t write_failed;

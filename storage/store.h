@@ -137,6 +137,8 @@ struct store_tier {
     /* touch (may be NULL): a get was served from DRAM for an object whose copy is in
      * `bucket` (called with a shard lock held: a store to memory, nothing more) */
     void (*touch)(void *arg, uint32_t bucket);
+    /* read (may be NULL): store_read_stored's work, done on the calling thread */
+    int (*read)(void *arg, struct store_obj *o, const struct iovec *iov, int n);
     bool write_through;    /* offload every object at commit */
     bool on_evict;         /* offload an object before its pages are reused */
     bool promote;          /* a loaded object goes to the LRU head; else to the tail, and
@@ -254,6 +256,27 @@ uint64_t store_obj_write(struct store_obj *o, uint64_t off, const void *src, uin
  * absent or reserved: store_get answers at once).
  */
 int store_prefetch(struct store *s, const struct kv_key *key);
+
+/*
+ * store_get_stored: a reader reference on a PUBLISHED object that is on the
+ * SSD tier only (not resident), without loading it, for store_read_stored.
+ * Returns 0 and *out; KV_EXISTS when it is resident (use store_get);
+ * KV_NOT_FOUND when absent or reserved; KV_UNSUPPORTED without a tier that
+ * can read into caller memory.
+ */
+int store_get_stored(struct store *s, const struct kv_key *key, struct store_obj **out);
+
+/*
+ * store_read_stored: read the SSD copy of o (a reference from
+ * store_get_stored) straight into iov[0..n), which must cover the value
+ * with 4 KiB-aligned addresses and lengths (so the tier can use O_DIRECT),
+ * and verify its checksum. Blocks on the disk: call it from a worker
+ * thread, never from an event loop. The object stays non-resident. Returns
+ * 0 (all store_obj_size(o) bytes are in iov), or KV_NOT_FOUND when the copy
+ * is gone or unreadable (a copy failing its checksum is dropped, never
+ * served); the bytes in iov are then undefined.
+ */
+int store_read_stored(struct store *s, struct store_obj *o, const struct iovec *iov, int n);
 
 /*
  * store_exists: 1 when the key is PUBLISHED (refreshing its recency, never

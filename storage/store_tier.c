@@ -331,6 +331,39 @@ store_load_end(struct store *s, struct store_obj *o, int rc)
 }
 
 int
+store_get_stored(struct store *s, const struct kv_key *key, struct store_obj **out)
+{
+    uint64_t hash = store_hash64(key);
+    struct store_shard *sh = store_shard_of(s, hash);
+    struct store_obj *o;
+    int rc = KV_NOT_FOUND;
+
+    *out = NULL;
+    if (!s->has_tier || s->tier.read == NULL) {
+        return KV_UNSUPPORTED;
+    }
+    pthread_mutex_lock(&sh->lock);
+    o = store_find_locked(sh, hash, key);
+    if (o != NULL && o->state == STORE_OBJ_PUBLISHED) {
+        rc = KV_EXISTS;
+        if (!o->resident
+            && atomic_load_explicit(&o->ssd, memory_order_relaxed) == STORE_SSD_STORED) {
+            atomic_fetch_add_explicit(&o->refs, 1, memory_order_relaxed);
+            *out = o;
+            rc = 0;
+        }
+    }
+    pthread_mutex_unlock(&sh->lock);
+    return rc;
+}
+
+int
+store_read_stored(struct store *s, struct store_obj *o, const struct iovec *iov, int n)
+{
+    return s->tier.read(s->tier.arg, o, iov, n);
+}
+
+int
 store_prefetch(struct store *s, const struct kv_key *key)
 {
     uint64_t hash = store_hash64(key);

@@ -1043,6 +1043,70 @@ def test_objects_evicted_to_ssd_come_back_through_get_into(kv, bufs):
     d.stop()
 
 
+def test_ssd_objects_go_straight_into_aligned_pieces(kv, bufs, work):
+    from test_ssd import bucket_files, walk_records
+
+    d = kv("--memory_size=8m", "--ssd_bucket_size=16m")
+    c = d.unix()
+    n = 24
+    src = bufs(n * MIB + 8 * MIB)
+    for j in range(n):
+        src.write(j * MIB, pattern(j))
+    bid = register_ok(c, src)
+    keys = [f"direct-{j:02d}".encode() for j in range(n)]
+    for j in range(n):
+        assert put_from(c, [keys[j]], [[[bid, j * MIB, MIB]]]) == [OK]
+    wait_for(lambda: c.call("stats")["ssd_offload_queue"] == 0, 10, "the SSD writes")
+    s0 = c.call("stats")
+    assert s0["dram_objects"] < n - 8, s0
+    dst = n * MIB
+    # 4 KiB-aligned pieces: the value goes from the disk into them, not through DRAM.
+    ks = keys[:4]
+    iovs = [[[bid, dst + j * MIB, 256 * KIB], [bid, dst + j * MIB + 256 * KIB, MIB - 256 * KIB]]
+            for j in range(4)]
+    src.fill(0x42, dst, 8 * MIB)
+    assert get_into(c, ks, iovs) == [MIB] * 4
+    for j in range(4):
+        assert_same(src.mv[dst + j * MIB:dst + (j + 1) * MIB], pattern(j), f"{ks[j]} via O_DIRECT")
+    s1 = c.call("stats")
+    assert s1["ssd_direct_reads"] == s0["ssd_direct_reads"] + 4, (s0, s1)
+    assert s1["ssd_hits"] == s0["ssd_hits"] + 4
+    # They were not loaded into DRAM: reading them again is again a direct read.
+    assert get_into(c, ks, iovs) == [MIB] * 4
+    assert c.call("stats")["ssd_direct_reads"] == s0["ssd_direct_reads"] + 8
+    # Unaligned pieces go the other way: loaded into DRAM, then copied.
+    odd = [[[bid, dst + 1000, MIB]]]
+    assert get_into(c, [keys[4]], odd) == [MIB]
+    assert_same(src.mv[dst + 1000:dst + 1000 + MIB], pattern(4), "unaligned piece")
+    assert c.call("stats")["ssd_direct_reads"] == s0["ssd_direct_reads"] + 8
+    d.stop()
+
+    # A corrupt copy read straight into a client's pieces is a miss and is dropped.
+    ssd_dir = os.path.join(d.data_dir, "ssd")
+    victim = keys[5]
+    for path in bucket_files(ssd_dir):
+        for key, voff, vlen in walk_records(path):
+            if key == victim:
+                with open(path, "r+b") as f:
+                    f.seek(voff + 12345)
+                    b = f.read(1)
+                    f.seek(voff + 12345)
+                    f.write(bytes([b[0] ^ 0x5A]))
+    d2 = Daemon(work, ("--memory_size=8m", "--ssd_bucket_size=16m"), data_dir=d.data_dir)
+    try:
+        d2.wait_ready()
+        c2 = d2.unix()
+        bid2 = register_ok(c2, src)
+        res = get_into(c2, [victim, keys[6]], [[[bid2, dst, MIB]], [[bid2, dst + MIB, MIB]]])
+        assert res == [-NOT_FOUND, MIB], res
+        assert_same(src.mv[dst + MIB:dst + 2 * MIB], pattern(6), f"{keys[6]} after restart")
+        s = c2.call("stats")
+        assert s["ssd_checksum_errors"] == 1 and s["ssd_direct_reads"] == 1, s
+        assert c2.call("get_size", victim) is None, "a corrupt copy stayed indexed"
+    finally:
+        d2.reap()
+
+
 def test_batch_put_from_waits_for_room_like_batch_put(kv, bufs):
     """With an SSD tier, a put whose room is being freed by writes to the SSD waits for
     it; batch_put_from answers "as batch_put", so multi-key batches must not get 4."""
