@@ -50,7 +50,7 @@ CORE_SRC := src/kverr.c src/config.c src/log.c \
             storage/alloc.c storage/store.c storage/store_tier.c storage/store_hash.c storage/crc32c.c storage/ssd_record.c \
             storage/ssd_index.c storage/ssd.c storage/ssd_bucket.c storage/ssd_writer.c \
             storage/copier.c storage/shmbuf.c \
-            protocol/frame.c protocol/mp.c protocol/outq.c protocol/rpc.c protocol/rpc_shm.c protocol/rpc_direct.c
+            protocol/frame.c protocol/mp.c protocol/outq.c protocol/rpc.c protocol/rpc_shm.c protocol/rpc_direct.c protocol/rpc_rdma.c
 CORE_SRC += rdma/rdma_port.c rdma/rdma_emu.c
 ifeq ($(RDMA),1)
   CORE_SRC += rdma/rdma_verbs.c
@@ -115,7 +115,9 @@ $(MCBENCH): $(call obj,$(MCBENCH_SRC))
 $(UNIT): $(call obj,$(UNIT_SRC)) $(LIBCORE)
 	$(call say,LD,$@)$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIBS_ALL) -lcriterion
 
-$(INTEG): $(call obj,$(INTEG_SRC)) $(LIBCLIENT_A) $(LIBCORE)
+# the daemon's objects but main: the RDMA path test runs a server in-process
+$(INTEG): $(call obj,$(INTEG_SRC)) $(call obj,$(filter-out src/main.c,$(DAEMON_SRC))) \
+          $(LIBCLIENT_A) $(LIBCORE)
 	$(call say,LD,$@)$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIBS_ALL) -lcriterion
 
 # ---- dependencies (Debian 12 packages) ----

@@ -55,6 +55,7 @@ static const char *const rpc_names[RPC_METHOD_COUNT] = {
     [RPC_PUT_END] = "put_end",
     [RPC_PUT_REVOKE] = "put_revoke",
     [RPC_GET_REPLICA_LIST] = "get_replica_list",
+    [RPC_RDMA_CONNECT] = "rdma_connect",
 };
 
 
@@ -211,6 +212,28 @@ rpc_opts_read(struct rpc_req *rq, uint32_t idx, struct rpc_opts *o)
                 return rpc_invalid(rq, "opts.size must be an unsigned integer");
             }
             o->has_size = true;
+        } else if (mp_str_eq(name, nlen, "transport")) {
+            const char *t;
+            uint32_t tl;
+
+            if (mp_read_str(&rq->rd, &t, &tl) != 0
+                || (!mp_str_eq(t, tl, "rdma") && !mp_str_eq(t, tl, "shm"))) {
+                return rpc_invalid(rq, "opts.transport must be \"shm\" or \"rdma\"");
+            }
+            o->rdma = mp_str_eq(t, tl, "rdma");
+        } else if (mp_str_eq(name, nlen, "addr")) {
+            if (mp_read_uint(&rq->rd, &o->addr) != 0) {
+                return rpc_invalid(rq, "opts.addr must be an unsigned integer");
+            }
+            o->has_addr = true;
+        } else if (mp_str_eq(name, nlen, "rkey")) {
+            uint64_t v;
+
+            if (mp_read_uint(&rq->rd, &v) != 0 || v > UINT32_MAX) {
+                return rpc_invalid(rq, "opts.rkey must be a 32-bit unsigned integer");
+            }
+            o->rkey = (uint32_t)v;
+            o->has_rkey = true;
         } else if (mp_str_eq(name, nlen, "group_size")) {
             if (mp_read_uint(&rq->rd, &o->group_size) != 0 || o->group_size == 0) {
                 return rpc_invalid(rq, "opts.group_size must be a positive integer");
@@ -450,6 +473,7 @@ rpc_ctx_release(struct rpc_ctx *ctx)
     rpc_deferred_free(ctx, ctx->resume);
     ctx->resume = NULL;
     rpc_xfer_release(ctx);
+    rpc_rdma_release(ctx);      /* after the transfers: their posted work completes flushed */
     rpc_resv_release(ctx);
     shmbuf_set_destroy(ctx->bufs);
     ctx->bufs = NULL;
@@ -1139,6 +1163,7 @@ static rpc_handler_fn *const rpc_handlers[RPC_METHOD_COUNT] = {
     [RPC_PUT_END] = rpc_put_end,
     [RPC_PUT_REVOKE] = rpc_put_revoke,
     [RPC_GET_REPLICA_LIST] = rpc_get_replica_list,
+    [RPC_RDMA_CONNECT] = rpc_rdma_connect,
 };
 
 /* ---- dispatch ---- */

@@ -25,6 +25,9 @@ struct mp_hole;
 struct outq;
 struct rpc_deferred;
 struct rpc_resv_set;
+struct rpc_rdma;
+struct rdma_cq;
+struct rdma_region;
 struct rpc_xfer;
 struct shmbuf_set;
 
@@ -38,7 +41,7 @@ enum rpc_method {
     RPC_BATCH_REMOVE, RPC_REMOVE_ALL, RPC_PIN, RPC_UNPIN, RPC_STATS,
     RPC_REGISTER_BUFFER, RPC_UNREGISTER_BUFFER, RPC_BATCH_PUT_FROM, RPC_BATCH_GET_INTO,
     RPC_MAP_SEGMENT, RPC_PUT_START, RPC_PUT_END, RPC_PUT_REVOKE, RPC_GET_REPLICA_LIST,
-    RPC_METHOD_COUNT
+    RPC_RDMA_CONNECT, RPC_METHOD_COUNT
 };
 
 /* Counters of one event-loop thread: one writer, any readers (relaxed atomics). */
@@ -77,6 +80,7 @@ struct rpc_server {
     rpc_stats_fn *stats_fn;
     void *stats_arg;
     struct copier *copier;          /* copy threads of the shared-memory transfers */
+    struct rdma_region *rdma_arena; /* the arena registered with the RDMA device; NULL: no RDMA */
 };
 
 struct rpc_ctx {
@@ -96,6 +100,8 @@ struct rpc_ctx {
     void *take_fd_arg;
     struct shmbuf_set *bufs;         /* buffers this connection registered (made on demand) */
     struct rpc_resv_set *resv;       /* its put_start reservations (made on demand) */
+    struct rdma_cq *rdma_cq;         /* the event loop's completion queue, or NULL */
+    struct rpc_rdma *rdma;           /* its queue pair and RDMA buffers (rdma_connect) */
 };
 
 /* A put value received straight into the store: its reservation, or why none. */
@@ -173,6 +179,14 @@ void rpc_ctx_release(struct rpc_ctx *ctx);
  * message was answered some other way).
  */
 int rpc_xfer_poll(struct rpc_ctx *ctx, struct outq *out);
+
+/*
+ * rpc_rdma_cq_poll: take the completions of cq (the event loop's; its fd
+ * was readable) and account them to their transfers; a transfer whose
+ * connection closed is freed with its last completion. Returns how many
+ * were taken (call again while it returns max: see rdma_cq_poll).
+ */
+int rpc_rdma_cq_poll(struct rdma_cq *cq);
 
 /*
  * rpc_resv_expire: abort the connection's put_start reservations older

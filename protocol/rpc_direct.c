@@ -207,7 +207,11 @@ rpc_resv_release(struct rpc_ctx *ctx)
 
 /* ---- replies ---- */
 
-/* rpc_pack_pieces: the object's bytes as [[segment, offset, length], ...] in the arena. */
+/*
+ * rpc_pack_pieces: where the object's bytes are: [[addr, length, rkey], ...]
+ * on a connection with a queue pair, else [[segment, offset, length], ...]
+ * in the arena.
+ */
 static void
 rpc_pack_pieces(struct rpc_req *rq, const struct store_obj *o)
 {
@@ -216,6 +220,9 @@ rpc_pack_pieces(struct rpc_req *rq, const struct store_obj *o)
     uint64_t size;
     int n = store_obj_iov(o, iov, STORE_MAX_EXTENTS);
 
+    if (rpc_rdma_qp(rq->ctx) != NULL && rpc_rdma_pack_pieces(rq, iov, n) == 0) {
+        return;
+    }
     (void)store_arena(rq->ctx->srv->store, &base, &size);
     msgpack_pack_array(&rq->pk, (size_t)n);
     for (int i = 0; i < n; i++) {
@@ -226,16 +233,22 @@ rpc_pack_pieces(struct rpc_req *rq, const struct store_obj *o)
     }
 }
 
-/* rpc_direct_check: these methods hand out the arena's memfd: the Unix socket only. */
+/*
+ * rpc_direct_check: these methods hand out arena memory: over the Unix
+ * socket (its memfd), or with rdma to a connection with a queue pair.
+ */
 static int
-rpc_direct_check(struct rpc_req *rq)
+rpc_direct_check(struct rpc_req *rq, bool rdma)
 {
     uint8_t *base;
     uint64_t size;
 
+    if (rdma && rpc_rdma_qp(rq->ctx) != NULL) {
+        return 0;
+    }
     if (!rq->ctx->is_unix || rq->ctx->take_fd == NULL) {
         rq->errmsg = "direct access to the store's memory is for same-host clients: "
-                     "use the Unix socket";
+                     "use the Unix socket (or RDMA, after rdma_connect)";
         return KV_UNSUPPORTED;
     }
     if (store_arena(rq->ctx->srv->store, &base, &size) < 0) {
@@ -256,7 +269,7 @@ rpc_map_segment(struct rpc_req *rq)
     int rc = rpc_arity(rq, 1, 1);
 
     if (rc == 0) {
-        rc = rpc_direct_check(rq);
+        rc = rpc_direct_check(rq, false);
     }
     if (rc != 0) {
         return rc;
@@ -325,7 +338,7 @@ rpc_put_start(struct rpc_req *rq)
     int rc = rpc_arity(rq, 2, 3);
 
     if (rc == 0) {
-        rc = rpc_direct_check(rq);
+        rc = rpc_direct_check(rq, true);
     }
     if (rc == 0) {
         rc = rpc_keys_check(rq, &nkeys);
@@ -501,7 +514,7 @@ rpc_get_replica_list(struct rpc_req *rq)
     int rc = rpc_arity(rq, 1, 1);
 
     if (rc == 0) {
-        rc = rpc_direct_check(rq);
+        rc = rpc_direct_check(rq, true);
     }
     if (rc == 0) {
         rc = rpc_keys_check(rq, &nkeys);
@@ -536,7 +549,7 @@ rpc_get_replica_list(struct rpc_req *rq)
         }
         msgpack_pack_map(&rq->pk, 4);
         mp_pack_cstr(&rq->pk, "transport");
-        mp_pack_cstr(&rq->pk, "shm");
+        mp_pack_cstr(&rq->pk, rpc_rdma_qp(ctx) != NULL ? "rdma" : "shm");
         mp_pack_cstr(&rq->pk, "size");
         msgpack_pack_uint64(&rq->pk, size);
         mp_pack_cstr(&rq->pk, "lease_ms");

@@ -45,6 +45,11 @@ struct rpc_opts {
     bool has_size;
     uint64_t group_size;
     uint64_t size;                  /* register_buffer */
+    bool rdma;                      /* register_buffer: transport "rdma" (else "shm") */
+    bool has_addr;
+    bool has_rkey;
+    uint64_t addr;                  /* register_buffer over rdma: the client's region */
+    uint32_t rkey;
 };
 
 /* rpc_reply_head: start the success reply [1, msgid, nil, ...]; the result follows. */
@@ -119,6 +124,39 @@ int rpc_register_buffer(struct rpc_req *rq);
 int rpc_unregister_buffer(struct rpc_req *rq);
 int rpc_batch_put_from(struct rpc_req *rq);
 int rpc_batch_get_into(struct rpc_req *rq);
+
+/* A connection's RDMA side (rpc_rdma.c). */
+#define RPC_RDMA_ID_BASE (1ull << 48)   /* RDMA buffer ids start here; shared-memory ones are below */
+#define RPC_RDMA_QP_WR 128              /* work requests one connection's queue pair may hold */
+
+struct iovec;
+struct rdma_qp;
+
+/* rpc_rdma_qp: the connection's connected queue pair, or NULL (no rdma_connect yet). */
+struct rdma_qp *rpc_rdma_qp(const struct rpc_ctx *ctx);
+int rpc_rdma_connect(struct rpc_req *rq);
+
+/* rpc_rdma_register: register_buffer with opts.transport "rdma" (the whole reply). */
+int rpc_rdma_register(struct rpc_req *rq, const struct rpc_opts *o);
+
+/* rpc_rdma_unregister: forget RDMA buffer id: 0 or KV_NOT_FOUND. */
+int rpc_rdma_unregister(struct rpc_ctx *ctx, uint64_t id);
+
+/*
+ * rpc_rdma_piece: [id, off, len] of an RDMA buffer as the client's address
+ * and rkey: 0, or KV_INVALID_ARGUMENT (no such buffer, or out of its range).
+ */
+int rpc_rdma_piece(const struct rpc_ctx *ctx, uint64_t id, uint64_t off, uint64_t len,
+                   uint64_t *raddr, uint32_t *rkey);
+
+/* rpc_rdma_release: destroy the queue pair (posted work completes flushed) and the buffers. */
+void rpc_rdma_release(struct rpc_ctx *ctx);
+
+/*
+ * rpc_rdma_pack_pieces: arena memory iov[0..n) as [[addr, length, rkey], ...]
+ * for one-sided access by the client. 0 or KV_INTERNAL (nothing packed).
+ */
+int rpc_rdma_pack_pieces(struct rpc_req *rq, const struct iovec *iov, int n);
 
 /* Client-driven access to the store's own memory (rpc_direct.c). */
 int rpc_map_segment(struct rpc_req *rq);

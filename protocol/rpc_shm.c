@@ -11,6 +11,15 @@
  * of a put (committed at the end, aborted if the connection went away),
  * the references of a get, and a reference on every buffer a piece names
  * (so an unregister or a close never unmaps memory being copied).
+ *
+ * Pieces may name RDMA buffers instead (rpc_rdma.c): such a transfer is a
+ * list of RDMA READs (put) or WRITEs (get) between the arena and the
+ * client's memory, posted on the connection's queue pair from the event
+ * loop (posting copies nothing) at most RPC_RDMA_QP_WR at a time, and
+ * accounted by rpc_rdma_cq_poll as they complete. A transfer whose
+ * connection closes with work posted is freed by its last completion
+ * (destroying the queue pair flushes them all). One request's pieces all
+ * name buffers of one kind.
  */
 #include "rpc_int.h"
 
@@ -23,6 +32,7 @@
 #include "copier.h"
 #include "kverr.h"
 #include "outq.h"
+#include "rdma_port.h"
 #include "shmbuf.h"
 #include "store.h"
 
@@ -45,6 +55,28 @@ struct rpc_xfer {
     size_t capsegs;
     uint32_t next;                  /* a put that waits for room goes on from this key */
     struct rpc_dread *dreads;       /* get: per key, a read from the SSD into its pieces */
+    int kind;                       /* RPC_PIECES_*: what the pieces read so far name */
+    /* RDMA transfers: */
+    struct rpc_rop *rops;
+    size_t nrops;
+    size_t caprops;
+    size_t next_rop;                /* the next to post */
+    size_t rops_left;               /* posted, not completed */
+    struct rdma_qp *qp;
+    const struct rdma_region *arena;
+    bool abandoned;                 /* its connection closed: freed by the last completion */
+};
+
+enum { RPC_PIECES_NONE, RPC_PIECES_SHM, RPC_PIECES_RDMA };
+
+/* One RDMA operation of a transfer: its wr_id is the operation's address. */
+struct rpc_rop {
+    struct rpc_xfer *x;
+    void *local;                    /* arena memory */
+    uint64_t raddr;
+    uint64_t len;
+    uint32_t rkey;
+    uint32_t key;
 };
 
 /* A get_into key read from the SSD tier straight into the client's pieces. */
@@ -56,10 +88,12 @@ struct rpc_dread {
     int n;
 };
 
-/* One piece as validated: where it is, or why not. */
+/* One piece as validated: where it is (mapped here, or the client's over RDMA). */
 struct rpc_piece {
-    uint8_t *ptr;
+    uint8_t *ptr;                   /* NULL for an RDMA piece */
     uint64_t len;
+    uint64_t raddr;
+    uint32_t rkey;
 };
 
 /* ---- buffers ---- */
@@ -77,6 +111,12 @@ rpc_register_buffer(struct rpc_req *rq)
 
     if (rc == 0) {
         rc = rpc_opts_read(rq, 0, &opts);
+    }
+    if (rc == 0 && opts.rdma) {
+        if (fd >= 0) {
+            close(fd);
+        }
+        return rpc_rdma_register(rq, &opts);
     }
     if (rc == 0 && !ctx->is_unix) {
         rq->errmsg = "shared-memory buffers need the Unix socket";
@@ -123,7 +163,8 @@ rpc_unregister_buffer(struct rpc_req *rq)
     if (mp_read_uint(&rq->rd, &id) != 0) {
         return rpc_invalid(rq, "buffer id must be an unsigned integer");
     }
-    rc = shmbuf_unregister(rq->ctx->bufs, id);
+    rc = id >= RPC_RDMA_ID_BASE ? rpc_rdma_unregister(rq->ctx, id)
+                                : shmbuf_unregister(rq->ctx->bufs, id);
     rpc_reply_head(rq);
     msgpack_pack_int(&rq->pk, rc);
     return 0;
@@ -152,6 +193,7 @@ rpc_xfer_free(struct rpc_xfer *x)
     free(x->bufs);
     free(x->dreads);
     free(x->segs);
+    free(x->rops);
     free(x);
 }
 
@@ -224,14 +266,34 @@ rpc_xfer_run(struct rpc_xfer *x, void (*run)(void *), void *arg)
     return rc;
 }
 
+/* rpc_xfer_rop: an RDMA operation between arena memory and a client piece. 0 or -ENOMEM. */
+static int
+rpc_xfer_rop(struct rpc_xfer *x, uint32_t key, void *local, uint64_t raddr, uint32_t rkey,
+             uint64_t len)
+{
+    if (x->nrops == x->caprops) {
+        size_t cap = x->caprops != 0 ? x->caprops * 2 : 16;
+        struct rpc_rop *r = realloc(x->rops, cap * sizeof(*r));
+
+        if (r == NULL) {
+            return -ENOMEM;
+        }
+        x->rops = r;
+        x->caprops = cap;
+    }
+    x->rops[x->nrops++] = (struct rpc_rop){.x = x, .local = local, .raddr = raddr,
+                                           .len = len, .rkey = rkey, .key = key};
+    return 0;
+}
+
 /*
- * rpc_xfer_map: segments that move `limit` bytes between an object's
- * extents and pieces, in order (into the object for a put, out of it for a
- * get). Returns 0 or -ENOMEM.
+ * rpc_xfer_map: what moves `limit` bytes between an object's extents and
+ * key's pieces, in order (into the object for a put, out of it for a get):
+ * copy segments, or RDMA operations for RDMA pieces. Returns 0 or -ENOMEM.
  */
 static int
-rpc_xfer_map(struct rpc_xfer *x, struct store_obj *o, const struct rpc_piece *pc, uint32_t np,
-             uint64_t limit, bool into_obj)
+rpc_xfer_map(struct rpc_xfer *x, uint32_t key, struct store_obj *o, const struct rpc_piece *pc,
+             uint32_t np, uint64_t limit, bool into_obj)
 {
     struct iovec ext[STORE_MAX_EXTENTS];
     int next = store_obj_iov(o, ext, STORE_MAX_EXTENTS);
@@ -251,8 +313,12 @@ rpc_xfer_map(struct rpc_xfer *x, struct store_obj *o, const struct rpc_piece *pc
         if (chunk > limit) {
             chunk = limit;
         }
-        rc = into_obj ? rpc_xfer_seg(x, ep, pc[p].ptr + po, (size_t)chunk)
-                      : rpc_xfer_seg(x, pc[p].ptr + po, ep, (size_t)chunk);
+        if (pc[p].ptr == NULL) {
+            rc = rpc_xfer_rop(x, key, ep, pc[p].raddr + po, pc[p].rkey, chunk);
+        } else {
+            rc = into_obj ? rpc_xfer_seg(x, ep, pc[p].ptr + po, (size_t)chunk)
+                          : rpc_xfer_seg(x, pc[p].ptr + po, ep, (size_t)chunk);
+        }
         if (rc != 0) {
             return rc;
         }
@@ -350,6 +416,7 @@ rpc_pieces_read(struct rpc_req *rq, struct mp_reader *rd, struct rpc_xfer *x,
                 struct rpc_piece *pc, uint32_t *np, uint64_t *total)
 {
     uint32_t n;
+    int kind;
     int rc = 0;
 
     mp_read_array(rd, &n);
@@ -372,21 +439,100 @@ rpc_pieces_read(struct rpc_req *rq, struct mp_reader *rd, struct rpc_xfer *x,
         if (rc != 0) {
             continue;
         }
-        b = shmbuf_get(rq->ctx->bufs, v[0]);
-        if (b == NULL) {
-            rc = KV_INVALID_ARGUMENT;
+        kind = v[0] >= RPC_RDMA_ID_BASE ? RPC_PIECES_RDMA : RPC_PIECES_SHM;
+        if (x->kind != RPC_PIECES_NONE && x->kind != kind) {
+            rc = KV_INVALID_ARGUMENT;   /* one request, one kind of buffer */
             continue;
         }
-        x->bufs[x->nbufs++] = b;
-        pc[k].ptr = shmbuf_range(b, v[1], v[2]);
         pc[k].len = v[2];
-        if (pc[k].ptr == NULL || v[2] > UINT64_MAX - *total) {
+        if (kind == RPC_PIECES_RDMA) {
+            pc[k].ptr = NULL;
+            rc = rpc_rdma_piece(rq->ctx, v[0], v[1], v[2], &pc[k].raddr, &pc[k].rkey);
+        } else {
+            b = shmbuf_get(rq->ctx->bufs, v[0]);
+            if (b == NULL) {
+                rc = KV_INVALID_ARGUMENT;
+                continue;
+            }
+            x->bufs[x->nbufs++] = b;
+            pc[k].ptr = shmbuf_range(b, v[1], v[2]);
+            rc = pc[k].ptr == NULL ? KV_INVALID_ARGUMENT : 0;
+        }
+        if (rc != 0 || v[2] > UINT64_MAX - *total) {
             rc = KV_INVALID_ARGUMENT;
             continue;
         }
+        x->kind = kind;
         *total += v[2];
     }
     return rc;
+}
+
+/* rpc_rop_fail: an RDMA operation of key failed with code: so does the key. */
+static void
+rpc_rop_fail(struct rpc_xfer *x, uint32_t key, int code)
+{
+    if (x->put && x->res[key] == 0) {
+        x->res[key] = code;         /* the reservation is aborted at the end */
+    } else if (!x->put && x->res[key] >= 0) {
+        x->res[key] = -(int64_t)code;
+    }
+}
+
+/*
+ * rpc_xfer_pump: post the transfer's next RDMA operations while the queue
+ * pair takes them (the rest goes as completions free room).
+ */
+static void
+rpc_xfer_pump(struct rpc_xfer *x)
+{
+    while (x->next_rop < x->nrops) {
+        struct rpc_rop *r = &x->rops[x->next_rop];
+        int rc = x->qp == NULL ? KV_UNAVAILABLE
+                               : rdma_qp_post(x->qp, x->put ? RDMA_OP_READ : RDMA_OP_WRITE,
+                                              x->arena, r->local, r->len, r->raddr, r->rkey,
+                                              (uint64_t)(uintptr_t)r);
+
+        if (rc == -EAGAIN) {
+            return;                 /* full: some of ours are posted, their completions resume */
+        }
+        x->next_rop++;
+        if (rc != 0) {
+            rpc_rop_fail(x, r->key, rc < 0 ? KV_INTERNAL : rc);
+            continue;
+        }
+        x->rops_left++;
+    }
+}
+
+int
+rpc_rdma_cq_poll(struct rdma_cq *cq)
+{
+    struct rdma_done done[64];
+    int total = 0;
+    int n;
+
+    do {
+        n = rdma_cq_poll(cq, done, 64);
+        for (int i = 0; i < n; i++) {
+            struct rpc_rop *r = (struct rpc_rop *)(uintptr_t)done[i].wr_id;
+            struct rpc_xfer *x = r->x;
+
+            if (done[i].status != 0) {
+                rpc_rop_fail(x, r->key, done[i].status);
+            }
+            x->rops_left--;
+            if (x->abandoned) {
+                if (x->rops_left == 0) {
+                    rpc_xfer_free(x);
+                }
+                continue;
+            }
+            rpc_xfer_pump(x);
+        }
+        total += n > 0 ? n : 0;
+    } while (n == 64);
+    return total;
 }
 
 /* Hand a transfer to the copiers, or answer at once when it has nothing to copy. */
@@ -394,6 +540,13 @@ static int
 rpc_xfer_start(struct rpc_req *rq, struct rpc_xfer *x)
 {
     rq->ctx->xfer = x;
+    if (x->nrops > 0) {
+        x->qp = rpc_rdma_qp(rq->ctx);
+        x->arena = rq->ctx->srv->rdma_arena;
+        atomic_store(&x->job.state, COPY_JOB_DONE);     /* nothing for the copy threads */
+        rpc_xfer_pump(x);
+        return 0;                   /* answered once the work completes (rpc_rdma_cq_poll) */
+    }
     if (x->nsegs == 0) {
         atomic_store(&x->job.state, COPY_JOB_DONE);
         return rpc_xfer_poll(rq->ctx, rq->out);
@@ -485,7 +638,7 @@ rpc_batch_put_from(struct rpc_req *rq)
             }
         }
         if (rc == 0) {
-            rc = rpc_xfer_map(x, x->objs[i], pc, np, total, true);
+            rc = rpc_xfer_map(x, i, x->objs[i], pc, np, total, true);
             if (rc != 0) {
                 free(pc);
                 rpc_xfer_free(x);
@@ -621,7 +774,8 @@ rpc_batch_get_into(struct rpc_req *rq)
         kp[i].rc = rpc_pieces_read(rq, &iovs, x, pc + off, &kp[i].np, &kp[i].cap);
         off += kp[i].np;
     }
-    rc = store_has_tier(x->st) ? rpc_get_into_direct(rq, x, keys, kp, pc, skip) : 0;
+    rc = store_has_tier(x->st) && x->kind == RPC_PIECES_SHM
+         ? rpc_get_into_direct(rq, x, keys, kp, pc, skip) : 0;
     if (rc == 0) {
         /* The others: objects on the SSD only are loaded first (all at once); the message
          * comes back then. */
@@ -644,7 +798,7 @@ rpc_batch_get_into(struct rpc_req *rq)
         if (n > kp[i].cap) {
             n = kp[i].cap;          /* a short read: legal, the caller sees the count */
         }
-        rc = rpc_xfer_map(x, x->objs[i], pc + kp[i].off, kp[i].np, n, false);
+        rc = rpc_xfer_map(x, i, x->objs[i], pc + kp[i].off, kp[i].np, n, false);
         x->res[i] = (int64_t)n;
     }
 out:
@@ -704,8 +858,14 @@ rpc_xfer_poll(struct rpc_ctx *ctx, struct outq *out)
     if (x == NULL) {
         return 0;
     }
-    if (!copy_job_done(&x->job)) {
+    if (!copy_job_done(&x->job) || x->rops_left > 0 || x->next_rop < x->nrops) {
         return -EINPROGRESS;
+    }
+    for (uint32_t i = 0; x->put && i < x->n; i++) {
+        if (x->objs[i] != NULL && x->res[i] != 0) {
+            store_abort(x->st, x->objs[i]);     /* its bytes did not all arrive */
+            x->objs[i] = NULL;
+        }
     }
     if (x->durable) {
         return rpc_xfer_durable(ctx, x);
@@ -743,6 +903,11 @@ rpc_xfer_release(struct rpc_ctx *ctx)
 
     rpc_xfer_resume_drop(ctx);
     ctx->xfer = NULL;
+    if (x != NULL && x->rops_left > 0) {
+        x->abandoned = true;        /* posted work: its last completion frees it */
+        x->nrops = x->next_rop;
+        return;
+    }
     if (x != NULL && copy_job_abandon(&x->job)) {
         rpc_xfer_free(x);  /* it had finished: ours to free; else the copier frees it */
     }

@@ -1,11 +1,9 @@
 /*
- * rdma: the RDMA side of the daemon (libibverbs). Only files under rdma/
- * include infiniband/verbs.h; the Makefile picks rdma_verbs.c (RDMA=1, the
- * default) or rdma_stub.c (make RDMA=0). This version finds devices and
- * checks the rdma setting at start; the data port itself (memory regions,
- * queue pairs, one-sided transfers) is not built yet, so the daemon never
- * lists rdma in hello's transports and never falls back to TCP for a client
- * that asked for RDMA.
+ * rdma: the RDMA side of the daemon (libibverbs). Only rdma/rdma_verbs.c
+ * includes infiniband/verbs.h; the Makefile picks rdma_verbs.c (RDMA=1, the
+ * default) or rdma_stub.c (make RDMA=0). Device discovery is here; the data
+ * port (memory regions, queue pairs, one-sided transfers) is rdma_port.h,
+ * over the verbs table of rdma_ops.h.
  */
 #ifndef RDMA_H
 #define RDMA_H

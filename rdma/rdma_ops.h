@@ -166,4 +166,13 @@ struct rdma_ops {
  */
 const struct rdma_ops *rdma_verbs_ops(void);
 
+/*
+ * rdma_default_ops: the table the daemon and libkvstash open devices with:
+ * rdma_verbs_ops(), unless rdma_use_ops chose another (tests run the whole
+ * data path in one process over rdma_emu_ops()). rdma_use_ops(NULL) goes
+ * back to verbs. Call it before any device is opened.
+ */
+const struct rdma_ops *rdma_default_ops(void);
+void rdma_use_ops(const struct rdma_ops *ops);
+
 #endif

@@ -23,6 +23,20 @@
 
 #include "kverr.h"
 
+static const struct rdma_ops *rdma_chosen_ops;
+
+const struct rdma_ops *
+rdma_default_ops(void)
+{
+    return rdma_chosen_ops != NULL ? rdma_chosen_ops : rdma_verbs_ops();
+}
+
+void
+rdma_use_ops(const struct rdma_ops *ops)
+{
+    rdma_chosen_ops = ops;
+}
+
 #define RDMA_MAX_MRS 65536
 #define RDMA_MAX_WR_BYTES (1u << 30) /* a work request's length is 32 bits; stay well inside */
 #define RDMA_REAP_BATCH 32

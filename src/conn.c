@@ -225,6 +225,7 @@ conn_adopt(struct worker *w, int fd, int is_unix)
     c->ctx.ctr = &w->ctr;
     c->ctx.tenant = 0;
     c->ctx.is_unix = is_unix != 0;
+    c->ctx.rdma_cq = w->rdma_cq;
     if (is_unix) {
         c->ctx.take_fd = conn_take_fd;
         c->ctx.take_fd_arg = c;

@@ -31,7 +31,7 @@
 #include "kverr.h"
 #include "log.h"
 #include "outq.h"
-#include "rdma.h"
+#include "rdma_port.h"
 #include "rpc.h"
 #include "stats.h"
 #include "ssd.h"
@@ -394,39 +394,67 @@ worker_on_tick(evutil_socket_t fd, short what, void *arg)
 }
 
 /*
- * server_rdma_check: the rdma setting against this machine and build. The
- * data port is not built yet, so a found device is reported and not used;
- * `required` refuses to start (never a silent fall-back to TCP).
+ * server_rdma_open: the rdma setting against this machine and build: open
+ * the device and register the whole arena once (as several memory regions
+ * when it is larger than the device allows in one). `required` refuses to
+ * start and says what is missing; `auto` serves without RDMA and says why;
+ * a client that asks for RDMA where there is none is refused, never served
+ * over TCP instead.
  */
 static int
-server_rdma_check(const struct kv_config *c)
+server_rdma_open(struct server *s, const struct kv_config *c)
 {
-    char name[128];
-    char why[256];
+    char why[256] = "";
+    uint8_t *base;
+    uint64_t size;
     int rc;
 
     if (c->rdma == CONF_RDMA_OFF) {
         return 0;
     }
-    rc = rdma_probe(c->rdma_device, name, sizeof(name), why, sizeof(why));
-    if (c->rdma == CONF_RDMA_REQUIRED) {
+    rc = rdma_dev_open(rdma_default_ops(), c->rdma_device, (uint8_t)c->rdma_port,
+                       (uint8_t)c->rdma_gid_index, &s->rdma_dev, why, sizeof(why));
+    if (rc == 0) {
+        (void)store_arena(s->store, &base, &size);
+        rc = rdma_region_register(s->rdma_dev, base, size,
+                                  RDMA_ACCESS_LOCAL_WRITE | RDMA_ACCESS_REMOTE_READ
+                                      | RDMA_ACCESS_REMOTE_WRITE,
+                                  &s->rdma_arena);
         if (rc != 0) {
-            log_error("rdma = required, but %s; refusing to start (set rdma to auto or off "
-                      "to serve without it)", why);
-        } else {
-            log_error("rdma = required: RDMA device %s port %llu is there, but this version "
-                      "of kvstashd has no RDMA data port yet; refusing to start (set rdma to "
-                      "auto or off to serve without it)", name, (unsigned long long)c->rdma_port);
+            snprintf(why, sizeof(why), "registering the %llu-byte arena with RDMA device %s "
+                     "failed: %s", (unsigned long long)size, rdma_dev_name(s->rdma_dev),
+                     kv_strerror(rc));
+            rdma_dev_close(s->rdma_dev);
+            s->rdma_dev = NULL;
         }
-        return -1;
     }
     if (rc != 0) {
+        if (c->rdma == CONF_RDMA_REQUIRED) {
+            log_error("rdma = required, but %s; refusing to start (set rdma to auto or off "
+                      "to serve without it)", why);
+            return -1;
+        }
         log_info("rdma: %s; serving without RDMA", why);
-    } else {
-        log_info("rdma: device %s found, but this version has no RDMA data port yet; serving "
-                 "without RDMA", name);
+        return 0;
     }
+    s->rpc.rdma_arena = s->rdma_arena;
+    s->transports[s->rpc.ntransports++] = "rdma";
+    log_info("rdma: device %s port %llu, the %llu-byte arena registered", rdma_dev_name(s->rdma_dev),
+             (unsigned long long)c->rdma_port, (unsigned long long)size);
     return 0;
+}
+
+/* A worker's completion queue has completions: account them, then let waiting replies go. */
+static void
+worker_on_rdma(evutil_socket_t fd, short what, void *arg)
+{
+    struct worker *w = arg;
+
+    (void)fd;
+    (void)what;
+    if (rpc_rdma_cq_poll(w->rdma_cq) > 0) {
+        conn_retry_waiting(w);
+    }
 }
 
 /* From the SSD tier's and the copiers' threads: wake every worker (waiting requests go on). */
@@ -508,6 +536,18 @@ worker_init(struct server *s, struct worker *w, int idx)
     if (w->tick_ev == NULL || event_add(w->tick_ev, &tick) != 0) {
         return -ENOMEM;
     }
+    if (s->rdma_dev != NULL) {
+        int rc = rdma_cq_create(s->rdma_dev, SERVER_RDMA_CQ_SIZE, &w->rdma_cq);
+
+        if (rc != 0) {
+            return rc < 0 ? rc : -ENOMEM;
+        }
+        w->rdma_ev = event_new(w->base, rdma_cq_fd(w->rdma_cq), EV_READ | EV_PERSIST,
+                               worker_on_rdma, w);
+        if (w->rdma_ev == NULL || event_add(w->rdma_ev, NULL) != 0) {
+            return -ENOMEM;
+        }
+    }
     conn_refresh_limits(w);
     return 0;
 }
@@ -517,6 +557,14 @@ worker_deinit(struct worker *w)
 {
     if (w->base != NULL) {
         conn_close_all(w);
+    }
+    if (w->rdma_ev != NULL) {
+        event_free(w->rdma_ev);
+    }
+    if (w->rdma_cq != NULL) {
+        /* The closed connections' queue pairs flushed their work: free what waited for it. */
+        (void)rpc_rdma_cq_poll(w->rdma_cq);
+        rdma_cq_destroy(w->rdma_cq);
     }
     if (w->notify_ev != NULL) {
         event_free(w->notify_ev);
@@ -798,11 +846,6 @@ server_create(const struct kv_config *conf, const char *config_path, int argc, c
         goto fail;
     }
 
-    rc = server_rdma_check(c);
-    if (rc != 0) {
-        goto fail;
-    }
-
     struct store_config sc = {
         .memory_size = c->memory_size,
         .max_key_size = (uint32_t)c->max_key_size,
@@ -857,6 +900,9 @@ server_create(const struct kv_config *conf, const char *config_path, int argc, c
     }
     if (s->tcp_fd < 0 && s->unix_fd < 0) {
         log_error("nothing to listen on: both listen and unix_socket are disabled");
+        goto fail;
+    }
+    if (server_rdma_open(s, c) != 0) {
         goto fail;
     }
 
@@ -967,6 +1013,8 @@ server_destroy(struct server *s)
         }
     }
     free(s->workers);
+    rdma_region_deregister(s->rdma_arena);     /* no queue pair uses it any more */
+    rdma_dev_close(s->rdma_dev);
     for (int i = 0; i < 4; i++) {
         if (s->sig_ev[i] != NULL) {
             event_free(s->sig_ev[i]);

@@ -31,10 +31,14 @@ struct event;
 struct event_base;
 struct conn;
 struct copier;
+struct rdma_cq;
+struct rdma_dev;
+struct rdma_region;
 struct ssd;
 struct store;
 
 #define SERVER_MAX_WORKERS 64
+#define SERVER_RDMA_CQ_SIZE 65536      /* completion entries per worker: 512 queue pairs of 128 */
 
 struct worker {
     struct server *srv;
@@ -59,6 +63,8 @@ struct worker {
     int waiting;                     /* connections waiting for the SSD tier */
     struct event *wake_ev;           /* made active by the SSD tier's threads */
     struct event *tick_ev;           /* once a second: reclaim expired reservations */
+    struct rdma_cq *rdma_cq;         /* completions of its connections' RDMA work, or NULL */
+    struct event *rdma_ev;           /* rdma_cq's channel is readable */
 };
 
 struct server {
@@ -71,6 +77,8 @@ struct server {
     struct store *store;
     struct ssd *ssd;                 /* the SSD tier, or NULL */
     struct copier *copier;           /* copy threads of the shared-memory transfers */
+    struct rdma_dev *rdma_dev;       /* the RDMA device, or NULL (rdma off or unusable) */
+    struct rdma_region *rdma_arena;  /* the arena registered with it */
     struct rpc_server rpc;
     char node_id[CONF_STR_MAX];
     const char *transports[4];
