@@ -221,6 +221,18 @@ rpc_opts_read(struct rpc_req *rq, uint32_t idx, struct rpc_opts *o)
                 return rpc_invalid(rq, "opts.transport must be \"shm\" or \"rdma\"");
             }
             o->rdma = mp_str_eq(t, tl, "rdma");
+        } else if (mp_str_eq(name, nlen, "rdma")) {
+            if (mp_read_bool(&rq->rd, &o->want_qp) != 0) {
+                return rpc_invalid(rq, "opts.rdma must be a bool");
+            }
+        } else if (mp_str_eq(name, nlen, "qp")) {
+            const struct mp_hole *qh;
+            uint64_t ql;
+
+            if (mp_read_bin_ref(&rq->rd, &o->qp, &ql, &qh) != 0 || qh != NULL || ql > 64) {
+                return rpc_invalid(rq, "opts.qp must be the queue-pair info (bin)");
+            }
+            o->qp_len = (uint32_t)ql;
         } else if (mp_str_eq(name, nlen, "addr")) {
             if (mp_read_uint(&rq->rd, &o->addr) != 0) {
                 return rpc_invalid(rq, "opts.addr must be an unsigned integer");
@@ -280,6 +292,7 @@ rpc_hello(struct rpc_req *rq)
 {
     const struct rpc_server *srv = rq->ctx->srv;
     const struct rpc_limits *lim = rq->ctx->lim;
+    struct rpc_opts opts;
     int rc = rpc_arity(rq, 0, 1);
 
     if (rc != 0) {
@@ -288,8 +301,19 @@ rpc_hello(struct rpc_req *rq)
     if (rq->nparams == 1 && mp_peek(&rq->rd) != MP_MAP && mp_peek(&rq->rd) != MP_NIL) {
         return rpc_invalid(rq, "hello opts must be a map");
     }
+    rc = rpc_opts_read(rq, 0, &opts);
+    if (rc == 0 && opts.want_qp) {
+        rc = rpc_rdma_hello(rq);
+    }
+    if (rc != 0) {
+        return rc;
+    }
     rpc_reply_head(rq);
-    msgpack_pack_map(&rq->pk, 10);
+    msgpack_pack_map(&rq->pk, opts.want_qp ? 11 : 10);
+    if (opts.want_qp) {
+        mp_pack_cstr(&rq->pk, "rdma_qp");
+        rpc_rdma_pack_info(rq);
+    }
     mp_pack_cstr(&rq->pk, "server");
     mp_pack_cstr(&rq->pk, "kvstashd");
     mp_pack_cstr(&rq->pk, "version");

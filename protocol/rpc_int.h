@@ -50,6 +50,9 @@ struct rpc_opts {
     bool has_rkey;
     uint64_t addr;                  /* register_buffer over rdma: the client's region */
     uint32_t rkey;
+    const uint8_t *qp;              /* register_buffer over rdma: the client's queue-pair info */
+    uint32_t qp_len;
+    bool want_qp;                   /* hello {"rdma": true}: make the connection's queue pair */
 };
 
 /* rpc_reply_head: start the success reply [1, msgid, nil, ...]; the result follows. */
@@ -132,9 +135,17 @@ int rpc_batch_get_into(struct rpc_req *rq);
 struct iovec;
 struct rdma_qp;
 
-/* rpc_rdma_qp: the connection's connected queue pair, or NULL (no rdma_connect yet). */
+/* rpc_rdma_qp: the connection's connected queue pair, or NULL (not connected yet). */
 struct rdma_qp *rpc_rdma_qp(const struct rpc_ctx *ctx);
 int rpc_rdma_connect(struct rpc_req *rq);
+
+/*
+ * rpc_rdma_hello: hello {"rdma": true}: make the connection's queue pair
+ * (connected later by register_buffer's opts.qp, or rdma_connect). 0 or a
+ * request-level error. rpc_rdma_pack_info then packs its info (a bin).
+ */
+int rpc_rdma_hello(struct rpc_req *rq);
+void rpc_rdma_pack_info(struct rpc_req *rq);
 
 /* rpc_rdma_register: register_buffer with opts.transport "rdma" (the whole reply). */
 int rpc_rdma_register(struct rpc_req *rq, const struct rpc_opts *o);

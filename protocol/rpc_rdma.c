@@ -31,6 +31,8 @@ struct rpc_rdma_buf {
 
 struct rpc_rdma {
     struct rdma_qp *qp;
+    struct rdma_qp_info local;      /* what the client connects its side to */
+    bool connected;
     struct rpc_rdma_buf *bufs;
     uint32_t nbufs;                 /* slots in use or free, in bufs[] */
     uint32_t cap;
@@ -40,34 +42,20 @@ struct rpc_rdma {
 struct rdma_qp *
 rpc_rdma_qp(const struct rpc_ctx *ctx)
 {
-    return ctx->rdma != NULL ? ctx->rdma->qp : NULL;
+    return ctx->rdma != NULL && ctx->rdma->connected ? ctx->rdma->qp : NULL;
 }
 
-int
-rpc_rdma_connect(struct rpc_req *rq)
+/* rpc_rdma_make_qp: the connection's queue pair, made (not connected) unless it exists. */
+static int
+rpc_rdma_make_qp(struct rpc_req *rq)
 {
     struct rpc_ctx *ctx = rq->ctx;
-    struct rdma_qp_info remote, local;
-    uint8_t enc[RDMA_QP_INFO_LEN];
-    const uint8_t *p;
-    uint64_t len;
-    const struct mp_hole *hole;
-    int rc = rpc_arity(rq, 1, 1);
+    int rc;
 
-    if (rc != 0) {
-        return rc;
-    }
-    if (mp_read_bin_ref(&rq->rd, &p, &len, &hole) != 0 || hole != NULL
-        || rdma_qp_info_decode(p, (size_t)len, &remote) != 0) {
-        return rpc_invalid(rq, "params: [queue-pair info, 30 bytes of bin]");
-    }
     if (ctx->srv->rdma_arena == NULL || ctx->rdma_cq == NULL) {
         rq->errmsg = "RDMA is not enabled on this daemon (rdma off, or no usable device: "
                      "see its log)";
         return KV_UNSUPPORTED;
-    }
-    if (rpc_rdma_qp(ctx) != NULL) {
-        return rpc_invalid(rq, "this connection has its queue pair already");
     }
     if (ctx->rdma == NULL) {
         ctx->rdma = calloc(1, sizeof(*ctx->rdma));
@@ -76,23 +64,80 @@ rpc_rdma_connect(struct rpc_req *rq)
         }
         ctx->rdma->next_id = RPC_RDMA_ID_BASE;
     }
-    rc = rdma_qp_create(ctx->rdma_cq, RPC_RDMA_QP_WR, &ctx->rdma->qp, &local);
-    if (rc == 0) {
-        rc = rdma_qp_connect(ctx->rdma->qp, &remote);
-        if (rc != 0) {
-            rdma_qp_destroy(ctx->rdma->qp);
-            ctx->rdma->qp = NULL;
-        }
+    if (ctx->rdma->qp != NULL) {
+        return 0;
     }
+    rc = rdma_qp_create(ctx->rdma_cq, RPC_RDMA_QP_WR, &ctx->rdma->qp, &ctx->rdma->local);
     if (rc != 0) {
+        ctx->rdma->qp = NULL;
         rq->errmsg = rc == KV_NO_SPACE ? "too many RDMA connections on this event loop"
-                                       : "the queue pair could not be set up (see the log)";
+                                       : "the queue pair could not be made (see the log)";
         return rc == KV_NO_SPACE ? KV_BUSY : rc < 0 ? KV_INTERNAL : rc;
     }
-    rdma_qp_info_encode(&local, enc);
-    rpc_reply_head(rq);
+    return 0;
+}
+
+/* rpc_rdma_connect_to: connect the made queue pair to the client's info p[0..len). */
+static int
+rpc_rdma_connect_to(struct rpc_req *rq, const uint8_t *p, size_t len)
+{
+    struct rdma_qp_info remote;
+    int rc;
+
+    if (rdma_qp_info_decode(p, len, &remote) != 0) {
+        return rpc_invalid(rq, "bad queue-pair info (30 bytes: qpn, psn, lid, gid, mtu)");
+    }
+    if (rq->ctx->rdma->connected) {
+        return rpc_invalid(rq, "this connection's queue pair is connected already");
+    }
+    rc = rdma_qp_connect(rq->ctx->rdma->qp, &remote);
+    if (rc != 0) {
+        rq->errmsg = "the queue pair could not be connected (see the log)";
+        return rc < 0 ? KV_INTERNAL : rc;
+    }
+    rq->ctx->rdma->connected = true;
+    return 0;
+}
+
+int
+rpc_rdma_hello(struct rpc_req *rq)
+{
+    return rpc_rdma_make_qp(rq);
+}
+
+void
+rpc_rdma_pack_info(struct rpc_req *rq)
+{
+    uint8_t enc[RDMA_QP_INFO_LEN];
+
+    rdma_qp_info_encode(&rq->ctx->rdma->local, enc);
     msgpack_pack_bin(&rq->pk, sizeof(enc));
     msgpack_pack_bin_body(&rq->pk, enc, sizeof(enc));
+}
+
+int
+rpc_rdma_connect(struct rpc_req *rq)
+{
+    const uint8_t *p;
+    uint64_t len;
+    const struct mp_hole *hole;
+    int rc = rpc_arity(rq, 1, 1);
+
+    if (rc != 0) {
+        return rc;
+    }
+    if (mp_read_bin_ref(&rq->rd, &p, &len, &hole) != 0 || hole != NULL) {
+        return rpc_invalid(rq, "params: [queue-pair info, 30 bytes of bin]");
+    }
+    rc = rpc_rdma_make_qp(rq);
+    if (rc == 0) {
+        rc = rpc_rdma_connect_to(rq, p, (size_t)len);
+    }
+    if (rc != 0) {
+        return rc;
+    }
+    rpc_reply_head(rq);
+    rpc_rdma_pack_info(rq);
     return 0;
 }
 
@@ -101,10 +146,22 @@ rpc_rdma_register(struct rpc_req *rq, const struct rpc_opts *o)
 {
     struct rpc_rdma *r = rq->ctx->rdma;
     struct rpc_rdma_buf *b = NULL;
+    int rc;
 
+    if (o->qp != NULL && rpc_rdma_qp(rq->ctx) == NULL) {
+        /* The queue-pair info of the client, whose side knows ours from hello. */
+        if (r == NULL || r->qp == NULL) {
+            return rpc_invalid(rq, "opts.qp: ask hello {\"rdma\": true} for the daemon's "
+                                   "queue pair first");
+        }
+        rc = rpc_rdma_connect_to(rq, o->qp, o->qp_len);
+        if (rc != 0) {
+            return rc;
+        }
+    }
     if (rpc_rdma_qp(rq->ctx) == NULL) {
-        return rpc_invalid(rq, "an RDMA buffer needs the connection's queue pair: "
-                               "rdma_connect first");
+        return rpc_invalid(rq, "an RDMA buffer needs the connection's queue pair: send "
+                               "opts.qp (after hello {\"rdma\": true}) or rdma_connect first");
     }
     if (!o->has_addr || !o->has_rkey || !o->has_size || o->size == 0
         || o->addr > UINT64_MAX - o->size) {

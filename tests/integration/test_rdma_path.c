@@ -528,3 +528,95 @@ Test(rdma_path, close_with_work_in_flight_leaks_nothing)
     t_client_close(&next);
     /* t_stop then destroys the server: the emulation aborts if a queue pair leaked. */
 }
+
+/*
+ * The setup register_buffer carries: hello {"rdma": true} answers the daemon's
+ * queue-pair info, and the client's comes with its first RDMA buffer (opts.qp).
+ */
+Test(rdma_path, queue_pair_through_hello_and_register_buffer)
+{
+    struct t_client cl;
+    struct harness_req r;
+    struct rdma_qp_info mine;
+    struct rdma_seg seg;
+    uint8_t enc[RDMA_QP_INFO_LEN];
+    const msgpack_object *res, *info;
+    char why[256];
+    int n = 0, code;
+    int64_t out[2];
+
+    t_start("64m");
+    memset(&cl, 0, sizeof(cl));
+    cr_assert_eq(harness_conn_tcp(&cl.conn, t_port, T_TIMEOUT), 0);
+    cr_assert_eq(rdma_dev_open(rdma_emu_ops(), "", 1, 0, &cl.dev, why, sizeof(why)), 0);
+    cl.buf = aligned_alloc(4096, T_CLIENT_BYTES);
+    cr_assert_not_null(cl.buf);
+    t_fill(cl.buf, 2 * MIB, 21);
+    memset(cl.buf + 2 * MIB, 0, 2 * MIB);
+    cr_assert_eq(rdma_region_register(cl.dev, cl.buf, T_CLIENT_BYTES, T_ACCESS, &cl.reg), 0);
+    cr_assert_eq(rdma_region_segs(cl.reg, cl.buf, T_CLIENT_BYTES, &seg, 1, &n), 0);
+    cl.rkey = seg.rkey;
+    cr_assert_eq(rdma_cq_create(cl.dev, 256, &cl.cq), 0);
+    cr_assert_eq(rdma_qp_create(cl.cq, 64, &cl.qp, &mine), 0);
+    rdma_qp_info_encode(&mine, enc);
+    harness_req_init(&r);
+
+    /* opts.qp before the daemon's queue pair exists: refused, nothing registered. */
+    t_begin(&cl, &r, "register_buffer", 1);
+    msgpack_pack_map(&r.pk, 5);
+    harness_pack_str(&r.pk, "transport");
+    harness_pack_str(&r.pk, "rdma");
+    harness_pack_str(&r.pk, "addr");
+    msgpack_pack_uint64(&r.pk, (uint64_t)(uintptr_t)cl.buf);
+    harness_pack_str(&r.pk, "rkey");
+    msgpack_pack_uint32(&r.pk, cl.rkey);
+    harness_pack_str(&r.pk, "size");
+    msgpack_pack_uint64(&r.pk, 4 * MIB);
+    harness_pack_str(&r.pk, "qp");
+    harness_pack_bin(&r.pk, enc, sizeof(enc));
+    (void)t_call(&cl, &r, &code);
+    cr_assert_eq(code, KV_INVALID_ARGUMENT, "opts.qp before hello: %d", code);
+
+    t_begin(&cl, &r, "hello", 1);
+    msgpack_pack_map(&r.pk, 1);
+    harness_pack_str(&r.pk, "rdma");
+    msgpack_pack_true(&r.pk);
+    res = t_call(&cl, &r, &code);
+    cr_assert_eq(code, -1);
+    info = harness_map_get(res, "rdma_qp");
+    cr_assert(info != NULL && info->type == MSGPACK_OBJECT_BIN, "hello has no rdma_qp");
+    cr_assert_eq(rdma_qp_info_decode((const uint8_t *)info->via.bin.ptr, info->via.bin.size,
+                                     &cl.server_qp), 0);
+    cr_assert_eq(rdma_qp_connect(cl.qp, &cl.server_qp), 0);
+
+    t_begin(&cl, &r, "register_buffer", 1);
+    msgpack_pack_map(&r.pk, 5);
+    harness_pack_str(&r.pk, "transport");
+    harness_pack_str(&r.pk, "rdma");
+    harness_pack_str(&r.pk, "addr");
+    msgpack_pack_uint64(&r.pk, (uint64_t)(uintptr_t)cl.buf);
+    harness_pack_str(&r.pk, "rkey");
+    msgpack_pack_uint32(&r.pk, cl.rkey);
+    harness_pack_str(&r.pk, "size");
+    msgpack_pack_uint64(&r.pk, 4 * MIB);
+    harness_pack_str(&r.pk, "qp");
+    harness_pack_bin(&r.pk, enc, sizeof(enc));
+    res = t_call(&cl, &r, &code);
+    cr_assert_eq(code, -1, "register_buffer with opts.qp: %d", code);
+    uint64_t id = res->via.u64;
+
+    /* Connected once: rdma_connect again is refused. */
+    t_begin(&cl, &r, "rdma_connect", 1);
+    harness_pack_bin(&r.pk, enc, sizeof(enc));
+    (void)t_call(&cl, &r, &code);
+    cr_assert_eq(code, KV_INVALID_ARGUMENT);
+    harness_req_destroy(&r);
+
+    t_xfer(&cl, "batch_put_from", "h", 2, id, MIB, MIB, out);
+    cr_assert(out[0] == 0 && out[1] == 0);
+    uint64_t back = t_register(&cl, 2 * MIB, 2 * MIB, cl.rkey);
+    t_xfer(&cl, "batch_get_into", "h", 2, back, MIB, MIB, out);
+    cr_assert(out[0] == (int64_t)MIB && out[1] == (int64_t)MIB);
+    cr_assert_eq(memcmp(cl.buf + 2 * MIB, cl.buf, 2 * MIB), 0, "came back with other bytes");
+    t_client_close(&cl);
+}
