@@ -51,15 +51,20 @@ CORE_SRC := src/kverr.c src/config.c src/log.c \
             storage/ssd_index.c storage/ssd.c storage/ssd_bucket.c storage/ssd_writer.c \
             storage/copier.c storage/shmbuf.c \
             protocol/frame.c protocol/mp.c protocol/outq.c protocol/rpc.c protocol/rpc_shm.c protocol/rpc_direct.c protocol/rpc_rdma.c
-CORE_SRC += rdma/rdma_port.c rdma/rdma_emu.c
+# the RDMA data port, its verbs table (or the RDMA=0 stub) and the emulation tests use
+RDMA_SRC := rdma/rdma_port.c rdma/rdma_emu.c
 ifeq ($(RDMA),1)
-  CORE_SRC += rdma/rdma_verbs.c
+  RDMA_SRC += rdma/rdma_verbs.c
   PKGS += libibverbs
+  RDMA_LIBS := -libverbs
 else
-  CORE_SRC += rdma/rdma_stub.c
+  RDMA_SRC += rdma/rdma_stub.c
+  RDMA_LIBS :=
 endif
+CORE_SRC += $(RDMA_SRC)
 DAEMON_SRC := src/main.c src/server.c src/conn.c src/stats.c
-CLIENT_SRC := protocol/kvstash.c protocol/kvstash_async.c protocol/kvstash_wire.c protocol/mp.c protocol/frame.c src/kverr.c
+CLIENT_SRC := protocol/kvstash.c protocol/kvstash_async.c protocol/kvstash_wire.c protocol/kvstash_rdma.c \
+              protocol/mp.c protocol/frame.c src/kverr.c $(RDMA_SRC)
 CLI_SRC := protocol/kvstash_cli.c
 BENCH_SRC := tests/bench/kvstash_bench.c tests/bench/bench_util.c
 MCBENCH_SRC := tests/bench/mc_bench.c tests/bench/bench_util.c
@@ -97,16 +102,16 @@ $(LIBCLIENT_A): $(CLIENT_OBJ)
 	$(call say,AR,$@)rm -f $@ && ar rcs $@ $^
 
 $(LIBCLIENT_SO): $(CLIENT_OBJ)
-	$(call say,LD,$@)$(CC) -shared $(LDFLAGS_ALL) -o $@ $^ -lmsgpackc
+	$(call say,LD,$@)$(CC) -shared $(LDFLAGS_ALL) -o $@ $^ -lmsgpackc $(RDMA_LIBS)
 
 $(KVSTASHD): $(DAEMON_OBJ) $(LIBCORE)
 	$(call say,LD,$@)$(CC) $(LDFLAGS_ALL) -o $@ $(DAEMON_OBJ) $(LIBCORE) $(LIBS_ALL)
 
 $(KVSTASH): $(call obj,$(CLI_SRC)) $(LIBCLIENT_A)
-	$(call say,LD,$@)$(CC) $(LDFLAGS_ALL) -o $@ $^ -lmsgpackc
+	$(call say,LD,$@)$(CC) $(LDFLAGS_ALL) -o $@ $^ -lmsgpackc $(RDMA_LIBS)
 
 $(BENCH): $(call obj,$(BENCH_SRC)) $(LIBCLIENT_A)
-	$(call say,LD,$@)$(CC) $(LDFLAGS_ALL) -o $@ $^ -lmsgpackc -lpthread
+	$(call say,LD,$@)$(CC) $(LDFLAGS_ALL) -o $@ $^ -lmsgpackc $(RDMA_LIBS) -lpthread
 
 # the memcached peer's load generator: libc and pthreads only; built by make bench
 $(MCBENCH): $(call obj,$(MCBENCH_SRC))

@@ -37,6 +37,7 @@
 #include <unistd.h>
 
 #include "kverr.h"
+#include "kvstash_int.h"
 #include "kvstash_wire.h"
 #include "version.h"
 
@@ -60,16 +61,6 @@
 static _Thread_local char kvstash_connect_err[KVSTASH_WIRE_ERRLEN];
 
 enum kvstash_res { RES_CODES, RES_VALUES, RES_BOOLS, RES_INTS };
-
-/* A registered shared-memory buffer (struct kvstash_buffer of kvstash.h). */
-struct kvstash_buffer {
-    struct kvstash *conn;         /* registered on this connection, on its bufs list */
-    struct kvstash_buffer *prev;
-    struct kvstash_buffer *next;
-    uint64_t id;                  /* the server's buffer id */
-    void *base;                   /* MAP_SHARED, read-write, size bytes */
-    size_t size;
-};
 
 /* A batch call: what to send and where its per-key results go. */
 struct kvstash_op {
@@ -102,8 +93,7 @@ struct kvstash_range {
     uint64_t wire;                /* request bytes */
 };
 
-/* kvstash_begin: common entry of every call. */
-static int
+int
 kvstash_begin(struct kvstash *c)
 {
     if (c == NULL) {
@@ -132,8 +122,7 @@ kvstash_sat_mul(uint64_t a, uint64_t b)
     return a * b;
 }
 
-/* kvstash_done: finish a call whose result was read (or failed reading). */
-static int
+int
 kvstash_done(struct kvstash *c, int rc)
 {
     return rc < 0 ? kvstash_wire_fail(c, rc) : rc;
@@ -534,13 +523,19 @@ kvstash_close(struct kvstash *c)
     if (c == NULL) {
         return;
     }
+    /*
+     * The socket first: the daemon stops using our memory and tears down its side;
+     * then our queue pair, then the memory it could reach, then the device.
+     */
+    kvstash_wire_deinit(c);
+    kvstash_rdma_close(c, false);
     while (c->bufs != NULL) {
         kvstash_buffer_release(c, c->bufs);
     }
     if (c->arena != NULL) {
         munmap(c->arena, (size_t)c->arena_size);
     }
-    kvstash_wire_deinit(c);
+    kvstash_rdma_close(c, true);
     free(c);
 }
 
@@ -1003,8 +998,7 @@ kvstash_buffer_begin(struct kvstash *c, size_t size, struct kvstash_buffer **out
     return 0;
 }
 
-/* kvstash_sys_fail: a local system call failed: say which; c stays usable. */
-static int
+int
 kvstash_sys_fail(struct kvstash *c, const char *call, int err)
 {
     kvstash_wire_errf(c, "%s: %s", call, kv_strerror(-err));
@@ -1047,12 +1041,7 @@ kvstash_buffer_add(struct kvstash *c, int fd, size_t size, struct kvstash_buffer
     if (rc != 0) {
         goto fail_call;
     }
-    b->conn = c;
-    b->next = c->bufs;
-    if (c->bufs != NULL) {
-        c->bufs->prev = b;
-    }
-    c->bufs = b;
+    kvstash_buffer_link(c, b);
     *out = b;
     return 0;
 
@@ -1063,7 +1052,19 @@ fail_map:
     return rc;
 }
 
-/* kvstash_buffer_release: unlink b from c's list, unmap and free it. */
+void
+kvstash_buffer_link(struct kvstash *c, struct kvstash_buffer *b)
+{
+    b->conn = c;
+    b->prev = NULL;
+    b->next = c->bufs;
+    if (c->bufs != NULL) {
+        c->bufs->prev = b;
+    }
+    c->bufs = b;
+}
+
+/* kvstash_buffer_release: unlink b from c's list, unmap (or deregister) and free it. */
 static void
 kvstash_buffer_release(struct kvstash *c, struct kvstash_buffer *b)
 {
@@ -1075,7 +1076,11 @@ kvstash_buffer_release(struct kvstash *c, struct kvstash_buffer *b)
     if (b->next != NULL) {
         b->next->prev = b->prev;
     }
-    munmap(b->base, b->size);
+    if (b->mr != NULL) {
+        kvstash_rdma_buffer_release(b);
+    } else {
+        munmap(b->base, b->size);
+    }
     free(b);
 }
 

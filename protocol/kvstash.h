@@ -373,6 +373,37 @@ int kvstash_get_replica(struct kvstash *c, const void *key, size_t klen,
                         struct kvstash_place *places, size_t *nplaces, uint64_t *size,
                         uint64_t *lease_ms);
 
+/* ==== RDMA (kvstash_rdma.c) ====
+ *
+ * A client on another host registers its own memory with its RDMA device
+ * and lets the daemon move values with one-sided RDMA: the socket (TCP)
+ * carries only the requests (protocol/SPEC.md, "RDMA").
+ */
+
+/*
+ * kvstash_rdma_enable: set up RDMA on c: ask the daemon for its queue pair
+ * (hello {"rdma": true}), open `device` ("" or NULL: the first one) port
+ * `port` (1..) with GID index `gid_index`, and connect a queue pair to the
+ * daemon's. Returns 0; KVSTASH_EUNSUPPORTED when the daemon has no RDMA or
+ * this host no usable device (kvstash_last_error says which); KVSTASH_EINVAL
+ * when c has RDMA already or for bad numbers; a negative errno.
+ */
+int kvstash_rdma_enable(struct kvstash *c, const char *device, int port, int gid_index);
+
+/*
+ * kvstash_register_rdma_buffer: register [ptr, ptr + size) with c's RDMA
+ * device (remote read and write) and with the daemon, which then reads and
+ * writes it directly for kvstash_batch_put_from / kvstash_batch_get_into
+ * pieces that name the buffer (same rules as a shared-memory buffer; pieces
+ * of one call all name RDMA buffers or all shared-memory ones). The memory
+ * stays the caller's; it must outlive the buffer. Returns 0 and *out (valid
+ * until kvstash_unregister_buffer or kvstash_close); KVSTASH_EINVAL without
+ * kvstash_rdma_enable; KVSTASH_ETOOLARGE when size is more than one memory
+ * region of the device holds; a code the server answered; a negative errno.
+ */
+int kvstash_register_rdma_buffer(struct kvstash *c, void *ptr, size_t size,
+                                 struct kvstash_buffer **out);
+
 /*
  * kvstash_stats: the server's counters as a malloc'd array of *n name/value
  * pairs (free with free()). Non-integer stats are left out.

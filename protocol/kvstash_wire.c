@@ -419,6 +419,26 @@ kvstash_wire_req_group_size(struct kvstash *c, uint32_t g)
 }
 
 void
+kvstash_wire_req_bool(struct kvstash *c, bool v)
+{
+    msgpack_packer pk = kvstash_wire_packer(c);
+
+    if (v) {
+        msgpack_pack_true(&pk);
+    } else {
+        msgpack_pack_false(&pk);
+    }
+}
+
+void
+kvstash_wire_req_map(struct kvstash *c, uint32_t n)
+{
+    msgpack_packer pk = kvstash_wire_packer(c);
+
+    msgpack_pack_map(&pk, n);
+}
+
+void
 kvstash_wire_req_size(struct kvstash *c, uint64_t size)
 {
     msgpack_packer pk = kvstash_wire_packer(c);
@@ -1050,6 +1070,23 @@ kvstash_wire_read_size(struct kvstash *c, uint64_t *size)
     return 0;
 }
 
+/*
+ * kvstash_wire_map_entry: the next entry of a map being read: its name (a
+ * str, truncated into name[0..size)) and its value's header; the value's
+ * body or elements are the caller's to read or skip.
+ */
+static int
+kvstash_wire_map_entry(struct kvstash *c, char *name, size_t size, struct kvstash_wire_head *v)
+{
+    struct kvstash_wire_head k;
+    int rc = kvstash_wire_head_expect(c, &k, RD_STR, "a map key is not a string");
+
+    if (rc == 0) {
+        rc = kvstash_wire_str_copy(c, k.len, name, size);
+    }
+    return rc != 0 ? rc : kvstash_wire_head_read(c, v);
+}
+
 int
 kvstash_wire_read_hello(struct kvstash *c, struct kvstash_hello *hi)
 {
@@ -1060,22 +1097,13 @@ kvstash_wire_read_hello(struct kvstash *c, struct kvstash_hello *hi)
         rc = kvstash_wire_bad(c, "hello result is not a map");
     }
     for (uint64_t i = 0; rc == 0 && i < h.len; i++) {
-        struct kvstash_wire_head k, v;
+        struct kvstash_wire_head v;
         char name[32];
         uint64_t *slot = NULL;
         char *str = NULL;
         size_t strsz = 0;
 
-        rc = kvstash_wire_head_read(c, &k);
-        if (rc == 0 && k.type != RD_STR) {
-            rc = kvstash_wire_bad(c, "hello key is not a string");
-        }
-        if (rc == 0) {
-            rc = kvstash_wire_str_copy(c, k.len, name, sizeof(name));
-        }
-        if (rc == 0) {
-            rc = kvstash_wire_head_read(c, &v);
-        }
+        rc = kvstash_wire_map_entry(c, name, sizeof(name), &v);
         if (rc != 0) {
             break;
         }
@@ -1101,7 +1129,10 @@ kvstash_wire_read_hello(struct kvstash *c, struct kvstash_hello *hi)
         } else if (strcmp(name, "lease_ttl_ms") == 0) {
             slot = &hi->lease_ttl_ms;
         }
-        if (str != NULL && (v.type == RD_STR || v.type == RD_BIN)) {
+        if (strcmp(name, "rdma_qp") == 0 && v.type == RD_BIN && v.len <= sizeof(c->rdma_qp)) {
+            rc = kvstash_wire_body(c, c->rdma_qp, v.len);
+            c->rdma_qp_len = rc == 0 ? (size_t)v.len : 0;
+        } else if (str != NULL && (v.type == RD_STR || v.type == RD_BIN)) {
             rc = kvstash_wire_str_copy(c, v.len, str, strsz);
         } else if (slot != NULL && v.type == RD_UINT) {
             *slot = v.u;
@@ -1119,16 +1150,10 @@ kvstash_wire_read_segment(struct kvstash *c, uint64_t *segment, uint64_t *size)
     int rc = kvstash_wire_head_expect(c, &h, RD_MAP, "map_segment result is not a map");
 
     for (uint64_t i = 0; rc == 0 && i < h.len; i++) {
-        struct kvstash_wire_head k, v;
+        struct kvstash_wire_head v;
         char name[16];
 
-        rc = kvstash_wire_head_expect(c, &k, RD_STR, "map_segment key is not a string");
-        if (rc == 0) {
-            rc = kvstash_wire_str_copy(c, k.len, name, sizeof(name));
-        }
-        if (rc == 0) {
-            rc = kvstash_wire_head_read(c, &v);
-        }
+        rc = kvstash_wire_map_entry(c, name, sizeof(name), &v);
         if (rc != 0) {
             break;
         }
@@ -1214,16 +1239,10 @@ kvstash_wire_read_replica(struct kvstash *c, uint64_t arena, struct kvstash_wire
         return kvstash_wire_bad(c, "a replica is neither nil nor a map");
     }
     for (uint64_t i = 0; rc == 0 && i < h.len; i++) {
-        struct kvstash_wire_head k, v;
+        struct kvstash_wire_head v;
         char name[16];
 
-        rc = kvstash_wire_head_expect(c, &k, RD_STR, "replica key is not a string");
-        if (rc == 0) {
-            rc = kvstash_wire_str_copy(c, k.len, name, sizeof(name));
-        }
-        if (rc == 0) {
-            rc = kvstash_wire_head_read(c, &v);
-        }
+        rc = kvstash_wire_map_entry(c, name, sizeof(name), &v);
         if (rc != 0) {
             break;
         }

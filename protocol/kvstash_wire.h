@@ -45,6 +45,7 @@
 #define KVSTASH_WIRE_NOTICE_MAX (64u * 1024) /* budget of an error triple or notification */
 
 struct iovec;
+struct kvstash_rdma;
 struct kvstash_wire_seg;
 
 /* A piece of an object in the daemon's arena (segment 0), as offsets. */
@@ -71,6 +72,9 @@ struct kvstash {
     struct kvstash_buffer *bufs;   /* registered shared-memory buffers (kvstash.c's list) */
     uint8_t *arena;                /* the daemon's arena mapped here (kvstash_map_arena), or NULL */
     uint64_t arena_size;
+    struct kvstash_rdma *rdma;     /* this end's RDMA device and queue pair (kvstash_rdma.c) */
+    uint8_t rdma_qp[32];           /* the daemon's queue-pair info, from hello {"rdma": true} */
+    size_t rdma_qp_len;
     /* request side */
     uint8_t *wbuf;
     size_t wlen;
@@ -167,6 +171,12 @@ void kvstash_wire_req_force(struct kvstash *c);
 
 /* kvstash_wire_req_group_size: the options map {group_size: g}. */
 void kvstash_wire_req_group_size(struct kvstash *c, uint32_t g);
+
+/* kvstash_wire_req_bool: a bool. */
+void kvstash_wire_req_bool(struct kvstash *c, bool v);
+
+/* kvstash_wire_req_map: a map header of n entries (the caller packs them). */
+void kvstash_wire_req_map(struct kvstash *c, uint32_t n);
 
 /* kvstash_wire_req_size: the options map {size: n}. */
 void kvstash_wire_req_size(struct kvstash *c, uint64_t size);

@@ -307,6 +307,16 @@ ssd_read_ok(struct ssd *t, struct ssd_bucket *b, uint64_t size)
     CTR_ADD(t, read_bytes, size);
 }
 
+/* ssd_read_begin: o's location and key, and a reference on its bucket (NULL: gone). */
+static struct ssd_bucket *
+ssd_read_begin(struct ssd *t, struct store_obj *o, struct store_loc *loc, struct kv_key *key)
+{
+    store_obj_loc(o, loc);
+    store_obj_key(o, key);
+    CTR_ADD(t, reads, 1);
+    return ssd_bucket_ref(t, loc->bucket);
+}
+
 /* ssd_load: read o's value into arena pages and check it. Returns a store_load_end rc. */
 static int
 ssd_load(struct ssd *t, struct store_obj *o)
@@ -319,10 +329,7 @@ ssd_load(struct ssd *t, struct store_obj *o)
     int n = 0;
     int rc;
 
-    store_obj_loc(o, &loc);
-    store_obj_key(o, &key);
-    CTR_ADD(t, reads, 1);
-    b = ssd_bucket_ref(t, loc.bucket);
+    b = ssd_read_begin(t, o, &loc, &key);
     if (b == NULL) {
         return KV_NOT_FOUND;
     }
@@ -355,10 +362,7 @@ ssd_hook_read(void *arg, struct store_obj *o, const struct iovec *iov, int n)
     uint64_t size = store_obj_size(o);
     int rc;
 
-    store_obj_loc(o, &loc);
-    store_obj_key(o, &key);
-    CTR_ADD(t, reads, 1);
-    b = ssd_bucket_ref(t, loc.bucket);
+    b = ssd_read_begin(t, o, &loc, &key);
     if (b == NULL) {
         return KV_NOT_FOUND;
     }

@@ -28,6 +28,7 @@
 #include "../lib/harness.h"
 #include "config.h"
 #include "kverr.h"
+#include "kvstash.h"
 #include "log.h"
 #include "rdma_emu.h"
 #include "rdma_port.h"
@@ -619,4 +620,64 @@ Test(rdma_path, queue_pair_through_hello_and_register_buffer)
     cr_assert(out[0] == (int64_t)MIB && out[1] == (int64_t)MIB);
     cr_assert_eq(memcmp(cl.buf + 2 * MIB, cl.buf, 2 * MIB), 0, "came back with other bytes");
     t_client_close(&cl);
+}
+
+/* libkvstash's RDMA side against the same daemon: enable, register, put_from, get_into. */
+Test(rdma_path, client_library_moves_values_over_rdma)
+{
+    struct kvstash *c = NULL, *plain = NULL;
+    struct kvstash_buffer *b = NULL;
+    enum { N = 12 };
+    static uint8_t mem[16 * MIB] __attribute__((aligned(4096)));
+    struct kvstash_piece pc[N][2];
+    const struct kvstash_piece *pieces[N];
+    size_t npieces[N], klens[N];
+    const void *keys[N];
+    char names[N][16];
+    int codes[N];
+    int64_t got[N];
+    char addr[64];
+    const size_t size = 300 * KIB + 7;
+
+    t_start("64m");
+    snprintf(addr, sizeof(addr), "127.0.0.1:%d", t_port);
+    cr_assert_eq(harness_client(addr, 2000, &c), 0);
+    cr_assert_eq(kvstash_register_rdma_buffer(c, mem, sizeof(mem), &b), KVSTASH_EINVAL,
+                 "a buffer before kvstash_rdma_enable");
+    cr_assert_eq(kvstash_rdma_enable(c, "", 1, 0), 0, "%s", kvstash_last_error(c));
+    cr_assert_eq(kvstash_register_rdma_buffer(c, mem, sizeof(mem), &b), 0, "%s",
+                 kvstash_last_error(c));
+    t_fill(mem, N * 512 * KIB, 33);
+    for (int i = 0; i < N; i++) {
+        snprintf(names[i], sizeof(names[i]), "lib%d", i);
+        keys[i] = names[i];
+        klens[i] = strlen(names[i]);
+        pc[i][0] = (struct kvstash_piece){b, (uint64_t)i * 512 * KIB, 1000};
+        pc[i][1] = (struct kvstash_piece){b, (uint64_t)i * 512 * KIB + 1000, size - 1000};
+        pieces[i] = pc[i];
+        npieces[i] = 2;
+    }
+    cr_assert_eq(kvstash_batch_put_from(c, N, keys, klens, pieces, npieces, codes), 0, "%s",
+                 kvstash_last_error(c));
+    for (int i = 0; i < N; i++) {
+        cr_assert_eq(codes[i], 0, "%s: %d", names[i], codes[i]);
+        pc[i][0].offset += 8 * MIB;
+        pc[i][1].offset += 8 * MIB;
+    }
+    cr_assert_eq(kvstash_batch_get_into(c, N, keys, klens, pieces, npieces, got), 0);
+    for (int i = 0; i < N; i++) {
+        cr_assert_eq(got[i], (int64_t)size);
+        cr_assert_eq(memcmp(mem + 8 * MIB + (size_t)i * 512 * KIB, mem + (size_t)i * 512 * KIB,
+                            size), 0, "%s came back with other bytes", names[i]);
+    }
+    /* Without RDMA enabled, a connection cannot register such a buffer; TCP still reads. */
+    cr_assert_eq(harness_client(addr, 2000, &plain), 0);
+    static uint8_t back[300 * KIB + 7];
+    size_t vlen = 0;
+    cr_assert_eq(kvstash_get(plain, "lib3", 4, back, sizeof(back), &vlen), 0);
+    cr_assert_eq(vlen, size);
+    cr_assert_eq(memcmp(back, mem + 3 * 512 * KIB, size), 0);
+    kvstash_close(plain);
+    cr_assert_eq(kvstash_unregister_buffer(c, b), 0);
+    kvstash_close(c);
 }
