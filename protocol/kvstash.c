@@ -1204,6 +1204,11 @@ kvstash_map_arena(struct kvstash *c, void **base, size_t *size)
     if (rc != 0) {
         return rc;
     }
+    if (c->rdma != NULL) {
+        /* the daemon answers such a connection with RDMA descriptors, not arena offsets */
+        kvstash_wire_errf(c, "direct access through the arena: this connection uses RDMA");
+        return KVSTASH_EINVAL;
+    }
     if (c->arena == NULL) {
         if (!c->is_unix) {
             kvstash_wire_errf(c, "direct access needs a Unix-socket connection");

@@ -330,8 +330,9 @@ struct kvstash_place {
  * read-write, once per connection; later calls return the same mapping. It
  * stays mapped until kvstash_close. *base and *size may be NULL. Returns 0,
  * KVSTASH_EUNSUPPORTED over TCP (or when the daemon's arena cannot be
- * shared), a code the server answered, or a negative errno (-EPROTO when no
- * descriptor came with the reply, the errno of mmap).
+ * shared), KVSTASH_EINVAL on a connection with RDMA enabled (the daemon
+ * answers it RDMA descriptors), a code the server answered, or a negative
+ * errno (-EPROTO when no descriptor came with the reply, the errno of mmap).
  */
 int kvstash_map_arena(struct kvstash *c, void **base, size_t *size);
 

@@ -647,6 +647,14 @@ Test(rdma_path, client_library_moves_values_over_rdma)
     cr_assert_eq(kvstash_rdma_enable(c, "", 1, 0), 0, "%s", kvstash_last_error(c));
     cr_assert_eq(kvstash_register_rdma_buffer(c, mem, sizeof(mem), &b), 0, "%s",
                  kvstash_last_error(c));
+    {
+        struct kvstash_place pl[KVSTASH_MAX_PLACES];
+        size_t np;
+
+        cr_assert_eq(kvstash_put_start(c, "x", 1, 10, pl, &np), KVSTASH_EINVAL,
+                     "arena places on a connection that uses RDMA");
+        cr_assert_eq(kvstash_rdma_enable(c, "", 1, 0), KVSTASH_EINVAL, "enabled twice");
+    }
     t_fill(mem, N * 512 * KIB, 33);
     for (int i = 0; i < N; i++) {
         snprintf(names[i], sizeof(names[i]), "lib%d", i);
