@@ -1294,25 +1294,47 @@ done:
     return rc;
 }
 
+/*
+ * rpc_peek: the method of a complete request msg[0..len) (enum rpc_method),
+ * with rd left at its first param and *nparams set; -1 for anything else.
+ */
+static int
+rpc_peek(const uint8_t *msg, size_t len, struct mp_reader *rd, uint32_t *nparams)
+{
+    uint32_t n, mlen;
+    uint64_t type, msgid;
+    const char *mname;
+
+    mp_reader_init(rd, msg, len);
+    if (mp_read_array(rd, &n) != 0 || n != 4 || mp_read_uint(rd, &type) != 0 || type != 0
+        || mp_read_uint(rd, &msgid) != 0 || mp_read_str(rd, &mname, &mlen) != 0
+        || mp_read_array(rd, nparams) != 0) {
+        return -1;
+    }
+    return rpc_method_lookup(mname, mlen);
+}
+
+bool
+rpc_overlaps(const struct rpc_ctx *ctx, const uint8_t *msg, size_t len)
+{
+    struct mp_reader rd;
+    uint32_t np;
+
+    return rpc_xfer_room(ctx) && rpc_peek(msg, len, &rd, &np) == RPC_BATCH_GET_INTO;
+}
+
 void
 rpc_prefetch(struct rpc_ctx *ctx, const uint8_t *msg, size_t len)
 {
     struct mp_reader rd;
-    uint32_t n, mlen, np, nkeys = 1;
-    uint64_t type, msgid;
-    const char *mname;
+    uint32_t np, nkeys = 1;
+    int m = rpc_peek(msg, len, &rd, &np);
 
-    mp_reader_init(&rd, msg, len);
-    if (mp_read_array(&rd, &n) != 0 || n != 4 || mp_read_uint(&rd, &type) != 0 || type != 0
-        || mp_read_uint(&rd, &msgid) != 0 || mp_read_str(&rd, &mname, &mlen) != 0
-        || mp_read_array(&rd, &np) != 0 || np < 1) {
+    if ((m != RPC_GET && m != RPC_BATCH_GET) || np < 1) {
         return;
     }
-    if (mp_str_eq(mname, mlen, "batch_get")) {
-        if (mp_read_array(&rd, &nkeys) != 0 || nkeys > ctx->lim->max_batch) {
-            return;
-        }
-    } else if (!mp_str_eq(mname, mlen, "get")) {
+    if (m == RPC_BATCH_GET
+        && (mp_read_array(&rd, &nkeys) != 0 || nkeys > ctx->lim->max_batch)) {
         return;
     }
     for (uint32_t i = 0; i < nkeys; i++) {

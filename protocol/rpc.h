@@ -91,7 +91,8 @@ struct rpc_ctx {
     bool final_try;                  /* answer now: SSD loads and room no longer waited for */
     struct rpc_deferred *deferred;   /* a reply waiting for durable puts (rpc_deferred_poll) */
     struct rpc_deferred *resume;     /* a batch_put waiting for room: what it did so far */
-    struct rpc_xfer *xfer;           /* a transfer the copy threads run for the last request */
+    struct rpc_xfer *xfer;           /* transfers the copy threads run, oldest first (queue) */
+    uint32_t nxfer;
     struct rpc_xfer *xresume;        /* a batch_put_from waiting for room: its set-up so far */
     bool is_unix;                    /* the Unix socket: shared-memory buffers allowed */
     /* take_fd: the next descriptor that came with the request being dispatched (now
@@ -194,6 +195,15 @@ int rpc_rdma_cq_poll(struct rdma_cq *cq);
  */
 void rpc_resv_expire(struct rpc_ctx *ctx);
 void rpc_xfer_release(struct rpc_ctx *ctx);
+
+/*
+ * rpc_xfer_room: transfers are pending, all of them batch_get_into, with
+ * room for one more (RPC_XFER_MAX): a batch_get_into may be dispatched
+ * behind them without waiting (it reads nothing they write, and replies go
+ * out in order). rpc_overlaps: msg (a complete request) is such a one.
+ */
+bool rpc_xfer_room(const struct rpc_ctx *ctx);
+bool rpc_overlaps(const struct rpc_ctx *ctx, const uint8_t *msg, size_t len);
 void rpc_xfer_resume_drop(struct rpc_ctx *ctx);
 
 /*

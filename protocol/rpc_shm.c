@@ -39,8 +39,11 @@
 #define RPC_MAX_PIECES 65536        /* pieces of one request */
 #define RPC_DIRECT_ALIGN 4096u      /* what O_DIRECT needs of the client's pieces */
 
+#define RPC_XFER_MAX 4              /* transfers of one connection in flight at once */
+
 struct rpc_xfer {
     struct copy_job job;            /* first member: the copier hands it back */
+    struct rpc_xfer *qnext;         /* the connection's next transfer (ctx->xfer queue) */
     struct store *st;
     uint64_t msgid;
     bool put;                       /* batch_put_from; else batch_get_into */
@@ -539,7 +542,14 @@ rpc_rdma_cq_poll(struct rdma_cq *cq)
 static int
 rpc_xfer_start(struct rpc_req *rq, struct rpc_xfer *x)
 {
-    rq->ctx->xfer = x;
+    struct rpc_xfer **pp = &rq->ctx->xfer;
+    bool first = *pp == NULL;
+
+    while (*pp != NULL) {
+        pp = &(*pp)->qnext;
+    }
+    *pp = x;                        /* answered in order, after those before it */
+    rq->ctx->nxfer++;
     if (x->nrops > 0) {
         x->qp = rpc_rdma_qp(rq->ctx);
         x->arena = rq->ctx->srv->rdma_arena;
@@ -549,7 +559,7 @@ rpc_xfer_start(struct rpc_req *rq, struct rpc_xfer *x)
     }
     if (x->nsegs == 0) {
         atomic_store(&x->job.state, COPY_JOB_DONE);
-        return rpc_xfer_poll(rq->ctx, rq->out);
+        return first ? rpc_xfer_poll(rq->ctx, rq->out) : 0;
     }
     x->job.segs = x->segs;
     x->job.nsegs = x->nsegs;
@@ -814,6 +824,29 @@ out:
     return rpc_xfer_start(rq, x);
 }
 
+/* rpc_xfer_pop: the oldest transfer leaves the connection's queue. */
+static void
+rpc_xfer_pop(struct rpc_ctx *ctx)
+{
+    ctx->xfer = ctx->xfer->qnext;
+    ctx->nxfer--;
+}
+
+bool
+rpc_xfer_room(const struct rpc_ctx *ctx)
+{
+    if (ctx->xfer == NULL || ctx->nxfer >= RPC_XFER_MAX || ctx->deferred != NULL
+        || ctx->resume != NULL || ctx->xresume != NULL) {
+        return false;
+    }
+    for (const struct rpc_xfer *x = ctx->xfer; x != NULL; x = x->qnext) {
+        if (x->put) {
+            return false;
+        }
+    }
+    return true;
+}
+
 /*
  * rpc_xfer_durable: a durable batch_put_from whose copies are done: publish
  * its objects and hand the reply over to ctx->deferred, which answers once
@@ -843,21 +876,32 @@ rpc_xfer_durable(struct rpc_ctx *ctx, struct rpc_xfer *x)
             store_obj_unref(x->st, o);
         }
     }
-    ctx->xfer = NULL;
+    rpc_xfer_pop(ctx);              /* puts do not overlap: it was the only one */
     rpc_xfer_free(x);
     ctx->deferred = d;
     return -EINPROGRESS;
 }
 
+static int rpc_xfer_answer(struct rpc_ctx *ctx, struct outq *out);
+
 int
 rpc_xfer_poll(struct rpc_ctx *ctx, struct outq *out)
+{
+    int rc = 0;
+
+    while (ctx->xfer != NULL && rc == 0) {
+        rc = rpc_xfer_answer(ctx, out);
+    }
+    return rc;
+}
+
+/* rpc_xfer_answer: reply to the oldest transfer if it is done (-EINPROGRESS if not). */
+static int
+rpc_xfer_answer(struct rpc_ctx *ctx, struct outq *out)
 {
     struct rpc_xfer *x = ctx->xfer;
     msgpack_packer pk;
 
-    if (x == NULL) {
-        return 0;
-    }
     if (!copy_job_done(&x->job) || x->rops_left > 0 || x->next_rop < x->nrops) {
         return -EINPROGRESS;
     }
@@ -882,7 +926,7 @@ rpc_xfer_poll(struct rpc_ctx *ctx, struct outq *out)
     for (uint32_t i = 0; i < x->n; i++) {
         msgpack_pack_int64(&pk, x->res[i]);
     }
-    ctx->xfer = NULL;
+    rpc_xfer_pop(ctx);
     rpc_xfer_free(x);      /* get: the references go now, after the copies */
     return out->failed ? -ENOMEM : 0;
 }
@@ -899,16 +943,16 @@ rpc_xfer_resume_drop(struct rpc_ctx *ctx)
 void
 rpc_xfer_release(struct rpc_ctx *ctx)
 {
-    struct rpc_xfer *x = ctx->xfer;
-
     rpc_xfer_resume_drop(ctx);
-    ctx->xfer = NULL;
-    if (x != NULL && x->rops_left > 0) {
-        x->abandoned = true;        /* posted work: its last completion frees it */
-        x->nrops = x->next_rop;
-        return;
-    }
-    if (x != NULL && copy_job_abandon(&x->job)) {
-        rpc_xfer_free(x);  /* it had finished: ours to free; else the copier frees it */
+    while (ctx->xfer != NULL) {
+        struct rpc_xfer *x = ctx->xfer;
+
+        rpc_xfer_pop(ctx);
+        if (x->rops_left > 0) {
+            x->abandoned = true;    /* posted work: its last completion frees it */
+            x->nrops = x->next_rop;
+        } else if (copy_job_abandon(&x->job)) {
+            rpc_xfer_free(x);      /* it had finished: ours to free; else the copier frees it */
+        }
     }
 }

@@ -60,6 +60,8 @@ struct conn {
     bool closing;                /* close at the end of the current callback */
     bool eof;                    /* peer closed its side */
     bool waiting;                /* a request waits for the SSD tier (not reading meanwhile) */
+    bool overlap;                /* waiting for batch_get_into transfers only: more such
+                                    requests are read and started behind them */
     bool offer_pending;          /* the spill offer in scan is to be asked again */
     uint64_t wait_since;         /* ms, when the current request began to wait; 0: it has not */
     struct event *ev_retry;      /* timer that retries a waiting request */
@@ -338,7 +340,7 @@ conn_reading_wanted(const struct conn *c)
     if (c->paused || c->eof || c->w->draining) {
         return false;
     }
-    return !c->waiting || (c->lookahead && c->ilen - c->rpos < CONN_LOOKAHEAD_MAX);
+    return !c->waiting || c->overlap || (c->lookahead && c->ilen - c->rpos < CONN_LOOKAHEAD_MAX);
 }
 
 /*
@@ -582,7 +584,7 @@ conn_dispatch(struct conn *c)
         if (c->lookahead && conn_reading_wanted(c)) {
             conn_set_reading(c, true);
         }
-        return c->closing ? -1 : 0;
+        return c->closing ? -1 : 1;
     }
     c->lookahead = false;
     c->wait_since = 0;
@@ -602,23 +604,29 @@ conn_dispatch(struct conn *c)
 }
 
 /*
- * conn_poll_pending: a reply that waits (durable puts, a shared-memory
- * transfer) is queued once its work is done. Returns 0 when nothing waits
- * any more, 1 when it still does (the connection waits), -1 when the
- * connection must close.
+ * conn_poll_pending: replies that wait (durable puts, transfers) are queued
+ * once their work is done, in order. Returns 0 when nothing waits any more;
+ * 1 when something still does (the connection waits); 2 when what waits is
+ * batch_get_into transfers with room behind them, so a batch_get_into may
+ * still be started (c->overlap); -1 when the connection must close.
  */
 static int
 conn_poll_pending(struct conn *c)
 {
     int rc;
 
+    c->overlap = false;
     if (!rpc_pending(&c->ctx)) {
         return 0;
     }
     rc = rpc_deferred_poll(&c->ctx, &c->out);
     if (rc == -EINPROGRESS) {
         conn_wait(c);
-        return c->closing ? -1 : 1;
+        c->overlap = rpc_xfer_room(&c->ctx);
+        if (c->overlap) {
+            conn_set_reading(c, conn_reading_wanted(c));
+        }
+        return c->closing ? -1 : c->overlap ? 2 : 1;
     }
     if (rc != 0) {
         c->closing = true;
@@ -645,10 +653,10 @@ conn_process(struct conn *c)
     while (c->spill_left == 0 && c->rpos < c->ilen) {
         int prc = conn_poll_pending(c);
 
-        if (prc != 0) {
-            return prc < 0 ? -1 : 0;
+        if (prc < 0) {
+            return -1;
         }
-        if (c->waiting) {
+        if (prc == 1 || (prc == 0 && c->waiting)) {
             return 0;
         }
         if (outq_pending(&c->out) > out_limit) {
@@ -662,8 +670,16 @@ conn_process(struct conn *c)
             st = frame_scan(&c->scan, c->ibuf + c->rpos, c->ilen - c->rpos, &c->flim);
         }
         if (st == FRAME_DONE) {
-            if (conn_dispatch(c) != 0) {
-                return -1;
+            int d;
+
+            if (prc == 2 && !rpc_overlaps(&c->ctx, c->ibuf + c->rpos, c->scan.pos)) {
+                c->overlap = false;     /* it waits for the transfers before it */
+                conn_set_reading(c, conn_reading_wanted(c));
+                return 0;
+            }
+            d = conn_dispatch(c);
+            if (d != 0) {
+                return d < 0 ? -1 : 0;  /* closing, or the message waits (held) */
             }
             continue;
         }
@@ -675,6 +691,12 @@ conn_process(struct conn *c)
             return -1;
         }
         /* FRAME_SPILL */
+        if (prc == 2) {
+            c->offer_pending = true;    /* a put: it waits for the transfers before it */
+            c->overlap = false;
+            conn_set_reading(c, conn_reading_wanted(c));
+            return 0;
+        }
         struct rpc_spill sp;
         if (!rpc_spill_take(&c->ctx, &c->sc, c->ibuf + c->rpos, c->scan.pos, c->holes,
                             c->nholes, c->scan.path, c->scan.depth, c->scan.spill_len,
@@ -920,14 +942,14 @@ conn_on_read(evutil_socket_t fd, short what, void *arg)
             c->closing = true;
             break;
         }
-        if (c->waiting) {
+        if (c->waiting && !c->overlap) {
             conn_lookahead(c);
             if (!conn_reading_wanted(c)) {
                 break;
             }
             continue;
         }
-        if (conn_process(c) != 0 || c->paused || c->waiting) {
+        if (conn_process(c) != 0 || c->paused || (c->waiting && !c->overlap)) {
             break;
         }
     }

@@ -5,13 +5,25 @@
  * job's last segment completes it. The only shared state is the queue (and
  * each job's segment cursor) under one mutex, and each job's count of
  * segments left.
+ *
+ * Big copies use non-temporal stores: the destination (a client's buffer,
+ * or arena pages) is not read back by this CPU soon, and streaming it past
+ * the cache saves the read-for-ownership of every destination line, about
+ * half again the bandwidth of memcpy on the machine this was measured on.
  */
 #include "copier.h"
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__x86_64__) || defined(__SSE2__)
+#include <emmintrin.h>
+#define COPIER_STREAM 1
+#endif
+
+#define COPIER_STREAM_MIN (64u * 1024u) /* smaller copies stay in the cache: plain memcpy */
 
 struct copier {
     pthread_mutex_t lock;
@@ -24,6 +36,43 @@ struct copier {
     pthread_t *threads;
     int nthreads;
 };
+
+/*
+ * copier_copy: memcpy, with non-temporal stores for big copies (the stores
+ * are fenced before it returns, so the job's completion, published with a
+ * release, orders after them).
+ */
+static void
+copier_copy(void *dst, const void *src, size_t len)
+{
+#ifdef COPIER_STREAM
+    if (len >= COPIER_STREAM_MIN) {
+        uint8_t *d = dst;
+        const uint8_t *s = src;
+        size_t head = (16 - ((uintptr_t)d & 15)) & 15;
+
+        memcpy(d, s, head);         /* up to the first 16-byte aligned destination byte */
+        d += head;
+        s += head;
+        len -= head;
+        for (; len >= 64; len -= 64, d += 64, s += 64) {
+            __m128i a = _mm_loadu_si128((const __m128i *)s);
+            __m128i b = _mm_loadu_si128((const __m128i *)(s + 16));
+            __m128i c = _mm_loadu_si128((const __m128i *)(s + 32));
+            __m128i e = _mm_loadu_si128((const __m128i *)(s + 48));
+
+            _mm_stream_si128((__m128i *)d, a);
+            _mm_stream_si128((__m128i *)(d + 16), b);
+            _mm_stream_si128((__m128i *)(d + 32), c);
+            _mm_stream_si128((__m128i *)(d + 48), e);
+        }
+        _mm_sfence();
+        memcpy(d, s, len);
+        return;
+    }
+#endif
+    memcpy(dst, src, len);
+}
 
 /* copier_finish: the last segment of job is done: hand it back, or release it. */
 static void
@@ -76,7 +125,7 @@ copier_main(void *arg)
             if (sg->run != NULL) {
                 sg->run(sg->arg);
             } else {
-                memcpy(sg->dst, sg->src, sg->len);
+                copier_copy(sg->dst, sg->src, sg->len);
             }
         }
         if (atomic_fetch_sub_explicit(&job->left, 1, memory_order_acq_rel) == 1) {

@@ -1165,3 +1165,48 @@ def test_durable_put_from_is_on_ssd_when_answered(kv, bufs, work):
     err, _ = c3.call_raw("batch_put_from", [b"x"], [[[bid3, 0, 10]]], {"durable": True})
     assert err is not None and err[0] == UNSUPPORTED, err
     assert c3.call("get", b"x") is None
+
+
+def test_pipelined_transfers_answer_in_order(kv, bufs):
+    """batch_get_into requests sent back to back run together; every reply still comes in
+    request order, and a request of any other kind (a put, a put_from) waits for them, so
+    a read sent after a write sees it."""
+    d = kv("--memory_size=64m", "--ssd_dir=")
+    c = d.unix()
+    src = bufs(24 * MIB)
+    for j in range(8):
+        src.write(j * MIB, pattern(j))
+    bid = register_ok(c, src)
+    keys = [f"pipe-{j}".encode() for j in range(8)]
+    assert put_from(c, keys, [[[bid, j * MIB, MIB]] for j in range(8)]) == [OK] * 8
+    out = 8 * MIB
+    reqs = []
+    for j in range(6):      # six get_into of 2 keys each, then a write and reads of it
+        ks = [keys[j], keys[(j + 3) % 8]]
+        reqs.append(("batch_get_into", [ks, [[[bid, out + (2 * j) * MIB, MIB]],
+                                             [[bid, out + (2 * j + 1) * MIB, MIB]]]]))
+    reqs.append(("batch_put_from", [[b"pipe-new"], [[[bid, 0, 4096]]]]))
+    reqs.append(("batch_get_into", [[b"pipe-new"], [[[bid, 20 * MIB, 4096]]]]))
+    reqs.append(("ping", []))
+    reqs.append(("get_size", [b"pipe-new"]))
+    data = b""
+    ids = []
+    for m, p in reqs:
+        msgid, raw = c.request(m, p)
+        ids.append(msgid)
+        data += raw
+    c.sock.sendall(data)
+    got = [c.recv() for _ in reqs]
+    assert [g[1] for g in got] == ids, "replies out of request order"
+    for g in got:
+        assert g[2] is None, g
+    for j in range(6):
+        assert got[j][3] == [MIB, MIB]
+        assert_same(src.mv[out + 2 * j * MIB:out + (2 * j + 1) * MIB], pattern(j), f"get {j}")
+        assert_same(src.mv[out + (2 * j + 1) * MIB:out + (2 * j + 2) * MIB],
+                    pattern((j + 3) % 8), f"get {j}, second key")
+    assert got[6][3] == [OK]
+    assert got[7][3] == [4096], "a get_into sent after a put_from did not see it"
+    assert_same(src.mv[20 * MIB:20 * MIB + 4096], pattern(0)[:4096], "read after write")
+    assert got[8][3] == "pong" and got[9][3] == 4096
+    d.assert_alive()

@@ -204,3 +204,50 @@ Test(copier, an_abandoned_job_is_released_by_the_pool_once)
     free(src);
     free(dst);
 }
+
+/*
+ * Big segments go through the streaming copy: whatever the alignment of either
+ * side and whatever the length's remainder, every byte arrives and none around.
+ */
+Test(copier, big_copies_at_any_alignment_are_exact)
+{
+    static const size_t lens[] = {64 * 1024, 64 * 1024 + 37, 1 << 20, (1 << 20) + 63, 300001};
+    static const size_t offs[] = {0, 1, 15, 16, 33};
+    size_t cap = (1 << 20) + 256;
+    uint8_t *src = malloc(cap), *dst = malloc(cap + 64);
+    struct copier *c;
+
+    cr_assert(src != NULL && dst != NULL);
+    for (size_t i = 0; i < cap; i++) {
+        src[i] = (uint8_t)(i * 13 + (i >> 11));
+    }
+    cr_assert_eq(copier_create(1, NULL, NULL, &c), 0);
+    for (size_t l = 0; l < sizeof(lens) / sizeof(lens[0]); l++) {
+        for (size_t o = 0; o < sizeof(offs) / sizeof(offs[0]); o++) {
+            size_t so = (offs[o] * 7) % 16;
+            struct copy_job *job;
+
+            memset(dst, 0xa5, cap + 64);
+            job = t_job(dst + offs[o], src + so, lens[l], 1);
+            copier_submit(c, job);
+            for (int spin = 0; !copy_job_done(job) && spin < 10000; spin++) {
+                usleep(100);
+            }
+            cr_assert(copy_job_done(job));
+            cr_assert_eq(memcmp(dst + offs[o], src + so, lens[l]), 0,
+                         "len %zu at dst+%zu src+%zu: wrong bytes", lens[l], offs[o], so);
+            for (size_t i = 0; i < offs[o]; i++) {
+                cr_assert_eq(dst[i], 0xa5, "a byte before the destination was written");
+            }
+            for (size_t i = offs[o] + lens[l]; i < cap + 64; i++) {
+                cr_assert_eq(dst[i], 0xa5, "byte %zu after the destination was written", i);
+            }
+            cr_assert(copy_job_abandon(job));
+            free(job->segs);
+            free(job);
+        }
+    }
+    copier_destroy(c);
+    free(src);
+    free(dst);
+}
