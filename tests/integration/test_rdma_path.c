@@ -182,17 +182,22 @@ t_client_close(struct t_client *cl)
     free(cl->buf);
 }
 
-/* register_buffer over rdma for [buf + off, + size) with rkey; returns the id. */
+/*
+ * register_buffer over rdma for [buf + off, + size) with rkey, and with the
+ * client's queue-pair info qp unless NULL. Returns the id; *code is the
+ * request's error code, or -1.
+ */
 static uint64_t
-t_register(struct t_client *cl, uint64_t off, uint64_t size, uint32_t rkey)
+t_register_qp(struct t_client *cl, uint64_t off, uint64_t size, uint32_t rkey,
+              const uint8_t *qp, int *code)
 {
     struct harness_req r;
-    int code;
     const msgpack_object *res;
+    uint64_t id;
 
     harness_req_init(&r);
     t_begin(cl, &r, "register_buffer", 1);
-    msgpack_pack_map(&r.pk, 4);
+    msgpack_pack_map(&r.pk, qp != NULL ? 5 : 4);
     harness_pack_str(&r.pk, "transport");
     harness_pack_str(&r.pk, "rdma");
     harness_pack_str(&r.pk, "addr");
@@ -201,11 +206,26 @@ t_register(struct t_client *cl, uint64_t off, uint64_t size, uint32_t rkey)
     msgpack_pack_uint32(&r.pk, rkey);
     harness_pack_str(&r.pk, "size");
     msgpack_pack_uint64(&r.pk, size);
-    res = t_call(cl, &r, &code);
-    cr_assert_eq(code, -1, "register_buffer over rdma: error %d", code);
-    cr_assert_eq(res->type, MSGPACK_OBJECT_POSITIVE_INTEGER);
+    if (qp != NULL) {
+        harness_pack_str(&r.pk, "qp");
+        harness_pack_bin(&r.pk, qp, RDMA_QP_INFO_LEN);
+    }
+    res = t_call(cl, &r, code);
+    id = *code == -1 && res->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? res->via.u64 : 0;
     harness_req_destroy(&r);
-    return res->via.u64;
+    return id;
+}
+
+/* register_buffer over rdma on a connected client: the id. */
+static uint64_t
+t_register(struct t_client *cl, uint64_t off, uint64_t size, uint32_t rkey)
+{
+    int code;
+    uint64_t id = t_register_qp(cl, off, size, rkey, NULL, &code);
+
+    cr_assert_eq(code, -1, "register_buffer over rdma: error %d", code);
+    cr_assert_neq(id, 0);
+    return id;
 }
 
 /*
@@ -563,19 +583,7 @@ Test(rdma_path, queue_pair_through_hello_and_register_buffer)
     harness_req_init(&r);
 
     /* opts.qp before the daemon's queue pair exists: refused, nothing registered. */
-    t_begin(&cl, &r, "register_buffer", 1);
-    msgpack_pack_map(&r.pk, 5);
-    harness_pack_str(&r.pk, "transport");
-    harness_pack_str(&r.pk, "rdma");
-    harness_pack_str(&r.pk, "addr");
-    msgpack_pack_uint64(&r.pk, (uint64_t)(uintptr_t)cl.buf);
-    harness_pack_str(&r.pk, "rkey");
-    msgpack_pack_uint32(&r.pk, cl.rkey);
-    harness_pack_str(&r.pk, "size");
-    msgpack_pack_uint64(&r.pk, 4 * MIB);
-    harness_pack_str(&r.pk, "qp");
-    harness_pack_bin(&r.pk, enc, sizeof(enc));
-    (void)t_call(&cl, &r, &code);
+    (void)t_register_qp(&cl, 0, 4 * MIB, cl.rkey, enc, &code);
     cr_assert_eq(code, KV_INVALID_ARGUMENT, "opts.qp before hello: %d", code);
 
     t_begin(&cl, &r, "hello", 1);
@@ -590,21 +598,8 @@ Test(rdma_path, queue_pair_through_hello_and_register_buffer)
                                      &cl.server_qp), 0);
     cr_assert_eq(rdma_qp_connect(cl.qp, &cl.server_qp), 0);
 
-    t_begin(&cl, &r, "register_buffer", 1);
-    msgpack_pack_map(&r.pk, 5);
-    harness_pack_str(&r.pk, "transport");
-    harness_pack_str(&r.pk, "rdma");
-    harness_pack_str(&r.pk, "addr");
-    msgpack_pack_uint64(&r.pk, (uint64_t)(uintptr_t)cl.buf);
-    harness_pack_str(&r.pk, "rkey");
-    msgpack_pack_uint32(&r.pk, cl.rkey);
-    harness_pack_str(&r.pk, "size");
-    msgpack_pack_uint64(&r.pk, 4 * MIB);
-    harness_pack_str(&r.pk, "qp");
-    harness_pack_bin(&r.pk, enc, sizeof(enc));
-    res = t_call(&cl, &r, &code);
+    uint64_t id = t_register_qp(&cl, 0, 4 * MIB, cl.rkey, enc, &code);
     cr_assert_eq(code, -1, "register_buffer with opts.qp: %d", code);
-    uint64_t id = res->via.u64;
 
     /* Connected once: rdma_connect again is refused. */
     t_begin(&cl, &r, "rdma_connect", 1);
