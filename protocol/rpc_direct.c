@@ -210,9 +210,10 @@ rpc_resv_release(struct rpc_ctx *ctx)
 /*
  * rpc_pack_pieces: where the object's bytes are: [[addr, length, rkey], ...]
  * on a connection with a queue pair, else [[segment, offset, length], ...]
- * in the arena.
+ * in the arena. 0, or -ENOMEM when the reply could not be made (the
+ * connection closes).
  */
-static void
+static int
 rpc_pack_pieces(struct rpc_req *rq, const struct store_obj *o)
 {
     struct iovec iov[STORE_MAX_EXTENTS];
@@ -220,8 +221,8 @@ rpc_pack_pieces(struct rpc_req *rq, const struct store_obj *o)
     uint64_t size;
     int n = store_obj_iov(o, iov, STORE_MAX_EXTENTS);
 
-    if (rpc_rdma_qp(rq->ctx) != NULL && rpc_rdma_pack_pieces(rq, iov, n) == 0) {
-        return;
+    if (rpc_rdma_qp(rq->ctx) != NULL) {
+        return rpc_rdma_pack_pieces(rq, iov, n) == 0 ? 0 : -ENOMEM;
     }
     (void)store_arena(rq->ctx->srv->store, &base, &size);
     msgpack_pack_array(&rq->pk, (size_t)n);
@@ -231,6 +232,7 @@ rpc_pack_pieces(struct rpc_req *rq, const struct store_obj *o)
         msgpack_pack_uint64(&rq->pk, (uint64_t)((uint8_t *)iov[i].iov_base - base));
         msgpack_pack_uint64(&rq->pk, iov[i].iov_len);
     }
+    return 0;
 }
 
 /*
@@ -411,7 +413,10 @@ rpc_put_start(struct rpc_req *rq)
             msgpack_pack_int(&rq->pk, d->codes[i] != 0 ? d->codes[i] : KV_TIMEOUT);
             continue;
         }
-        rpc_pack_pieces(rq, r->obj);
+        if (rpc_pack_pieces(rq, r->obj) != 0) {
+            rpc_deferred_free(ctx, d);
+            return -ENOMEM;
+        }
     }
     rpc_deferred_free(ctx, d);
     return 0;
@@ -535,7 +540,7 @@ rpc_get_replica_list(struct rpc_req *rq)
     }
     rpc_reply_head(rq);
     msgpack_pack_array(&rq->pk, nkeys);
-    for (uint32_t i = 0; i < nkeys; i++) {
+    for (uint32_t i = 0; i < nkeys && rc == 0; i++) {
         struct kv_key key;
         uint64_t size;
 
@@ -555,7 +560,7 @@ rpc_get_replica_list(struct rpc_req *rq)
         mp_pack_cstr(&rq->pk, "lease_ms");
         msgpack_pack_uint32(&rq->pk, ttl);
         mp_pack_cstr(&rq->pk, "pieces");
-        rpc_pack_pieces(rq, objs[i]);
+        rc = rpc_pack_pieces(rq, objs[i]);
     }
     for (uint32_t i = 0; i < nkeys; i++) {
         store_obj_unref(st, objs[i]);

@@ -165,7 +165,9 @@ void rpc_rdma_release(struct rpc_ctx *ctx);
 
 /*
  * rpc_rdma_pack_pieces: arena memory iov[0..n) as [[addr, length, rkey], ...]
- * for one-sided access by the client. 0 or KV_INTERNAL (nothing packed).
+ * for one-sided access by the client (split where the arena's memory
+ * regions meet). 0; KV_INTERNAL with nothing packed (not arena memory);
+ * -ENOMEM with the reply half packed (the connection must close).
  */
 int rpc_rdma_pack_pieces(struct rpc_req *rq, const struct iovec *iov, int n);
 

@@ -255,26 +255,41 @@ rpc_rdma_release(struct rpc_ctx *ctx)
 int
 rpc_rdma_pack_pieces(struct rpc_req *rq, const struct iovec *iov, int n)
 {
-    struct rdma_seg segs[STORE_MAX_EXTENTS * 2];
-    int total = 0;
+    const struct rdma_region *arena = rq->ctx->srv->rdma_arena;
+    struct rdma_seg stack[16];
+    size_t total = 0;
+    int k;
 
+    /* First how many (an extent splits where the arena's memory regions meet). */
     for (int i = 0; i < n; i++) {
-        int k = 0;
-        int rc = rdma_region_segs(rq->ctx->srv->rdma_arena, iov[i].iov_base, iov[i].iov_len,
-                                  segs + total, (int)(sizeof(segs) / sizeof(segs[0])) - total,
-                                  &k);
+        int rc = rdma_region_segs(arena, iov[i].iov_base, iov[i].iov_len, NULL, 0, &k);
 
-        if (rc != 0) {
-            return KV_INTERNAL;     /* the arena is registered whole: not expected */
+        if (rc != 0 && rc != KV_NO_SPACE) {
+            return KV_INTERNAL;     /* outside the registered arena: not expected */
         }
-        total += k;
+        total += (size_t)k;
     }
-    msgpack_pack_array(&rq->pk, (size_t)total);
-    for (int i = 0; i < total; i++) {
-        msgpack_pack_array(&rq->pk, 3);
-        msgpack_pack_uint64(&rq->pk, segs[i].addr);
-        msgpack_pack_uint64(&rq->pk, segs[i].len);
-        msgpack_pack_uint32(&rq->pk, segs[i].rkey);
+    msgpack_pack_array(&rq->pk, total);
+    for (int i = 0; i < n; i++) {
+        struct rdma_seg *segs = stack;
+
+        (void)rdma_region_segs(arena, iov[i].iov_base, iov[i].iov_len, NULL, 0, &k);
+        if (k > (int)(sizeof(stack) / sizeof(stack[0]))) {
+            segs = malloc((size_t)k * sizeof(*segs));
+            if (segs == NULL) {
+                return -ENOMEM;     /* the reply is half packed: the connection closes */
+            }
+        }
+        (void)rdma_region_segs(arena, iov[i].iov_base, iov[i].iov_len, segs, k, &k);
+        for (int j = 0; j < k; j++) {
+            msgpack_pack_array(&rq->pk, 3);
+            msgpack_pack_uint64(&rq->pk, segs[j].addr);
+            msgpack_pack_uint64(&rq->pk, segs[j].len);
+            msgpack_pack_uint32(&rq->pk, segs[j].rkey);
+        }
+        if (segs != stack) {
+            free(segs);
+        }
     }
     return 0;
 }

@@ -67,14 +67,18 @@ t_server_main(void *arg)
     return NULL;
 }
 
+/* t_start: the daemon, over an emulated device whose regions hold max_mr bytes (0: any). */
 static void
-t_start(const char *memory_size)
+t_start(const char *memory_size, uint64_t max_mr)
 {
     struct kv_config c;
     char err[512], listen[64], data[96];
 
     rdma_use_ops(rdma_emu_ops());
     rdma_emu_reset();
+    if (max_mr != 0) {
+        rdma_emu_set_max_mr_size(max_mr);
+    }
     snprintf(t_dir, sizeof(t_dir), "/tmp/kvstash-rdma-XXXXXX");
     cr_assert_not_null(mkdtemp(t_dir));
     t_port = harness_free_port();
@@ -152,7 +156,8 @@ t_client_open(struct t_client *cl)
     cr_assert_not_null(cl->buf);
     memset(cl->buf, 0, T_CLIENT_BYTES);
     cr_assert_eq(rdma_region_register(cl->dev, cl->buf, T_CLIENT_BYTES, T_ACCESS, &cl->reg), 0);
-    cr_assert_eq(rdma_region_segs(cl->reg, cl->buf, T_CLIENT_BYTES, &seg, 1, &n), 0);
+    /* the first region's rkey (the whole buffer's, unless the device splits it) */
+    (void)rdma_region_segs(cl->reg, cl->buf, T_CLIENT_BYTES, &seg, 1, &n);
     cl->rkey = seg.rkey;
     cr_assert_eq(rdma_cq_create(cl->dev, 256, &cl->cq), 0);
     cr_assert_eq(rdma_qp_create(cl->cq, 64, &cl->qp, &mine), 0);
@@ -319,7 +324,7 @@ Test(rdma_path, put_from_and_get_into_are_byte_exact)
     int code;
     bool listed = false;
 
-    t_start("64m");
+    t_start("64m", 0);
     t_client_open(&cl);
     harness_req_init(&r);
     t_begin(&cl, &r, "hello", 0);
@@ -357,16 +362,23 @@ Test(rdma_path, put_from_and_get_into_are_byte_exact)
     t_client_close(&cl);
 }
 
+/*
+ * The daemon's arena is registered as 2 MiB memory regions (the emulated
+ * device allows 3 MiB in one): an object of several MiB lies in several, and
+ * put_start / get_replica_list answer one [addr, length, rkey] per region.
+ */
 Test(rdma_path, client_driven_one_sided_put_and_read)
 {
     struct t_client cl;
     struct harness_req r;
     const msgpack_object *res, *pieces;
-    const uint64_t size = 3 * MIB + 5;
+    const uint64_t size = 5 * MIB + 5;
     uint64_t off = 0;
+    uint32_t rkey0;
+    bool several_rkeys = false;
     int code;
 
-    t_start("64m");
+    t_start("64m", 3 * MIB);
     t_client_open(&cl);
     t_fill(cl.buf, size, 9);
     harness_req_init(&r);
@@ -379,14 +391,19 @@ Test(rdma_path, client_driven_one_sided_put_and_read)
     cr_assert_eq(code, -1);
     pieces = &res->via.array.ptr[0];
     cr_assert_eq(pieces->type, MSGPACK_OBJECT_ARRAY, "put_start over rdma: no pieces");
+    rkey0 = (uint32_t)pieces->via.array.ptr[0].via.array.ptr[2].via.u64;
     for (uint32_t i = 0; i < pieces->via.array.size; i++) {
         const msgpack_object *p = pieces->via.array.ptr[i].via.array.ptr;
+
+        cr_assert_leq(p[1].via.u64, 2 * MIB, "a piece longer than a memory region");
+        several_rkeys = several_rkeys || (uint32_t)p[2].via.u64 != rkey0;
 
         cr_assert_eq(t_onesided(&cl, RDMA_OP_WRITE, cl.buf + off, p[1].via.u64, p[0].via.u64,
                                 (uint32_t)p[2].via.u64), 0, "RDMA WRITE into the arena");
         off += p[1].via.u64;
     }
     cr_assert_eq(off, size, "the pieces do not add up to the object");
+    cr_assert(several_rkeys, "a 5 MiB object in 2 MiB regions came with one rkey");
     t_begin(&cl, &r, "put_end", 1);
     msgpack_pack_array(&r.pk, 1);
     harness_pack_str(&r.pk, "one-sided");
@@ -420,7 +437,7 @@ Test(rdma_path, bad_rkey_and_out_of_range_pieces_fail_only_what_they_must)
     struct t_client cl, other;
     int64_t res[4];
 
-    t_start("64m");
+    t_start("64m", 0);
     t_client_open(&cl);
     t_fill(cl.buf, 4 * MIB, 3);
     uint64_t good = t_register(&cl, 0, 16 * MIB, cl.rkey);
@@ -464,7 +481,7 @@ Test(rdma_path, queue_pair_in_error_and_vanished_peer)
     struct t_client cl, peer;
     int64_t res[2];
 
-    t_start("64m");
+    t_start("64m", 0);
     t_client_open(&cl);
     t_fill(cl.buf, 2 * MIB, 5);
     uint64_t id = t_register(&cl, 0, 16 * MIB, cl.rkey);
@@ -496,7 +513,7 @@ Test(rdma_path, close_with_work_in_flight_leaks_nothing)
     enum { N = 200 };
     char key[32];
 
-    t_start("64m");
+    t_start("64m", 0);
     t_client_open(&cl);
     uint64_t id = t_register(&cl, 0, 32 * MIB, cl.rkey);
     t_fill(cl.buf, 32 * MIB, 11);
@@ -566,7 +583,7 @@ Test(rdma_path, queue_pair_through_hello_and_register_buffer)
     int n = 0, code;
     int64_t out[2];
 
-    t_start("64m");
+    t_start("64m", 0);
     memset(&cl, 0, sizeof(cl));
     cr_assert_eq(harness_conn_tcp(&cl.conn, t_port, T_TIMEOUT), 0);
     cr_assert_eq(rdma_dev_open(rdma_emu_ops(), "", 1, 0, &cl.dev, why, sizeof(why)), 0);
@@ -634,7 +651,7 @@ Test(rdma_path, client_library_moves_values_over_rdma)
     char addr[64];
     const size_t size = 300 * KIB + 7;
 
-    t_start("64m");
+    t_start("64m", 0);
     snprintf(addr, sizeof(addr), "127.0.0.1:%d", t_port);
     cr_assert_eq(harness_client(addr, 2000, &c), 0);
     cr_assert_eq(kvstash_register_rdma_buffer(c, mem, sizeof(mem), &b), KVSTASH_EINVAL,
