@@ -87,7 +87,7 @@ UNIT := $(BUILD)/unit-tests
 INTEG := $(BUILD)/integration-tests
 
 .PHONY: all run test deps bench-deps asan fuzz bench install uninstall format clean help \
-        test-unit test-integration test-python check-deps
+        test-unit test-integration test-python test-fuzz check-deps
 
 all: $(KVSTASHD) $(KVSTASH) $(BENCH) $(LIBCLIENT_A) $(LIBCLIENT_SO)
 
@@ -127,7 +127,8 @@ $(INTEG): $(call obj,$(INTEG_SRC)) $(call obj,$(filter-out src/main.c,$(DAEMON_S
 
 # ---- dependencies (Debian 12 packages) ----
 DEB_PKGS := build-essential pkg-config libevent-dev libmsgpack-dev libssl-dev liblmdb-dev \
-            libibverbs-dev libcriterion-dev python3 python3-msgpack python3-pytest
+            libibverbs-dev libcriterion-dev python3 python3-msgpack python3-pytest \
+            clang libclang-rt-14-dev
 
 # tools only `make bench` uses (fio: the SSD section's device baseline)
 BENCH_PKGS := fio
@@ -162,7 +163,7 @@ TEST_JOBS ?= 2
 
 test: deps
 	$(Q)$(MAKE) --no-print-directory all $(UNIT) $(INTEG)
-	$(Q)$(MAKE) --no-print-directory test-unit test-integration test-python
+	$(Q)$(MAKE) --no-print-directory test-unit test-integration test-python test-fuzz
 
 test-unit: $(UNIT)
 	$(UNIT) --jobs $(TEST_JOBS)
@@ -184,8 +185,47 @@ bench: bench-deps
 	KVSTASHD=$(abspath $(KVSTASHD)) BENCH=$(abspath $(BENCH)) MCBENCH=$(abspath $(MCBENCH)) \
 	    tests/bench/run.sh
 
-fuzz:
-	@echo "fuzz: libFuzzer targets arrive with the fuzzing issue (tests/fuzz/)"; exit 1
+# ---- fuzzing (tests/fuzz/): libFuzzer targets built with clang, ASan and UBSan ----
+FUZZ_CC ?= clang
+FUZZ_DIR := build/fuzz
+FUZZ_TARGETS := frame rpc config
+FUZZ_SECONDS ?= 60
+FUZZ_FLAGS := -g -O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
+FUZZ_BINS := $(addprefix $(FUZZ_DIR)/fuzz-,$(FUZZ_TARGETS))
+fuzz_obj = $(patsubst %.c,$(FUZZ_DIR)/obj/%.o,$(1))
+
+$(FUZZ_DIR)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(call say,CC,$<)$(FUZZ_CC) $(WARN) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link $(CPPFLAGS_BASE) \
+	    $(PKG_CFLAGS) -c $< -o $@
+
+# kept between builds (make would delete them as intermediates of the pattern rule)
+.SECONDARY: $(call fuzz_obj,$(CORE_SRC) $(addprefix tests/fuzz/fuzz_,$(addsuffix .c,$(FUZZ_TARGETS))))
+
+$(FUZZ_DIR)/fuzz-%: $(call fuzz_obj,tests/fuzz/fuzz_%.c) $(call fuzz_obj,$(CORE_SRC))
+	$(call say,LD,$@)$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer -o $@ $^ $(LIBS_ALL)
+
+# fuzz_run SECONDS: run every target that long from its seed corpus (tests/fuzz/corpus/T);
+# new inputs go to build/fuzz/work-T, a crash, leak or timeout fails with its input saved
+# in build/fuzz/ (copy it into the corpus once fixed: it stays a regression input)
+define fuzz_run
+	@set -e; for t in $(FUZZ_TARGETS); do \
+	    mkdir -p $(FUZZ_DIR)/work-$$t; \
+	    echo "fuzz-$$t: $(1) s from tests/fuzz/corpus/$$t"; \
+	    $(FUZZ_DIR)/fuzz-$$t -max_total_time=$(1) -timeout=10 -rss_limit_mb=2048 \
+	        -artifact_prefix=$(FUZZ_DIR)/$$t- -print_final_stats=1 \
+	        $(FUZZ_DIR)/work-$$t tests/fuzz/corpus/$$t 2>$(FUZZ_DIR)/fuzz-$$t.log \
+	        || { tail -40 $(FUZZ_DIR)/fuzz-$$t.log; exit 1; }; \
+	    grep -h "stat::number_of_executed_units" $(FUZZ_DIR)/fuzz-$$t.log; \
+	done
+endef
+
+fuzz: deps $(FUZZ_BINS)
+	$(call fuzz_run,$(FUZZ_SECONDS))
+
+# make test's share: about 30 s per target
+test-fuzz: $(FUZZ_BINS)
+	$(call fuzz_run,30)
 
 # ---- install ----
 install: all

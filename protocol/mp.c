@@ -293,8 +293,10 @@ mp_hole_find(const struct mp_reader *r, size_t off, size_t *passed)
 static inline void
 mp_hole_drop(struct mp_reader *r, size_t n)
 {
-    r->holes += n;
-    r->nholes -= n;
+    if (n > 0) {                /* holes may be NULL: not even + 0 on it */
+        r->holes += n;
+        r->nholes -= n;
+    }
 }
 
 /*

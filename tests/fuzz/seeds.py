@@ -1,0 +1,94 @@
+"""Writes the seed corpora of tests/fuzz/ (run from the repository root with Debian's
+/usr/bin/python3; the files are committed, so this only needs running to change them).
+
+frame/ and rpc/ get the hostile vectors every msgpack reader here must survive (a
+map, array or bin declaring 2^32-1 entries or bytes: dd ff ff ff ff, df ff ff ff ff,
+c6 ff ff ff ff; 10,000-deep nested arrays; long chains of huge counts) next to valid
+requests of every method, so the fuzzer starts from both sides of the line. config/
+gets the shipped config file and a few files of edge cases. frame/ inputs begin with
+one byte that picks how the target feeds the rest (see fuzz_frame.c).
+"""
+
+import os
+
+import msgpack
+
+ROOT = "tests/fuzz/corpus"
+
+
+def req(msgid, method, params):
+    return msgpack.packb([0, msgid, method, params], use_bin_type=True)
+
+
+HOSTILE = {
+    "map32-huge": bytes.fromhex("ddffffffff"),
+    "array32-huge": bytes.fromhex("dfffffffff"),
+    "bin32-huge": bytes.fromhex("c6ffffffff"),
+    "deep-10000": b"\x91" * 10000 + b"\xc0",
+    "huge-count-chain": bytes.fromhex("dcffff") * 2000,
+    "map16-chain": bytes.fromhex("deffff") * 2000,
+    "str32-huge": bytes.fromhex("dbffffffff") + b"x" * 64,
+    "request-with-huge-bin": bytes.fromhex("9400") + b"\x01" + bytes.fromhex("a3707574")
+    + bytes.fromhex("92c4036b6579c6ffffffff"),
+}
+
+REQUESTS = [
+    req(1, "ping", []),
+    req(2, "hello", [{"tenant": "a"}]),
+    req(3, "put", [b"key", b"value"]),
+    req(4, "batch_put", [[b"a", b"b"], [b"1" * 100, b""], {"durable": False}]),
+    req(5, "get", [b"key"]),
+    req(6, "batch_get", [[b"a", b"b", b"zz"]]),
+    req(7, "batch_is_exist", [[b"a", "b"]]),
+    req(8, "prefix_match", [[b"a", b"b", b"c", b"d"], {"group_size": 2}]),
+    req(9, "batch_get_size", [[b"a"]]),
+    req(10, "batch_remove", [[b"a"], {"force": True}]),
+    req(11, "pin", [[b"b"], "hard"]),
+    req(12, "unpin", [[b"b"]]),
+    req(13, "remove_all", [{}]),
+    req(14, "stats", []),
+    req(15, "batch_get_into", [[b"a"], [[[1, 0, 4096]]]]),
+    req(16, "batch_put_from", [[b"n"], [[[1, 0, 10], [1, 10, 10]]]]),
+    req(17, "register_buffer", [{"size": 4096}]),
+    req(18, "put_start", [[b"p"], [100]]),
+    req(19, "get_replica_list", [[b"a"]]),
+    req(20, "rdma_connect", [b"\0" * 30]),
+    req(21, "no_such_method", []),
+    msgpack.packb([2, "note", []]),
+]
+
+CONFIGS = {
+    "edges.conf": b"memory_size 4GiB\nlease_ttl_ms 1500ms\neviction_low_watermark 0.5\n"
+                  b"# comment\n\nlog_level debug\nmax_batch 1\n",
+    "bad.conf": b"no_such_key 1\nmemory_size 12x\n",
+    "quotes.conf": b'unix_socket "/tmp/a b.sock"\nssd_dir ""\nrdma required\n',
+    "long.conf": b"log_file " + b"a" * 5000 + b"\n",
+}
+
+
+def write(sub, name, data):
+    os.makedirs(os.path.join(ROOT, sub), exist_ok=True)
+    with open(os.path.join(ROOT, sub, name), "wb") as f:
+        f.write(data)
+
+
+def main():
+    for name, data in HOSTILE.items():
+        write("frame", name, b"\x06" + data)          # fed all at once
+        write("frame", name + "-bytewise", b"\x00" + data)
+        write("rpc", name, data)
+    allreq = b"".join(REQUESTS)
+    write("frame", "requests", b"\x03" + allreq)
+    write("frame", "requests-spill", b"\x86" + allreq)
+    for i, r in enumerate(REQUESTS):
+        write("rpc", f"request-{i:02d}", r)
+    write("rpc", "requests-all", allreq)
+    with open("conf/kvstashd.conf", "rb") as f:
+        write("config", "kvstashd.conf", f.read())
+    for name, data in CONFIGS.items():
+        write("config", name, data)
+    write("config", "flag", b"memory_size=64m")
+
+
+if __name__ == "__main__":
+    main()
