@@ -11,12 +11,14 @@
 #include "config.h"
 
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -44,6 +46,7 @@ enum conf_type {
     CONF_T_DOUBLE,   /* double in (dmin, dmax] */
     CONF_T_ENUM,     /* int, the index of its name in names[] (case-insensitive) */
     CONF_T_BOOL,     /* int 0/1: on/off, yes/no, true/false, 1/0 (case-insensitive) */
+    CONF_T_TENANTS,  /* struct conf_tenants; each line adds (or replaces) one, "" clears */
 };
 
 /* An extra check for a string option: NULL if value is acceptable, else the reason. */
@@ -188,6 +191,13 @@ static const struct conf_option conf_options[] = {
     OPT_ENUM(log_level,                 conf_log_level_names,    "log level", "info",     RELOAD),
     /*         name                     default           reload   extra check */
     OPT_STRING(log_file,                "",               RELOAD,  NULL),
+    /*       name                       default  reload */
+    OPT_BOOL(require_auth,              "no",    RELOAD),
+    OPT_BOOL(allow_unauthenticated_remote, "no", RELOAD),
+    /*         name                     default           reload   extra check */
+    OPT_STRING(token_file,              "",               RELOAD,  NULL),
+    {.name = "tenant", .type = CONF_T_TENANTS, .offset = offsetof(struct kv_config, tenants),
+     .def = "", .reloadable = RELOAD},
 };
 /* clang-format on */
 
@@ -247,6 +257,8 @@ conf_field_size(const struct conf_option *o)
     case CONF_T_ENUM:
     case CONF_T_BOOL:
         return sizeof(int);
+    case CONF_T_TENANTS:
+        return sizeof(struct conf_tenants);
     case CONF_T_SIZE:
     case CONF_T_DURATION:
     case CONF_T_UINT:
@@ -590,6 +602,141 @@ conf_name_index(const char *s, const char *const *names, size_t n)
     return -1;
 }
 
+uint32_t
+conf_tenant_id(const char *name, size_t len)
+{
+    uint32_t h = 2166136261u;           /* FNV-1a */
+
+    for (size_t i = 0; i < len; i++) {
+        h = (h ^ (uint8_t)name[i]) * 16777619u;
+    }
+    return h != 0 ? h : 1;
+}
+
+const struct conf_tenant *
+conf_tenant_find(const struct kv_config *c, const char *name, size_t len)
+{
+    for (uint32_t i = 0; i < c->tenants.n; i++) {
+        const struct conf_tenant *t = &c->tenants.t[i];
+
+        if (strlen(t->name) == len && memcmp(t->name, name, len) == 0) {
+            return t;
+        }
+    }
+    return NULL;
+}
+
+/* conf_hex: 2n hex digits at s into out[0..n). 0 or -1. */
+static int
+conf_hex(const char *s, size_t slen, uint8_t *out, size_t n)
+{
+    if (slen != 2 * n) {
+        return -1;
+    }
+    for (size_t i = 0; i < 2 * n; i++) {
+        int v = isdigit((unsigned char)s[i]) ? s[i] - '0'
+                : isxdigit((unsigned char)s[i]) ? tolower((unsigned char)s[i]) - 'a' + 10
+                                                : -1;
+
+        if (v < 0) {
+            return -1;
+        }
+        out[i / 2] = (uint8_t)(i % 2 == 0 ? v << 4 : out[i / 2] | v);
+    }
+    return 0;
+}
+
+/*
+ * conf_tenant_store: a tenant line's value, "NAME token_sha256=HEX
+ * [memory_quota=SIZE] [ssd_quota=SIZE]", added to ts (replacing a tenant of
+ * the same name), or "" to clear them all. 0, or -1 with why.
+ */
+static int
+conf_tenant_store(void *field, const char *text, char *why, size_t whylen)
+{
+    struct conf_tenants *ts = field;
+    struct conf_tenant t;
+    const char *p = text;
+    size_t n;
+    bool have_token = false;
+
+    if (*text == '\0') {
+        memset(ts, 0, sizeof(*ts));
+        return 0;
+    }
+    memset(&t, 0, sizeof(t));
+    n = strcspn(p, " \t");
+    if (n == 0 || n >= CONF_TENANT_NAME_MAX) {
+        snprintf(why, whylen, "a tenant needs a name of 1 to %d bytes", CONF_TENANT_NAME_MAX - 1);
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (!isalnum((unsigned char)p[i]) && p[i] != '_' && p[i] != '-' && p[i] != '.') {
+            snprintf(why, whylen, "bad tenant name (use letters, digits, _ - .)");
+            return -1;
+        }
+    }
+    memcpy(t.name, p, n);
+    t.id = conf_tenant_id(p, n);
+    for (p += n; *p != '\0';) {
+        const char *eq;
+        size_t vn;
+        char val[80];
+
+        p += strspn(p, " \t");
+        n = strcspn(p, " \t");
+        if (n == 0) {
+            break;
+        }
+        eq = memchr(p, '=', n);
+        vn = eq != NULL ? (size_t)(p + n - eq - 1) : 0;
+        if (eq == NULL || vn == 0 || vn >= sizeof(val)) {
+            snprintf(why, whylen, "tenant attributes are name=value (token_sha256=, "
+                     "memory_quota=, ssd_quota=)");
+            return -1;
+        }
+        memcpy(val, eq + 1, vn);
+        val[vn] = '\0';
+        if ((size_t)(eq - p) == 12 && memcmp(p, "token_sha256", 12) == 0) {
+            if (conf_hex(val, vn, t.token_sha256, sizeof(t.token_sha256)) != 0) {
+                snprintf(why, whylen, "token_sha256 must be 64 hex digits (sha256sum of the token)");
+                return -1;
+            }
+            have_token = true;
+        } else if ((size_t)(eq - p) == 12 && memcmp(p, "memory_quota", 12) == 0) {
+            if (conf_size_parse(val, &t.memory_quota) != 0) {
+                snprintf(why, whylen, "bad memory_quota (use e.g. 512m, 4g)");
+                return -1;
+            }
+        } else if ((size_t)(eq - p) == 9 && memcmp(p, "ssd_quota", 9) == 0) {
+            if (conf_size_parse(val, &t.ssd_quota) != 0) {
+                snprintf(why, whylen, "bad ssd_quota (use e.g. 100g)");
+                return -1;
+            }
+        } else {
+            snprintf(why, whylen, "unknown tenant attribute '%.*s'", (int)(eq - p), p);
+            return -1;
+        }
+        p += n;
+    }
+    if (!have_token) {
+        snprintf(why, whylen, "a tenant needs token_sha256=<64 hex digits>");
+        return -1;
+    }
+    for (uint32_t i = 0; i < ts->n; i++) {
+        if (strcmp(ts->t[i].name, t.name) == 0) {
+            ts->t[i] = t;
+            return 0;
+        }
+    }
+    if (ts->n == CONF_MAX_TENANTS) {
+        snprintf(why, whylen, "too many tenants (max %d)", CONF_MAX_TENANTS);
+        return -1;
+    }
+    ts->t[ts->n++] = t;
+    return 0;
+}
+
 /*
  * Parse text (already unquoted) as option o and store it in c. On failure c is unchanged
  * and why holds the reason, without the key or source.
@@ -666,6 +813,8 @@ conf_store(struct kv_config *c, const struct conf_option *o, const char *text, c
         rc = conf_uint_parse(text, &u);
         reason = "bad number (use a whole number, e.g. 1024)";
         break;
+    case CONF_T_TENANTS:
+        return conf_tenant_store(conf_field(c, o), text, why, whylen);
     default:
         snprintf(why, whylen, "internal error: option type %d", (int)o->type);
         return -1;
@@ -873,11 +1022,23 @@ conf_parse_line(struct kv_config *c, const char *line, const char *where, char *
         conf_error(err, errlen, where, key, keylen, "missing value (write \"\" for an empty one)");
         return -1;
     }
-    if (conf_scan_value(p, &end, value, sizeof(value), &reason) != 0) {
+    if (keylen == 6 && memcmp(key, "tenant", 6) == 0 && *p != '"') {
+        /* A tenant line's value is the rest of the line: NAME attr=value ... */
+        size_t vn = strcspn(p, "#");
+
+        while (vn > 0 && conf_is_space(p[vn - 1])) {
+            vn--;
+        }
+        memcpy(value, p, vn);       /* vn < the line's length <= CONF_LINE_MAX */
+        value[vn] = '\0';
+        end = p + vn;
+        p = end + strlen(end);
+    } else if (conf_scan_value(p, &end, value, sizeof(value), &reason) != 0) {
         conf_error(err, errlen, where, key, strlen(key), reason);
         return -1;
+    } else {
+        p = end;
     }
-    p = end;
     if (*p != '\0' && !conf_is_space(*p)) {
         conf_error(err, errlen, where, key, strlen(key), "unexpected text after the closing quote");
         return -1;
@@ -995,11 +1156,96 @@ conf_data_dir_path(const struct kv_config *c, const char *name, char *out, size_
     return len < 0 || (size_t)len >= max || (size_t)len >= CONF_STR_MAX ? -1 : 0;
 }
 
+/* conf_listen_is_loopback: listen's host is 127.x.x.x, ::1 or localhost (or TCP is off). */
+static bool
+conf_listen_is_loopback(const char *listen)
+{
+    return listen[0] == '\0' || strncmp(listen, "127.", 4) == 0
+           || strncmp(listen, "[::1]:", 6) == 0 || strncmp(listen, "localhost:", 10) == 0;
+}
+
+/*
+ * conf_finalize_tenants: c's tenants with token_file's added (the file must
+ * be 0600 or stricter and hold only tenant lines) into *out, and the auth
+ * rules checked: namespaces that do not collide, require_auth with at least
+ * one tenant, and a listener off loopback only with require_auth (or
+ * allow_unauthenticated_remote). 0, or -1 with err.
+ */
+static int
+conf_finalize_tenants(const struct kv_config *c, struct conf_tenants *out, char *err,
+                      size_t errlen)
+{
+    *out = c->tenants;
+    if (c->token_file[0] != '\0') {
+        struct kv_config tf, dflt;
+        struct conf_tenants got;
+        struct stat st;
+
+        if (stat(c->token_file, &st) != 0) {
+            conf_errorf(err, errlen, "token_file %s: %s", c->token_file, strerror(errno));
+            return -1;
+        }
+        if (!S_ISREG(st.st_mode) || (st.st_mode & 077) != 0) {
+            conf_errorf(err, errlen, "token_file %s: must be a regular file that only its owner "
+                        "can read (chmod 600)", c->token_file);
+            return -1;
+        }
+        conf_init(&tf);
+        conf_init(&dflt);
+        if (conf_load_file(&tf, c->token_file, err, errlen) != 0) {
+            return -1;
+        }
+        got = tf.tenants;
+        tf.tenants = dflt.tenants;  /* only tenant lines may differ from the defaults */
+        if (conf_diff(&tf, &dflt, NULL, NULL) != 0) {
+            conf_errorf(err, errlen, "token_file %s: only tenant lines belong there",
+                        c->token_file);
+            return -1;
+        }
+        for (uint32_t i = 0; i < got.n; i++) {
+            uint32_t k = 0;
+
+            while (k < out->n && strcmp(out->t[k].name, got.t[i].name) != 0) {
+                k++;
+            }
+            if (k == CONF_MAX_TENANTS) {
+                conf_errorf(err, errlen, "too many tenants (max %d)", CONF_MAX_TENANTS);
+                return -1;
+            }
+            out->t[k] = got.t[i];
+            out->n += k == out->n;
+        }
+    }
+    for (uint32_t i = 0; i < out->n; i++) {
+        for (uint32_t k = i + 1; k < out->n; k++) {
+            if (out->t[i].id == out->t[k].id) {
+                conf_errorf(err, errlen, "tenants %s and %s would share a namespace (their "
+                            "names hash alike): rename one", out->t[i].name, out->t[k].name);
+                return -1;
+            }
+        }
+    }
+    if (c->require_auth && out->n == 0) {
+        conf_errorf(err, errlen, "require_auth yes needs at least one tenant line "
+                    "(tenant NAME token_sha256=HEX)");
+        return -1;
+    }
+    if (!conf_listen_is_loopback(c->listen) && !c->require_auth
+        && !c->allow_unauthenticated_remote) {
+        conf_errorf(err, errlen, "listen %s is not a loopback address: anyone who can reach it "
+                    "could read and write every object; set require_auth yes (with tenant "
+                    "lines), or allow_unauthenticated_remote yes to accept that", c->listen);
+        return -1;
+    }
+    return 0;
+}
+
 int
 conf_finalize(struct kv_config *c, char *err, size_t errlen)
 {
     char a[32], b[32], d[32];
     char sock[CONF_STR_MAX], ssd[CONF_STR_MAX];
+    struct conf_tenants tenants;
     uint64_t need;
 
     if (conf_check_watermarks(c->eviction_low_watermark, c->eviction_high_watermark,
@@ -1044,7 +1290,11 @@ conf_finalize(struct kv_config *c, char *err, size_t errlen)
     } else {
         snprintf(ssd, sizeof(ssd), "%s", c->ssd_dir);
     }
+    if (conf_finalize_tenants(c, &tenants, err, errlen) != 0) {
+        return -1;
+    }
     /* Every check passed: now derive, so a failed finalize leaves c as it was. */
+    c->tenants = tenants;
     memcpy(c->unix_socket, sock, sizeof(sock));
     memcpy(c->ssd_dir, ssd, sizeof(ssd));
     if (c->io_threads == 0) {
@@ -1080,6 +1330,7 @@ conf_field_equal(const struct conf_option *o, const struct kv_config *a,
     case CONF_T_UINT:
     case CONF_T_ENUM:
     case CONF_T_BOOL:
+    case CONF_T_TENANTS:        /* unused entries are zeroed: bytes compare */
         break;
     }
     return memcmp(fa, fb, conf_field_size(o)) == 0;
@@ -1180,6 +1431,26 @@ conf_out_value(struct conf_out *out, const char *s)
  * Returns the length of the whole dump, like snprintf: a result >= len means buf was too
  * small and holds a truncated, NUL-terminated prefix.
  */
+/* conf_dump_tenants: `tenant ""` (which clears), then one line per tenant. */
+static void
+conf_dump_tenants(struct conf_out *out, const struct conf_tenants *ts)
+{
+    conf_out_str(out, "tenant \"\"\n");
+    for (uint32_t i = 0; i < ts->n; i++) {
+        const struct conf_tenant *t = &ts->t[i];
+        char hex[2 * sizeof(t->token_sha256) + 1];
+        char line[CONF_TENANT_NAME_MAX + sizeof(hex) + 128];
+
+        for (size_t k = 0; k < sizeof(t->token_sha256); k++) {
+            snprintf(hex + 2 * k, 3, "%02x", t->token_sha256[k]);
+        }
+        snprintf(line, sizeof(line), "tenant %s token_sha256=%s memory_quota=%llu ssd_quota=%llu\n",
+                 t->name, hex, (unsigned long long)t->memory_quota,
+                 (unsigned long long)t->ssd_quota);
+        conf_out_str(out, line);
+    }
+}
+
 int
 conf_dump(const struct kv_config *c, char *buf, size_t len)
 {
@@ -1196,9 +1467,15 @@ conf_dump(const struct kv_config *c, char *buf, size_t len)
         double d;
         int v;
 
+        if (o->type == CONF_T_TENANTS) {
+            conf_dump_tenants(&out, f);
+            continue;
+        }
         conf_out_str(&out, o->name);
         conf_out_add(&out, " ", 1);
         switch (o->type) {
+        case CONF_T_TENANTS:
+            break;
         case CONF_T_STRING:
             conf_out_value(&out, f);
             break;

@@ -29,6 +29,24 @@ enum conf_ssd_eviction { CONF_SSD_FIFO = 0, CONF_SSD_LRU = 1 };
 enum conf_ssd_offload { CONF_SSD_ON_EVICT = 0, CONF_SSD_WRITE_THROUGH = 1, CONF_SSD_OFF = 2 };
 enum conf_rdma { CONF_RDMA_OFF = 0, CONF_RDMA_AUTO = 1, CONF_RDMA_REQUIRED = 2 };
 
+#define CONF_MAX_TENANTS 64
+#define CONF_TENANT_NAME_MAX 64
+#define CONF_ADMIN_TENANT "admin"      /* the tenant that sees every tenant's stats */
+
+/* A tenant (a `tenant` line): name, the SHA-256 of its token, quotas (0 = none). */
+struct conf_tenant {
+    char name[CONF_TENANT_NAME_MAX];
+    uint8_t token_sha256[32];
+    uint64_t memory_quota;
+    uint64_t ssd_quota;
+    uint32_t id;                      /* conf_tenant_id(name): its keys' namespace */
+};
+
+struct conf_tenants {
+    uint32_t n;
+    struct conf_tenant t[CONF_MAX_TENANTS];
+};
+
 struct kv_config {
     char listen[CONF_STR_MAX];        /* host:port; "" disables TCP. default 127.0.0.1:7431 */
     char unix_socket[CONF_STR_MAX];   /* path; "" before finalize = <data_dir>/kvstashd.sock; "none" disables */
@@ -62,7 +80,23 @@ struct kv_config {
     uint64_t rdma_gid_index;          /* GID table index; default 0 */
     int log_level;                    /* enum conf_log_level; default info */
     char log_file[CONF_STR_MAX];      /* "" = stderr */
+    int require_auth;                 /* 1: hello {tenant, token} before anything but ping */
+    int allow_unauthenticated_remote; /* 1: a non-loopback listen may go without require_auth */
+    char token_file[CONF_STR_MAX];    /* "" or a 0600 file of more tenant lines */
+    struct conf_tenants tenants;      /* tenant lines (repeatable), then token_file's */
 };
+
+/*
+ * conf_tenant_id: the namespace of tenant `name` (len bytes): a 32-bit hash,
+ * never 0 (the namespace of connections that did not authenticate). Stable
+ * across restarts, since objects on SSD carry it; conf_finalize refuses two
+ * tenants whose ids collide.
+ */
+uint32_t conf_tenant_id(const char *name, size_t len);
+
+/* conf_tenant_find: the tenant called name[0..len) in c, or NULL. */
+const struct conf_tenant *conf_tenant_find(const struct kv_config *c, const char *name,
+                                           size_t len);
 
 /* conf_init: fill c with every default from the option table. */
 void conf_init(struct kv_config *c);

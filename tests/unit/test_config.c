@@ -5,6 +5,7 @@
  * conf/kvstashd.conf is parsed and compared with the built-in defaults.
  */
 #include <criterion/criterion.h>
+#include <sys/stat.h>
 
 #include <errno.h>
 #include <pthread.h>
@@ -146,6 +147,10 @@ static const char *const changed_values[][2] = {
     {"rdma_gid_index", "3"},
     {"log_level", "debug"},
     {"log_file", "/tmp/kvstash-test.log"},
+    {"require_auth", "yes"},
+    {"allow_unauthenticated_remote", "yes"},
+    {"token_file", "/tmp/kvstash-test.tokens"},
+    {"tenant", "team-a token_sha256=9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"},
 };
 #define N_CHANGED (sizeof(changed_values) / sizeof(changed_values[0]))
 
@@ -155,7 +160,8 @@ static const char *const reloadable_keys[] = {
     "max_value_size",  "max_batch",        "max_message_size",    "max_connections",
     "client_output_limit", "shutdown_timeout_ms", "eviction_high_watermark",
     "eviction_low_watermark", "ssd_bucket_size", "ssd_eviction", "ssd_high_watermark",
-    "ssd_low_watermark", "ssd_offload", "ssd_promote", NULL,
+    "ssd_low_watermark", "ssd_offload", "ssd_promote", "require_auth",
+    "allow_unauthenticated_remote", "token_file", "tenant", NULL,
 };
 
 static bool
@@ -749,7 +755,7 @@ Test(config, apply_reloadable_copies_only_reloadable_keys)
     }
     /* ...and what changed from before is exactly the reloadable ones. */
     d.n = 0;
-    cr_expect_eq(conf_diff(&before, &running, diff_collect, &d), 19);
+    cr_expect_eq(conf_diff(&before, &running, diff_collect, &d), 23);
     for (int i = 0; i < d.n; i++) {
         cr_expect(d.reloadable[i], "%s needs a restart but was applied", d.keys[i]);
     }
@@ -1293,4 +1299,109 @@ Test(config, rdma_keys_and_defaults)
     cr_assert_eq(conf_set(&c, "rdma_device", "mlx5_0", "t", err, sizeof(err)), 0, "%s", err);
     cr_expect_str_eq(c.rdma_device, "mlx5_0");
     cr_expect_eq(conf_set(&c, "rdma_gid_index", "256", "t", err, sizeof(err)), -1);
+}
+
+/* ---- tenants and authentication ---- */
+
+#define HASH_A "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08" /* "test" */
+#define HASH_B "60303ae22b998861bce3b28f33eec1be758a213c86c93c076dbe9f558c11c752" /* "test2" */
+
+Test(config, tenant_lines_accumulate_and_dump_back, .init = tmp_setup, .fini = tmp_teardown)
+{
+    struct kv_config c, back;
+    static char dump[1 << 16];
+    char path[256], err[512];
+    const struct conf_tenant *t;
+
+    conf_init(&c);
+    write_file("t.conf",
+               "require_auth yes\n"
+               "tenant team-a token_sha256=" HASH_A " memory_quota=512m\n"
+               "tenant team_b token_sha256=" HASH_B "   # a comment\n"
+               "tenant admin token_sha256=" HASH_A " ssd_quota=1g\n",
+               path, sizeof(path));
+    cr_assert_eq(conf_load_file(&c, path, err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(conf_finalize(&c, err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(c.tenants.n, 3);
+    t = conf_tenant_find(&c, "team-a", 6);
+    cr_assert_not_null(t);
+    cr_assert_eq(t->memory_quota, 512ull << 20);
+    cr_assert_eq(t->token_sha256[0], 0x9f);
+    cr_assert_eq(t->id, conf_tenant_id("team-a", 6));
+    cr_assert_neq(t->id, 0);
+    cr_assert_null(conf_tenant_find(&c, "team", 4));
+    cr_assert_eq(conf_tenant_find(&c, "admin", 5)->ssd_quota, 1ull << 30);
+    /* the same name again replaces; "" clears */
+    cr_assert_eq(conf_set(&c, "tenant", "team-a token_sha256=" HASH_B, "t", err, sizeof(err)), 0);
+    cr_assert_eq(c.tenants.n, 3);
+    cr_assert_eq(conf_tenant_find(&c, "team-a", 6)->memory_quota, 0);
+    cr_assert_gt(conf_dump(&c, dump, sizeof(dump)), 0);
+    write_file("dump.conf", dump, path, sizeof(path));
+    conf_init(&back);
+    cr_assert_eq(conf_load_file(&back, path, err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(conf_finalize(&back, err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(conf_diff(&c, &back, NULL, NULL), 0, "a dump does not load back the same");
+    cr_assert_eq(conf_set(&c, "tenant", "", "t", err, sizeof(err)), 0);
+    cr_assert_eq(c.tenants.n, 0);
+}
+
+Test(config, tenant_lines_refused_with_a_reason)
+{
+    static const char *const bad[][2] = {
+        {"team", "a token_sha256= and no value"},
+        {"x token_sha256=12", "64 hex"},
+        {"x token_sha256=" HASH_A " colour=red", "unknown tenant attribute 'colour'"},
+        {"x memory_quota=1g", "needs token_sha256"},
+        {"bad/name token_sha256=" HASH_A, "bad tenant name"},
+        {"x token_sha256=" HASH_A " memory_quota=lots", "bad memory_quota"},
+    };
+    struct kv_config c;
+    char err[512];
+
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        conf_init(&c);
+        err[0] = '\0';
+        cr_expect_neq(conf_set(&c, "tenant", bad[i][0], NULL, err, sizeof(err)), 0, "%s",
+                      bad[i][0]);
+        if (i > 0) {
+            cr_expect_not_null(strstr(err, bad[i][1]), "'%s': %s", bad[i][0], err);
+        }
+        cr_expect_eq(c.tenants.n, 0, "a refused line must add nothing");
+    }
+}
+
+Test(config, remote_listen_needs_auth, .init = tmp_setup, .fini = tmp_teardown)
+{
+    struct kv_config c;
+    char err[512], path[256];
+
+    conf_init(&c);
+    cr_assert_eq(conf_set(&c, "listen", "0.0.0.0:7431", NULL, err, sizeof(err)), 0);
+    cr_assert_neq(conf_finalize(&c, err, sizeof(err)), 0);
+    cr_expect_not_null(strstr(err, "not a loopback address"), "%s", err);
+    cr_expect_not_null(strstr(err, "require_auth yes"), "%s", err);
+    cr_assert_eq(conf_set(&c, "require_auth", "yes", NULL, err, sizeof(err)), 0);
+    cr_assert_neq(conf_finalize(&c, err, sizeof(err)), 0);
+    cr_expect_not_null(strstr(err, "at least one tenant"), "%s", err);
+    /* tenants from a token file, which must be private */
+    write_file("tokens", "tenant a token_sha256=" HASH_A "\n", path, sizeof(path));
+    cr_assert_eq(chmod(path, 0644), 0);
+    cr_assert_eq(conf_set(&c, "token_file", path, NULL, err, sizeof(err)), 0);
+    cr_assert_neq(conf_finalize(&c, err, sizeof(err)), 0);
+    cr_expect_not_null(strstr(err, "chmod 600"), "%s", err);
+    cr_assert_eq(chmod(path, 0600), 0);
+    cr_assert_eq(conf_finalize(&c, err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(c.tenants.n, 1);
+    cr_assert_not_null(conf_tenant_find(&c, "a", 1));
+    /* only tenant lines in a token file */
+    write_file("tokens2", "memory_size 2g\n", path, sizeof(path));
+    cr_assert_eq(chmod(path, 0600), 0);
+    cr_assert_eq(conf_set(&c, "token_file", path, NULL, err, sizeof(err)), 0);
+    cr_assert_neq(conf_finalize(&c, err, sizeof(err)), 0);
+    cr_expect_not_null(strstr(err, "only tenant lines"), "%s", err);
+    /* or the explicit waiver */
+    conf_init(&c);
+    cr_assert_eq(conf_set(&c, "listen", "0.0.0.0:7431", NULL, err, sizeof(err)), 0);
+    cr_assert_eq(conf_set(&c, "allow_unauthenticated_remote", "yes", NULL, err, sizeof(err)), 0);
+    cr_assert_eq(conf_finalize(&c, err, sizeof(err)), 0, "%s", err);
 }
