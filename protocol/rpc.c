@@ -14,11 +14,14 @@
 
 #include <errno.h>
 #include <msgpack.h>
+#include <openssl/crypto.h>
+#include <openssl/sha.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "config.h"
 #include "kverr.h"
 #include "mp.h"
 #include "outq.h"
@@ -221,6 +224,18 @@ rpc_opts_read(struct rpc_req *rq, uint32_t idx, struct rpc_opts *o)
                 return rpc_invalid(rq, "opts.transport must be \"shm\" or \"rdma\"");
             }
             o->rdma = mp_str_eq(t, tl, "rdma");
+        } else if (mp_str_eq(name, nlen, "tenant")) {
+            if (mp_read_str(&rq->rd, &o->tenant, &o->tenant_len) != 0) {
+                return rpc_invalid(rq, "opts.tenant must be a string");
+            }
+        } else if (mp_str_eq(name, nlen, "token")) {
+            const struct mp_hole *th;
+            uint64_t tl;
+
+            if (mp_read_key_ref(&rq->rd, &o->token, &tl, &th) != 0 || th != NULL) {
+                return rpc_invalid(rq, "opts.token must be a str or bin");
+            }
+            o->token_len = (uint32_t)tl;
         } else if (mp_str_eq(name, nlen, "rdma")) {
             if (mp_read_bool(&rq->rd, &o->want_qp) != 0) {
                 return rpc_invalid(rq, "opts.rdma must be a bool");
@@ -287,6 +302,52 @@ rpc_pack_kv_uint(msgpack_packer *pk, const char *k, uint64_t v)
     msgpack_pack_uint64(pk, v);
 }
 
+bool
+rpc_shared_view(const struct rpc_ctx *ctx)
+{
+    return ctx->lim->tenants == NULL || ctx->lim->tenants->n == 0 || ctx->admin;
+}
+
+/*
+ * rpc_authenticate: hello {tenant, token}: the SHA-256 of the token against
+ * the tenant's, compared in constant time (an unknown tenant costs the same
+ * work, so the answer's timing tells nothing). On success the connection's
+ * keys live in the tenant's namespace from now on.
+ */
+static int
+rpc_authenticate(struct rpc_req *rq, const struct rpc_opts *o)
+{
+    static const uint8_t nobody[SHA256_DIGEST_LENGTH];
+    struct rpc_ctx *ctx = rq->ctx;
+    const struct conf_tenants *ts = ctx->lim->tenants;
+    const struct conf_tenant *t = NULL;
+    uint8_t digest[SHA256_DIGEST_LENGTH];
+    bool ok;
+
+    for (uint32_t i = 0; ts != NULL && i < ts->n; i++) {
+        if (strlen(ts->t[i].name) == o->tenant_len
+            && memcmp(ts->t[i].name, o->tenant, o->tenant_len) == 0) {
+            t = &ts->t[i];
+        }
+    }
+    SHA256(o->token != NULL ? o->token : nobody, o->token_len, digest);
+    ok = CRYPTO_memcmp(digest, t != NULL ? t->token_sha256 : nobody, sizeof(digest)) == 0
+         && t != NULL && o->token != NULL && !ctx->auth_blocked;
+    if (!ok) {
+        ctx->auth_failures++;
+        rq->errmsg = ctx->auth_blocked ? "too many failed attempts from this address: wait"
+                                       : "unknown tenant or wrong token";
+        return KV_UNAUTHORIZED;
+    }
+    if (ctx->authed && ctx->tenant != t->id) {
+        return rpc_invalid(rq, "this connection is authenticated as another tenant already");
+    }
+    ctx->tenant = t->id;
+    ctx->authed = true;
+    ctx->admin = strcmp(t->name, CONF_ADMIN_TENANT) == 0;
+    return 0;
+}
+
 static int
 rpc_hello(struct rpc_req *rq)
 {
@@ -302,6 +363,9 @@ rpc_hello(struct rpc_req *rq)
         return rpc_invalid(rq, "hello opts must be a map");
     }
     rc = rpc_opts_read(rq, 0, &opts);
+    if (rc == 0 && opts.tenant != NULL) {
+        rc = rpc_authenticate(rq, &opts);
+    }
     if (rc == 0 && opts.want_qp) {
         rc = rpc_rdma_hello(rq);
     }
@@ -1150,6 +1214,17 @@ rpc_stats(struct rpc_req *rq)
     if (rc != 0) {
         return rc;
     }
+    if (!rpc_shared_view(rq->ctx)) {
+        /* A tenant sees its own namespace only. */
+        uint64_t objects = 0, bytes = 0;
+
+        store_tenant_usage(srv->store, rq->ctx->tenant, &objects, &bytes);
+        rpc_reply_head(rq);
+        msgpack_pack_map(&rq->pk, 2);
+        rpc_pack_kv_uint(&rq->pk, "tenant_objects", objects);
+        rpc_pack_kv_uint(&rq->pk, "tenant_value_bytes", bytes);
+        return 0;
+    }
     int n = srv->stats_fn != NULL ? srv->stats_fn(srv->stats_arg, names, values, RPC_STATS_MAX)
                                   : 0;
     rpc_reply_head(rq);
@@ -1258,6 +1333,12 @@ rpc_dispatch(struct rpc_ctx *ctx, const uint8_t *msg, size_t len, const struct m
         goto done;
     }
     ctr_add(&ctx->ctr->ops[m], 1);
+    if (ctx->lim->require_auth && !ctx->authed && m != RPC_PING && m != RPC_HELLO) {
+        rpc_reply_error(&rq, KV_UNAUTHORIZED, "authenticate first: hello {tenant, token}");
+        ctr_add(&ctx->ctr->errors, 1);
+        rc = 0;
+        goto done;
+    }
     if (mp_read_array(&rq.rd, &rq.nparams) != 0) {
         rpc_reply_error(&rq, KV_INVALID_ARGUMENT, "params must be an array");
         ctr_add(&ctx->ctr->errors, 1);

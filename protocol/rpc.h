@@ -25,6 +25,7 @@ struct mp_hole;
 struct outq;
 struct rpc_deferred;
 struct rpc_resv_set;
+struct conf_tenants;
 struct rpc_rdma;
 struct rdma_cq;
 struct rdma_region;
@@ -61,6 +62,8 @@ struct rpc_limits {
     uint64_t max_message_size;
     uint64_t lease_ttl_ms;
     uint64_t put_timeout_ms;
+    bool require_auth;              /* only ping and hello before hello {tenant, token} */
+    const struct conf_tenants *tenants; /* the tenants (src/config.h); none: NULL or n == 0 */
 };
 
 /*
@@ -101,6 +104,10 @@ struct rpc_ctx {
     void *take_fd_arg;
     struct shmbuf_set *bufs;         /* buffers this connection registered (made on demand) */
     struct rpc_resv_set *resv;       /* its put_start reservations (made on demand) */
+    bool authed;                     /* hello {tenant, token} succeeded: tenant is its namespace */
+    bool admin;                      /* ... as the admin tenant */
+    bool auth_blocked;               /* its peer failed too often: hello refuses at once */
+    uint32_t auth_failures;          /* hello {tenant, token} refused on this connection */
     struct rdma_cq *rdma_cq;         /* the event loop's completion queue, or NULL */
     struct rpc_rdma *rdma;           /* its queue pair and RDMA buffers (rdma_connect) */
 };

@@ -245,6 +245,11 @@ rpc_direct_check(struct rpc_req *rq, bool rdma)
     uint8_t *base;
     uint64_t size;
 
+    if (!rpc_shared_view(rq->ctx)) {
+        rq->errmsg = "direct access to the store's memory would show other tenants' objects: "
+                     "only the admin tenant (or a daemon without tenants) has it";
+        return KV_FORBIDDEN;
+    }
     if (rdma && rpc_rdma_qp(rq->ctx) != NULL) {
         return 0;
     }

@@ -53,7 +53,18 @@ struct rpc_opts {
     const uint8_t *qp;              /* register_buffer over rdma: the client's queue-pair info */
     uint32_t qp_len;
     bool want_qp;                   /* hello {"rdma": true}: make the connection's queue pair */
+    const char *tenant;             /* hello: the tenant to authenticate as, or NULL */
+    uint32_t tenant_len;
+    const uint8_t *token;           /* hello: its token */
+    uint32_t token_len;
 };
+
+/*
+ * rpc_shared_view: the connection may see what is beyond its namespace
+ * (the whole arena, every tenant's counters): no tenants are configured, or
+ * it authenticated as the admin tenant.
+ */
+bool rpc_shared_view(const struct rpc_ctx *ctx);
 
 /* rpc_reply_head: start the success reply [1, msgid, nil, ...]; the result follows. */
 void rpc_reply_head(struct rpc_req *rq);

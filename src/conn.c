@@ -45,6 +45,7 @@
                                        tier's wake-ups usually come first) */
 #define CONN_WAIT_MAX_MS 5000       /* then it is answered with whatever is there */
 #define CONN_LOOKAHEAD_MAX (256u * 1024u) /* buffered bytes read while a get waits */
+#define CONN_PREAUTH_MAX 4096u      /* the largest message before hello {tenant, token} */
 
 struct conn {
     struct worker *w;
@@ -53,6 +54,8 @@ struct conn {
     int is_unix;
     uint64_t id;
     char peer[64];
+    char addr[INET6_ADDRSTRLEN];     /* the peer's IP address ("" on the Unix socket) */
+    uint32_t auth_seen;              /* ctx.auth_failures already accounted */
     struct event *ev_read, *ev_write;
     bool reading;                /* ev_read is armed */
     bool writing;                /* ev_write is armed */
@@ -94,6 +97,8 @@ struct conn {
 static _Atomic uint64_t conn_next_id = 1;
 
 static void conn_on_read(evutil_socket_t fd, short what, void *arg);
+static uint64_t conn_now_ms(void);
+static void conn_fail(struct conn *c, int status, const char *why);
 static void conn_on_write(evutil_socket_t fd, short what, void *arg);
 static int conn_take_fd(void *arg);
 
@@ -186,6 +191,7 @@ conn_peer_name(struct conn *c)
         port = ntohs(a->sin6_port);
     }
     snprintf(c->peer, sizeof(c->peer), "%s:%u", host, port);
+    snprintf(c->addr, sizeof(c->addr), "%s", host);
 }
 
 void
@@ -203,6 +209,77 @@ conn_refresh_limits(struct worker *w)
     w->lim.max_message_size = conf->max_message_size;
     w->lim.lease_ttl_ms = conf->lease_ttl_ms;
     w->lim.put_timeout_ms = conf->put_timeout_ms;
+    w->lim.require_auth = conf->require_auth != 0;
+    w->lim.tenants = &conf->tenants;    /* snapshots live until exit */
+}
+
+/* ---- failed authentication ---- */
+
+#define CONN_AUTH_PEERS 256             /* addresses remembered */
+#define CONN_AUTH_MAX_FAILS 10          /* an address that fails this often ... */
+#define CONN_AUTH_WINDOW_MS 60000       /* ... within this long is refused until it ends */
+#define CONN_AUTH_CONN_FAILS 3          /* a connection closes after this many */
+
+static pthread_mutex_t conn_auth_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+    char addr[INET6_ADDRSTRLEN];
+    uint32_t fails;
+    uint64_t since_ms;                  /* the window's start */
+} conn_auth[CONN_AUTH_PEERS];
+
+/*
+ * conn_auth_check: note a failed hello from addr (when failed), and say
+ * whether addr is refused now. One table for every worker, under a mutex:
+ * failures are rare, and an attacker's connections spread over the workers.
+ */
+static bool
+conn_auth_check(const char *addr, bool failed)
+{
+    uint64_t now = conn_now_ms();
+    size_t slot = 0;
+    bool blocked;
+
+    if (addr[0] == '\0') {
+        return false;                   /* the Unix socket: the file mode guards it */
+    }
+    pthread_mutex_lock(&conn_auth_lock);
+    for (size_t i = 0; i < CONN_AUTH_PEERS; i++) {
+        if (strcmp(conn_auth[i].addr, addr) == 0) {
+            slot = i;
+            break;
+        }
+        if (conn_auth[i].since_ms < conn_auth[slot].since_ms) {
+            slot = i;                   /* else the oldest entry goes */
+        }
+    }
+    if (strcmp(conn_auth[slot].addr, addr) != 0 || now - conn_auth[slot].since_ms
+                                                       > CONN_AUTH_WINDOW_MS) {
+        if (!failed) {
+            pthread_mutex_unlock(&conn_auth_lock);
+            return false;
+        }
+        snprintf(conn_auth[slot].addr, sizeof(conn_auth[slot].addr), "%s", addr);
+        conn_auth[slot].fails = 0;
+        conn_auth[slot].since_ms = now;
+    }
+    conn_auth[slot].fails += failed;
+    blocked = conn_auth[slot].fails >= CONN_AUTH_MAX_FAILS;
+    pthread_mutex_unlock(&conn_auth_lock);
+    return blocked;
+}
+
+/* conn_auth_account: hellos refused by the last request: close after too many. */
+static void
+conn_auth_account(struct conn *c)
+{
+    while (c->auth_seen < c->ctx.auth_failures) {
+        c->auth_seen++;
+        c->ctx.auth_blocked = conn_auth_check(c->addr, true) || c->ctx.auth_blocked;
+        atomic_fetch_add_explicit(&c->w->auth_failures, 1, memory_order_relaxed);
+    }
+    if (c->auth_seen >= CONN_AUTH_CONN_FAILS && !c->closing) {
+        conn_fail(c, KV_UNAUTHORIZED, "too many failed hello {tenant, token}; closing");
+    }
 }
 
 int
@@ -221,6 +298,7 @@ conn_adopt(struct worker *w, int fd, int is_unix)
     c->is_unix = is_unix;
     c->id = atomic_fetch_add_explicit(&conn_next_id, 1, memory_order_relaxed);
     conn_peer_name(c);
+    c->ctx.auth_blocked = conn_auth_check(c->addr, false);
     conn_refresh_limits(w);
     c->ctx.srv = &w->srv->rpc;
     c->ctx.lim = &w->lim;
@@ -590,6 +668,12 @@ conn_dispatch(struct conn *c)
     c->wait_since = 0;
     c->rpos += c->scan.pos;
     conn_message_reset(c);
+    if (c->ctx.auth_failures != c->auth_seen) {
+        conn_auth_account(c);
+        if (c->closing) {
+            return -1;
+        }
+    }
     if (rc == KV_PROTOCOL_ERROR) {
         conn_fail(c, KV_PROTOCOL_ERROR, "not a msgpack-rpc request ([0, msgid, method, params])");
         return -1;
@@ -647,6 +731,9 @@ conn_process(struct conn *c)
     uint64_t out_limit = c->w->conf->client_output_limit;
 
     c->flim.max_message_size = c->w->lim.max_message_size;
+    if (c->w->lim.require_auth && !c->ctx.authed && c->flim.max_message_size > CONN_PREAUTH_MAX) {
+        c->flim.max_message_size = CONN_PREAUTH_MAX;    /* a stranger sends small messages */
+    }
     c->flim.max_depth = FRAME_MAX_DEPTH;
     c->flim.spill_min = CONN_SPILL_MIN;
 

@@ -58,6 +58,7 @@ struct worker {
     _Atomic uint64_t bytes_in;
     _Atomic uint64_t bytes_out;
     _Atomic uint64_t protocol_errors;
+    _Atomic uint64_t auth_failures;  /* hello {tenant, token} refused */
     _Atomic int done;
     uint8_t *discard;                /* scratch for bytes read only to be dropped */
     int waiting;                     /* connections waiting for the SSD tier */

@@ -37,6 +37,7 @@ stats_collect(void *arg, const char **names, uint64_t *values, int max)
     struct store_stats st;
     uint64_t ops[RPC_METHOD_COUNT] = {0};
     uint64_t hits = 0, misses = 0, errors = 0, bin = 0, bout = 0, perr = 0, expired = 0;
+    uint64_t auth_failed = 0;
     int n = 0;
 
     pthread_once(&stats_once, stats_names_init);
@@ -52,6 +53,7 @@ stats_collect(void *arg, const char **names, uint64_t *values, int max)
         bin += ld(&w->bytes_in);
         bout += ld(&w->bytes_out);
         perr += ld(&w->protocol_errors);
+        auth_failed += ld(&w->auth_failures);
     }
     store_stats(s->store, &st);
 
@@ -77,6 +79,7 @@ stats_collect(void *arg, const char **names, uint64_t *values, int max)
     STAT("misses", misses);
     STAT("request_errors", errors);
     STAT("puts_expired", expired);
+    STAT("auth_failures", auth_failed);
     STAT("protocol_errors", perr);
     STAT("bytes_in", bin);
     STAT("bytes_out", bout);

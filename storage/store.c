@@ -1277,6 +1277,28 @@ store_remove_all(struct store *s, uint32_t tenant, bool all_tenants, bool force)
     return count;
 }
 
+void
+store_tenant_usage(struct store *s, uint32_t tenant, uint64_t *objects, uint64_t *bytes)
+{
+    *objects = 0;
+    *bytes = 0;
+    for (unsigned i = 0; i < STORE_SHARDS; i++) {
+        struct store_shard *sh = &s->shard[i];
+
+        pthread_mutex_lock(&sh->lock);
+        store_rehash_step_locked(s, sh, UINT64_MAX);    /* it walks every bucket anyway */
+        for (uint64_t b = 0; b <= sh->mask; b++) {
+            for (const struct store_obj *o = sh->buckets[b]; o != NULL; o = o->hnext) {
+                if (o->tenant == tenant && o->state == STORE_OBJ_PUBLISHED) {
+                    (*objects)++;
+                    *bytes += o->size;
+                }
+            }
+        }
+        pthread_mutex_unlock(&sh->lock);
+    }
+}
+
 int
 store_pin(struct store *s, const struct kv_key *key, enum store_pin mode)
 {

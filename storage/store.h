@@ -327,6 +327,12 @@ int store_lease(struct store *s, const struct kv_key *key, uint32_t ttl_ms, uint
 
 /* ---- accounting ---- */
 
+/*
+ * store_tenant_usage: the PUBLISHED objects of `tenant` and their value
+ * bytes (resident or not). Walks the whole table, a shard lock at a time.
+ */
+void store_tenant_usage(struct store *s, uint32_t tenant, uint64_t *objects, uint64_t *bytes);
+
 /* store_stats: a snapshot of the counters (each exact, the set not atomic). */
 void store_stats(struct store *s, struct store_stats *out);
 

@@ -1,0 +1,177 @@
+"""Integration: tenants and authentication.
+
+The daemon runs with require_auth and three tenants (alpha, beta, admin) declared by the
+SHA-256 of their tokens. For every method a client can use on another tenant's key, the
+matrix checks the four callers a user worries about: the same tenant (works), another
+tenant (sees nothing of it, changes nothing of it), no authentication (refused before the
+method runs), a wrong token (refused, and it stays unauthenticated). Also: unauthenticated
+clients may only ping and hello and may not send big messages; repeated failures close the
+connection; a listener off loopback without require_auth refuses to start; direct access to
+the arena is the admin's only. Every wait is bounded.
+"""
+
+import hashlib
+import os
+import subprocess
+
+import pytest
+
+from kvtest import Daemon
+from test_python_client import KVSTASHD
+
+OK, NOT_FOUND, EXISTS, BUSY = 0, 1, 2, 3
+UNAUTHORIZED, FORBIDDEN = 9, 10
+
+TOKENS = {"alpha": "alpha-secret-token", "beta": "beta-secret-token", "admin": "root-token"}
+
+
+def sha(token):
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+@pytest.fixture
+def daemon(tmp_path):
+    if not os.access(KVSTASHD, os.X_OK):
+        pytest.fail(f"no kvstashd at {KVSTASHD} (build it, or set KVSTASHD)")
+    conf = tmp_path / "kv.conf"
+    conf.write_text("require_auth yes\n" + "".join(
+        f"tenant {name} token_sha256={sha(tok)}\n" for name, tok in TOKENS.items()))
+    d = Daemon(str(tmp_path), (f"--config={conf}", "--memory_size=32m", "--ssd_dir="))
+    d.wait_ready()      # it pings, which needs no authentication
+    yield d
+    d.reap()
+
+
+def login(d, tenant, token=None, unix=False):
+    c = d.unix() if unix else d.tcp()
+    err, _ = c.call_raw("hello", {"tenant": tenant, "token": token or TOKENS[tenant]})
+    assert err is None, f"hello as {tenant}: {err}"
+    return c
+
+
+def anonymous(d):
+    return d.tcp()
+
+
+def wrong_token(d):
+    c = d.tcp()
+    err, _ = c.call_raw("hello", {"tenant": "alpha", "token": "not-the-token"})
+    assert err is not None and err[0] == UNAUTHORIZED, err
+    return c
+
+
+def expect_err(c, code, method, *params):
+    err, res = c.call_raw(method, *params)
+    assert err is not None and err[0] == code, f"{method}: want error {code}, got {err} {res}"
+
+
+KEY = b"shared-name"
+VALUE = b"alpha's prompt prefix" * 100
+
+
+def test_isolation_matrix(daemon):
+    alpha = login(daemon, "alpha")
+    beta = login(daemon, "beta")
+    assert alpha.call("put", KEY, VALUE) == OK
+    assert alpha.call("pin", [KEY], "soft") == [OK]
+
+    # The same tenant sees and uses its key.
+    assert alpha.call("get", KEY) == VALUE
+    assert alpha.call("batch_get", [KEY]) == [VALUE]
+    assert alpha.call("is_exist", KEY) is True
+    assert alpha.call("batch_is_exist", [KEY]) == [True]
+    assert alpha.call("prefix_match", [KEY]) == 1
+    assert alpha.call("get_size", KEY) == len(VALUE)
+    assert alpha.call("batch_get_size", [KEY]) == [len(VALUE)]
+    assert alpha.call("put", KEY, b"again") == EXISTS
+
+    # Another tenant, same bytes: nothing there, nothing it does reaches alpha's object.
+    assert beta.call("get", KEY) is None
+    assert beta.call("batch_get", [KEY]) == [None]
+    assert beta.call("is_exist", KEY) is False
+    assert beta.call("batch_is_exist", [KEY]) == [False]
+    assert beta.call("prefix_match", [KEY]) == 0
+    assert beta.call("get_size", KEY) is None
+    assert beta.call("batch_get_size", [KEY]) == [None]
+    assert beta.call("pin", [KEY], "hard") == [NOT_FOUND]
+    assert beta.call("unpin", [KEY]) == [NOT_FOUND]
+    assert beta.call("remove", KEY, {"force": True}) == NOT_FOUND
+    assert beta.call("batch_remove", [KEY], {"force": True}) == [NOT_FOUND]
+    assert beta.call("remove_all", {"force": True}) == 0
+    assert beta.call("put", KEY, b"beta's own") == OK     # its own object, same name
+    assert beta.call("get", KEY) == b"beta's own"
+    assert beta.call("stats") == {"tenant_objects": 1, "tenant_value_bytes": len(b"beta's own")}
+    # alpha's object is untouched by all of that
+    assert alpha.call("get", KEY) == VALUE
+    assert alpha.call("stats") == {"tenant_objects": 1, "tenant_value_bytes": len(VALUE)}
+
+    # No authentication: everything but ping and hello is refused before it runs.
+    anon = anonymous(daemon)
+    assert anon.call("ping") == "pong"
+    for method, params in (("get", [KEY]), ("put", [KEY, b"x"]), ("batch_get", [[KEY]]),
+                           ("is_exist", [KEY]), ("batch_is_exist", [[KEY]]),
+                           ("prefix_match", [[KEY]]), ("get_size", [KEY]),
+                           ("remove", [KEY]), ("batch_remove", [[KEY]]), ("remove_all", []),
+                           ("pin", [[KEY], "hard"]), ("unpin", [[KEY]]), ("stats", []),
+                           ("batch_put", [[KEY], [b"x"]]), ("get_replica_list", [[KEY]]),
+                           ("put_start", [[KEY], [10]]), ("batch_get_into", [[KEY], [[]]])):
+        expect_err(anon, UNAUTHORIZED, method, *params)
+
+    # A wrong token: refused, and the connection stays unauthenticated.
+    bad = wrong_token(daemon)
+    expect_err(bad, UNAUTHORIZED, "get", KEY)
+    expect_err(bad, UNAUTHORIZED, "remove_all")
+    assert alpha.call("get", KEY) == VALUE
+
+    # The admin sees the daemon's counters; a tenant its own only (checked above).
+    admin = login(daemon, "admin")
+    s = admin.call("stats")
+    assert s["objects"] == 2 and s["auth_failures"] >= 1, s
+    # The admin's keys are a namespace of their own too.
+    assert admin.call("get", KEY) is None
+
+
+def test_before_auth_only_small_messages_and_a_few_tries(daemon):
+    c = anonymous(daemon)
+    # A big message before hello {tenant, token} closes the connection.
+    msgid, data = c.request("put", [b"k", b"v" * 8192])
+    c.sock.sendall(data)
+    msg = c.recv()
+    assert msg[0] == 2 or msg[2] is not None, msg      # a notification, then the close
+    with pytest.raises((ConnectionError, OSError, TimeoutError)):
+        for _ in range(3):
+            c.recv()
+    # Three wrong tokens on one connection close it, with a notification that says why.
+    c2 = anonymous(daemon)
+    for _ in range(3):
+        err, _ = c2.call_raw("hello", {"tenant": "beta", "token": "guess"})
+        assert err is not None and err[0] == UNAUTHORIZED
+    note = c2.recv()
+    assert note[0] == 2 and note[2][0] == UNAUTHORIZED, note
+    with pytest.raises((ConnectionError, OSError, TimeoutError)):
+        c2.recv()
+    # An unknown tenant is refused like a wrong token.
+    c3 = anonymous(daemon)
+    err, _ = c3.call_raw("hello", {"tenant": "nobody", "token": "x"})
+    assert err is not None and err[0] == UNAUTHORIZED
+    # A good login still works from the same address (under the per-address limit).
+    assert login(daemon, "beta").call("ping") == "pong"
+
+
+def test_direct_access_is_the_admins_only(daemon):
+    alpha = login(daemon, "alpha", unix=True)
+    for method, params in (("map_segment", [0]), ("put_start", [[b"k"], [10]]),
+                           ("get_replica_list", [[b"k"]])):
+        expect_err(alpha, FORBIDDEN, method, *params)
+    admin = login(daemon, "admin", unix=True)
+    res = admin.call("get_replica_list", [b"k"])
+    assert res == [None]
+
+
+def test_remote_listen_without_auth_refuses_to_start(tmp_path):
+    p = subprocess.run([KVSTASHD, "--listen=0.0.0.0:0", f"--data_dir={tmp_path}/d",
+                        "--unix_socket=none", "--ssd_dir="],
+                       stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
+    out = p.stderr.decode(errors="replace")
+    assert p.returncode != 0, out
+    assert "not a loopback address" in out and "require_auth yes" in out, out
