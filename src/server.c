@@ -457,6 +457,30 @@ worker_on_rdma(evutil_socket_t fd, short what, void *arg)
     }
 }
 
+/*
+ * server_apply_quotas: the tenants' DRAM quotas of next into the store (a
+ * tenant of old that next no longer has keeps no cap). old may be NULL.
+ */
+static void
+server_apply_quotas(struct server *s, const struct kv_config *old, const struct kv_config *next)
+{
+    for (uint32_t i = 0; old != NULL && i < old->tenants.n; i++) {
+        const struct conf_tenant *t = &old->tenants.t[i];
+
+        if (conf_tenant_find(next, t->name, strlen(t->name)) == NULL) {
+            (void)store_set_quota(s->store, t->id, 0);
+        }
+    }
+    for (uint32_t i = 0; i < next->tenants.n; i++) {
+        const struct conf_tenant *t = &next->tenants.t[i];
+
+        if (store_set_quota(s->store, t->id, t->memory_quota) != 0) {
+            log_error("tenant %s: no room for another quota (at most 64 tenants have one)",
+                      t->name);
+        }
+    }
+}
+
 /* From the SSD tier's and the copiers' threads: wake every worker (waiting requests go on). */
 static void
 server_wake(void *arg)
@@ -668,6 +692,7 @@ server_reload(struct server *s)
         server_ssd_config(s, next, &ssc);
         ssd_reconfigure(s->ssd, &ssc);
     }
+    server_apply_quotas(s, cur, next);
     if (strcmp(next->log_file, cur->log_file) != 0) {
         int rc = log_open(next->log_file, next->log_level);
         if (rc != 0) {
@@ -905,6 +930,7 @@ server_create(const struct kv_config *conf, const char *config_path, int argc, c
     if (server_rdma_open(s, c) != 0) {
         goto fail;
     }
+    server_apply_quotas(s, NULL, c);
 
     s->nworkers = (int)c->io_threads;
     if (s->nworkers < 1) {

@@ -99,6 +99,7 @@ stats_collect(void *arg, const char **names, uint64_t *values, int max)
     STAT("dram_bytes", st.resident_bytes);
     STAT("loading", st.loading);
     STAT("offloading", st.offloading);
+    STAT("quota_exceeded", st.quota_exceeded);
     if (s->ssd != NULL) {
         struct ssd_stats ss;
 

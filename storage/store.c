@@ -48,6 +48,8 @@
 /* ---- small helpers ---- */
 
 static void store_graves_sweep(struct store *s);
+static void store_tenant_usage_pages(struct store *s, uint32_t tenant, uint64_t *objects,
+                                     uint64_t *bytes, uint64_t *pages);
 
 uint64_t
 store_now_ms(void)
@@ -296,9 +298,61 @@ store_detach_locked(struct store *s, struct store_shard *sh, struct store_obj *o
     store_rehash_step_locked(s, sh, STORE_REHASH_STEP);
 }
 
+void
+store_charge(struct store *s, uint32_t tenant, int64_t pages)
+{
+    struct store_quota *q = store_quota_of(s, tenant);
+
+    if (q != NULL && pages != 0) {
+        atomic_fetch_add_explicit(&q->used, (uint64_t)(pages * (int64_t)STORE_PAGE_SIZE),
+                                  memory_order_relaxed);
+    }
+}
+
+int
+store_set_quota(struct store *s, uint32_t tenant, uint64_t bytes)
+{
+    struct store_quota *q = store_quota_of(s, tenant);
+    uint32_t n = atomic_load_explicit(&s->nquotas, memory_order_relaxed);
+
+    if (tenant == 0) {
+        return KV_INVALID_ARGUMENT;
+    }
+    if (q == NULL) {
+        uint64_t objects, value_bytes, pages = 0;
+
+        if (n == STORE_QUOTA_SLOTS) {
+            return KV_NO_SPACE;
+        }
+        q = &s->quota[n];
+        atomic_store_explicit(&q->tenant, tenant, memory_order_relaxed);
+        atomic_store_explicit(&q->used, 0, memory_order_relaxed);
+        atomic_store_explicit(&s->nquotas, n + 1, memory_order_release);
+        /* What the tenant holds already (a quota added by a reload); exact when quiet. */
+        store_tenant_usage_pages(s, tenant, &objects, &value_bytes, &pages);
+        atomic_fetch_add_explicit(&q->used, pages * STORE_PAGE_SIZE, memory_order_relaxed);
+    }
+    atomic_store_explicit(&q->limit, bytes, memory_order_relaxed);
+    return 0;
+}
+
+/*
+ * store_quota_guarded: o's tenant has a quota it is within: eviction for
+ * others must not take it below (its own puts stop at the quota instead).
+ */
+static bool
+store_quota_guarded(struct store *s, const struct store_obj *o)
+{
+    const struct store_quota *q = store_quota_of(s, o->tenant);
+    uint64_t limit = q != NULL ? atomic_load_explicit(&q->limit, memory_order_relaxed) : 0;
+
+    return limit != 0 && atomic_load_explicit(&q->used, memory_order_relaxed) <= limit;
+}
+
 static void
 store_obj_free(struct store *s, struct store_obj *o)
 {
+    store_charge(s, o->tenant, -(int64_t)store_ext_pages(o->ext, o->n_ext));
     alloc_give(s->alloc, o->ext, o->n_ext);
     atomic_fetch_sub(&s->metadata_bytes, store_obj_heap_bytes(o));
     free(o);
@@ -496,7 +550,7 @@ store_candidate_locked(struct store *s, struct store_shard *sh, int cls, uint64_
 
     while (o != NULL) {
         struct store_obj *prev = o->lru_prev;
-        int evictable = store_evictable_locked(o, now);
+        int evictable = store_evictable_locked(o, now) && !store_quota_guarded(s, o);
 
         if (evictable && store_must_offload_locked(s, o)) {
             store_queue_locked(s, o);   /* written first, freed by a later look */
@@ -566,6 +620,7 @@ store_evict_locked(struct store *s, struct store_shard *sh, struct store_obj *o)
         return 0;
     }
     store_list_unlink(store_list_of(sh, o), o);
+    store_charge(s, o->tenant, -(int64_t)store_ext_pages(o->ext, o->n_ext));
     alloc_give(s->alloc, o->ext, o->n_ext);
     o->n_ext = 0;
     o->resident = 0;
@@ -744,6 +799,7 @@ int
 store_reserve(struct store *s, const struct kv_key *key, uint64_t size, struct store_obj **out)
 {
     struct alloc_extent ext[STORE_MAX_EXTENTS];
+    struct store_quota *quota;
     struct store_shard *sh;
     struct store_obj *o;
     struct store_obj *other;
@@ -779,6 +835,14 @@ store_reserve(struct store *s, const struct kv_key *key, uint64_t size, struct s
     if (size > s->capacity_pages * STORE_PAGE_SIZE) {
         rc = KV_NO_SPACE;
         goto fail_count;
+    }
+    quota = store_quota_of(s, key->tenant);
+    if (quota != NULL && atomic_load_explicit(&quota->limit, memory_order_relaxed) != 0
+        && atomic_load_explicit(&quota->used, memory_order_relaxed)
+                   + store_pages(size) * STORE_PAGE_SIZE
+               > atomic_load_explicit(&quota->limit, memory_order_relaxed)) {
+        atomic_fetch_add_explicit(&s->quota_exceeded, 1, memory_order_relaxed);
+        return KV_QUOTA_EXCEEDED;
     }
     store_graves_sweep(s);
     rc = store_take_pages(s, store_pages(size), ext, STORE_MAX_EXTENTS, &n);
@@ -832,6 +896,7 @@ store_reserve(struct store *s, const struct kv_key *key, uint64_t size, struct s
     store_index_locked(s, sh, o);
     sh->reserved++;
     pthread_mutex_unlock(&sh->lock);
+    store_charge(s, key->tenant, (int64_t)store_ext_pages(ext, n));
     atomic_fetch_add_explicit(&s->metadata_bytes, bytes, memory_order_relaxed);
     *out = o;
     return 0;
@@ -1280,8 +1345,18 @@ store_remove_all(struct store *s, uint32_t tenant, bool all_tenants, bool force)
 void
 store_tenant_usage(struct store *s, uint32_t tenant, uint64_t *objects, uint64_t *bytes)
 {
+    uint64_t pages;
+
+    store_tenant_usage_pages(s, tenant, objects, bytes, &pages);
+}
+
+static void
+store_tenant_usage_pages(struct store *s, uint32_t tenant, uint64_t *objects, uint64_t *bytes,
+                         uint64_t *pages)
+{
     *objects = 0;
     *bytes = 0;
+    *pages = 0;
     for (unsigned i = 0; i < STORE_SHARDS; i++) {
         struct store_shard *sh = &s->shard[i];
 
@@ -1292,6 +1367,9 @@ store_tenant_usage(struct store *s, uint32_t tenant, uint64_t *objects, uint64_t
                 if (o->tenant == tenant && o->state == STORE_OBJ_PUBLISHED) {
                     (*objects)++;
                     *bytes += o->size;
+                }
+                if (o->tenant == tenant) {
+                    *pages += store_ext_pages(o->ext, o->n_ext);
                 }
             }
         }
@@ -1397,4 +1475,5 @@ store_stats(struct store *s, struct store_stats *out)
     out->metadata_bytes = atomic_load_explicit(&s->metadata_bytes, memory_order_relaxed);
     out->memory_prefaulted = alloc_prefaulted(s->alloc);
     out->offloading = atomic_load_explicit(&s->offloading, memory_order_relaxed);
+    out->quota_exceeded = atomic_load_explicit(&s->quota_exceeded, memory_order_relaxed);
 }

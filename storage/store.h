@@ -105,6 +105,7 @@ struct store_stats {
     uint64_t stored;           /* published objects with a copy on the SSD tier */
     uint64_t loading;          /* objects being read back from the SSD tier */
     uint64_t offloading;       /* objects queued or being written to the SSD tier */
+    uint64_t quota_exceeded;   /* reserves refused with KV_QUOTA_EXCEEDED */
 };
 
 /* Where an object's copy lives on the SSD tier (meaningful to the tier only). */
@@ -326,6 +327,16 @@ int store_pin(struct store *s, const struct kv_key *key, enum store_pin mode);
 int store_lease(struct store *s, const struct kv_key *key, uint32_t ttl_ms, uint64_t *size);
 
 /* ---- accounting ---- */
+
+/*
+ * store_set_quota: cap the arena bytes tenant's objects may hold (0: no cap,
+ * usage still counted). A put that would pass it gets KV_QUOTA_EXCEEDED;
+ * while a tenant is within its quota, eviction for anyone else leaves its
+ * objects alone (its share is guaranteed). Loads from the SSD tier are
+ * counted, never refused. At most 64 tenants; KV_NO_SPACE beyond,
+ * KV_INVALID_ARGUMENT for tenant 0. Call at start and on reload.
+ */
+int store_set_quota(struct store *s, uint32_t tenant, uint64_t bytes);
 
 /*
  * store_tenant_usage: the PUBLISHED objects of `tenant` and their value

@@ -120,6 +120,21 @@ struct store_shard {
     _Atomic uint64_t pf_mask;
 };
 
+#define STORE_QUOTA_SLOTS 64
+
+/* One tenant's DRAM quota and the arena bytes its objects hold. */
+struct store_quota {
+    _Atomic uint32_t tenant;        /* 0: free slot */
+    _Atomic uint64_t limit;         /* bytes; 0: none (usage still counted) */
+    _Atomic uint64_t used;          /* bytes of arena pages its objects hold */
+};
+
+/*
+ * store_charge: pages taken (+) or given back (-) by an object of tenant,
+ * counted against its quota if it has one. Any thread; no lock.
+ */
+void store_charge(struct store *s, uint32_t tenant, int64_t pages);
+
 struct store {
     struct store_shard shard[STORE_SHARDS];
     struct alloc *alloc;
@@ -151,9 +166,39 @@ struct store {
     bool grave_ready;               /* grave_lock initialized */
     struct store_obj *graves;       /* linked by hnext; each holds the table's reference */
     _Atomic uint64_t ngraves;
+    /* Tenants with a DRAM quota: slots are taken by store_set_quota, never given back. */
+    struct store_quota quota[STORE_QUOTA_SLOTS];
+    _Atomic uint32_t nquotas;
+    _Atomic uint64_t quota_exceeded;
 };
 
 /* ---- small helpers ---- */
+
+/* store_quota_of: tenant's quota slot, or NULL when it has none. */
+static inline struct store_quota *
+store_quota_of(struct store *s, uint32_t tenant)
+{
+    uint32_t n = atomic_load_explicit(&s->nquotas, memory_order_acquire);
+
+    for (uint32_t i = 0; tenant != 0 && i < n; i++) {
+        if (atomic_load_explicit(&s->quota[i].tenant, memory_order_relaxed) == tenant) {
+            return &s->quota[i];
+        }
+    }
+    return NULL;
+}
+
+/* store_ext_pages: pages in extents ext[0..n). */
+static inline uint64_t
+store_ext_pages(const struct alloc_extent *ext, int n)
+{
+    uint64_t pages = 0;
+
+    for (int i = 0; i < n; i++) {
+        pages += 1ull << ext[i].order;
+    }
+    return pages;
+}
 
 static inline struct store_shard *
 store_shard_of(struct store *s, uint64_t hash)

@@ -281,6 +281,7 @@ store_load_begin(struct store *s, struct store_obj *o, struct iovec *iov, int ma
     memcpy(o->ext, ext, (size_t)got * sizeof(ext[0]));
     o->n_ext = (uint8_t)got;
     pthread_mutex_unlock(&sh->lock);
+    store_charge(s, o->tenant, (int64_t)store_ext_pages(ext, got));
     for (int i = 0; i < got; i++) {
         iov[i].iov_base = alloc_extent_ptr(s->base, &ext[i]);
         iov[i].iov_len = alloc_extent_bytes(&ext[i]);
@@ -318,6 +319,7 @@ store_load_end(struct store *s, struct store_obj *o, int rc)
             store_list_push_tail(l, o);
         }
     } else {
+        store_charge(s, o->tenant, -(int64_t)store_ext_pages(o->ext, o->n_ext));
         alloc_give(s->alloc, o->ext, o->n_ext);
         o->n_ext = 0;
         if ((rc == KV_CHECKSUM_MISMATCH || rc == KV_NOT_FOUND) && o->state == STORE_OBJ_PUBLISHED) {

@@ -175,3 +175,33 @@ def test_remote_listen_without_auth_refuses_to_start(tmp_path):
     out = p.stderr.decode(errors="replace")
     assert p.returncode != 0, out
     assert "not a loopback address" in out and "require_auth yes" in out, out
+
+
+def test_memory_quota_caps_a_tenant_and_guards_its_share(tmp_path):
+    conf = tmp_path / "kv.conf"
+    conf.write_text("require_auth yes\n"
+                    f"tenant alpha token_sha256={sha(TOKENS['alpha'])} memory_quota=8m\n"
+                    f"tenant beta token_sha256={sha(TOKENS['beta'])}\n"
+                    f"tenant admin token_sha256={sha(TOKENS['admin'])}\n")
+    d = Daemon(str(tmp_path), (f"--config={conf}", "--memory_size=32m", "--ssd_dir="))
+    try:
+        d.wait_ready()
+        alpha, beta, admin = login(d, "alpha"), login(d, "beta"), login(d, "admin")
+        mib = 1 << 20
+        codes = [alpha.call("put", f"a{i}".encode(), bytes([i]) * mib) for i in range(12)]
+        assert codes[:7] == [OK] * 7, codes
+        assert 11 in codes, f"alpha went past its 8 MiB quota: {codes}"    # QUOTA_EXCEEDED
+        kept = [i for i, c in enumerate(codes) if c == OK]
+        # beta fills the rest of DRAM several times over: eviction takes beta's own objects,
+        # never alpha's, which are within alpha's quota.
+        for i in range(100):
+            assert beta.call("put", f"b{i}".encode(), b"x" * mib) == OK
+        for i in kept:
+            assert alpha.call("get", f"a{i}".encode()) == bytes([i]) * mib, f"a{i} was evicted"
+        # Room freed inside the quota can be used again.
+        assert alpha.call("remove", b"a0") == OK
+        assert alpha.call("put", b"a-new", b"y" * mib) == OK
+        s = admin.call("stats")
+        assert s["quota_exceeded"] >= 1 and s["evictions"] > 0, s
+    finally:
+        d.reap()
