@@ -543,7 +543,12 @@ conf_check_unix_socket(const char *v)
 static const char *
 conf_check_data_dir(const char *v)
 {
-    return *v == '\0' ? "must not be empty" : NULL;
+    if (*v == '\0') {
+        return "must not be empty";
+    }
+    /* ssd_dir's default is written <data_dir>/ssd: a data_dir holding the tag would not
+     * read back the same (found by the config fuzzer) */
+    return strstr(v, CONF_DATA_DIR_TAG) != NULL ? "must not contain " CONF_DATA_DIR_TAG : NULL;
 }
 
 static const char *

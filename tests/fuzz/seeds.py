@@ -34,7 +34,7 @@ HOSTILE = {
 
 REQUESTS = [
     req(1, "ping", []),
-    req(2, "hello", [{"tenant": "a"}]),
+    req(2, "hello", [{"tenant": "a", "token": "secret"}]),
     req(3, "put", [b"key", b"value"]),
     req(4, "batch_put", [[b"a", b"b"], [b"1" * 100, b""], {"durable": False}]),
     req(5, "get", [b"key"]),
@@ -63,6 +63,9 @@ CONFIGS = {
     "bad.conf": b"no_such_key 1\nmemory_size 12x\n",
     "quotes.conf": b'unix_socket "/tmp/a b.sock"\nssd_dir ""\nrdma required\n',
     "long.conf": b"log_file " + b"a" * 5000 + b"\n",
+    "tenants.conf": b"require_auth yes\ntenant a token_sha256=" + b"ab" * 32
+                    + b" memory_quota=1g ssd_quota=2g\ntenant b-2 token_sha256=" + b"0f" * 32
+                    + b"  # two\ntenant \"\"\ntenant c token_sha256=" + b"12" * 32 + b"\n",
 }
 
 
