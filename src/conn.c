@@ -46,6 +46,10 @@
 #define CONN_WAIT_MAX_MS 5000       /* then it is answered with whatever is there */
 #define CONN_LOOKAHEAD_MAX (256u * 1024u) /* buffered bytes read while a get waits */
 #define CONN_PREAUTH_MAX 4096u      /* the largest message before hello {tenant, token} */
+#define CONN_MESSAGES_PER_WAKE 64   /* then other connections of the loop get their turn */
+
+/* The input buffers of every connection together (conn_buffer_memory). */
+static _Atomic uint64_t conn_buffer_bytes;
 
 struct conn {
     struct worker *w;
@@ -55,6 +59,9 @@ struct conn {
     uint64_t id;
     char peer[64];
     char addr[INET6_ADDRSTRLEN];     /* the peer's IP address ("" on the Unix socket) */
+    uint64_t active_ms;              /* last byte read or written */
+    uint64_t progress_ms;            /* last time its unsent output moved, or was none */
+    bool yielded;                    /* stopped at CONN_MESSAGES_PER_WAKE: more to process */
     uint32_t auth_seen;              /* ctx.auth_failures already accounted */
     struct event *ev_read, *ev_write;
     bool reading;                /* ev_read is armed */
@@ -68,6 +75,7 @@ struct conn {
     bool offer_pending;          /* the spill offer in scan is to be asked again */
     uint64_t wait_since;         /* ms, when the current request began to wait; 0: it has not */
     struct event *ev_retry;      /* timer that retries a waiting request */
+    struct event *ev_more;       /* zero timer: go on with what a turn left buffered */
     bool lookahead;              /* while waiting: read on and prefetch queued gets */
     struct frame_scan la_scan;   /* the lookahead's scan of the message after la_pos */
     size_t la_pos;               /* bytes after rpos the lookahead has passed */
@@ -97,6 +105,7 @@ struct conn {
 static _Atomic uint64_t conn_next_id = 1;
 
 static void conn_on_read(evutil_socket_t fd, short what, void *arg);
+static void conn_on_more(evutil_socket_t fd, short what, void *arg);
 static uint64_t conn_now_ms(void);
 static void conn_fail(struct conn *c, int status, const char *why);
 static void conn_on_write(evutil_socket_t fd, short what, void *arg);
@@ -131,6 +140,9 @@ conn_free(struct conn *c)
     for (int i = 0; i < c->nfdq; i++) {
         close(c->fdq[i]);
     }
+    if (c->ev_more != NULL) {
+        event_free(c->ev_more);
+    }
     if (c->ev_retry != NULL) {
         event_free(c->ev_retry);
     }
@@ -138,6 +150,9 @@ conn_free(struct conn *c)
         w->waiting--;
     }
     outq_deinit(&c->out);
+    if (c->ibuf != NULL) {
+        atomic_fetch_sub_explicit(&conn_buffer_bytes, c->icap, memory_order_relaxed);
+    }
     if (c->ev_read != NULL) {
         event_free(c->ev_read);
     }
@@ -315,6 +330,10 @@ conn_adopt(struct worker *w, int fd, int is_unix)
     rpc_spill_reset(&c->sc);
     c->ibuf = malloc(CONN_IBUF_MIN);
     c->icap = CONN_IBUF_MIN;
+    if (c->ibuf != NULL) {
+        atomic_fetch_add_explicit(&conn_buffer_bytes, c->icap, memory_order_relaxed);
+    }
+    c->active_ms = c->progress_ms = conn_now_ms();
     c->ev_read = event_new(w->base, fd, EV_READ | EV_PERSIST, conn_on_read, c);
     c->ev_write = event_new(w->base, fd, EV_WRITE | EV_PERSIST, conn_on_write, c);
     c->next = w->conns;
@@ -509,6 +528,9 @@ conn_flush(struct conn *c)
         }
         if (fd >= 0 && wr > 0) {
             outq_fd_sent(&c->out);
+        }
+        if (wr > 0) {
+            c->active_ms = c->progress_ms = conn_now_ms();
         }
         outq_consume(&c->out, (size_t)wr);
         atomic_store_explicit(&c->w->bytes_out,
@@ -729,6 +751,7 @@ static int
 conn_process(struct conn *c)
 {
     uint64_t out_limit = c->w->conf->client_output_limit;
+    int budget = CONN_MESSAGES_PER_WAKE;
 
     c->flim.max_message_size = c->w->lim.max_message_size;
     if (c->w->lim.require_auth && !c->ctx.authed && c->flim.max_message_size > CONN_PREAUTH_MAX) {
@@ -746,8 +769,27 @@ conn_process(struct conn *c)
         if (prc == 1 || (prc == 0 && c->waiting)) {
             return 0;
         }
+        if (outq_pending(&c->out) > c->w->conf->client_output_max) {
+            atomic_fetch_add_explicit(&c->w->output_cap_closes, 1, memory_order_relaxed);
+            conn_fail(c, KV_UNAVAILABLE, "more unsent output than client_output_max");
+            return -1;
+        }
         if (outq_pending(&c->out) > out_limit) {
             c->paused = true;
+            return 0;
+        }
+        if (budget-- == 0) {
+            /* Fair to the loop's other connections: go on after the loop's next poll. */
+            static const struct timeval zero = {0, 0};
+
+            if (c->ev_more == NULL) {
+                c->ev_more = evtimer_new(c->w->base, conn_on_more, c);
+            }
+            if (c->ev_more == NULL || evtimer_add(c->ev_more, &zero) != 0) {
+                break;                  /* cannot yield: go on now */
+            }
+            c->yielded = true;
+            conn_set_reading(c, false); /* nothing more is read until the backlog is done */
             return 0;
         }
         int st = FRAME_SPILL;
@@ -835,10 +877,20 @@ conn_ibuf_room(struct conn *c)
     }
     /* The frame scanner bounds a message by max_message_size, so this growth is bounded. */
     size_t cap = c->icap * 2;
-    uint8_t *p = realloc(c->ibuf, cap);
+    uint8_t *p;
+
+    if (atomic_load_explicit(&conn_buffer_bytes, memory_order_relaxed) + (cap - c->icap)
+        > c->w->conf->conn_buffer_memory) {
+        atomic_fetch_add_explicit(&c->w->buffer_cap_closes, 1, memory_order_relaxed);
+        conn_fail(c, KV_UNAVAILABLE, "the connections' input buffers are full "
+                                     "(conn_buffer_memory)");
+        return -1;
+    }
+    p = realloc(c->ibuf, cap);
     if (p == NULL) {
         return -1;
     }
+    atomic_fetch_add_explicit(&conn_buffer_bytes, cap - c->icap, memory_order_relaxed);
     c->ibuf = p;
     c->icap = cap;
     return 0;
@@ -852,6 +904,8 @@ conn_ibuf_shrink(struct conn *c)
         uint8_t *p = malloc(CONN_IBUF_MIN);
         if (p != NULL) {
             free(c->ibuf);
+            atomic_fetch_sub_explicit(&conn_buffer_bytes, c->icap - CONN_IBUF_MIN,
+                                      memory_order_relaxed);
             c->ibuf = p;
             c->icap = CONN_IBUF_MIN;
         }
@@ -1009,7 +1063,8 @@ conn_on_read(evutil_socket_t fd, short what, void *arg)
     (void)what;
 
     conn_refresh_limits(c->w);
-    for (int i = 0; i < CONN_READS_PER_WAKE && !c->closing; i++) {
+    c->yielded = false;
+    for (int i = 0; i < CONN_READS_PER_WAKE && !c->closing && !c->yielded; i++) {
         ssize_t rd = conn_read_once(c);
         if (rd == 0) {
             c->eof = true;
@@ -1029,6 +1084,7 @@ conn_on_read(evutil_socket_t fd, short what, void *arg)
             c->closing = true;
             break;
         }
+        c->active_ms = conn_now_ms();
         if (c->waiting && !c->overlap) {
             conn_lookahead(c);
             if (!conn_reading_wanted(c)) {
@@ -1106,6 +1162,26 @@ conn_on_write(evutil_socket_t fd, short what, void *arg)
     conn_settle(c);
 }
 
+/* conn_on_more: a turn given up (CONN_MESSAGES_PER_WAKE): go on with what is buffered. */
+static void
+conn_on_more(evutil_socket_t fd, short what, void *arg)
+{
+    struct conn *c = arg;
+
+    (void)fd;
+    (void)what;
+    conn_refresh_limits(c->w);
+    c->yielded = false;
+    if (conn_process(c) != 0 || conn_flush(c) != 0) {
+        conn_free(c);
+        return;
+    }
+    if (!c->yielded) {
+        conn_set_reading(c, conn_reading_wanted(c));
+    }
+    conn_settle(c);
+}
+
 /* conn_retry: look at a waiting request again; after CONN_WAIT_MAX_MS it is answered as is. */
 static void
 conn_retry(struct conn *c)
@@ -1167,13 +1243,46 @@ conn_drain_all(struct worker *w)
     }
 }
 
+/*
+ * conn_timeouts: close c when its unsent output has not moved for
+ * client_output_timeout, or when it has had nothing in flight for
+ * idle_timeout. Returns true when it closed (c is gone).
+ */
+static bool
+conn_timeouts(struct conn *c, uint64_t now)
+{
+    const struct kv_config *conf = c->w->conf;
+    bool idle = outq_pending(&c->out) == 0 && !c->waiting && c->rpos == c->ilen
+                && c->spill_left == 0 && c->nholes == 0 && !rpc_pending(&c->ctx);
+
+    if (outq_pending(&c->out) == 0) {
+        c->progress_ms = now;
+    } else if (now - c->progress_ms > conf->client_output_timeout) {
+        atomic_fetch_add_explicit(&c->w->output_stall_closes, 1, memory_order_relaxed);
+        conn_fail(c, KV_TIMEOUT, "its unsent output has not moved for client_output_timeout");
+    }
+    if (!c->closing && idle && conf->idle_timeout != 0 && now - c->active_ms > conf->idle_timeout) {
+        atomic_fetch_add_explicit(&c->w->idle_closes, 1, memory_order_relaxed);
+        conn_fail(c, KV_TIMEOUT, "idle for idle_timeout");
+    }
+    if (c->closing) {
+        conn_free(c);
+        return true;
+    }
+    return false;
+}
+
 void
 conn_expire_all(struct worker *w)
 {
     uint64_t before = atomic_load_explicit(&w->ctr.puts_expired, memory_order_relaxed);
+    uint64_t now = conn_now_ms();
 
-    for (struct conn *c = w->conns; c != NULL; c = c->next) {
+    conn_refresh_limits(w);
+    for (struct conn *c = w->conns, *next; c != NULL; c = next) {
+        next = c->next;
         rpc_resv_expire(&c->ctx);
+        (void)conn_timeouts(c, now);
     }
     if (atomic_load_explicit(&w->ctr.puts_expired, memory_order_relaxed) != before) {
         conn_retry_waiting(w);          /* the pages they held may be what a put waits for */

@@ -39,8 +39,10 @@ void conn_drain_all(struct worker *w);
 void conn_retry_waiting(struct worker *w);
 
 /*
- * conn_expire_all: reclaim the put_start reservations of w's connections
- * that outlived put_timeout_ms (called about once a second on w's thread).
+ * conn_expire_all: once a second on w's thread: reclaim the put_start
+ * reservations of w's connections that outlived put_timeout_ms, and close
+ * those whose output is stuck (client_output_timeout) or that are idle
+ * (idle_timeout).
  */
 void conn_expire_all(struct worker *w);
 

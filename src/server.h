@@ -59,6 +59,10 @@ struct worker {
     _Atomic uint64_t bytes_out;
     _Atomic uint64_t protocol_errors;
     _Atomic uint64_t auth_failures;  /* hello {tenant, token} refused */
+    _Atomic uint64_t output_cap_closes;   /* closed over client_output_max */
+    _Atomic uint64_t output_stall_closes; /* closed: output stuck for client_output_timeout */
+    _Atomic uint64_t idle_closes;         /* closed: idle for idle_timeout */
+    _Atomic uint64_t buffer_cap_closes;   /* closed: conn_buffer_memory reached */
     _Atomic int done;
     uint8_t *discard;                /* scratch for bytes read only to be dropped */
     int waiting;                     /* connections waiting for the SSD tier */

@@ -37,7 +37,7 @@ stats_collect(void *arg, const char **names, uint64_t *values, int max)
     struct store_stats st;
     uint64_t ops[RPC_METHOD_COUNT] = {0};
     uint64_t hits = 0, misses = 0, errors = 0, bin = 0, bout = 0, perr = 0, expired = 0;
-    uint64_t auth_failed = 0;
+    uint64_t auth_failed = 0, cap_closes = 0, stall_closes = 0, idle_closes = 0, buf_closes = 0;
     int n = 0;
 
     pthread_once(&stats_once, stats_names_init);
@@ -54,6 +54,10 @@ stats_collect(void *arg, const char **names, uint64_t *values, int max)
         bout += ld(&w->bytes_out);
         perr += ld(&w->protocol_errors);
         auth_failed += ld(&w->auth_failures);
+        cap_closes += ld(&w->output_cap_closes);
+        stall_closes += ld(&w->output_stall_closes);
+        idle_closes += ld(&w->idle_closes);
+        buf_closes += ld(&w->buffer_cap_closes);
     }
     store_stats(s->store, &st);
 
@@ -80,6 +84,10 @@ stats_collect(void *arg, const char **names, uint64_t *values, int max)
     STAT("request_errors", errors);
     STAT("puts_expired", expired);
     STAT("auth_failures", auth_failed);
+    STAT("closed_output_max", cap_closes);
+    STAT("closed_output_stalled", stall_closes);
+    STAT("closed_idle", idle_closes);
+    STAT("closed_buffer_memory", buf_closes);
     STAT("protocol_errors", perr);
     STAT("bytes_in", bin);
     STAT("bytes_out", bout);

@@ -127,6 +127,10 @@ static const char *const changed_values[][2] = {
     {"max_connections", "10"},
     {"io_threads", "3"},
     {"lease_ttl_ms", "5s"},
+    {"client_output_max", "8g"},
+    {"client_output_timeout", "90s"},
+    {"idle_timeout", "10m"},
+    {"conn_buffer_memory", "2g"},
     {"put_timeout_ms", "2m"},
     {"client_output_limit", "1m"},
     {"shutdown_timeout_ms", "1s"},
@@ -160,7 +164,8 @@ static const char *const reloadable_keys[] = {
     "max_value_size",  "max_batch",        "max_message_size",    "max_connections",
     "client_output_limit", "shutdown_timeout_ms", "eviction_high_watermark",
     "eviction_low_watermark", "ssd_bucket_size", "ssd_eviction", "ssd_high_watermark",
-    "ssd_low_watermark", "ssd_offload", "ssd_promote", "require_auth",
+    "ssd_low_watermark", "ssd_offload", "ssd_promote", "require_auth", "client_output_max",
+    "client_output_timeout", "idle_timeout", "conn_buffer_memory",
     "allow_unauthenticated_remote", "token_file", "tenant", NULL,
 };
 
@@ -755,7 +760,7 @@ Test(config, apply_reloadable_copies_only_reloadable_keys)
     }
     /* ...and what changed from before is exactly the reloadable ones. */
     d.n = 0;
-    cr_expect_eq(conf_diff(&before, &running, diff_collect, &d), 23);
+    cr_expect_eq(conf_diff(&before, &running, diff_collect, &d), 27);
     for (int i = 0; i < d.n; i++) {
         cr_expect(d.reloadable[i], "%s needs a restart but was applied", d.keys[i]);
     }

@@ -1,0 +1,159 @@
+"""Integration: connection limits and overload.
+
+A client that asks for big objects and never reads is closed (at client_output_max, or when
+its output has not moved for client_output_timeout) while another client's requests keep
+their latency and the daemon's memory stays flat; an idle connection is closed after
+idle_timeout; 10,000 idle connections are held and the next one is refused with an error;
+a pipelining client does not starve another on the same event loop. Every wait is bounded.
+"""
+
+import os
+import resource
+import socket
+import subprocess
+import time
+
+import pytest
+
+from kvtest import Daemon
+from test_python_client import KVSTASHD, Client
+
+MIB = 1 << 20
+
+
+def rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+@pytest.fixture
+def work(tmp_path):
+    if not os.access(KVSTASHD, os.X_OK):
+        pytest.fail(f"no kvstashd at {KVSTASHD} (build it, or set KVSTASHD)")
+    return str(tmp_path)
+
+
+def p99_ms(c, n=200):
+    lat = []
+    for i in range(n):
+        t = time.monotonic()
+        assert c.call("get", b"small") == b"s" * 100
+        lat.append((time.monotonic() - t) * 1000)
+    lat.sort()
+    return lat[int(0.99 * (len(lat) - 1))]
+
+
+def test_reader_that_never_reads_is_closed_and_others_keep_their_latency(work):
+    d = Daemon(work, ("--memory_size=128m", "--ssd_dir=", "--io_threads=1",
+                      "--client_output_limit=1m", "--client_output_max=48m",
+                      "--client_output_timeout=1s")).wait_ready()
+    try:
+        fast = d.tcp()
+        fast.call("put", b"small", b"s" * 100)
+        for i in range(8):
+            assert fast.call("put", f"big{i}".encode(), bytes([i]) * (8 * MIB)) == 0
+        before = p99_ms(fast)
+        rss0 = rss_kib(d.pid)
+
+        # A client that asks for 64 MiB a request, over and over, and never reads.
+        slow = socket.create_connection(("127.0.0.1", d.port))
+        slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        slow_client = Client(slow)
+        data = b"".join(slow_client.request("batch_get", [[f"big{i}".encode() for i in range(8)]])[1]
+                        for _ in range(4))
+        slow.sendall(data)
+        during = p99_ms(fast)
+        deadline = time.monotonic() + 10
+        s = fast.call("stats")
+        while s["closed_output_max"] + s["closed_output_stalled"] == 0:
+            assert time.monotonic() < deadline, f"the slow reader was never closed: {s}"
+            time.sleep(0.1)
+            s = fast.call("stats")
+        assert s["connections"] == 1, s
+        after = p99_ms(fast)
+        # Replies are queued by reference to the objects: the daemon's memory stays flat.
+        assert rss_kib(d.pid) - rss0 < 32 * 1024, (rss0, rss_kib(d.pid))
+        assert during < max(50.0, 20 * before), (before, during)
+        assert after < max(50.0, 20 * before), (before, after)
+        # The objects it pinned are free again: they can be removed.
+        assert fast.call("remove", b"big0") == 0
+        slow.close()
+    finally:
+        d.stop()
+
+
+def test_idle_connection_is_closed(work):
+    d = Daemon(work, ("--memory_size=16m", "--ssd_dir=", "--idle_timeout=1s")).wait_ready()
+    try:
+        idle = d.tcp()
+        busy = d.tcp()
+        deadline = time.monotonic() + 4
+        while time.monotonic() < deadline:
+            assert busy.call("ping") == "pong"      # busy stays: it keeps sending
+            time.sleep(0.2)
+        msg = idle.recv()                           # the notification, then the close
+        assert msg[0] == 2 and msg[2][0] == 13, msg
+        with pytest.raises((ConnectionError, OSError, TimeoutError)):
+            idle.recv()
+        s = busy.call("stats")
+        assert s["closed_idle"] >= 1, s
+    finally:
+        d.stop()
+
+
+def test_ten_thousand_idle_connections_then_a_refusal(work):
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard < 10100:
+        pytest.skip(f"RLIMIT_NOFILE hard limit {hard} < 10100: cannot hold 10,000 connections")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 10100), hard))
+    d = Daemon(work, ("--memory_size=16m", "--ssd_dir=", "--max_connections=10000"),
+               unix=False).wait_ready()
+    socks = []
+    try:
+        for _ in range(10000):
+            socks.append(socket.create_connection(("127.0.0.1", d.port)))
+        # Every one of them is there: the last answers.
+        last = Client(socks[-1])
+        assert last.call("ping") == "pong"
+        # The next is refused with an error, not dropped silently.
+        extra = Client(socket.create_connection(("127.0.0.1", d.port)))
+        msg = extra.recv()
+        assert msg[0] == 2 and msg[2][0] == 14 and "max_connections" in msg[2][2], msg
+        extra.close()
+        first = Client(socks[0])
+        assert first.call("ping") == "pong"
+        assert first.call("stats")["connections"] == 10000
+    finally:
+        for s in socks:
+            s.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        d.reap()
+
+
+def test_pipelining_client_does_not_starve_another(work):
+    d = Daemon(work, ("--memory_size=64m", "--ssd_dir=", "--io_threads=1")).wait_ready()
+    try:
+        a, b = d.tcp(), d.tcp()
+        a.call("put", b"small", b"s" * 100)
+        waits, totals = [], []
+        for _ in range(5):
+            # a pipelines 20,000 batches of 64 probes at once (every one on the same loop as
+            # b); b's single request is answered between a's turns, not after all of them.
+            data = b"".join(a.request("batch_is_exist", [[b"small"] * 64])[1]
+                            for _ in range(20000))
+            t0 = time.monotonic()
+            a.sock.sendall(data)
+            t = time.monotonic()
+            assert b.call("get", b"small") == b"s" * 100
+            waits.append(time.monotonic() - t)
+            for _ in range(20000):
+                assert a.recv()[3] == [True] * 64
+            totals.append(time.monotonic() - t0)
+        waits.sort()
+        totals.sort()
+        assert waits[2] < totals[2] / 20, f"b waited {waits} s behind pipelines of {totals} s"
+    finally:
+        d.stop()
