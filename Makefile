@@ -14,7 +14,7 @@ PREFIX ?= /usr/local
 BUILD := build/$(VARIANT)$(if $(filter 0,$(RDMA)),-nordma)
 
 CC ?= cc
-PKGS := libevent_core libevent_pthreads msgpack lmdb libcrypto
+PKGS := libevent_core libevent_pthreads msgpack lmdb libssl libcrypto
 WARN := -std=c11 -Wall -Wextra -pedantic -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
         -Wformat=2 -Wpointer-arith -Wno-format-nonliteral -Werror
 CPPFLAGS_BASE := -D_GNU_SOURCE -Isrc -Iprotocol -Istorage -Irdma -MMD -MP
@@ -62,7 +62,7 @@ else
   RDMA_LIBS :=
 endif
 CORE_SRC += $(RDMA_SRC)
-DAEMON_SRC := src/main.c src/server.c src/conn.c src/stats.c
+DAEMON_SRC := src/main.c src/server.c src/conn.c src/stats.c src/tls.c
 CLIENT_SRC := protocol/kvstash.c protocol/kvstash_async.c protocol/kvstash_wire.c protocol/kvstash_rdma.c \
               protocol/mp.c protocol/frame.c src/kverr.c $(RDMA_SRC)
 CLI_SRC := protocol/kvstash_cli.c
@@ -102,16 +102,16 @@ $(LIBCLIENT_A): $(CLIENT_OBJ)
 	$(call say,AR,$@)rm -f $@ && ar rcs $@ $^
 
 $(LIBCLIENT_SO): $(CLIENT_OBJ)
-	$(call say,LD,$@)$(CC) -shared $(LDFLAGS_ALL) -o $@ $^ -lmsgpackc $(RDMA_LIBS)
+	$(call say,LD,$@)$(CC) -shared $(LDFLAGS_ALL) -o $@ $^ -lmsgpackc -lssl -lcrypto $(RDMA_LIBS)
 
 $(KVSTASHD): $(DAEMON_OBJ) $(LIBCORE)
 	$(call say,LD,$@)$(CC) $(LDFLAGS_ALL) -o $@ $(DAEMON_OBJ) $(LIBCORE) $(LIBS_ALL)
 
 $(KVSTASH): $(call obj,$(CLI_SRC)) $(LIBCLIENT_A)
-	$(call say,LD,$@)$(CC) $(LDFLAGS_ALL) -o $@ $^ -lmsgpackc $(RDMA_LIBS)
+	$(call say,LD,$@)$(CC) $(LDFLAGS_ALL) -o $@ $^ -lmsgpackc -lssl -lcrypto $(RDMA_LIBS)
 
 $(BENCH): $(call obj,$(BENCH_SRC)) $(LIBCLIENT_A)
-	$(call say,LD,$@)$(CC) $(LDFLAGS_ALL) -o $@ $^ -lmsgpackc $(RDMA_LIBS) -lpthread
+	$(call say,LD,$@)$(CC) $(LDFLAGS_ALL) -o $@ $^ -lmsgpackc -lssl -lcrypto $(RDMA_LIBS) -lpthread
 
 # the memcached peer's load generator: libc and pthreads only; built by make bench
 $(MCBENCH): $(call obj,$(MCBENCH_SRC))
@@ -128,7 +128,7 @@ $(INTEG): $(call obj,$(INTEG_SRC)) $(call obj,$(filter-out src/main.c,$(DAEMON_S
 # ---- dependencies (Debian 12 packages) ----
 DEB_PKGS := build-essential pkg-config libevent-dev libmsgpack-dev libssl-dev liblmdb-dev \
             libibverbs-dev libcriterion-dev python3 python3-msgpack python3-pytest \
-            clang libclang-rt-14-dev
+            clang libclang-rt-14-dev openssl
 
 # tools only `make bench` uses (fio: the SSD section's device baseline)
 BENCH_PKGS := fio

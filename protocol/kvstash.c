@@ -475,6 +475,13 @@ kvstash_connect(const char *addr, struct kvstash **out)
 int
 kvstash_connect_timeout(const char *addr, int timeout_ms, struct kvstash **out)
 {
+    return kvstash_connect_tls(addr, NULL, timeout_ms, out);
+}
+
+int
+kvstash_connect_tls(const char *addr, const struct kvstash_tls *tls, int timeout_ms,
+                    struct kvstash **out)
+{
     struct kvstash *c;
     int rc;
 
@@ -495,6 +502,9 @@ kvstash_connect_timeout(const char *addr, int timeout_ms, struct kvstash **out)
         goto fail;
     }
     rc = kvstash_wire_connect(c, addr);
+    if (rc == 0 && tls != NULL) {
+        rc = c->is_unix ? -EINVAL : kvstash_wire_tls_start(c, addr, tls);
+    }
     if (rc != 0) {
         goto fail;
     }

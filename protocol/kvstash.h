@@ -405,6 +405,25 @@ int kvstash_rdma_enable(struct kvstash *c, const char *device, int port, int gid
 int kvstash_register_rdma_buffer(struct kvstash *c, void *ptr, size_t size,
                                  struct kvstash_buffer **out);
 
+/* ==== TLS ==== */
+
+/* What a TLS connection trusts and shows (file paths, PEM). */
+struct kvstash_tls {
+    const char *ca_file;     /* the CA(s) the server's certificate must chain to (required) */
+    const char *cert_file;   /* a client certificate chain, when the server asks; or NULL */
+    const char *key_file;    /* its private key */
+};
+
+/*
+ * kvstash_connect_tls: kvstash_connect_timeout to the daemon's tls_listen
+ * address host:port, over TLS 1.2 or later: the server's certificate must
+ * chain to tls->ca_file and be for host (name or IP address). Returns as
+ * kvstash_connect_timeout; a failed handshake is -EPROTO with the reason in
+ * kvstash_last_error(NULL).
+ */
+int kvstash_connect_tls(const char *addr, const struct kvstash_tls *tls, int timeout_ms,
+                        struct kvstash **out);
+
 /*
  * kvstash_stats: the server's counters as a malloc'd array of *n name/value
  * pairs (free with free()). Non-integer stats are left out.

@@ -58,6 +58,8 @@ static const char cli_usage_text[] =
     "  -H host:port          TCP address ([v6]:port for IPv6)\n"
     "  -S path               Unix socket path\n"
     "  -t timeout_ms         give up when the server makes no progress for this long\n"
+    "  --tls-ca FILE         speak TLS (to the daemon's tls_listen); trust FILE's CAs\n"
+    "  --tls-cert FILE       with --tls-key FILE: the client certificate to present\n"
     "  -V, --version         print the client version\n"
     "  -h, --help            print this help\n"
     "\n"
@@ -456,8 +458,12 @@ main(int argc, char **argv)
     static const struct option longopts[] = {
         { "help", no_argument, NULL, 'h' },
         { "version", no_argument, NULL, 'V' },
+        { "tls-ca", required_argument, NULL, 'C' },
+        { "tls-cert", required_argument, NULL, 'E' },
+        { "tls-key", required_argument, NULL, 'K' },
         { NULL, 0, NULL, 0 },
     };
+    struct kvstash_tls tls = {NULL, NULL, NULL};
     const char *host = NULL, *sock = NULL;
     char addr[PATH_MAX + 8];
     int timeout_ms = 0;
@@ -481,6 +487,15 @@ main(int argc, char **argv)
             timeout_ms = (int)v;
             break;
         }
+        case 'C':
+            tls.ca_file = optarg;
+            break;
+        case 'E':
+            tls.cert_file = optarg;
+            break;
+        case 'K':
+            tls.key_file = optarg;
+            break;
         case 'h':
             fputs(cli_usage_text, stdout);
             return CLI_OK;
@@ -520,7 +535,10 @@ main(int argc, char **argv)
     }
 
     struct kvstash *c = NULL;
-    int rc = kvstash_connect_timeout(addr, timeout_ms, &c);
+    if (tls.ca_file == NULL && (tls.cert_file != NULL || tls.key_file != NULL)) {
+        return cli_usage(NULL, "--tls-cert and --tls-key need --tls-ca", NULL);
+    }
+    int rc = kvstash_connect_tls(addr, tls.ca_file != NULL ? &tls : NULL, timeout_ms, &c);
     if (rc != 0) {
         const char *why = kvstash_last_error(NULL);
         if (rc > 0) {

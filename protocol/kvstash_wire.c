@@ -20,12 +20,16 @@
  */
 #include "kvstash_wire.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -172,12 +176,59 @@ kvstash_wire_take_fd(struct kvstash *c)
     return fd;
 }
 
+/*
+ * kvstash_wire_tls_io: one SSL_read (write false) or SSL_write of len bytes
+ * at buf, waiting (poll, c->timeout_ms) while TLS wants the socket: bytes
+ * (> 0) or -errno; the server's close is -ECONNRESET.
+ */
+static ssize_t
+kvstash_wire_tls_io(struct kvstash *c, void *buf, size_t len, bool write)
+{
+    int n = len > INT32_MAX ? INT32_MAX : (int)len;
+
+    for (;;) {
+        int r = write ? SSL_write(c->ssl, buf, n) : SSL_read(c->ssl, buf, n);
+        int rc;
+
+        if (r > 0) {
+            return r;
+        }
+        switch (SSL_get_error(c->ssl, r)) {
+        case SSL_ERROR_WANT_READ:
+            rc = kvstash_wire_wait(c, POLLIN);
+            break;
+        case SSL_ERROR_WANT_WRITE:
+            rc = kvstash_wire_wait(c, POLLOUT);
+            break;
+        case SSL_ERROR_ZERO_RETURN:
+            kvstash_wire_errf(c, "server closed the connection");
+            return -ECONNRESET;
+        case SSL_ERROR_SYSCALL:
+            if (errno == EINTR) {
+                continue;
+            }
+            kvstash_wire_errf(c, "server closed the connection");
+            return errno != 0 ? -errno : -ECONNRESET;
+        default:
+            kvstash_wire_errf(c, "TLS: %s", ERR_error_string(ERR_get_error(), NULL));
+            ERR_clear_error();
+            return -EPROTO;
+        }
+        if (rc != 0) {
+            return rc;
+        }
+    }
+}
+
 /* kvstash_wire_recv: some bytes (> 0) or -errno; end of stream is -ECONNRESET. */
 static ssize_t
 kvstash_wire_recv(struct kvstash *c, void *buf, size_t len, bool all)
 {
     int flags = c->timeout_ms > 0 ? MSG_DONTWAIT : (all ? MSG_WAITALL : 0);
 
+    if (c->ssl != NULL) {
+        return kvstash_wire_tls_io(c, buf, len, false);
+    }
     for (;;) {
         ssize_t r = c->is_unix ? kvstash_wire_recvmsg(c, buf, len, flags)
                                : recv(c->fd, buf, len, flags);
@@ -217,6 +268,17 @@ kvstash_wire_send_iov(struct kvstash *c, struct iovec *iov, size_t n, int fd)
         char buf[CMSG_SPACE(sizeof(int))];
     } ctl;
 
+    for (; c->ssl != NULL && n > 0; iov++, n--) {
+        while (iov->iov_len > 0) {
+            ssize_t w = kvstash_wire_tls_io(c, iov->iov_base, iov->iov_len, true);
+
+            if (w < 0) {
+                return (int)w;
+            }
+            iov->iov_base = (uint8_t *)iov->iov_base + w;
+            iov->iov_len -= (size_t)w;
+        }
+    }
     while (n > 0) {
         struct msghdr mh;
         memset(&mh, 0, sizeof(mh));
@@ -1523,9 +1585,88 @@ kvstash_wire_init(struct kvstash *c)
     return c->rbuf != NULL ? 0 : -ENOMEM;
 }
 
+int
+kvstash_wire_tls_start(struct kvstash *c, const char *addr, const struct kvstash_tls *tls)
+{
+    char host[256], port[32];
+    unsigned char ip[16];
+    int rc;
+
+    if (tls->ca_file == NULL || tls->ca_file[0] == '\0') {
+        kvstash_wire_errf(c, "TLS needs the CA file the server's certificate chains to");
+        return -EINVAL;
+    }
+    if (kvstash_wire_split_hostport(addr, host, sizeof(host), port, sizeof(port)) != 0) {
+        return -EINVAL;
+    }
+    c->ssl_ctx = SSL_CTX_new(TLS_client_method());
+    if (c->ssl_ctx == NULL) {
+        return -ENOMEM;
+    }
+    SSL_CTX_set_min_proto_version(c->ssl_ctx, TLS1_2_VERSION);
+    SSL_CTX_set_mode(c->ssl_ctx, SSL_MODE_ENABLE_PARTIAL_WRITE
+                                     | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+    SSL_CTX_set_verify(c->ssl_ctx, SSL_VERIFY_PEER, NULL);
+    if (SSL_CTX_load_verify_locations(c->ssl_ctx, tls->ca_file, NULL) != 1) {
+        kvstash_wire_errf(c, "TLS CA file %s: %s", tls->ca_file,
+                          ERR_error_string(ERR_get_error(), NULL));
+        return -EINVAL;
+    }
+    if (tls->cert_file != NULL && tls->cert_file[0] != '\0'
+        && (SSL_CTX_use_certificate_chain_file(c->ssl_ctx, tls->cert_file) != 1
+            || SSL_CTX_use_PrivateKey_file(c->ssl_ctx, tls->key_file != NULL ? tls->key_file : "",
+                                           SSL_FILETYPE_PEM) != 1)) {
+        kvstash_wire_errf(c, "TLS client certificate %s or key: %s", tls->cert_file,
+                          ERR_error_string(ERR_get_error(), NULL));
+        return -EINVAL;
+    }
+    c->ssl = SSL_new(c->ssl_ctx);
+    if (c->ssl == NULL || SSL_set_fd(c->ssl, c->fd) != 1) {
+        return -ENOMEM;
+    }
+    /* The name or address in addr is what the certificate must be for. */
+    if (inet_pton(AF_INET, host, ip) == 1 || inet_pton(AF_INET6, host, ip) == 1) {
+        X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(c->ssl), host);
+    } else {
+        SSL_set_tlsext_host_name(c->ssl, host);
+        SSL_set1_host(c->ssl, host);
+    }
+    if (fcntl(c->fd, F_SETFL, fcntl(c->fd, F_GETFL) | O_NONBLOCK) != 0) {
+        return -errno;
+    }
+    for (;;) {
+        int r = SSL_connect(c->ssl);
+
+        if (r == 1) {
+            return 0;
+        }
+        switch (SSL_get_error(c->ssl, r)) {
+        case SSL_ERROR_WANT_READ:
+            rc = kvstash_wire_wait(c, POLLIN);
+            break;
+        case SSL_ERROR_WANT_WRITE:
+            rc = kvstash_wire_wait(c, POLLOUT);
+            break;
+        default:
+            kvstash_wire_errf(c, "TLS handshake: %s", ERR_error_string(ERR_get_error(), NULL));
+            ERR_clear_error();
+            return -EPROTO;
+        }
+        if (rc != 0) {
+            return rc;
+        }
+    }
+}
+
 void
 kvstash_wire_deinit(struct kvstash *c)
 {
+    if (c->ssl != NULL) {
+        (void)SSL_shutdown(c->ssl);
+        SSL_free(c->ssl);
+        ERR_clear_error();
+    }
+    SSL_CTX_free(c->ssl_ctx);
     if (c->fd >= 0) {
         close(c->fd);
     }

@@ -46,6 +46,8 @@
 
 struct iovec;
 struct kvstash_rdma;
+typedef struct ssl_ctx_st SSL_CTX;
+typedef struct ssl_st SSL;
 struct kvstash_wire_seg;
 
 /* A piece of an object in the daemon's arena (segment 0), as offsets. */
@@ -94,6 +96,8 @@ struct kvstash {
     size_t fill_max;               /* recv size for refills */
     uint64_t msg_left;             /* bytes the current reply may still use */
     int rfd;                       /* a descriptor received (SCM_RIGHTS), or -1 */
+    SSL_CTX *ssl_ctx;              /* TLS (kvstash_wire_tls_start), else NULL */
+    SSL *ssl;
 };
 
 /* Internal to libkvstash: none of these is exported by libkvstash.so. */
@@ -317,6 +321,14 @@ int kvstash_wire_read_places(struct kvstash *c, uint64_t arena, struct kvstash_w
  */
 int kvstash_wire_read_replica(struct kvstash *c, uint64_t arena, struct kvstash_wire_piece *places,
                               size_t cap, size_t *n, uint64_t *size, uint64_t *lease_ms);
+
+/*
+ * kvstash_wire_tls_start: on a connected TCP socket, the TLS handshake to
+ * the server at addr (its certificate must chain to tls->ca_file and be for
+ * addr's host name or IP address), presenting tls->cert_file / key_file when
+ * given. 0 or -errno (c->err says why).
+ */
+int kvstash_wire_tls_start(struct kvstash *c, const char *addr, const struct kvstash_tls *tls);
 
 /* kvstash_wire_read_segment: map_segment's map: its segment and size (absent: untouched). */
 int kvstash_wire_read_segment(struct kvstash *c, uint64_t *segment, uint64_t *size);

@@ -200,6 +200,10 @@ static const struct conf_option conf_options[] = {
     OPT_BOOL(allow_unauthenticated_remote, "no", RELOAD),
     /*         name                     default           reload   extra check */
     OPT_STRING(token_file,              "",               RELOAD,  NULL),
+    OPT_STRING(tls_listen,              "",               RESTART, conf_check_listen),
+    OPT_STRING(tls_cert_file,           "",               RELOAD,  NULL),
+    OPT_STRING(tls_key_file,            "",               RELOAD,  NULL),
+    OPT_STRING(tls_ca_file,             "",               RELOAD,  NULL),
     {.name = "tenant", .type = CONF_T_TENANTS, .offset = offsetof(struct kv_config, tenants),
      .def = "", .reloadable = RELOAD},
 };
@@ -1237,6 +1241,17 @@ conf_finalize_tenants(const struct kv_config *c, struct conf_tenants *out, char 
     if (c->require_auth && out->n == 0) {
         conf_errorf(err, errlen, "require_auth yes needs at least one tenant line "
                     "(tenant NAME token_sha256=HEX)");
+        return -1;
+    }
+    if (c->tls_listen[0] != '\0' && (c->tls_cert_file[0] == '\0' || c->tls_key_file[0] == '\0')) {
+        conf_errorf(err, errlen, "tls_listen %s needs tls_cert_file and tls_key_file",
+                    c->tls_listen);
+        return -1;
+    }
+    if (!conf_listen_is_loopback(c->tls_listen) && !c->require_auth
+        && !c->allow_unauthenticated_remote) {
+        conf_errorf(err, errlen, "tls_listen %s is not a loopback address: set require_auth yes "
+                    "(with tenant lines), or allow_unauthenticated_remote yes", c->tls_listen);
         return -1;
     }
     if (!conf_listen_is_loopback(c->listen) && !c->require_auth

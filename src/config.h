@@ -87,6 +87,10 @@ struct kv_config {
     int require_auth;                 /* 1: hello {tenant, token} before anything but ping */
     int allow_unauthenticated_remote; /* 1: a non-loopback listen may go without require_auth */
     char token_file[CONF_STR_MAX];    /* "" or a 0600 file of more tenant lines */
+    char tls_listen[CONF_STR_MAX];    /* host:port of the TLS listener; "" = none */
+    char tls_cert_file[CONF_STR_MAX]; /* PEM certificate chain */
+    char tls_key_file[CONF_STR_MAX];  /* PEM private key */
+    char tls_ca_file[CONF_STR_MAX];   /* PEM CAs of client certificates; "" = none asked */
     struct conf_tenants tenants;      /* tenant lines (repeatable), then token_file's */
 };
 

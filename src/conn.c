@@ -26,6 +26,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+
 #include "frame.h"
 #include "kverr.h"
 #include "log.h"
@@ -56,6 +59,9 @@ struct conn {
     struct conn *next, *prev;
     int fd;
     int is_unix;
+    SSL *ssl;                        /* a TLS connection's session, or NULL */
+    bool tls_want_write;             /* an SSL_read waits for the socket to be writable */
+    bool tls_checked;                /* its first byte was a TLS handshake record's */
     uint64_t id;
     char peer[64];
     char addr[INET6_ADDRSTRLEN];     /* the peer's IP address ("" on the Unix socket) */
@@ -158,6 +164,11 @@ conn_free(struct conn *c)
     }
     if (c->ev_write != NULL) {
         event_free(c->ev_write);
+    }
+    if (c->ssl != NULL) {
+        (void)SSL_shutdown(c->ssl);     /* a close_notify, best effort: never waits */
+        SSL_free(c->ssl);
+        ERR_clear_error();
     }
     if (c->fd >= 0) {
         close(c->fd);
@@ -298,7 +309,7 @@ conn_auth_account(struct conn *c)
 }
 
 int
-conn_adopt(struct worker *w, int fd, int is_unix)
+conn_adopt(struct worker *w, int fd, int kind)
 {
     struct conn *c = calloc(1, sizeof(*c));
 
@@ -308,9 +319,23 @@ conn_adopt(struct worker *w, int fd, int is_unix)
         atomic_fetch_sub_explicit(&w->srv->connections, 1, memory_order_relaxed);
         return -ENOMEM;
     }
+    int is_unix = kind == CONN_UNIX;
+
     c->w = w;
     c->fd = fd;
     c->is_unix = is_unix;
+    if (kind == CONN_TLS) {
+        c->ssl = server_tls_new(w->srv);
+        if (c->ssl == NULL || SSL_set_fd(c->ssl, fd) != 1) {
+            log_error("conn: cannot set up TLS for fd %d", fd);
+            SSL_free(c->ssl);
+            free(c);
+            close(fd);
+            atomic_fetch_sub_explicit(&w->srv->connections, 1, memory_order_relaxed);
+            return -ENOMEM;
+        }
+        SSL_set_accept_state(c->ssl);
+    }
     c->id = atomic_fetch_add_explicit(&conn_next_id, 1, memory_order_relaxed);
     conn_peer_name(c);
     c->ctx.auth_blocked = conn_auth_check(c->addr, false);
@@ -363,6 +388,9 @@ conn_set_reading(struct conn *c, bool on)
     }
     if (on) {
         event_add(c->ev_read, NULL);
+        if (c->ssl != NULL && SSL_pending(c->ssl) > 0) {
+            event_active(c->ev_read, EV_READ, 0);   /* decrypted bytes the socket will not signal */
+        }
     } else {
         event_del(c->ev_read);
     }
@@ -483,6 +511,125 @@ conn_wait_end(struct conn *c)
 
 /* ---- output ---- */
 
+/*
+ * conn_tls_result: an SSL_read/SSL_write result as read/write would give it:
+ * bytes, 0 at the peer's close, or -1 with errno (EAGAIN to wait, after
+ * arming the write event when TLS needs the socket writable).
+ */
+static ssize_t
+conn_tls_result(struct conn *c, int r)
+{
+    char why[160];
+
+    if (r > 0) {
+        return r;
+    }
+    switch (SSL_get_error(c->ssl, r)) {
+    case SSL_ERROR_WANT_READ:
+        errno = EAGAIN;
+        return -1;
+    case SSL_ERROR_WANT_WRITE:
+        c->tls_want_write = true;
+        conn_set_writing(c, true);
+        errno = EAGAIN;
+        return -1;
+    case SSL_ERROR_ZERO_RETURN:
+        return 0;
+    case SSL_ERROR_SYSCALL:
+        if (errno == 0) {
+            return 0;               /* closed without a close_notify */
+        }
+        return -1;
+    default:
+        log_info("conn %llu %s: TLS: %s", (unsigned long long)c->id, c->peer,
+                 ERR_error_string(ERR_get_error(), why));
+        ERR_clear_error();
+        errno = EPROTO;
+        return -1;
+    }
+}
+
+/*
+ * conn_tls_check: a TLS connection's first byte must start a handshake
+ * record (0x16). A client speaking plain msgpack-rpc to the TLS port gets
+ * an error notification in plain text, and the connection closes at once
+ * (OpenSSL would take its first bytes for an SSLv2 header and wait for
+ * kilobytes). Returns 0 to go on (or wait for the byte), -1 to close.
+ */
+static int
+conn_tls_check(struct conn *c)
+{
+    uint8_t b;
+    ssize_t r = recv(c->fd, &b, 1, MSG_PEEK);
+
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+        return 0;
+    }
+    if (r == 1 && b == 0x16) {
+        c->tls_checked = true;
+        return 0;
+    }
+    if (r == 1) {
+        struct outq q;
+        struct iovec iov[4];
+        int n;
+
+        uint8_t sink[4096];
+
+        /* What it sent is read first: closing on unread bytes would reset the connection,
+         * and the notification with it. */
+        while (recv(c->fd, sink, sizeof(sink), MSG_DONTWAIT) > 0) {
+        }
+        outq_init(&q, c->w->srv->store);
+        if (rpc_notify_error(&q, KV_PROTOCOL_ERROR, "this port speaks TLS") == 0) {
+            n = outq_peek(&q, iov, 4);
+            (void)writev(c->fd, iov, n);  /* best effort, never waits */
+        }
+        outq_deinit(&q);
+        (void)shutdown(c->fd, SHUT_WR);
+        log_info("conn %llu %s: not TLS on the TLS port; closing", (unsigned long long)c->id,
+                 c->peer);
+    }
+    return -1;                      /* or the peer went away */
+}
+
+/* conn_tls_readv: readv through TLS (into the first buffer; the next read fills the rest). */
+static ssize_t
+conn_tls_readv(struct conn *c, const struct iovec *iov, int n)
+{
+    (void)n;
+    errno = 0;
+    return conn_tls_result(c, SSL_read(c->ssl, iov[0].iov_base,
+                                       iov[0].iov_len > INT32_MAX ? INT32_MAX
+                                                                  : (int)iov[0].iov_len));
+}
+
+/* conn_tls_writev: writev through TLS, segment after segment, as far as the socket takes. */
+static ssize_t
+conn_tls_writev(struct conn *c, const struct iovec *iov, int n)
+{
+    ssize_t done = 0;
+
+    for (int i = 0; i < n; i++) {
+        size_t off = 0;
+
+        while (off < iov[i].iov_len) {
+            size_t len = iov[i].iov_len - off;
+            ssize_t w;
+
+            errno = 0;
+            w = conn_tls_result(c, SSL_write(c->ssl, (const uint8_t *)iov[i].iov_base + off,
+                                             len > INT32_MAX ? INT32_MAX : (int)len));
+            if (w <= 0) {
+                return done > 0 ? done : w == 0 ? -1 : w;
+            }
+            off += (size_t)w;
+            done += w;
+        }
+    }
+    return done;
+}
+
 /* conn_send_fd: writev with descriptor fd attached to the first byte (SCM_RIGHTS). */
 static ssize_t
 conn_send_fd(int sock, struct iovec *iov, int n, int fd)
@@ -512,7 +659,9 @@ conn_flush(struct conn *c)
     while (outq_pending(&c->out) > 0) {
         int n = outq_peek(&c->out, iov, CONN_IOV_MAX);
         int fd = outq_head_fd(&c->out);
-        ssize_t wr = fd < 0 ? writev(c->fd, iov, n) : conn_send_fd(c->fd, iov, n, fd);
+        ssize_t wr = c->ssl != NULL ? conn_tls_writev(c, iov, n)
+                     : fd < 0     ? writev(c->fd, iov, n)
+                                  : conn_send_fd(c->fd, iov, n, fd);
         if (wr < 0) {
             if (errno == EAGAIN || errno == EWOULDBLOCK) {
                 break;
@@ -538,7 +687,7 @@ conn_flush(struct conn *c)
                                   (uint64_t)wr,
                               memory_order_relaxed);
     }
-    conn_set_writing(c, outq_pending(&c->out) > 0);
+    conn_set_writing(c, outq_pending(&c->out) > 0 || c->tls_want_write);
     return 0;
 }
 
@@ -1019,7 +1168,9 @@ conn_read_once(struct conn *c)
         n++;
     }
 
-    ssize_t rd = c->is_unix ? conn_recv_fds(c, iov, n) : readv(c->fd, iov, n);
+    ssize_t rd = c->ssl != NULL ? conn_tls_readv(c, iov, n)
+                 : c->is_unix  ? conn_recv_fds(c, iov, n)
+                               : readv(c->fd, iov, n);
     if (rd <= 0) {
         return rd < 0 ? -errno : 0;
     }
@@ -1064,6 +1215,10 @@ conn_on_read(evutil_socket_t fd, short what, void *arg)
 
     conn_refresh_limits(c->w);
     c->yielded = false;
+    if (c->ssl != NULL && !c->tls_checked && conn_tls_check(c) != 0) {
+        conn_free(c);
+        return;
+    }
     for (int i = 0; i < CONN_READS_PER_WAKE && !c->closing && !c->yielded; i++) {
         ssize_t rd = conn_read_once(c);
         if (rd == 0) {
@@ -1143,6 +1298,13 @@ conn_on_write(evutil_socket_t fd, short what, void *arg)
     (void)what;
 
     conn_refresh_limits(c->w);
+    if (c->tls_want_write) {
+        /* A TLS read (the handshake, say) waited for this: read again; that flushes too. */
+        c->tls_want_write = false;
+        conn_set_writing(c, false);
+        conn_on_read(fd, EV_READ, c);
+        return;
+    }
     if (conn_flush(c) != 0) {
         conn_free(c);
         return;

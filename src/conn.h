@@ -23,7 +23,9 @@ struct worker;
  * (called on w's thread). is_unix tells the transport. On failure the fd is
  * closed and the error logged. Returns 0 or -errno.
  */
-int conn_adopt(struct worker *w, int fd, int is_unix);
+enum conn_kind { CONN_TCP, CONN_UNIX, CONN_TLS };
+
+int conn_adopt(struct worker *w, int fd, int kind);
 
 /*
  * conn_drain_all: the server is stopping: close idle connections of w now;

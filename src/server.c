@@ -36,6 +36,9 @@
 #include "stats.h"
 #include "ssd.h"
 #include "store.h"
+#include "tls.h"
+
+#include <openssl/ssl.h>
 #include "version.h"
 
 #define SERVER_ACCEPTS_PER_WAKE 64
@@ -253,6 +256,9 @@ server_accept_resume(evutil_socket_t fd, short what, void *arg)
     if (s->unix_ev != NULL) {
         event_add(s->unix_ev, NULL);
     }
+    if (s->tls_ev != NULL) {
+        event_add(s->tls_ev, NULL);
+    }
 }
 
 static void
@@ -260,6 +266,7 @@ server_on_accept(evutil_socket_t lfd, short what, void *arg)
 {
     struct server *s = arg;
     int is_unix = (lfd == s->unix_fd);
+    int is_tls = (lfd == s->tls_fd);
     (void)what;
 
     for (int i = 0; i < SERVER_ACCEPTS_PER_WAKE; i++) {
@@ -279,6 +286,9 @@ server_on_accept(evutil_socket_t lfd, short what, void *arg)
                 }
                 if (s->unix_ev != NULL) {
                     event_del(s->unix_ev);
+                }
+                if (s->tls_ev != NULL) {
+                    event_del(s->tls_ev);
                 }
                 evtimer_add(s->accept_timer, &tv);
                 return;
@@ -316,7 +326,8 @@ server_on_accept(evutil_socket_t lfd, short what, void *arg)
             w->pending = p;
             w->cappending = cap;
         }
-        w->pending[w->npending++] = is_unix ? -fd - 1 : fd; /* sign carries the transport */
+        /* the sign and a high bit carry the transport */
+        w->pending[w->npending++] = is_unix ? -fd - 1 : is_tls ? fd | SERVER_TLS_FD : fd;
         pthread_mutex_unlock(&w->lock);
         char b = 'c';
         if (write(w->notify_wr, &b, 1) < 0 && errno != EAGAIN) {
@@ -358,12 +369,15 @@ worker_on_notify(evutil_socket_t fd, short what, void *arg)
         }
         for (int i = 0; i < n; i++) {
             int f = fds[i];
+            int kind = f < 0 ? CONN_UNIX : (f & SERVER_TLS_FD) ? CONN_TLS : CONN_TCP;
+            int cfd = f < 0 ? -f - 1 : f & ~SERVER_TLS_FD;
+
             if (w->draining || drain) {
-                close(f < 0 ? -f - 1 : f);
+                close(cfd);
                 atomic_fetch_sub_explicit(&w->srv->connections, 1, memory_order_relaxed);
                 continue;
             }
-            conn_adopt(w, f < 0 ? -f - 1 : f, f < 0);
+            conn_adopt(w, cfd, kind);
         }
     }
     if (drain && !w->draining) {
@@ -662,6 +676,7 @@ server_reload(struct server *s)
     struct kv_config *next = malloc(sizeof(*next));
     const struct kv_config *cur = server_conf(s);
     struct kv_config **olds;
+    SSL_CTX *tls_ctx = NULL;
 
     if (fresh == NULL || next == NULL) {
         log_error("reload: out of memory; keeping the running config");
@@ -670,6 +685,14 @@ server_reload(struct server *s)
     if (server_build_conf(s, fresh, err, sizeof(err)) != 0) {
         log_error("reload failed, keeping the running config: %s", err);
         goto fail;
+    }
+    if (s->tls_ctx != NULL) {
+        tls_ctx = tls_ctx_new(fresh->tls_cert_file, fresh->tls_key_file, fresh->tls_ca_file, err,
+                              sizeof(err));
+        if (tls_ctx == NULL) {
+            log_error("reload failed, keeping the running config and certificates: %s", err);
+            goto fail;
+        }
     }
     conf_diff(cur, fresh, server_log_restart_key, NULL);
     *next = *cur;
@@ -693,6 +716,17 @@ server_reload(struct server *s)
         ssd_reconfigure(s->ssd, &ssc);
     }
     server_apply_quotas(s, cur, next);
+    if (s->tls_ctx != NULL) {
+        /* New connections get the new certificates; those made before keep theirs. */
+        SSL_CTX *old;
+
+        pthread_mutex_lock(&s->tls_lock);
+        old = s->tls_ctx;
+        s->tls_ctx = tls_ctx;
+        pthread_mutex_unlock(&s->tls_lock);
+        tls_ctx_free(old);
+        tls_ctx = NULL;
+    }
     if (strcmp(next->log_file, cur->log_file) != 0) {
         int rc = log_open(next->log_file, next->log_level);
         if (rc != 0) {
@@ -714,8 +748,20 @@ server_reload(struct server *s)
     log_info("reload: configuration applied");
     return;
 fail:
+    tls_ctx_free(tls_ctx);
     free(fresh);
     free(next);
+}
+
+SSL *
+server_tls_new(struct server *s)
+{
+    SSL *ssl;
+
+    pthread_mutex_lock(&s->tls_lock);
+    ssl = s->tls_ctx != NULL ? SSL_new(s->tls_ctx) : NULL;    /* it takes its own reference */
+    pthread_mutex_unlock(&s->tls_lock);
+    return ssl;
 }
 
 /* ---- signals and drain ---- */
@@ -770,9 +816,16 @@ server_begin_drain(struct server *s)
     if (s->unix_ev != NULL) {
         event_del(s->unix_ev);
     }
+    if (s->tls_ev != NULL) {
+        event_del(s->tls_ev);
+    }
     if (s->tcp_fd >= 0) {
         close(s->tcp_fd);
         s->tcp_fd = -1;
+    }
+    if (s->tls_fd >= 0) {
+        close(s->tls_fd);
+        s->tls_fd = -1;
     }
     if (s->unix_fd >= 0) {
         close(s->unix_fd);
@@ -857,7 +910,8 @@ server_create(const struct kv_config *conf, const char *config_path, int argc, c
     s->config_path = config_path;
     s->argc = argc;
     s->argv = argv;
-    s->tcp_fd = s->unix_fd = -1;
+    s->tcp_fd = s->unix_fd = s->tls_fd = -1;
+    pthread_mutex_init(&s->tls_lock, NULL);
     s->started = time(NULL);
 
     rc = server_mkdirs(c->data_dir);
@@ -923,7 +977,21 @@ server_create(const struct kv_config *conf, const char *config_path, int argc, c
         s->transports[s->rpc.ntransports++] = "unix";
         s->transports[s->rpc.ntransports++] = "shm";   /* registered buffers, over the socket */
     }
-    if (s->tcp_fd < 0 && s->unix_fd < 0) {
+    if (c->tls_listen[0] != '\0') {
+        char err[512];
+
+        s->tls_ctx = tls_ctx_new(c->tls_cert_file, c->tls_key_file, c->tls_ca_file, err,
+                                 sizeof(err));
+        if (s->tls_ctx == NULL) {
+            log_error("%s", err);
+            goto fail;
+        }
+        if (server_listen_tcp(c->tls_listen, &s->tls_fd) != 0) {
+            goto fail;
+        }
+        s->transports[s->rpc.ntransports++] = "tls";
+    }
+    if (s->tcp_fd < 0 && s->unix_fd < 0 && s->tls_fd < 0) {
         log_error("nothing to listen on: both listen and unix_socket are disabled");
         goto fail;
     }
@@ -986,6 +1054,12 @@ server_create(const struct kv_config *conf, const char *config_path, int argc, c
     if (s->unix_fd >= 0) {
         s->unix_ev = event_new(s->base, s->unix_fd, EV_READ | EV_PERSIST, server_on_accept, s);
         if (s->unix_ev == NULL || event_add(s->unix_ev, NULL) != 0) {
+            goto fail;
+        }
+    }
+    if (s->tls_fd >= 0) {
+        s->tls_ev = event_new(s->base, s->tls_fd, EV_READ | EV_PERSIST, server_on_accept, s);
+        if (s->tls_ev == NULL || event_add(s->tls_ev, NULL) != 0) {
             goto fail;
         }
     }
@@ -1058,9 +1132,17 @@ server_destroy(struct server *s)
     if (s->unix_ev != NULL) {
         event_free(s->unix_ev);
     }
+    if (s->tls_ev != NULL) {
+        event_free(s->tls_ev);
+    }
     if (s->tcp_fd >= 0) {
         close(s->tcp_fd);
     }
+    if (s->tls_fd >= 0) {
+        close(s->tls_fd);
+    }
+    tls_ctx_free(s->tls_ctx);
+    pthread_mutex_destroy(&s->tls_lock);
     if (s->unix_fd >= 0) {
         close(s->unix_fd);
         unlink(s->unix_path);

@@ -38,6 +38,9 @@ struct ssd;
 struct store;
 
 #define SERVER_MAX_WORKERS 64
+#define SERVER_TLS_FD (1 << 30)         /* marks a TLS connection's fd in a worker's queue */
+
+typedef struct ssl_ctx_st SSL_CTX;
 #define SERVER_RDMA_CQ_SIZE 65536      /* completion entries per worker: 512 queue pairs of 128 */
 
 struct worker {
@@ -86,15 +89,17 @@ struct server {
     struct rdma_region *rdma_arena;  /* the arena registered with it */
     struct rpc_server rpc;
     char node_id[CONF_STR_MAX];
-    const char *transports[4];
+    const char *transports[6];
     struct event_base *base;
     struct worker *workers;
     int nworkers;                    /* workers allocated */
     int nthreads;                    /* worker threads started */
     int next_worker;
-    int tcp_fd, unix_fd;
+    int tcp_fd, unix_fd, tls_fd;
+    SSL_CTX *tls_ctx;                /* new TLS connections' context (swapped on SIGHUP) */
+    pthread_mutex_t tls_lock;        /* guards tls_ctx */
     char unix_path[CONF_STR_MAX];
-    struct event *tcp_ev, *unix_ev, *accept_timer;
+    struct event *tcp_ev, *unix_ev, *tls_ev, *accept_timer;
     struct event *sig_ev[4];
     struct event *drain_timer;
     struct timespec drain_deadline;
@@ -120,6 +125,10 @@ int server_run(struct server *s);
 
 /* server_destroy: stop threads and free everything. Accepts NULL and half-built servers. */
 void server_destroy(struct server *s);
+
+/* server_tls_new: an SSL for a new TLS connection, with the current context; NULL if none. */
+typedef struct ssl_st SSL;
+SSL *server_tls_new(struct server *s);
 
 /* server_conf: the current config snapshot (valid until server_destroy). */
 static inline const struct kv_config *

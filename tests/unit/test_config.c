@@ -152,6 +152,10 @@ static const char *const changed_values[][2] = {
     {"log_level", "debug"},
     {"log_file", "/tmp/kvstash-test.log"},
     {"require_auth", "yes"},
+    {"tls_listen", "127.0.0.1:7432"},
+    {"tls_cert_file", "/tmp/kvstash-test.crt"},
+    {"tls_key_file", "/tmp/kvstash-test.key"},
+    {"tls_ca_file", "/tmp/kvstash-test-ca.crt"},
     {"allow_unauthenticated_remote", "yes"},
     {"token_file", "/tmp/kvstash-test.tokens"},
     {"tenant", "team-a token_sha256=9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"},
@@ -165,7 +169,8 @@ static const char *const reloadable_keys[] = {
     "client_output_limit", "shutdown_timeout_ms", "eviction_high_watermark",
     "eviction_low_watermark", "ssd_bucket_size", "ssd_eviction", "ssd_high_watermark",
     "ssd_low_watermark", "ssd_offload", "ssd_promote", "require_auth", "client_output_max",
-    "client_output_timeout", "idle_timeout", "conn_buffer_memory",
+    "client_output_timeout", "idle_timeout", "conn_buffer_memory", "tls_cert_file",
+    "tls_key_file", "tls_ca_file",
     "allow_unauthenticated_remote", "token_file", "tenant", NULL,
 };
 
@@ -754,13 +759,13 @@ Test(config, apply_reloadable_copies_only_reloadable_keys)
     conf_apply_reloadable(&running, &fresh);
 
     /* What still differs from the new config is exactly the restart-only keys... */
-    cr_expect_eq(conf_diff(&running, &fresh, diff_collect, &d), 13);
+    cr_expect_eq(conf_diff(&running, &fresh, diff_collect, &d), 14);
     for (int i = 0; i < d.n; i++) {
         cr_expect_not(d.reloadable[i], "%s should have been applied", d.keys[i]);
     }
     /* ...and what changed from before is exactly the reloadable ones. */
     d.n = 0;
-    cr_expect_eq(conf_diff(&before, &running, diff_collect, &d), 27);
+    cr_expect_eq(conf_diff(&before, &running, diff_collect, &d), 30);
     for (int i = 0; i < d.n; i++) {
         cr_expect(d.reloadable[i], "%s needs a restart but was applied", d.keys[i]);
     }
