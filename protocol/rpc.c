@@ -491,9 +491,11 @@ rpc_deferred_track(struct rpc_req *rq, struct rpc_deferred *d, uint32_t i, const
 void
 rpc_deferred_hold(struct rpc_ctx *ctx, struct rpc_deferred *d, uint32_t i, struct store_obj *o)
 {
-    if (store_sync(ctx->srv->store, o) != 0) {
+    int rc = store_sync(ctx->srv->store, o);
+
+    if (rc != 0) {
         store_obj_unref(ctx->srv->store, o);
-        d->codes[i] = KV_UNSUPPORTED;
+        d->codes[i] = rc;           /* UNSUPPORTED, or QUOTA_EXCEEDED: in DRAM only, not durable */
         return;
     }
     d->objs[i] = o;

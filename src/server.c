@@ -482,13 +482,13 @@ server_apply_quotas(struct server *s, const struct kv_config *old, const struct 
         const struct conf_tenant *t = &old->tenants.t[i];
 
         if (conf_tenant_find(next, t->name, strlen(t->name)) == NULL) {
-            (void)store_set_quota(s->store, t->id, 0);
+            (void)store_set_quota(s->store, t->id, 0, 0);
         }
     }
     for (uint32_t i = 0; i < next->tenants.n; i++) {
         const struct conf_tenant *t = &next->tenants.t[i];
 
-        if (store_set_quota(s->store, t->id, t->memory_quota) != 0) {
+        if (store_set_quota(s->store, t->id, t->memory_quota, t->ssd_quota) != 0) {
             log_error("tenant %s: no room for another quota (at most 64 tenants have one)",
                       t->name);
         }

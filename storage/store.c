@@ -49,7 +49,7 @@
 
 static void store_graves_sweep(struct store *s);
 static void store_tenant_usage_pages(struct store *s, uint32_t tenant, uint64_t *objects,
-                                     uint64_t *bytes, uint64_t *pages);
+                                     uint64_t *bytes, uint64_t *pages, uint64_t *stored);
 
 uint64_t
 store_now_ms(void)
@@ -310,7 +310,7 @@ store_charge(struct store *s, uint32_t tenant, int64_t pages)
 }
 
 int
-store_set_quota(struct store *s, uint32_t tenant, uint64_t bytes)
+store_set_quota(struct store *s, uint32_t tenant, uint64_t bytes, uint64_t ssd_bytes)
 {
     struct store_quota *q = store_quota_of(s, tenant);
     uint32_t n = atomic_load_explicit(&s->nquotas, memory_order_relaxed);
@@ -319,7 +319,7 @@ store_set_quota(struct store *s, uint32_t tenant, uint64_t bytes)
         return KV_INVALID_ARGUMENT;
     }
     if (q == NULL) {
-        uint64_t objects, value_bytes, pages = 0;
+        uint64_t objects, value_bytes, pages = 0, stored = 0;
 
         if (n == STORE_QUOTA_SLOTS) {
             return KV_NO_SPACE;
@@ -329,10 +329,13 @@ store_set_quota(struct store *s, uint32_t tenant, uint64_t bytes)
         atomic_store_explicit(&q->used, 0, memory_order_relaxed);
         atomic_store_explicit(&s->nquotas, n + 1, memory_order_release);
         /* What the tenant holds already (a quota added by a reload); exact when quiet. */
-        store_tenant_usage_pages(s, tenant, &objects, &value_bytes, &pages);
+        atomic_store_explicit(&q->ssd_used, 0, memory_order_relaxed);
+        store_tenant_usage_pages(s, tenant, &objects, &value_bytes, &pages, &stored);
         atomic_fetch_add_explicit(&q->used, pages * STORE_PAGE_SIZE, memory_order_relaxed);
+        atomic_fetch_add_explicit(&q->ssd_used, stored, memory_order_relaxed);
     }
     atomic_store_explicit(&q->limit, bytes, memory_order_relaxed);
+    atomic_store_explicit(&q->ssd_limit, ssd_bytes, memory_order_relaxed);
     return 0;
 }
 
@@ -507,14 +510,36 @@ store_load_start_locked(struct store *s, struct store_shard *sh, struct store_ob
     }
 }
 
-/* store_queue_locked: hand o to the tier's offload hook with a reference of its own. */
+bool
+store_ssd_over_quota(struct store *s, const struct store_obj *o)
+{
+    const struct store_quota *q = store_quota_of(s, o->tenant);
+    uint64_t limit = q != NULL ? atomic_load_explicit(&q->ssd_limit, memory_order_relaxed) : 0;
+
+    return limit != 0 && atomic_load_explicit(&q->ssd_used, memory_order_relaxed) + o->size > limit;
+}
+
 void
+store_ssd_charge(struct store *s, uint32_t tenant, int64_t bytes)
+{
+    struct store_quota *q = store_quota_of(s, tenant);
+
+    if (q != NULL && bytes != 0) {
+        atomic_fetch_add_explicit(&q->ssd_used, (uint64_t)bytes, memory_order_relaxed);
+    }
+}
+
+bool
 store_queue_locked(struct store *s, struct store_obj *o)
 {
+    if (store_ssd_over_quota(s, o)) {
+        return false;               /* its tenant's SSD share is full: it stays in DRAM only */
+    }
     atomic_store_explicit(&o->ssd, STORE_SSD_QUEUED, memory_order_relaxed);
     atomic_fetch_add_explicit(&o->refs, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&s->offloading, 1, memory_order_relaxed);
     s->tier.offload(s->tier.arg, o);
+    return true;
 }
 
 /*
@@ -526,7 +551,8 @@ store_must_offload_locked(struct store *s, const struct store_obj *o)
 {
     return s->has_tier && atomic_load_explicit(&s->on_evict, memory_order_relaxed)
            && !atomic_load_explicit(&s->degraded, memory_order_relaxed)
-           && atomic_load_explicit(&o->ssd, memory_order_relaxed) == STORE_SSD_NONE;
+           && atomic_load_explicit(&o->ssd, memory_order_relaxed) == STORE_SSD_NONE
+           && !store_ssd_over_quota(s, o);     /* over its SSD quota: it is dropped instead */
 }
 
 /*
@@ -1198,6 +1224,7 @@ store_forget(struct store *s, struct store_obj *o)
 
     if (s->has_tier && atomic_load_explicit(&o->ssd, memory_order_acquire) == STORE_SSD_STORED) {
         store_obj_key(o, &key);
+        store_ssd_charge(s, o->tenant, -(int64_t)o->size);
         s->tier.forget(s->tier.arg, &key, &o->loc, o->size);
     }
 }
@@ -1345,18 +1372,19 @@ store_remove_all(struct store *s, uint32_t tenant, bool all_tenants, bool force)
 void
 store_tenant_usage(struct store *s, uint32_t tenant, uint64_t *objects, uint64_t *bytes)
 {
-    uint64_t pages;
+    uint64_t pages, stored;
 
-    store_tenant_usage_pages(s, tenant, objects, bytes, &pages);
+    store_tenant_usage_pages(s, tenant, objects, bytes, &pages, &stored);
 }
 
 static void
 store_tenant_usage_pages(struct store *s, uint32_t tenant, uint64_t *objects, uint64_t *bytes,
-                         uint64_t *pages)
+                         uint64_t *pages, uint64_t *stored)
 {
     *objects = 0;
     *bytes = 0;
     *pages = 0;
+    *stored = 0;
     for (unsigned i = 0; i < STORE_SHARDS; i++) {
         struct store_shard *sh = &s->shard[i];
 
@@ -1370,6 +1398,9 @@ store_tenant_usage_pages(struct store *s, uint32_t tenant, uint64_t *objects, ui
                 }
                 if (o->tenant == tenant) {
                     *pages += store_ext_pages(o->ext, o->n_ext);
+                    if (atomic_load_explicit(&o->ssd, memory_order_relaxed) == STORE_SSD_STORED) {
+                        *stored += o->size;
+                    }
                 }
             }
         }

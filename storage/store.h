@@ -329,14 +329,18 @@ int store_lease(struct store *s, const struct kv_key *key, uint32_t ttl_ms, uint
 /* ---- accounting ---- */
 
 /*
- * store_set_quota: cap the arena bytes tenant's objects may hold (0: no cap,
- * usage still counted). A put that would pass it gets KV_QUOTA_EXCEEDED;
- * while a tenant is within its quota, eviction for anyone else leaves its
- * objects alone (its share is guaranteed). Loads from the SSD tier are
- * counted, never refused. At most 64 tenants; KV_NO_SPACE beyond,
- * KV_INVALID_ARGUMENT for tenant 0. Call at start and on reload.
+ * store_set_quota: cap the arena bytes tenant's objects may hold (bytes; 0:
+ * no cap, usage still counted). A put that would pass it gets
+ * KV_QUOTA_EXCEEDED; while a tenant is within its quota, eviction for anyone
+ * else leaves its objects alone (its share is guaranteed). Loads from the
+ * SSD tier are counted, never refused. ssd_bytes caps the value bytes of its
+ * objects on the SSD tier: past it, its objects are not written there (they
+ * live in DRAM only, and eviction drops them) and store_sync answers
+ * KV_QUOTA_EXCEEDED. At most 64 tenants; KV_NO_SPACE beyond,
+ * KV_INVALID_ARGUMENT for tenant 0. Call at start (before the tier loads
+ * its index) and on reload.
  */
-int store_set_quota(struct store *s, uint32_t tenant, uint64_t bytes);
+int store_set_quota(struct store *s, uint32_t tenant, uint64_t bytes, uint64_t ssd_bytes);
 
 /*
  * store_tenant_usage: the PUBLISHED objects of `tenant` and their value
@@ -411,7 +415,8 @@ void store_obj_store_failed(struct store *s, struct store_obj *o);
 /*
  * store_sync: make sure o (a reference the caller holds, PUBLISHED) gets
  * written to the tier: queue it unless it is queued or stored already.
- * Returns 0, or KV_UNSUPPORTED when no tier is attached. Wait for the
+ * Returns 0, KV_UNSUPPORTED when no tier is attached, or KV_QUOTA_EXCEEDED
+ * when o's tenant has no SSD quota left for it. Wait for the
  * outcome with store_obj_ssd_state.
  */
 int store_sync(struct store *s, struct store_obj *o);

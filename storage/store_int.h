@@ -127,6 +127,8 @@ struct store_quota {
     _Atomic uint32_t tenant;        /* 0: free slot */
     _Atomic uint64_t limit;         /* bytes; 0: none (usage still counted) */
     _Atomic uint64_t used;          /* bytes of arena pages its objects hold */
+    _Atomic uint64_t ssd_limit;     /* value bytes on the SSD tier; 0: none */
+    _Atomic uint64_t ssd_used;      /* value bytes of its objects stored there */
 };
 
 /*
@@ -134,6 +136,9 @@ struct store_quota {
  * counted against its quota if it has one. Any thread; no lock.
  */
 void store_charge(struct store *s, uint32_t tenant, int64_t pages);
+
+/* store_ssd_charge: value bytes of tenant's objects stored on (+) or dropped from (-) the tier. */
+void store_ssd_charge(struct store *s, uint32_t tenant, int64_t bytes);
 
 struct store {
     struct store_shard shard[STORE_SHARDS];
@@ -260,8 +265,15 @@ int store_evictable_locked(const struct store_obj *o, uint64_t now);
  */
 void store_load_start_locked(struct store *s, struct store_shard *sh, struct store_obj *o);
 
-/* store_queue_locked: hand o to the tier's offload hook with a reference of its own. */
-void store_queue_locked(struct store *s, struct store_obj *o);
+/*
+ * store_queue_locked: hand o to the tier's offload hook with a reference of
+ * its own. Returns false (nothing queued) when o's tenant has no SSD quota
+ * left for it.
+ */
+bool store_queue_locked(struct store *s, struct store_obj *o);
+
+/* store_ssd_over_quota: storing o would take its tenant past its SSD quota. */
+bool store_ssd_over_quota(struct store *s, const struct store_obj *o);
 
 /*
  * store_take_pages: npages arena pages as at most max extents, evicting as

@@ -99,6 +99,7 @@ store_obj_stored(struct store *s, struct store_obj *o, const struct store_loc *l
         o->loc = *loc;
         atomic_store_explicit(&o->ssd, STORE_SSD_STORED, memory_order_release);
         sh->stored++;
+        store_ssd_charge(s, o->tenant, (int64_t)o->size);
     }
     pthread_mutex_unlock(&sh->lock);
     return rc;
@@ -138,8 +139,10 @@ store_sync(struct store *s, struct store_obj *o)
     }
     pthread_mutex_lock(&sh->lock);
     state = atomic_load_explicit(&o->ssd, memory_order_relaxed);
-    if (o->state == STORE_OBJ_PUBLISHED && (state == STORE_SSD_NONE || state == STORE_SSD_FAILED)) {
-        store_queue_locked(s, o);
+    if (o->state == STORE_OBJ_PUBLISHED && (state == STORE_SSD_NONE || state == STORE_SSD_FAILED)
+        && !store_queue_locked(s, o)) {
+        pthread_mutex_unlock(&sh->lock);
+        return KV_QUOTA_EXCEEDED;
     }
     pthread_mutex_unlock(&sh->lock);
     return 0;
@@ -219,6 +222,7 @@ store_insert_stored(struct store *s, const struct kv_key *key, uint64_t size,
     sh->value_bytes += size;
     sh->stored++;
     pthread_mutex_unlock(&sh->lock);
+    store_ssd_charge(s, key->tenant, (int64_t)size);
     atomic_fetch_add_explicit(&s->metadata_bytes, bytes, memory_order_relaxed);
     return 0;
 }
@@ -236,6 +240,7 @@ store_drop_stored(struct store *s, const struct kv_key *key, const struct store_
     if (o != NULL && o->state == STORE_OBJ_PUBLISHED
         && atomic_load_explicit(&o->ssd, memory_order_relaxed) == STORE_SSD_STORED
         && o->loc.bucket == loc->bucket && o->loc.offset == loc->offset) {
+        store_ssd_charge(s, o->tenant, -(int64_t)o->size);
         if (o->resident) {
             atomic_store_explicit(&o->ssd, STORE_SSD_NONE, memory_order_release);
             sh->stored--;

@@ -205,3 +205,40 @@ def test_memory_quota_caps_a_tenant_and_guards_its_share(tmp_path):
         assert s["quota_exceeded"] >= 1 and s["evictions"] > 0, s
     finally:
         d.reap()
+
+
+def test_ssd_quota_caps_what_a_tenant_keeps_on_ssd(tmp_path):
+    conf = tmp_path / "kv.conf"
+    conf.write_text("require_auth yes\n"
+                    f"tenant alpha token_sha256={sha(TOKENS['alpha'])} ssd_quota=4m\n"
+                    f"tenant beta token_sha256={sha(TOKENS['beta'])}\n"
+                    f"tenant admin token_sha256={sha(TOKENS['admin'])}\n")
+    args = (f"--config={conf}", "--memory_size=64m", f"--ssd_dir={tmp_path}/ssd",
+            "--ssd_offload=off")
+    d = Daemon(str(tmp_path), args, data_dir=str(tmp_path / "data"))
+    try:
+        d.wait_ready()
+        alpha, beta = login(d, "alpha"), login(d, "beta")
+        mib = 1 << 20
+        codes = [alpha.call("put", f"a{i}".encode(), bytes([i]) * mib, {"durable": True})
+                 for i in range(6)]
+        assert codes[:4] == [OK] * 4, codes
+        assert codes[4:] == [11, 11], f"durable puts past alpha's SSD quota: {codes}"
+        # Refused for the SSD, the objects are still served from DRAM.
+        assert alpha.call("get", b"a5") == bytes([5]) * mib
+        # beta has no SSD quota: its durable puts go on.
+        assert [beta.call("put", f"b{i}".encode(), b"b" * mib, {"durable": True})
+                for i in range(6)] == [OK] * 6
+        # Room comes back when alpha removes a stored object.
+        assert alpha.call("remove", b"a0") == OK
+        assert alpha.call("put", b"a-new", b"n" * mib, {"durable": True}) == OK
+        # After a restart the usage is counted again from the index.
+        d.stop()
+        d2 = Daemon(str(tmp_path), args, data_dir=str(tmp_path / "data"))
+        d = d2
+        d2.wait_ready()
+        alpha = login(d2, "alpha")
+        assert alpha.call("put", b"a-more", b"m" * mib, {"durable": True}) == 11
+        assert alpha.call("get", b"a1") == bytes([1]) * mib
+    finally:
+        d.reap()
