@@ -1257,6 +1257,10 @@ conn_on_read(evutil_socket_t fd, short what, void *arg)
     if (!c->closing && (c->paused || c->waiting)) {
         conn_set_reading(c, conn_reading_wanted(c));
     }
+    if (!c->closing && c->ssl != NULL && c->reading && SSL_pending(c->ssl) > 0) {
+        event_active(c->ev_read, EV_READ, 0);   /* TLS holds decrypted bytes the socket does
+                                                   not signal: come back for them */
+    }
     if (!c->closing && c->eof && !c->waiting) {
         /* Peer is done sending: answer what it sent, then close. */
         conn_set_reading(c, false);
