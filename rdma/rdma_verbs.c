@@ -1,5 +1,5 @@
 /*
- * rdma_verbs: the libibverbs build of rdma.h and of the rdma_ops table
+ * rdma_verbs: the libibverbs build of the rdma_ops table
  * (rdma_ops.h), the only file that includes infiniband/verbs.h. Device
  * discovery reads the kernel's /sys/class/infiniband through
  * ibv_get_device_list; a machine without RDMA hardware has an empty list.
@@ -7,7 +7,6 @@
  * function translates kvstash's types to verbs' and back and decides
  * nothing (rdma_port.c does).
  */
-#include "rdma.h"
 #include "rdma_ops.h"
 
 #include <errno.h>
@@ -59,24 +58,6 @@ verbs_pick(const char *device, struct ibv_device ***out, int *index, char *why, 
     ibv_free_device_list(list);
     snprintf(why, whylen, "no RDMA device called '%s' (devices: %s)", device, seen);
     return KV_NOT_FOUND;
-}
-
-int
-rdma_probe(const char *device, char *name, size_t namelen, char *why, size_t whylen)
-{
-    struct ibv_device **list;
-    int i;
-    int rc;
-
-    if (namelen > 0) {
-        name[0] = '\0';
-    }
-    rc = verbs_pick(device, &list, &i, why, whylen);
-    if (rc == 0) {
-        snprintf(name, namelen, "%s", ibv_get_device_name(list[i]));
-        ibv_free_device_list(list);
-    }
-    return rc;
 }
 
 /* ---- the rdma_ops table ---- */
