@@ -462,8 +462,8 @@ conn_lookahead(struct conn *c)
 static bool
 conn_reading_wanted(const struct conn *c)
 {
-    if (c->paused || c->eof || c->w->draining) {
-        return false;
+    if (c->paused || c->eof || c->w->draining || c->yielded) {
+        return false;               /* (yielded: the backlog goes first) */
     }
     return !c->waiting || c->overlap || (c->lookahead && c->ilen - c->rpos < CONN_LOOKAHEAD_MAX);
 }
@@ -938,7 +938,7 @@ conn_process(struct conn *c)
                 break;                  /* cannot yield: go on now */
             }
             c->yielded = true;
-            conn_set_reading(c, false); /* nothing more is read until the backlog is done */
+            conn_set_reading(c, false);
             return 0;
         }
         int st = FRAME_SPILL;
@@ -1294,6 +1294,21 @@ conn_settle(struct conn *c)
     }
 }
 
+/*
+ * conn_end_turn: after conn_process returned rc: send what is due, read as
+ * wanted, settle. c may be gone afterwards.
+ */
+static void
+conn_end_turn(struct conn *c, int rc)
+{
+    if (rc != 0 || conn_flush(c) != 0) {
+        conn_free(c);
+        return;
+    }
+    conn_set_reading(c, conn_reading_wanted(c));
+    conn_settle(c);
+}
+
 static void
 conn_on_write(evutil_socket_t fd, short what, void *arg)
 {
@@ -1315,15 +1330,8 @@ conn_on_write(evutil_socket_t fd, short what, void *arg)
     }
     if (c->paused && !c->waiting && outq_pending(&c->out) <= c->w->conf->client_output_limit / 2) {
         c->paused = false;
-        if (conn_process(c) != 0) {
-            conn_free(c);
-            return;
-        }
-        if (conn_flush(c) != 0) {
-            conn_free(c);
-            return;
-        }
-        conn_set_reading(c, conn_reading_wanted(c));
+        conn_end_turn(c, conn_process(c));
+        return;
     }
     conn_settle(c);
 }
@@ -1338,14 +1346,7 @@ conn_on_more(evutil_socket_t fd, short what, void *arg)
     (void)what;
     conn_refresh_limits(c->w);
     c->yielded = false;
-    if (conn_process(c) != 0 || conn_flush(c) != 0) {
-        conn_free(c);
-        return;
-    }
-    if (!c->yielded) {
-        conn_set_reading(c, conn_reading_wanted(c));
-    }
-    conn_settle(c);
+    conn_end_turn(c, conn_process(c));
 }
 
 /* conn_retry: look at a waiting request again; after CONN_WAIT_MAX_MS it is answered as is. */
@@ -1354,21 +1355,14 @@ conn_retry(struct conn *c)
 {
     bool final = conn_now_ms() - c->wait_since >= CONN_WAIT_MAX_MS;
 
+    int rc;
+
     conn_refresh_limits(c->w);
     conn_wait_end(c);
     c->ctx.final_try = final;
-    if (conn_process(c) != 0) {
-        c->ctx.final_try = false;
-        conn_free(c);
-        return;
-    }
+    rc = conn_process(c);
     c->ctx.final_try = false;
-    if (conn_flush(c) != 0) {
-        conn_free(c);
-        return;
-    }
-    conn_set_reading(c, conn_reading_wanted(c));
-    conn_settle(c);
+    conn_end_turn(c, rc);
 }
 
 static void
