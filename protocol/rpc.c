@@ -273,6 +273,18 @@ rpc_opts_read(struct rpc_req *rq, uint32_t idx, struct rpc_opts *o)
 }
 
 int
+rpc_put_opts_read(struct rpc_req *rq, uint32_t idx, struct rpc_opts *o)
+{
+    int rc = rpc_opts_read(rq, idx, o);
+
+    if (rc == 0 && o->durable && !store_has_tier(rq->ctx->srv->store)) {
+        rq->errmsg = "durable puts need the SSD tier (ssd_dir)";
+        return KV_UNSUPPORTED;
+    }
+    return rc;
+}
+
+int
 rpc_arity(struct rpc_req *rq, uint32_t min, uint32_t max)
 {
     if (rq->nparams < min || rq->nparams > max) {
@@ -588,13 +600,9 @@ rpc_put(struct rpc_req *rq)
     if (mp_read_bin_ref(&rq->rd, &vp, &vlen, &hole) != 0) {
         return rpc_invalid(rq, "value must be bin");
     }
-    rc = rpc_opts_read(rq, 2, &opts);
+    rc = rpc_put_opts_read(rq, 2, &opts);
     if (rc != 0) {
         return rc;
-    }
-    if (opts.durable && !store_has_tier(rq->ctx->srv->store)) {
-        rq->errmsg = "durable puts need the SSD tier (ssd_dir)";
-        return KV_UNSUPPORTED;
     }
     rc = rpc_store_value(rq, kp, klen, vp, vlen, hole);
     if (rc == -EAGAIN) {
@@ -656,13 +664,9 @@ rpc_batch_put(struct rpc_req *rq)
         }
     }
     rq->rd = probe;
-    rc = rpc_opts_read(rq, 2, &opts);
+    rc = rpc_put_opts_read(rq, 2, &opts);
     if (rc != 0) {
         return rc;
-    }
-    if (opts.durable && !store_has_tier(rq->ctx->srv->store)) {
-        rq->errmsg = "durable puts need the SSD tier (ssd_dir)";
-        return KV_UNSUPPORTED;
     }
     /*
      * A batch that waited for room before comes back with what it did: the

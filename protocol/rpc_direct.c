@@ -366,13 +366,9 @@ rpc_put_start(struct rpc_req *rq)
             return rpc_invalid(rq, "sizes must be an array of unsigned integers, one per key");
         }
     }
-    rc = rpc_opts_read(rq, 2, &opts);
+    rc = rpc_put_opts_read(rq, 2, &opts);
     if (rc != 0) {
         return rc;
-    }
-    if (opts.durable && !store_has_tier(ctx->srv->store)) {
-        rq->errmsg = "durable puts need the SSD tier (ssd_dir)";
-        return KV_UNSUPPORTED;
     }
     /* A batch that waited for room comes back with the codes of the keys before d->next. */
     d = ctx->resume;

@@ -93,6 +93,9 @@ int rpc_keys_check(struct rpc_req *rq, uint32_t *n);
 /* rpc_opts_read: the optional opts map at param idx (absent or nil: all defaults). */
 int rpc_opts_read(struct rpc_req *rq, uint32_t idx, struct rpc_opts *o);
 
+/* rpc_put_opts_read: rpc_opts_read for a put; a durable put needs the SSD tier. */
+int rpc_put_opts_read(struct rpc_req *rq, uint32_t idx, struct rpc_opts *o);
+
 /* rpc_arity: the request has between min and max params, else a request error. */
 int rpc_arity(struct rpc_req *rq, uint32_t min, uint32_t max);
 

@@ -580,14 +580,10 @@ rpc_batch_put_from(struct rpc_req *rq)
     int rc = rpc_xfer_params(rq, 3, &keys, &nkeys, &iovs, &npieces);
 
     if (rc == 0) {
-        rc = rpc_opts_read(rq, 2, &opts);
+        rc = rpc_put_opts_read(rq, 2, &opts);
     }
     if (rc != 0) {
         return rc;
-    }
-    if (opts.durable && !store_has_tier(rq->ctx->srv->store)) {
-        rq->errmsg = "durable puts need the SSD tier (ssd_dir)";
-        return KV_UNSUPPORTED;
     }
     /* A batch that waited for room comes back with its reservations so far. */
     x = rq->ctx->xresume;
