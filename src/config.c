@@ -13,7 +13,6 @@
 #include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +20,8 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
+
+#include "kverr.h"
 
 #define CONF_LINE_MAX 4096     /* longest line a config file may have, newline excluded */
 #define CONF_QUOTE_MAX 96      /* how much of an offending line an error message quotes */
@@ -854,31 +855,15 @@ conf_store(struct kv_config *c, const struct conf_option *o, const char *text, c
     return 0;
 }
 
-static void conf_errorf(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void
-conf_errorf(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-
-    if (err == NULL || errlen == 0) {
-        return;
-    }
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
 /* "where: 'text': reason", quoting at most CONF_QUOTE_MAX bytes of text. */
 static void
 conf_error(char *err, size_t errlen, const char *where, const char *text, size_t textlen,
            const char *reason)
 {
     if (textlen > CONF_QUOTE_MAX) {
-        conf_errorf(err, errlen, "%s: '%.*s...': %s", where, CONF_QUOTE_MAX, text, reason);
+        kv_errorf(err, errlen, "%s: '%.*s...': %s", where, CONF_QUOTE_MAX, text, reason);
     } else {
-        conf_errorf(err, errlen, "%s: '%.*s': %s", where, (int)textlen, text, reason);
+        kv_errorf(err, errlen, "%s: '%.*s': %s", where, (int)textlen, text, reason);
     }
 }
 
@@ -921,7 +906,7 @@ conf_set(struct kv_config *c, const char *key, const char *value, const char *so
     }
     /* A flag reads "--key=value: reason"; anything else "source: 'key value': reason". */
     if (source[0] == '-') {
-        conf_errorf(err, errlen, "%s=%.*s%s: %s", source, CONF_QUOTE_MAX, value,
+        kv_errorf(err, errlen, "%s=%.*s%s: %s", source, CONF_QUOTE_MAX, value,
                     strlen(value) > CONF_QUOTE_MAX ? "..." : "", why);
     } else {
         n = snprintf(text, sizeof(text), "%s %s", key, value);
@@ -1095,7 +1080,7 @@ conf_load_file(struct kv_config *c, const char *path, char *err, size_t errlen)
     f = fopen(path, "re");
     if (f == NULL) {
         rc = -errno;
-        conf_errorf(err, errlen, "%s: cannot open: %s", path, strerror(-rc));
+        kv_errorf(err, errlen, "%s: cannot open: %s", path, strerror(-rc));
         return rc;
     }
     for (;;) {
@@ -1108,17 +1093,17 @@ conf_load_file(struct kv_config *c, const char *path, char *err, size_t errlen)
             break;
         }
         if (rc == -EFBIG) {
-            conf_errorf(err, errlen, "%s: line too long (max %d bytes)", where, CONF_LINE_MAX);
+            kv_errorf(err, errlen, "%s: line too long (max %d bytes)", where, CONF_LINE_MAX);
             rc = -1;
             break;
         }
         if (rc == -EILSEQ) {
-            conf_errorf(err, errlen, "%s: NUL byte in line (not a text file?)", where);
+            kv_errorf(err, errlen, "%s: NUL byte in line (not a text file?)", where);
             rc = -1;
             break;
         }
         if (rc < 0) {
-            conf_errorf(err, errlen, "%s: read error: %s", where, strerror(-rc));
+            kv_errorf(err, errlen, "%s: read error: %s", where, strerror(-rc));
             break;
         }
         if (lineno == 1 && strncmp(text, "\xEF\xBB\xBF", 3) == 0) {
@@ -1147,7 +1132,7 @@ conf_check_watermarks(double low, double high, const char *low_key, const char *
     }
     conf_format_double(low, a, sizeof(a));
     conf_format_double(high, b, sizeof(b));
-    conf_errorf(err, errlen, "%s (%s) must not be above %s (%s)", low_key, a, high_key, b);
+    kv_errorf(err, errlen, "%s (%s) must not be above %s (%s)", low_key, a, high_key, b);
     return -1;
 }
 
@@ -1195,11 +1180,11 @@ conf_finalize_tenants(const struct kv_config *c, struct conf_tenants *out, char 
         struct stat st;
 
         if (stat(c->token_file, &st) != 0) {
-            conf_errorf(err, errlen, "token_file %s: %s", c->token_file, strerror(errno));
+            kv_errorf(err, errlen, "token_file %s: %s", c->token_file, strerror(errno));
             return -1;
         }
         if (!S_ISREG(st.st_mode) || (st.st_mode & 077) != 0) {
-            conf_errorf(err, errlen, "token_file %s: must be a regular file that only its owner "
+            kv_errorf(err, errlen, "token_file %s: must be a regular file that only its owner "
                         "can read (chmod 600)", c->token_file);
             return -1;
         }
@@ -1211,7 +1196,7 @@ conf_finalize_tenants(const struct kv_config *c, struct conf_tenants *out, char 
         got = tf.tenants;
         tf.tenants = dflt.tenants;  /* only tenant lines may differ from the defaults */
         if (conf_diff(&tf, &dflt, NULL, NULL) != 0) {
-            conf_errorf(err, errlen, "token_file %s: only tenant lines belong there",
+            kv_errorf(err, errlen, "token_file %s: only tenant lines belong there",
                         c->token_file);
             return -1;
         }
@@ -1222,7 +1207,7 @@ conf_finalize_tenants(const struct kv_config *c, struct conf_tenants *out, char 
                 k++;
             }
             if (k == CONF_MAX_TENANTS) {
-                conf_errorf(err, errlen, "too many tenants (max %d)", CONF_MAX_TENANTS);
+                kv_errorf(err, errlen, "too many tenants (max %d)", CONF_MAX_TENANTS);
                 return -1;
             }
             out->t[k] = got.t[i];
@@ -1232,31 +1217,31 @@ conf_finalize_tenants(const struct kv_config *c, struct conf_tenants *out, char 
     for (uint32_t i = 0; i < out->n; i++) {
         for (uint32_t k = i + 1; k < out->n; k++) {
             if (out->t[i].id == out->t[k].id) {
-                conf_errorf(err, errlen, "tenants %s and %s would share a namespace (their "
+                kv_errorf(err, errlen, "tenants %s and %s would share a namespace (their "
                             "names hash alike): rename one", out->t[i].name, out->t[k].name);
                 return -1;
             }
         }
     }
     if (c->require_auth && out->n == 0) {
-        conf_errorf(err, errlen, "require_auth yes needs at least one tenant line "
+        kv_errorf(err, errlen, "require_auth yes needs at least one tenant line "
                     "(tenant NAME token_sha256=HEX)");
         return -1;
     }
     if (c->tls_listen[0] != '\0' && (c->tls_cert_file[0] == '\0' || c->tls_key_file[0] == '\0')) {
-        conf_errorf(err, errlen, "tls_listen %s needs tls_cert_file and tls_key_file",
+        kv_errorf(err, errlen, "tls_listen %s needs tls_cert_file and tls_key_file",
                     c->tls_listen);
         return -1;
     }
     if (!conf_listen_is_loopback(c->tls_listen) && !c->require_auth
         && !c->allow_unauthenticated_remote) {
-        conf_errorf(err, errlen, "tls_listen %s is not a loopback address: set require_auth yes "
+        kv_errorf(err, errlen, "tls_listen %s is not a loopback address: set require_auth yes "
                     "(with tenant lines), or allow_unauthenticated_remote yes", c->tls_listen);
         return -1;
     }
     if (!conf_listen_is_loopback(c->listen) && !c->require_auth
         && !c->allow_unauthenticated_remote) {
-        conf_errorf(err, errlen, "listen %s is not a loopback address: anyone who can reach it "
+        kv_errorf(err, errlen, "listen %s is not a loopback address: anyone who can reach it "
                     "could read and write every object; set require_auth yes (with tenant "
                     "lines), or allow_unauthenticated_remote yes to accept that", c->listen);
         return -1;
@@ -1285,7 +1270,7 @@ conf_finalize(struct kv_config *c, char *err, size_t errlen)
         conf_format_size(c->max_message_size, a, sizeof(a));
         conf_format_size(c->max_value_size, b, sizeof(b));
         conf_format_size(c->max_key_size, d, sizeof(d));
-        conf_errorf(err, errlen,
+        kv_errorf(err, errlen,
                     "max_message_size (%s) must hold max_value_size (%s) + max_key_size (%s) + %d "
                     "bytes of framing = %llu bytes: raise max_message_size or lower max_value_size",
                     a, b, d, CONF_FRAME_OVERHEAD, (unsigned long long)need);
@@ -1293,7 +1278,7 @@ conf_finalize(struct kv_config *c, char *err, size_t errlen)
     }
     if (c->unix_socket[0] == '\0') {
         if (conf_data_dir_path(c, "kvstashd.sock", sock, CONF_SUN_PATH_MAX) != 0) {
-            conf_errorf(err, errlen,
+            kv_errorf(err, errlen,
                         "unix_socket: the default <data_dir>/kvstashd.sock is longer than a unix "
                         "socket path may be (max %zu bytes): set unix_socket to a shorter path, "
                         "or none",
@@ -1305,7 +1290,7 @@ conf_finalize(struct kv_config *c, char *err, size_t errlen)
     }
     if (strcmp(c->ssd_dir, CONF_SSD_DIR_DEFAULT) == 0) {
         if (conf_data_dir_path(c, "ssd", ssd, CONF_STR_MAX) != 0) {
-            conf_errorf(err, errlen,
+            kv_errorf(err, errlen,
                         "ssd_dir: the default <data_dir>/ssd is longer than a path may be (max %d "
                         "bytes): set ssd_dir to a shorter path, or \"\" for no SSD tier",
                         CONF_STR_MAX - 1);

@@ -1,9 +1,12 @@
 /*
  * kverr: names and descriptions of the status codes declared in kverr.h.
- * Owns nothing but two static tables; must not depend on any other module.
+ * Owns nothing but two static tables (and a formatter for error buffers);
+ * must not depend on any other module.
  */
 #include "kverr.h"
 
+#include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
 
 static const char *const kv_names[KV_CODE_MAX + 1] = {
@@ -73,4 +76,17 @@ kv_wire_code(int status)
         return KV_INTERNAL;
     }
     return status;
+}
+
+void
+kv_errorf(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+
+    if (err == NULL || errlen == 0) {
+        return;
+    }
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
 }

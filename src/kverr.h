@@ -10,6 +10,8 @@
 #ifndef KVERR_H
 #define KVERR_H
 
+#include <stddef.h>
+
 enum kv_code {
     KV_OK = 0,
     KV_NOT_FOUND = 1,
@@ -50,5 +52,12 @@ const char *kv_strerror(int status);
  * itself, or KV_INTERNAL for a negative errno.
  */
 int kv_wire_code(int status);
+
+/*
+ * kv_errorf: printf into the caller's error buffer err[errlen]; nothing when
+ * err is NULL or errlen is 0. For functions that explain a failure in words.
+ */
+void kv_errorf(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 #endif

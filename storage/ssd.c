@@ -16,7 +16,6 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,19 +47,6 @@ ssd_wall_ms(void)
 
     clock_gettime(CLOCK_REALTIME, &ts);
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
-static void
-ssd_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-
-    if (err == NULL || errlen == 0) {
-        return;
-    }
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
 }
 
 void
@@ -596,7 +582,7 @@ ssd_lock_dir(struct ssd *t, char *err, size_t errlen)
     snprintf(path, sizeof(path), "%s/LOCK", t->dir);
     t->lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     if (t->lock_fd < 0) {
-        ssd_err(err, errlen, "ssd_dir: open(%s): %s", path, strerror(errno));
+        kv_errorf(err, errlen, "ssd_dir: open(%s): %s", path, strerror(errno));
         return -errno;
     }
     if (flock(t->lock_fd, LOCK_EX | LOCK_NB) != 0) {
@@ -606,12 +592,12 @@ ssd_lock_dir(struct ssd *t, char *err, size_t errlen)
         pid[n > 0 ? n : 0] = '\0';
         pid[strcspn(pid, "\n")] = '\0';
         if (e == EWOULDBLOCK) {
-            ssd_err(err, errlen,
+            kv_errorf(err, errlen,
                     "ssd_dir %s is in use by another kvstashd (pid %s); refusing to start", t->dir,
                     pid[0] != '\0' ? pid : "unknown");
             return KV_BUSY;
         }
-        ssd_err(err, errlen, "ssd_dir: flock(%s): %s", path, strerror(e));
+        kv_errorf(err, errlen, "ssd_dir: flock(%s): %s", path, strerror(e));
         return -e;
     }
     n = snprintf(pid, sizeof(pid), "%ld\n", (long)getpid());
@@ -654,7 +640,7 @@ ssd_load_index(struct ssd *t, char *err, size_t errlen)
     int rc;
 
     if (idx_meta_get(t->idx, "format", &v) == 0 && v != SSD_REC_VERSION) {
-        ssd_err(err, errlen, "ssd_dir %s holds format %" PRIu64 ", this kvstashd reads %u", t->dir,
+        kv_errorf(err, errlen, "ssd_dir %s holds format %" PRIu64 ", this kvstashd reads %u", t->dir,
                 v, SSD_REC_VERSION);
         return KV_UNSUPPORTED;
     }
@@ -669,7 +655,7 @@ ssd_load_index(struct ssd *t, char *err, size_t errlen)
         rc = c.rc;
     }
     if (rc != 0) {
-        ssd_err(err, errlen, "ssd_dir %s: reading the bucket index: %s", t->dir, kv_strerror(rc));
+        kv_errorf(err, errlen, "ssd_dir %s: reading the bucket index: %s", t->dir, kv_strerror(rc));
         return rc;
     }
     ssd_remove_orphans(t);
@@ -680,7 +666,7 @@ ssd_load_index(struct ssd *t, char *err, size_t errlen)
     }
     if (rc != 0) {
         ssd_forget_free(c.stale);
-        ssd_err(err, errlen, "ssd_dir %s: loading the index: %s", t->dir, kv_strerror(rc));
+        kv_errorf(err, errlen, "ssd_dir %s: loading the index: %s", t->dir, kv_strerror(rc));
         return rc;
     }
     /* Entries without their bucket (or beyond its end) go at the first commit. */
@@ -700,7 +686,7 @@ ssd_load_index(struct ssd *t, char *err, size_t errlen)
         op.value = SSD_REC_VERSION;
         rc = idx_apply(t->idx, &op, 1);
         if (rc != 0) {
-            ssd_err(err, errlen, "ssd_dir %s: writing the index: %s", t->dir, kv_strerror(rc));
+            kv_errorf(err, errlen, "ssd_dir %s: writing the index: %s", t->dir, kv_strerror(rc));
             return rc;
         }
     }
@@ -721,12 +707,12 @@ ssd_open(const struct ssd_config *cfg, struct store *s, struct ssd **out, char *
     *out = NULL;
     if (cfg->dir == NULL || strlen(cfg->dir) >= SSD_PATH_MAX - 64 || cfg->size == 0
         || cfg->bucket_size == 0 || cfg->io_threads < 1) {
-        ssd_err(err, errlen, "ssd: bad configuration");
+        kv_errorf(err, errlen, "ssd: bad configuration");
         return KV_INVALID_ARGUMENT;
     }
     t = calloc(1, sizeof(*t));
     if (t == NULL) {
-        ssd_err(err, errlen, "ssd: out of memory");
+        kv_errorf(err, errlen, "ssd: out of memory");
         return -ENOMEM;
     }
     t->cfg = *cfg;
@@ -744,13 +730,13 @@ ssd_open(const struct ssd_config *cfg, struct store *s, struct ssd **out, char *
 
     rc = ssd_mkdirs(t->dir);
     if (rc != 0) {
-        ssd_err(err, errlen, "ssd_dir %s: %s", t->dir, strerror(-rc));
+        kv_errorf(err, errlen, "ssd_dir %s: %s", t->dir, strerror(-rc));
         goto fail;
     }
     t->dir_fd = open(t->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (t->dir_fd < 0) {
         rc = -errno;
-        ssd_err(err, errlen, "ssd_dir %s: %s", t->dir, strerror(errno));
+        kv_errorf(err, errlen, "ssd_dir %s: %s", t->dir, strerror(errno));
         goto fail;
     }
     rc = ssd_lock_dir(t, err, errlen);
@@ -760,7 +746,7 @@ ssd_open(const struct ssd_config *cfg, struct store *s, struct ssd **out, char *
     t->hdr_cap = ssd_rec_hdr_block(cfg->max_key_size > 65536 ? 65536 : cfg->max_key_size);
     if (posix_memalign((void **)&t->hdr, SSD_REC_ALIGN, t->hdr_cap) != 0) {
         rc = -ENOMEM;
-        ssd_err(err, errlen, "ssd: out of memory");
+        kv_errorf(err, errlen, "ssd: out of memory");
         goto fail;
     }
     snprintf(ipath, sizeof(ipath), "%s/index", t->dir);
@@ -796,21 +782,21 @@ ssd_open(const struct ssd_config *cfg, struct store *s, struct ssd **out, char *
     rc = pthread_create(&t->writer, NULL, ssd_writer_main, t);
     if (rc != 0) {
         rc = -rc;
-        ssd_err(err, errlen, "ssd: pthread_create: %s", strerror(-rc));
+        kv_errorf(err, errlen, "ssd: pthread_create: %s", strerror(-rc));
         goto fail_detach;
     }
     t->writer_started = true;
     t->readers = calloc((size_t)cfg->io_threads, sizeof(*t->readers));
     if (t->readers == NULL) {
         rc = -ENOMEM;
-        ssd_err(err, errlen, "ssd: out of memory");
+        kv_errorf(err, errlen, "ssd: out of memory");
         goto fail_threads;
     }
     for (int i = 0; i < cfg->io_threads; i++) {
         rc = pthread_create(&t->readers[i], NULL, ssd_reader_main, t);
         if (rc != 0) {
             rc = -rc;
-            ssd_err(err, errlen, "ssd: pthread_create: %s", strerror(-rc));
+            kv_errorf(err, errlen, "ssd: pthread_create: %s", strerror(-rc));
             goto fail_threads;
         }
         t->nreaders++;
