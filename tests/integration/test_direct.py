@@ -19,7 +19,7 @@ import time
 import pytest
 
 from kvtest import Daemon
-from test_python_client import KVSTASHD, Client
+from test_python_client import Client
 from test_shm import wait_for
 
 KIB = 1 << 10
@@ -80,21 +80,9 @@ def read_pieces(mm, pieces):
 
 
 @pytest.fixture
-def kv(tmp_path):
-    if not os.access(KVSTASHD, os.X_OK):
-        pytest.fail(f"no kvstashd at {KVSTASHD} (build it, or set KVSTASHD)")
-    started = []
-
-    def start(*args):
-        d = Daemon(str(tmp_path), ("--ssd_dir=", *args))   # DRAM only unless asked
-        started.append(d)
-        return d.wait_ready()
-
-    yield start
-    for d in started:
-        d.reap()
-    for d in started:
-        print(f"---- {' '.join(d.cmd[1:])}\n{d.tail(30)}")
+def kv(daemons):
+    """kv(*args) starts a ready daemon, DRAM only unless asked; all are killed at teardown."""
+    return lambda *args: daemons(("--ssd_dir=", *args))
 
 
 def direct(d):

@@ -7,16 +7,14 @@ idle_timeout; 10,000 idle connections are held and the next one is refused with 
 a pipelining client does not starve another on the same event loop. Every wait is bounded.
 """
 
-import os
 import resource
 import socket
-import subprocess
 import time
 
 import pytest
 
 from kvtest import Daemon
-from test_python_client import KVSTASHD, Client
+from test_python_client import Client
 
 MIB = 1 << 20
 
@@ -27,13 +25,6 @@ def rss_kib(pid):
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
     return 0
-
-
-@pytest.fixture
-def work(tmp_path):
-    if not os.access(KVSTASHD, os.X_OK):
-        pytest.fail(f"no kvstashd at {KVSTASHD} (build it, or set KVSTASHD)")
-    return str(tmp_path)
 
 
 def p99_ms(c, n=200):

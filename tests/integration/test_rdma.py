@@ -9,7 +9,6 @@ emulation in tests/integration/test_rdma_path.c.
 
 import os
 import subprocess
-import tempfile
 
 import pytest
 
@@ -19,14 +18,6 @@ from test_python_client import KVSTASHD
 
 def has_rdma_device():
     return os.path.isdir("/sys/class/infiniband") and bool(os.listdir("/sys/class/infiniband"))
-
-
-@pytest.fixture
-def work():
-    if not os.access(KVSTASHD, os.X_OK):
-        pytest.fail(f"no kvstashd at {KVSTASHD} (build it, or set KVSTASHD)")
-    with tempfile.TemporaryDirectory(prefix="kvstash-rdma-") as tmp:
-        yield tmp
 
 
 @pytest.mark.skipif(has_rdma_device(), reason="an RDMA device is present: required starts")

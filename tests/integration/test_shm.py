@@ -26,14 +26,13 @@ import select
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
 import pytest
 
 from kvtest import Daemon
-from test_python_client import KVSTASHD, Client
+from test_python_client import Client
 
 KIB = 1 << 10
 MIB = 1 << 20
@@ -182,28 +181,9 @@ def memfd_refs(pid, name):
 
 
 @pytest.fixture
-def work():
-    if not os.access(KVSTASHD, os.X_OK):
-        pytest.fail(f"no kvstashd at {KVSTASHD} (build it, or set KVSTASHD)")
-    with tempfile.TemporaryDirectory(prefix="kvstash-shm-") as tmp:
-        yield tmp
-
-
-@pytest.fixture
-def kv(work):
+def kv(daemons):
     """kv(*args) starts a ready daemon; every one is killed at teardown."""
-    started = []
-
-    def start(*args):
-        d = Daemon(work, args)
-        started.append(d)
-        return d.wait_ready()
-
-    yield start
-    for d in started:
-        d.reap()
-    for d in started:   # shown by pytest only when the test failed
-        print(f"---- {' '.join(d.cmd[1:])}\n{d.tail(30)}")
+    return lambda *args: daemons(args)
 
 
 @pytest.fixture

@@ -18,14 +18,12 @@ import random
 import signal
 import struct
 import subprocess
-import tempfile
 import threading
 import time
 
 import pytest
 
-from kvtest import Daemon
-from test_python_client import KVSTASHD, Client
+from test_python_client import Client
 
 KIB = 1 << 10
 MIB = 1 << 20
@@ -91,30 +89,10 @@ def walk_records(path):
 
 
 @pytest.fixture
-def work():
-    if not os.access(KVSTASHD, os.X_OK):
-        pytest.fail(f"no kvstashd at {KVSTASHD} (build it, or set KVSTASHD)")
-    with tempfile.TemporaryDirectory(prefix="kvstash-ssd-") as tmp:
-        yield tmp
-
-
-@pytest.fixture
-def kv(work):
+def kv(daemons):
     """kv(data_dir, *args, ready=True) starts a daemon; every one is killed at teardown."""
-    started = []
-
-    def start(data_dir, *args, ready=True):
-        d = Daemon(work, args, data_dir=data_dir, unix=False)
-        started.append(d)
-        if ready:
-            d.wait_ready()
-        return d
-
-    yield start
-    for d in started:
-        d.reap()
-    for d in started:   # shown by pytest only when the test failed
-        print(f"---- {' '.join(d.cmd[1:])}\n{d.tail(30)}")
+    return lambda data_dir, *args, ready=True: daemons(args, data_dir=data_dir, unix=False,
+                                                        ready=ready)
 
 
 def stats(c):
