@@ -60,6 +60,7 @@ ssd_wake(struct ssd *t)
 static void
 ssd_apply_settings(struct ssd *t, const struct ssd_config *cfg)
 {
+    atomic_store(&t->size, cfg->size);
     atomic_store(&t->bucket_size, cfg->bucket_size);
     atomic_store(&t->eviction, cfg->eviction);
     atomic_store(&t->high_bytes, (uint64_t)(cfg->high_watermark * (double)cfg->size));
@@ -505,6 +506,7 @@ ssd_index_bucket_fn(void *arg, const struct idx_bucket *r)
     b->live_bytes = r->live_bytes;
     b->total_bytes = r->total_bytes;
     b->committed_bytes = r->total_bytes;
+    b->owner = r->owner;
     b->sealed = true;           /* new records go to a new bucket after a start */
     b->direct = true;
     b->fd = open(path, O_RDWR | O_CLOEXEC | O_DIRECT);

@@ -38,7 +38,7 @@ enum ssd_offload { SSD_ON_EVICT = 0, SSD_WRITE_THROUGH = 1, SSD_OFFLOAD_OFF = 2 
 
 struct ssd_config {
     const char *dir;            /* ssd_dir; created 0700 when missing */
-    uint64_t size;              /* ssd_size: bytes of bucket files at most (plus one bucket) */
+    uint64_t size;              /* ssd_size: bytes of bucket files at most */
     uint64_t bucket_size;       /* ssd_bucket_size */
     int eviction;               /* enum ssd_eviction */
     double high_watermark;      /* ssd_high_watermark */

@@ -150,6 +150,7 @@ ssd_bucket_record(const struct ssd_bucket *b, struct idx_bucket *r)
     r->live_bytes = b->live_bytes;
     r->total_bytes = b->total_bytes;
     r->flags = b->sealed ? IDX_BUCKET_SEALED : 0;
+    r->owner = b->owner;
 }
 
 /* ssd_fold_stamp_locked: take DRAM hits into a bucket's last read time (blk held). */
@@ -164,8 +165,38 @@ ssd_fold_stamp_locked(struct ssd *t, struct ssd_bucket *b)
     }
 }
 
+struct ssd_bucket *
+ssd_open_of(const struct ssd *t, uint32_t owner)
+{
+    for (int i = 0; i < t->nopen; i++) {
+        if (t->open[i]->owner == owner) {
+            return t->open[i];
+        }
+    }
+    return NULL;
+}
+
+void
+ssd_unopen(struct ssd *t, struct ssd_bucket *b)
+{
+    int i = 0;
+
+    while (i < t->nopen && t->open[i] != b) {
+        i++;
+    }
+    if (i == t->nopen) {
+        return;
+    }
+    t->open[i] = t->open[--t->nopen];
+    pthread_mutex_lock(&t->blk);
+    b->open = false;
+    b->sealed = true;
+    b->dirty = true;
+    pthread_mutex_unlock(&t->blk);
+}
+
 int
-ssd_bucket_create(struct ssd *t, struct ssd_bucket **out)
+ssd_bucket_create(struct ssd *t, uint32_t owner, struct ssd_bucket **out)
 {
     char path[SSD_PATH_MAX + 64];
     struct ssd_bucket *b = calloc(1, sizeof(*b));
@@ -175,6 +206,8 @@ ssd_bucket_create(struct ssd *t, struct ssd_bucket **out)
         return -ENOMEM;
     }
     b->id = t->next_id++;
+    b->owner = owner;
+    b->open = true;
     ssd_bucket_path(t, b->id, path, sizeof(path));
     b->fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_DIRECT, 0600);
     b->direct = true;
@@ -199,6 +232,9 @@ ssd_bucket_create(struct ssd *t, struct ssd_bucket **out)
     }
     b->created_ms = ssd_wall_ms();
     b->last_read_ms = b->created_ms;
+    if (t->nopen == SSD_OPEN_MAX) {
+        ssd_unopen(t, t->open[0]);  /* cannot happen with 64 quota slots; bounded anyway */
+    }
     rc = ssd_bucket_insert(t, b);
     if (rc != 0) {
         close(b->fd);
@@ -206,6 +242,7 @@ ssd_bucket_create(struct ssd *t, struct ssd_bucket **out)
         free(b);
         return rc;
     }
+    t->open[t->nopen++] = b;
     *out = b;
     return 0;
 }
@@ -283,9 +320,7 @@ ssd_bucket_drop(struct ssd *t, struct ssd_bucket *b, const char *why)
     }
     pthread_mutex_unlock(&t->blk);
 
-    if (t->open == b) {
-        t->open = NULL;
-    }
+    ssd_unopen(t, b);
     ssd_bucket_path(t, b->id, path, sizeof(path));
     close(b->fd);
     if (unlink(path) != 0 && errno != ENOENT) {
@@ -326,9 +361,28 @@ ssd_pick_victim(const struct ssd_bucket_view *v, size_t n, int eviction)
     return dead >= 0 ? dead : best;
 }
 
-/* ssd_victim: the bucket eviction takes next (never the open one, nor one in the group). */
+/*
+ * ssd_evictable_locked: x may be evicted to make room for a record of
+ * owner: never an open bucket or one being written or dropped; a shared
+ * one, or one whose owner is past its share, always; one of an owner within
+ * its share only when own (the second look, own_only: the owner's oldest
+ * goes for its own new records once nothing else can).
+ */
+static bool
+ssd_evictable_locked(struct ssd *t, const struct ssd_bucket *x, uint32_t owner, bool own_only)
+{
+    if (x->open || x->dropping || x->in_group) {
+        return false;
+    }
+    if (own_only) {
+        return x->owner == owner;
+    }
+    return x->owner == 0 || !store_ssd_guarded(t->store, x->owner);
+}
+
+/* ssd_victim: the bucket eviction takes next for a record of owner (see above), or NULL. */
 static struct ssd_bucket *
-ssd_victim(struct ssd *t)
+ssd_victim(struct ssd *t, uint32_t owner, bool own_only)
 {
     struct ssd_bucket_view *v;
     struct ssd_bucket *b = NULL;
@@ -348,7 +402,7 @@ ssd_victim(struct ssd *t)
         v[k].last_read_ms = x->last_read_ms;
         v[k].live_bytes = x->live_bytes;
         v[k].total_bytes = x->total_bytes;
-        v[k].eligible = x != t->open && !x->dropping && !x->in_group;
+        v[k].eligible = ssd_evictable_locked(t, x, owner, own_only);
     }
     i = ssd_pick_victim(v, t->nbuckets, atomic_load(&t->eviction));
     if (i >= 0) {
@@ -359,29 +413,59 @@ ssd_victim(struct ssd *t)
     return b;
 }
 
-/* ssd_make_room: evict buckets until `need` more bytes stay under the high watermark. */
-void
-ssd_make_room(struct ssd *t, uint64_t need)
+/*
+ * ssd_open_victim: an open bucket holding records that eviction could take
+ * for owner once sealed (not one the group being committed writes to), or
+ * NULL. Others' before owner's own.
+ */
+static struct ssd_bucket *
+ssd_open_victim(struct ssd *t, uint32_t owner)
+{
+    struct ssd_bucket *own = NULL;
+    struct ssd_bucket *found = NULL;
+
+    pthread_mutex_lock(&t->blk);
+    for (int i = 0; i < t->nopen && found == NULL; i++) {
+        struct ssd_bucket *x = t->open[i];
+
+        if (x->total_bytes == 0 || x->in_group) {
+            continue;
+        }
+        if (x->owner == 0 || !store_ssd_guarded(t->store, x->owner)) {
+            found = x;
+        } else if (x->owner == owner) {
+            own = x;
+        }
+    }
+    pthread_mutex_unlock(&t->blk);
+    return found != NULL ? found : own;
+}
+
+int
+ssd_make_room(struct ssd *t, uint64_t need, uint32_t owner)
 {
     uint64_t high = atomic_load(&t->high_bytes);
     uint64_t low = atomic_load(&t->low_bytes);
 
     if (CTR_GET(t, disk_bytes) + need <= high) {
-        return;
+        return 0;
     }
     while (CTR_GET(t, disk_bytes) + need > low) {
-        struct ssd_bucket *v = ssd_victim(t);
+        struct ssd_bucket *v = ssd_victim(t, owner, false);
 
+        if (v == NULL && owner != 0) {
+            v = ssd_victim(t, owner, true);
+        }
         if (v == NULL) {
-            if (t->open != NULL && t->open->total_bytes > 0) {
-                /* Only the open bucket is left: seal it so that it can go too. */
-                t->open->sealed = true;
-                t->open->dirty = true;
-                t->open = NULL;
-                continue;
+            struct ssd_bucket *o = ssd_open_victim(t, owner);
+
+            if (o == NULL) {
+                break;
             }
-            return;
+            ssd_unopen(t, o);   /* sealed, so that it can go too */
+            continue;
         }
         ssd_bucket_drop(t, v, "evicted");
     }
+    return CTR_GET(t, disk_bytes) + need <= atomic_load(&t->size) ? 0 : KV_NO_SPACE;
 }

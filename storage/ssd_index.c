@@ -33,7 +33,8 @@
  *   buckets  key    id u64 BE
  *            value   0 u8 version (1), 1 u8[3] reserved 0, 4 u32 flags,
  *                    8 u64 created_ms, 16 u64 last_read_ms, 24 u64 live_bytes,
- *                   32 u64 total_bytes, 40 u32 pad, 44 u32 reserved 0
+ *                   32 u64 total_bytes, 40 u32 owner (0: shared),
+ *                   44 u32 reserved 0
  *   meta     key    name bytes (no NUL)
  *            value   0 u8 version (1), 1 u8[7] reserved 0, 8 u64 value
  *
@@ -283,7 +284,7 @@ idx_bucket_encode(uint8_t *p, const struct idx_bucket *b)
     idx_put_le64(p + 16, b->last_read_ms);
     idx_put_le64(p + 24, b->live_bytes);
     idx_put_le64(p + 32, b->total_bytes);
-    idx_put_le32(p + 40, b->pad);
+    idx_put_le32(p + 40, b->owner);
 }
 
 static int
@@ -300,7 +301,7 @@ idx_bucket_decode(const MDB_val *k, const MDB_val *v, struct idx_bucket *b)
     b->last_read_ms = idx_get_le64(p + 16);
     b->live_bytes = idx_get_le64(p + 24);
     b->total_bytes = idx_get_le64(p + 32);
-    b->pad = idx_get_le32(p + 40);
+    b->owner = idx_get_le32(p + 40);
     return 0;
 }
 

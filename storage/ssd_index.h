@@ -44,7 +44,7 @@ struct idx_bucket {
     uint64_t live_bytes;   /* record bytes of objects still indexed */
     uint64_t total_bytes;  /* record bytes written (file size) */
     uint32_t flags;        /* IDX_BUCKET_SEALED when no more records go in */
-    uint32_t pad;
+    uint32_t owner;        /* tenant whose SSD share it holds; 0: shared (see store_ssd_owner) */
 };
 
 #define IDX_BUCKET_SEALED 1u

@@ -34,12 +34,17 @@ struct idx_bucket;
 #define SSD_MAP_MAX (1ull << 40)
 #define SSD_PATH_MAX 4096
 #define SSD_STAMP_SLOTS 65536u          /* read stamps of DRAM hits, by bucket id modulo this */
+#define SSD_OPEN_MAX 65                 /* open buckets: the shared one and one per tenant with
+                                           an SSD quota (the store has 64 quota slots) */
+#define SSD_OWNED_MIN_BUCKET (4ull << 20) /* an owned bucket's size floor (see ssd_bucket_limit) */
 
 struct ssd_bucket {
     uint64_t id;
+    uint32_t owner;             /* tenant whose SSD share it holds, 0: shared (store_ssd_owner) */
     int fd;
     bool direct;                /* opened with O_DIRECT */
     bool sealed;
+    bool open;                  /* its owner's records go here (one of ssd.open[]) */
     bool dropping;              /* readers may not take new references */
     bool dirty;                 /* changed since its index record was written */
     bool in_group;              /* holds records of the group being committed: not a victim */
@@ -89,8 +94,9 @@ struct ssd {
     size_t nbuckets;
     size_t cap;
 
-    /* writer thread only */
-    struct ssd_bucket *open;
+    /* writer thread only; the open buckets, one per owner that has written since the start */
+    struct ssd_bucket *open[SSD_OPEN_MAX];
+    int nopen;
     uint64_t next_id;
     uint64_t seq;
     uint8_t *hdr;               /* aligned header block buffer */
@@ -105,6 +111,7 @@ struct ssd {
     bool writer_started;
 
     /* reloadable settings */
+    _Atomic uint64_t size;      /* ssd_size */
     _Atomic uint64_t bucket_size;
     _Atomic int eviction;
     _Atomic uint64_t high_bytes;
@@ -197,8 +204,11 @@ void ssd_fold_stamp_locked(struct ssd *t, struct ssd_bucket *b);
 
 /* Writer thread only from here. */
 
-/* ssd_bucket_create: a new empty bucket file (directory synced), in the table. 0 or -errno. */
-int ssd_bucket_create(struct ssd *t, struct ssd_bucket **out);
+/*
+ * ssd_bucket_create: a new empty bucket file of owner (directory synced), in
+ * the table and open. 0 or -errno.
+ */
+int ssd_bucket_create(struct ssd *t, uint32_t owner, struct ssd_bucket **out);
 
 /*
  * ssd_bucket_drop: evict b: unindex its objects in one transaction, take
@@ -207,8 +217,21 @@ int ssd_bucket_create(struct ssd *t, struct ssd_bucket **out);
  */
 uint64_t ssd_bucket_drop(struct ssd *t, struct ssd_bucket *b, const char *why);
 
-/* ssd_make_room: evict buckets until `need` more bytes stay under the high watermark. */
-void ssd_make_room(struct ssd *t, uint64_t need);
+/*
+ * ssd_open_of: owner's open bucket, or NULL. ssd_unopen: b takes no more
+ * records (sealed when it holds any); a no-op for a bucket that is not open.
+ */
+struct ssd_bucket *ssd_open_of(const struct ssd *t, uint32_t owner);
+void ssd_unopen(struct ssd *t, struct ssd_bucket *b);
+
+/*
+ * ssd_make_room: evict buckets until `need` more bytes for a record of
+ * owner stay under the high watermark. Victims are shared buckets and
+ * those of owners past their share first; buckets of owners within their
+ * share only when they are owner's own. Returns 0, or KV_NO_SPACE when the
+ * record would take the tier past its size (everything left is guarded).
+ */
+int ssd_make_room(struct ssd *t, uint64_t need, uint32_t owner);
 
 /* ---- ssd_writer.c ---- */
 

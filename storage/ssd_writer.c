@@ -83,9 +83,7 @@ ssd_rollback(struct ssd *t, struct ssd_bucket *b)
     b->sealed = true;
     b->dirty = true;
     pthread_mutex_unlock(&t->blk);
-    if (t->open == b) {
-        t->open = NULL;
-    }
+    ssd_unopen(t, b);
 }
 
 /*
@@ -129,23 +127,31 @@ ssd_recovered(struct ssd *t)
     }
 }
 
-/* ssd_seal: no more records go to the open bucket. Its data was synced with its last group. */
-static void
-ssd_seal(struct ssd *t)
+/*
+ * ssd_bucket_limit: the size at which owner's open bucket is sealed:
+ * ssd_bucket_size, or for a tenant's own buckets a quarter of its share
+ * when that is smaller (not under SSD_OWNED_MIN_BUCKET), so that evicting
+ * its oldest bucket for its own new records costs it at most about a
+ * quarter of what it keeps.
+ */
+static uint64_t
+ssd_bucket_limit(struct ssd *t, uint32_t owner)
 {
-    if (t->open != NULL) {
-        pthread_mutex_lock(&t->blk);
-        t->open->sealed = true;
-        t->open->dirty = true;
-        pthread_mutex_unlock(&t->blk);
-        t->open = NULL;
+    uint64_t size = atomic_load(&t->bucket_size);
+    uint64_t part = owner != 0 ? store_ssd_share(t->store, owner) / 4 : 0;
+
+    if (part != 0) {
+        part = part > SSD_OWNED_MIN_BUCKET ? part : SSD_OWNED_MIN_BUCKET;
+        size = part < size ? part : size;
     }
+    return size;
 }
 
 /*
- * ssd_append: write one object's record at the end of the open bucket
- * (opening one when needed). Returns 0 and *loc, or an error (the caller
- * fails the group).
+ * ssd_append: write one object's record at the end of its owner's open
+ * bucket (opening one when needed). Returns 0 and *loc; KV_TOO_LARGE or
+ * KV_NO_SPACE when this object alone cannot go; another error (the caller
+ * fails the group) with *used the bucket that failed, or NULL.
  */
 static int
 ssd_append(struct ssd *t, struct store_obj *o, struct store_loc *loc, uint64_t *rec_bytes,
@@ -154,6 +160,8 @@ ssd_append(struct ssd *t, struct store_obj *o, struct store_loc *loc, uint64_t *
     struct iovec iov[STORE_MAX_EXTENTS + 1];
     struct kv_key key;
     struct ssd_rec rec;
+    struct ssd_bucket *b;
+    uint32_t owner;
     uint64_t size = store_obj_size(o);
     uint64_t span = ssd_rec_value_span(size);
     uint64_t hdr_block;
@@ -166,21 +174,28 @@ ssd_append(struct ssd *t, struct store_obj *o, struct store_loc *loc, uint64_t *
     store_obj_key(o, &key);
     hdr_block = ssd_rec_hdr_block(key.len);
     rec_size = hdr_block + span;
-    if (hdr_block > t->hdr_cap || rec_size > t->cfg.size) {
+    *used = NULL;
+    if (hdr_block > t->hdr_cap || rec_size > atomic_load(&t->size)) {
         return KV_TOO_LARGE;
     }
-    ssd_make_room(t, rec_size);
-    if (t->open != NULL && t->open->total_bytes > 0
-        && t->open->total_bytes + rec_size > atomic_load(&t->bucket_size)) {
-        ssd_seal(t);
+    owner = store_ssd_owner(t->store, key.tenant);
+    rc = ssd_make_room(t, rec_size, owner);
+    if (rc != 0) {
+        return rc;
     }
-    if (t->open == NULL) {
-        rc = ssd_bucket_create(t, &t->open);
+    b = ssd_open_of(t, owner);
+    if (b != NULL && b->total_bytes > 0
+        && b->total_bytes + rec_size > ssd_bucket_limit(t, owner)) {
+        ssd_unopen(t, b);
+        b = NULL;
+    }
+    if (b == NULL) {
+        rc = ssd_bucket_create(t, owner, &b);
         if (rc != 0) {
             return rc;
         }
     }
-    *used = t->open;
+    *used = b;
 
     n = store_obj_iov(o, iov + 1, STORE_MAX_EXTENTS);
     crc = ssd_rec_key_crc(key.tenant, key.ptr, key.len);
@@ -209,17 +224,17 @@ ssd_append(struct ssd *t, struct store_obj *o, struct store_loc *loc, uint64_t *
     iov[0].iov_base = t->hdr;
     iov[0].iov_len = hdr_block;
 
-    rc = ssd_pwritev_all(t->open->fd, iov, n + 1, t->open->total_bytes);
+    rc = ssd_pwritev_all(b->fd, iov, n + 1, b->total_bytes);
     if (rc != 0) {
         return rc;
     }
-    loc->bucket = (uint32_t)t->open->id;
+    loc->bucket = (uint32_t)b->id;
     loc->crc = crc;
-    loc->offset = t->open->total_bytes + hdr_block;
+    loc->offset = b->total_bytes + hdr_block;
     pthread_mutex_lock(&t->blk);
-    t->open->total_bytes += rec_size;
-    t->open->live_bytes += rec_size;
-    t->open->dirty = true;
+    b->total_bytes += rec_size;
+    b->live_bytes += rec_size;
+    b->dirty = true;
     pthread_mutex_unlock(&t->blk);
     CTR_ADD(t, disk_bytes, rec_size);
     *rec_bytes = rec_size;
@@ -322,7 +337,7 @@ ssd_bucket_ops(struct ssd *t, struct idx_op *ops, size_t max)
         struct ssd_bucket *b = t->buckets[i];
 
         ssd_fold_stamp_locked(t, b);
-        if (b == t->open || b->dirty) {
+        if (b->open || b->dirty) {
             memset(&ops[n], 0, sizeof(ops[n]));
             ops[n].kind = IDX_BUCKET_PUT;
             ssd_bucket_record(b, &ops[n].bucket);
@@ -368,10 +383,15 @@ ssd_commit_group(struct ssd *t, struct ssd_group *g, struct ssd_forget *forgets)
 
     for (written = 0; written < g->n; written++) {
         struct ssd_bucket *b = NULL;
+        int k = 0;
 
         rc = ssd_append(t, g->obj[written], &g->loc[written], &g->rec[written], &b);
-        if (rc == KV_TOO_LARGE) {
-            /* This object alone cannot go to the SSD; the others can. */
+        if (rc == KV_TOO_LARGE || rc == KV_NO_SPACE) {
+            /* This object alone cannot go to the SSD (too big, or no room it may
+             * take from others' shares); the others can. */
+            if (rc == KV_NO_SPACE) {
+                CTR_ADD(t, no_space, 1);
+            }
             store_obj_store_failed(t->store, g->obj[written]);
             CTR_ADD(t, write_failed, 1);
             g->obj[written] = NULL;
@@ -379,31 +399,33 @@ ssd_commit_group(struct ssd *t, struct ssd_group *g, struct ssd_forget *forgets)
             continue;
         }
         if (rc != 0) {
-            fault = b != NULL ? b : t->open;
+            fault = b;
             what = "write";
             break;
         }
-        if (ntouched == 0 || touched[ntouched - 1] != b) {
-            if (ntouched > 0 && fdatasync(touched[ntouched - 1]->fd) != 0) {
-                /* The group moved on to a new bucket: the sealed one must be on disk first. */
-                rc = -errno;
-                fault = touched[ntouched - 1];
-                what = "fdatasync";
-                written++;
-                break;
-            }
+        while (k < ntouched && touched[k] != b) {
+            k++;
+        }
+        if (k == ntouched) {
+            /* Records of several owners go to their own buckets: each is synced once. */
             touched[ntouched++] = b;
+            pthread_mutex_lock(&t->blk);
             b->in_group = true;
+            pthread_mutex_unlock(&t->blk);
         }
     }
-    if (rc == 0 && ntouched > 0 && fdatasync(touched[ntouched - 1]->fd) != 0) {
-        rc = -errno;
-        fault = touched[ntouched - 1];
-        what = "fdatasync";
+    for (int i = 0; rc == 0 && i < ntouched; i++) {
+        if (fdatasync(touched[i]->fd) != 0) {
+            rc = -errno;
+            fault = touched[i];
+            what = "fdatasync";
+        }
     }
+    pthread_mutex_lock(&t->blk);
     for (int i = 0; i < ntouched; i++) {
         touched[i]->in_group = false;
     }
+    pthread_mutex_unlock(&t->blk);
     if (rc != 0) {
         /* Only a full disk at write time keeps the failing bucket's committed records. */
         bool drop = !(rc == -ENOSPC && strcmp(what, "write") == 0);
@@ -516,6 +538,13 @@ ssd_housekeep(struct ssd *t, const uint64_t *drops, int ndrops)
             ssd_fault(t, b, -EIO, "read");
         }
     }
+    for (int i = t->nopen - 1; i >= 0; i--) {
+        struct ssd_bucket *b = t->open[i];
+
+        if (b->owner != 0 && store_ssd_owner(t->store, b->owner) != b->owner) {
+            ssd_unopen(t, b);       /* its owner's share was taken away by a reload */
+        }
+    }
     for (;;) {
         struct ssd_bucket *empty = NULL;
 
@@ -523,7 +552,7 @@ ssd_housekeep(struct ssd *t, const uint64_t *drops, int ndrops)
         for (size_t i = 0; i < t->nbuckets; i++) {
             struct ssd_bucket *b = t->buckets[i];
 
-            if (b != t->open && !b->dropping && b->live_bytes == 0) {
+            if (!b->open && !b->dropping && b->live_bytes == 0) {
                 empty = b;
                 break;
             }
@@ -534,7 +563,7 @@ ssd_housekeep(struct ssd *t, const uint64_t *drops, int ndrops)
         }
         ssd_bucket_drop(t, empty, "no live objects");
     }
-    ssd_make_room(t, 0);
+    (void)ssd_make_room(t, 0, 0);
 }
 
 void *

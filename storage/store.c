@@ -392,6 +392,7 @@ store_create(const struct store_config *cfg, struct store **out)
     if (cfg == NULL || cfg->memory_size < STORE_PAGE_SIZE || !store_watermarks_valid(cfg)) {
         return KV_INVALID_ARGUMENT;
     }
+    store_hash_init();
     s = aligned_alloc(64, bytes);
     if (s == NULL) {
         return -ENOMEM;
@@ -517,6 +518,29 @@ store_ssd_over_quota(struct store *s, const struct store_obj *o)
     uint64_t limit = q != NULL ? atomic_load_explicit(&q->ssd_limit, memory_order_relaxed) : 0;
 
     return limit != 0 && atomic_load_explicit(&q->ssd_used, memory_order_relaxed) + o->size > limit;
+}
+
+uint64_t
+store_ssd_share(struct store *s, uint32_t owner)
+{
+    const struct store_quota *q = store_quota_of(s, owner);
+
+    return q != NULL ? atomic_load_explicit(&q->ssd_limit, memory_order_relaxed) : 0;
+}
+
+uint32_t
+store_ssd_owner(struct store *s, uint32_t tenant)
+{
+    return store_ssd_share(s, tenant) != 0 ? tenant : 0;
+}
+
+bool
+store_ssd_guarded(struct store *s, uint32_t owner)
+{
+    const struct store_quota *q = store_quota_of(s, owner);
+    uint64_t limit = q != NULL ? atomic_load_explicit(&q->ssd_limit, memory_order_relaxed) : 0;
+
+    return limit != 0 && atomic_load_explicit(&q->ssd_used, memory_order_relaxed) <= limit;
 }
 
 void

@@ -343,6 +343,19 @@ int store_lease(struct store *s, const struct kv_key *key, uint32_t ttl_ms, uint
 int store_set_quota(struct store *s, uint32_t tenant, uint64_t bytes, uint64_t ssd_bytes);
 
 /*
+ * The SSD share's guarantee, for the tier's eviction. A tenant with an SSD
+ * quota owns the buckets its objects are written to; everyone else shares
+ * buckets of owner 0. store_ssd_owner: the owner a record of tenant goes
+ * to: tenant when it has an SSD quota, else 0. store_ssd_guarded: owner's
+ * buckets may be evicted only to make room for owner's own records: it has
+ * an SSD quota and is within it (never true for 0). store_ssd_share: the
+ * SSD quota of owner in bytes (0: none). Any thread; no lock.
+ */
+uint32_t store_ssd_owner(struct store *s, uint32_t tenant);
+bool store_ssd_guarded(struct store *s, uint32_t owner);
+uint64_t store_ssd_share(struct store *s, uint32_t owner);
+
+/*
  * store_tenant_usage: the PUBLISHED objects of `tenant` and their value
  * bytes (resident or not). Walks the whole table, a shard lock at a time.
  */
@@ -471,7 +484,12 @@ int store_load_end(struct store *s, struct store_obj *o, int rc);
  */
 int store_arena(const struct store *s, uint8_t **base, uint64_t *size);
 
-/* store_hash64: the key hash used by the table (exported for tests and sharding). */
+/*
+ * store_hash64: the key hash used by the table (exported for tests and
+ * sharding), keyed with a per-process secret that store_hash_init makes
+ * (store_create calls it; once per process, any thread).
+ */
 uint64_t store_hash64(const struct kv_key *key);
+void store_hash_init(void);
 
 #endif

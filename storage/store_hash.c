@@ -1,12 +1,19 @@
 /*
  * store_hash: the key hash of the store's table (store_hash64 in store.h),
  * kept apart from the table code because nothing else in it depends on the
- * table. Pure function; no state.
+ * table. Its one piece of state is a per-process secret mixed into every
+ * hash, so that a client cannot pick keys that all land in one chain
+ * (hash flooding); nothing hashed is ever stored, so the secret may change
+ * with every start.
  */
 #include "store.h"
 
+#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
 
 /* ---- hash ---- */
 
@@ -16,6 +23,30 @@
 #define STORE_K3 0x589965cc75374cc3ull
 
 __extension__ typedef unsigned __int128 store_u128;
+
+static uint64_t store_secret;  /* written once, before the first store exists */
+static pthread_once_t store_secret_once = PTHREAD_ONCE_INIT;
+
+static void
+store_secret_make(void)
+{
+    uint64_t v = 0;
+
+    if (getrandom(&v, sizeof(v), GRND_NONBLOCK) != (ssize_t)sizeof(v)) {
+        struct timespec ts;
+
+        /* No entropy yet (early boot): still differs per process and start. */
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        v = ((uint64_t)ts.tv_nsec << 32) ^ (uint64_t)ts.tv_sec ^ ((uint64_t)getpid() << 16);
+    }
+    store_secret = v;
+}
+
+void
+store_hash_init(void)
+{
+    pthread_once(&store_secret_once, store_secret_make);
+}
 
 /* store_mum: the 64x64->128 multiply folded to 64 bits, the whole mixing step. */
 static inline uint64_t
@@ -58,7 +89,7 @@ store_hash64(const struct kv_key *key)
 {
     const uint8_t *p = key->ptr;
     size_t len = key->len;
-    uint64_t seed = store_mum((uint64_t)key->tenant ^ STORE_K0, STORE_K1);
+    uint64_t seed = store_mum((uint64_t)key->tenant ^ STORE_K0 ^ store_secret, STORE_K1);
     uint64_t a;
     uint64_t b;
 

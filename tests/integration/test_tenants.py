@@ -242,3 +242,58 @@ def test_ssd_quota_caps_what_a_tenant_keeps_on_ssd(tmp_path):
         assert alpha.call("get", b"a1") == bytes([1]) * mib
     finally:
         d.reap()
+
+
+def test_ssd_share_is_kept_whatever_others_write(tmp_path):
+    """alpha's SSD share survives beta flooding the tier, before and after a restart;
+    gamma, whose share overlaps alpha's (the shares add up to more than the tier),
+    makes room by evicting its own oldest records, never alpha's."""
+    conf = tmp_path / "kv.conf"
+    conf.write_text("require_auth yes\n"
+                    f"tenant alpha token_sha256={sha(TOKENS['alpha'])} ssd_quota=8m\n"
+                    f"tenant beta token_sha256={sha(TOKENS['beta'])}\n"
+                    f"tenant gamma token_sha256={sha('gamma-token')} ssd_quota=12m\n"
+                    f"tenant admin token_sha256={sha(TOKENS['admin'])}\n")
+    args = (f"--config={conf}", "--memory_size=16m", f"--ssd_dir={tmp_path}/ssd",
+            "--ssd_size=16m", "--ssd_bucket_size=4m", "--ssd_offload=off")
+    mib = 1 << 20
+    d = Daemon(str(tmp_path), args, data_dir=str(tmp_path / "data"))
+    try:
+        d.wait_ready()
+        alpha, beta = login(d, "alpha"), login(d, "beta")
+        alpha_keys = [f"a{i}".encode() for i in range(6)]
+        for i, k in enumerate(alpha_keys):
+            assert alpha.call("put", k, bytes([i]) * mib, {"durable": True}) == OK
+        # beta writes four times the tier: shared buckets come and go, alpha's stay.
+        for i in range(96):
+            assert beta.call("put", f"b{i}".encode(), b"b" * mib, {"durable": True}) == OK
+        s = login(d, "admin").call("stats")
+        assert s["ssd_evicted_buckets"] > 0, s
+        for i, k in enumerate(alpha_keys):
+            assert alpha.call("get", k) == bytes([i]) * mib, f"{k} lost to beta's writes"
+        assert alpha.call("get", b"a0") == bytes([0]) * mib
+
+        # After a restart the buckets still know their owner.
+        d.stop()
+        d = Daemon(str(tmp_path), args, data_dir=str(tmp_path / "data"))
+        d.wait_ready()
+        alpha, beta = login(d, "alpha"), login(d, "beta")
+        for i in range(96, 192):
+            assert beta.call("put", f"b{i}".encode(), b"c" * mib, {"durable": True}) == OK
+        for i, k in enumerate(alpha_keys):
+            assert alpha.call("get", k) == bytes([i]) * mib, f"{k} lost after the restart"
+
+        # gamma's 12 MiB share and alpha's 8 do not both fit in the 16 MiB tier: beta's
+        # records go first, then gamma's own oldest; alpha's stay whole.
+        gamma = login(d, "gamma", "gamma-token")
+        for i in range(24):
+            assert gamma.call("put", f"g{i}".encode(), bytes([100 + i]) * mib,
+                              {"durable": True}) == OK, f"g{i}"
+        for i, k in enumerate(alpha_keys):
+            assert alpha.call("get", k) == bytes([i]) * mib, f"{k} lost to gamma's writes"
+        assert gamma.call("get", b"g23") == bytes([123]) * mib
+        assert gamma.call("get", b"g0") in (None, bytes([100]) * mib)
+        s = login(d, "admin").call("stats")
+        assert s["ssd_disk_bytes"] <= 16 * mib, s
+    finally:
+        d.reap()

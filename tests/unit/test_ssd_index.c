@@ -447,7 +447,7 @@ Test(ssd_index, bucket_records_round_trip_and_upsert)
     struct idx_op op = t_bucket_op(IDX_BUCKET_PUT, 7);
     struct idx_bucket b;
 
-    op.bucket.pad = 0;
+    op.bucket.owner = 0x5eed0001u;
     t_apply1(x, op);
     cr_assert_eq(idx_bucket_get(x, 7, &b), 0);
     cr_assert_eq(b.id, 7);
@@ -456,6 +456,7 @@ Test(ssd_index, bucket_records_round_trip_and_upsert)
     cr_assert_eq(b.live_bytes, 3007);
     cr_assert_eq(b.total_bytes, 4007);
     cr_assert_eq(b.flags, IDX_BUCKET_SEALED);
+    cr_assert_eq(b.owner, 0x5eed0001u, "the owning tenant survives a restart");
 
     op.bucket.live_bytes = 1;
     op.bucket.total_bytes = UINT64_MAX;
