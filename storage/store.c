@@ -327,6 +327,7 @@ store_set_quota(struct store *s, uint32_t tenant, uint64_t bytes, uint64_t ssd_b
         q = &s->quota[n];
         atomic_store_explicit(&q->tenant, tenant, memory_order_relaxed);
         atomic_store_explicit(&q->used, 0, memory_order_relaxed);
+        atomic_store_explicit(&q->usage_ms, 0, memory_order_relaxed);
         atomic_store_explicit(&s->nquotas, n + 1, memory_order_release);
         /* What the tenant holds already (a quota added by a reload); exact when quiet. */
         atomic_store_explicit(&q->ssd_used, 0, memory_order_relaxed);
@@ -1396,9 +1397,25 @@ store_remove_all(struct store *s, uint32_t tenant, bool all_tenants, bool force)
 void
 store_tenant_usage(struct store *s, uint32_t tenant, uint64_t *objects, uint64_t *bytes)
 {
+    struct store_quota *q = store_quota_of(s, tenant);
+    uint64_t now = store_now_ms();
     uint64_t pages, stored;
 
+    if (q != NULL) {
+        uint64_t at = atomic_load_explicit(&q->usage_ms, memory_order_acquire);
+
+        if (at != 0 && now + 1 - at < STORE_USAGE_CACHE_MS) {
+            *objects = atomic_load_explicit(&q->usage_objects, memory_order_relaxed);
+            *bytes = atomic_load_explicit(&q->usage_bytes, memory_order_relaxed);
+            return;
+        }
+    }
     store_tenant_usage_pages(s, tenant, objects, bytes, &pages, &stored);
+    if (q != NULL) {
+        atomic_store_explicit(&q->usage_objects, *objects, memory_order_relaxed);
+        atomic_store_explicit(&q->usage_bytes, *bytes, memory_order_relaxed);
+        atomic_store_explicit(&q->usage_ms, now + 1, memory_order_release);
+    }
 }
 
 static void

@@ -357,8 +357,12 @@ uint64_t store_ssd_share(struct store *s, uint32_t owner);
 
 /*
  * store_tenant_usage: the PUBLISHED objects of `tenant` and their value
- * bytes (resident or not). Walks the whole table, a shard lock at a time.
+ * bytes (resident or not). Walks the whole table, a shard lock at a time,
+ * at most once per STORE_USAGE_CACHE_MS for a tenant that has a quota slot
+ * (every declared tenant does): a caller that asks more often gets the last
+ * walk's figures, so asking cannot be turned into a way to hold the shards.
  */
+#define STORE_USAGE_CACHE_MS 1000
 void store_tenant_usage(struct store *s, uint32_t tenant, uint64_t *objects, uint64_t *bytes);
 
 /* store_stats: a snapshot of the counters (each exact, the set not atomic). */

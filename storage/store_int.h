@@ -129,6 +129,9 @@ struct store_quota {
     _Atomic uint64_t used;          /* bytes of arena pages its objects hold */
     _Atomic uint64_t ssd_limit;     /* value bytes on the SSD tier; 0: none */
     _Atomic uint64_t ssd_used;      /* value bytes of its objects stored there */
+    _Atomic uint64_t usage_ms;      /* when store_tenant_usage last walked for it, + 1 */
+    _Atomic uint64_t usage_objects; /* and what it found */
+    _Atomic uint64_t usage_bytes;
 };
 
 /*

@@ -334,6 +334,32 @@ Test(store, tenants_are_separate_namespaces)
     store_destroy(s);
 }
 
+/*
+ * A tenant's usage (its stats) walks the table at most once per
+ * STORE_USAGE_CACHE_MS: asking in a loop cannot keep the shards locked.
+ */
+Test(store, tenant_usage_walks_at_most_once_per_interval)
+{
+    struct store *s = t_store(16 * MiB, 0.9, 0.8);
+    uint64_t objects, bytes;
+    struct timespec pause = {STORE_USAGE_CACHE_MS / 1000, (STORE_USAGE_CACHE_MS % 1000 + 50) * 1000000L};
+
+    cr_assert_eq(store_set_quota(s, 7, 0, 0), 0);
+    cr_assert_eq(t_put(s, 7, 1, 1000), 0);
+    cr_assert_eq(t_put(s, 8, 1, 3000), 0);      /* another tenant's: not counted */
+    store_tenant_usage(s, 7, &objects, &bytes);
+    cr_assert_eq(objects, 1);
+    cr_assert_eq(bytes, 1000);
+    cr_assert_eq(t_put(s, 7, 2, 500), 0);
+    store_tenant_usage(s, 7, &objects, &bytes);
+    cr_assert_eq(objects, 1, "walked again within the interval");
+    nanosleep(&pause, NULL);
+    store_tenant_usage(s, 7, &objects, &bytes);
+    cr_assert_eq(objects, 2);
+    cr_assert_eq(bytes, 1500);
+    store_destroy(s);
+}
+
 Test(store, refuses_too_large_keys_and_values)
 {
     struct store_config cfg = {
