@@ -770,6 +770,84 @@ store_evict(struct store *s, uint64_t target)
 }
 
 /*
+ * store_evict_own_shard: in one shard, evict tenant's evictable objects
+ * from the tails of its lists (normal, then soft-pinned) until `want`
+ * pages are freed, looking at STORE_OWN_SCAN objects per list at most.
+ * A referenced object gets its second chance (mark cleared, left where it
+ * is: other tenants' order is not this walk's to change). Objects that left
+ * the table go to gone[] (room for STORE_OWN_SCAN * 2) for the caller to
+ * unreference once the lock is dropped. Returns the pages freed.
+ */
+static uint64_t
+store_evict_own_shard(struct store *s, struct store_shard *sh, uint32_t tenant, uint64_t want,
+                      uint64_t now, struct store_obj **gone, int *ngone, bool *queued)
+{
+    uint64_t freed = 0;
+
+    for (int cls = STORE_LRU_NORMAL; cls < STORE_LRU_CLASSES && freed < want; cls++) {
+        struct store_obj *o = sh->lru[cls].tail;
+
+        for (int seen = 0; o != NULL && seen < STORE_OWN_SCAN && freed < want; seen++) {
+            struct store_obj *prev = o->lru_prev;
+
+            if (o->tenant == tenant && store_evictable_locked(o, now)) {
+                if (o->referenced) {
+                    o->referenced = 0;
+                } else if (store_must_offload_locked(s, o)) {
+                    *queued |= store_queue_locked(s, o);    /* freed once written */
+                } else {
+                    uint64_t pages = store_ext_pages(o->ext, o->n_ext);
+
+                    if (!store_evict_locked(s, sh, o)) {
+                        gone[(*ngone)++] = o;
+                    }
+                    freed += pages;
+                    atomic_fetch_add_explicit(&s->evictions, 1, memory_order_relaxed);
+                    atomic_fetch_add_explicit(&s->evicted_bytes, o->size, memory_order_relaxed);
+                }
+            }
+            o = prev;
+        }
+    }
+    return freed;
+}
+
+/*
+ * store_evict_own: a put of tenant would take it past its DRAM quota q by
+ * `excess` bytes: make the room from its own objects, near-LRU (each
+ * shard's oldest first; the shard the walk starts at turns, so no shard's
+ * objects always go first). Bounded: STORE_OWN_SCAN objects per list and
+ * shard, twice round (the first round may only clear second-chance marks).
+ * Returns 0 when the room is there; -EAGAIN when objects it needs to evict
+ * were first queued for the SSD (on-evict mode: the room comes when they are
+ * written); KV_QUOTA_EXCEEDED when none of the tenant's objects can go (all
+ * pinned, leased, being read, or beyond the look).
+ */
+static int
+store_evict_own(struct store *s, uint32_t tenant, uint64_t excess)
+{
+    uint64_t want = store_pages(excess);
+    uint64_t freed = 0;
+    bool queued = false;
+    uint64_t now = store_now_ms();
+    unsigned start = atomic_fetch_add_explicit(&s->own_cursor, 1, memory_order_relaxed);
+
+    for (unsigned i = 0; i < 2 * STORE_SHARDS && freed < want; i++) {
+        struct store_shard *sh = &s->shard[(start + i) % STORE_SHARDS];
+        struct store_obj *gone[STORE_OWN_SCAN * STORE_LRU_CLASSES];
+        int ngone = 0;
+
+        pthread_mutex_lock(&sh->lock);
+        freed += store_evict_own_shard(s, sh, tenant, want - freed, now, gone, &ngone, &queued);
+        pthread_mutex_unlock(&sh->lock);
+        for (int k = 0; k < ngone; k++) {
+            store_obj_unref(s, gone[k]);    /* the table's reference was the only one */
+        }
+    }
+    return freed >= want ? 0 : queued ? -EAGAIN : KV_QUOTA_EXCEEDED;
+}
+
+/*
  * store_take_pages: arena pages for a new object, evicting first when the
  * reserve would pass the high watermark (down to the low watermark less the
  * new object) and once more when the allocator still says no (full, or too
@@ -888,12 +966,23 @@ store_reserve(struct store *s, const struct kv_key *key, uint64_t size, struct s
         goto fail_count;
     }
     quota = store_quota_of(s, key->tenant);
-    if (quota != NULL && atomic_load_explicit(&quota->limit, memory_order_relaxed) != 0
-        && atomic_load_explicit(&quota->used, memory_order_relaxed)
-                   + store_pages(size) * STORE_PAGE_SIZE
-               > atomic_load_explicit(&quota->limit, memory_order_relaxed)) {
-        atomic_fetch_add_explicit(&s->quota_exceeded, 1, memory_order_relaxed);
-        return KV_QUOTA_EXCEEDED;
+    if (quota != NULL && atomic_load_explicit(&quota->limit, memory_order_relaxed) != 0) {
+        uint64_t limit = atomic_load_explicit(&quota->limit, memory_order_relaxed);
+        uint64_t after = atomic_load_explicit(&quota->used, memory_order_relaxed)
+                         + store_pages(size) * STORE_PAGE_SIZE;
+
+        /* Past its quota a tenant makes room from its own objects, never others'. */
+        if (after > limit) {
+            rc = store_pages(size) * STORE_PAGE_SIZE > limit
+                     ? KV_QUOTA_EXCEEDED
+                     : store_evict_own(s, key->tenant, after - limit);
+            if (rc == KV_QUOTA_EXCEEDED) {
+                atomic_fetch_add_explicit(&s->quota_exceeded, 1, memory_order_relaxed);
+            }
+            if (rc != 0) {
+                return rc;
+            }
+        }
     }
     store_graves_sweep(s);
     rc = store_take_pages(s, store_pages(size), ext, STORE_MAX_EXTENTS, &n);

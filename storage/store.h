@@ -179,6 +179,8 @@ int store_set_limits(struct store *s, const struct store_config *cfg);
  *   KV_EXISTS      the key is PUBLISHED (it is not rewritten)
  *   KV_BUSY        the key is RESERVED by another writer
  *   KV_NO_SPACE    no room even after eviction
+ *   KV_QUOTA_EXCEEDED  the tenant's DRAM quota has no room for it, and none
+ *                  of the tenant's own objects could be evicted to make it
  *   -EAGAIN        no room now, but objects are being written to the SSD
  *                  tier and their pages will be freed: retry shortly
  *   -ENOMEM        metadata allocation failed
@@ -330,8 +332,9 @@ int store_lease(struct store *s, const struct kv_key *key, uint32_t ttl_ms, uint
 
 /*
  * store_set_quota: cap the arena bytes tenant's objects may hold (bytes; 0:
- * no cap, usage still counted). A put that would pass it gets
- * KV_QUOTA_EXCEEDED; while a tenant is within its quota, eviction for anyone
+ * no cap, usage still counted). A put that would pass it evicts the
+ * tenant's own objects, near-LRU, and gets KV_QUOTA_EXCEEDED only when
+ * none can go; while a tenant is within its quota, eviction for anyone
  * else leaves its objects alone (its share is guaranteed). Loads from the
  * SSD tier are counted, never refused. ssd_bytes caps the value bytes of its
  * objects on the SSD tier: past it, its objects are not written there (they

@@ -23,6 +23,7 @@
 #define STORE_BUCKETS_INIT 64u      /* per shard; a power of two */
 #define STORE_REHASH_STEP 64        /* old buckets moved per insert or remove while growing */
 #define STORE_EVICT_SCAN 16         /* busy objects one look at a shard tail may skip */
+#define STORE_OWN_SCAN 32           /* objects a tenant's own eviction looks at per list */
 #define STORE_EVICT_PROMOTE 1024    /* second chances one look may give before it stops */
 #define STORE_EVICT_MISSES 256      /* looks in a row that evict nothing (4 per shard) */
 #define STORE_EVICT_RESCANS 2       /* full rescans before a class counts as empty */
@@ -167,6 +168,7 @@ struct store {
     _Atomic bool promote;
     _Atomic bool degraded;
     _Atomic unsigned cold_cursor;   /* shard store_offload_cold starts at */
+    _Atomic unsigned own_cursor;    /* shard store_evict_own starts at */
     int nshards_ready;              /* shard mutexes initialized (for a half-built destroy) */
     /* Removed (forced) while leased: out of the table, but their pages are not reused
      * until the lease ends, since a client may be reading them in place. */

@@ -335,6 +335,43 @@ Test(store, tenants_are_separate_namespaces)
 }
 
 /*
+ * A tenant at its DRAM quota makes room from its own oldest objects and
+ * never from another tenant's; only when none of its own can go (here:
+ * all hard-pinned) does a put get KV_QUOTA_EXCEEDED.
+ */
+Test(store, quota_evicts_the_tenants_own_objects_first)
+{
+    struct store *s = t_store(64 * MiB, 0.9, 0.8);
+    struct t_key tk;
+
+    cr_assert_eq(store_set_quota(s, 7, 4 * MiB, 0), 0);
+    for (uint64_t i = 0; i < 8; i++) {
+        cr_assert_eq(t_put(s, 8, 100 + i, MiB), 0);     /* no quota, older than 7's */
+    }
+    for (uint64_t i = 0; i < 10; i++) {
+        cr_assert_eq(t_put(s, 7, i, MiB), 0, "put %llu past the quota", (unsigned long long)i);
+    }
+    cr_assert_eq(t_check(s, 7, 9, MiB), 1, "the newest is there");
+    cr_assert_eq(t_exists(s, 7, 0), 0, "the oldest made room");
+    for (uint64_t i = 0; i < 8; i++) {
+        cr_assert_eq(t_check(s, 8, 100 + i, MiB), 1, "another tenant's object was evicted");
+    }
+    cr_assert(t_stats(s).evictions >= 6);
+
+    /* Everything it still has pinned hard: nothing of its own can go. */
+    for (uint64_t i = 0; i < 10; i++) {
+        (void)store_pin(s, t_key(&tk, 7, i), STORE_PIN_HARD);
+    }
+    cr_assert_eq(t_put(s, 7, 50, MiB), KV_QUOTA_EXCEEDED);
+    cr_assert_eq(t_stats(s).quota_exceeded, 1);
+    cr_assert_eq(t_put(s, 7, 51, 8 * MiB), KV_QUOTA_EXCEEDED, "larger than the quota itself");
+    for (uint64_t i = 0; i < 8; i++) {
+        cr_assert_eq(t_check(s, 8, 100 + i, MiB), 1);
+    }
+    store_destroy(s);
+}
+
+/*
  * A tenant's usage (its stats) walks the table at most once per
  * STORE_USAGE_CACHE_MS: asking in a loop cannot keep the shards locked.
  */
