@@ -441,6 +441,52 @@ ssd_open_victim(struct ssd *t, uint32_t owner)
     return found != NULL ? found : own;
 }
 
+/* ssd_owned_bytes: bytes written to owner's buckets (not those being dropped). */
+static uint64_t
+ssd_owned_bytes(struct ssd *t, uint32_t owner)
+{
+    uint64_t bytes = 0;
+
+    pthread_mutex_lock(&t->blk);
+    for (size_t i = 0; i < t->nbuckets; i++) {
+        const struct ssd_bucket *b = t->buckets[i];
+
+        if (b->owner == owner && !b->dropping) {
+            bytes += b->total_bytes;
+        }
+    }
+    pthread_mutex_unlock(&t->blk);
+    return bytes;
+}
+
+int
+ssd_share_room(struct ssd *t, uint32_t owner, uint64_t need)
+{
+    uint64_t share = owner != 0 ? store_ssd_share(t->store, owner) : 0;
+
+    if (share == 0) {
+        return 0;
+    }
+    if (need > share) {
+        return KV_QUOTA_EXCEEDED;
+    }
+    while (ssd_owned_bytes(t, owner) + need > share) {
+        struct ssd_bucket *v = ssd_victim(t, owner, true);
+
+        if (v == NULL) {
+            struct ssd_bucket *o = ssd_open_of(t, owner);
+
+            if (o == NULL || o->total_bytes == 0 || o->in_group) {
+                return KV_QUOTA_EXCEEDED;
+            }
+            ssd_unopen(t, o);   /* sealed, so that it can go too */
+            continue;
+        }
+        ssd_bucket_drop(t, v, "its tenant's share is full");
+    }
+    return 0;
+}
+
 int
 ssd_make_room(struct ssd *t, uint64_t need, uint32_t owner)
 {

@@ -36,7 +36,7 @@ struct idx_bucket;
 #define SSD_STAMP_SLOTS 65536u          /* read stamps of DRAM hits, by bucket id modulo this */
 #define SSD_OPEN_MAX 65                 /* open buckets: the shared one and one per tenant with
                                            an SSD quota (the store has 64 quota slots) */
-#define SSD_OWNED_MIN_BUCKET (4ull << 20) /* an owned bucket's size floor (see ssd_bucket_limit) */
+#define SSD_OWNED_MIN_BUCKET (1ull << 20) /* an owned bucket's size floor (see ssd_bucket_limit) */
 
 struct ssd_bucket {
     uint64_t id;
@@ -232,6 +232,16 @@ void ssd_unopen(struct ssd *t, struct ssd_bucket *b);
  * record would take the tier past its size (everything left is guarded).
  */
 int ssd_make_room(struct ssd *t, uint64_t need, uint32_t owner);
+
+/*
+ * ssd_share_room: a record of `need` bytes for owner (a tenant with an SSD
+ * share) fits in its share: its own buckets (every byte written, dead or
+ * live) plus need stay within the share, its oldest going first (by the
+ * eviction rule). Returns 0, or KV_QUOTA_EXCEEDED when they cannot (the
+ * record is larger than the share, or every one of its buckets is being
+ * written by this group). 0 at once for owner 0.
+ */
+int ssd_share_room(struct ssd *t, uint32_t owner, uint64_t need);
 
 /* ---- ssd_writer.c ---- */
 

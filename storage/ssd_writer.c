@@ -149,8 +149,9 @@ ssd_bucket_limit(struct ssd *t, uint32_t owner)
 
 /*
  * ssd_append: write one object's record at the end of its owner's open
- * bucket (opening one when needed). Returns 0 and *loc; KV_TOO_LARGE or
- * KV_NO_SPACE when this object alone cannot go; another error (the caller
+ * bucket (opening one when needed). Returns 0 and *loc; KV_TOO_LARGE,
+ * KV_QUOTA_EXCEEDED or KV_NO_SPACE when this object alone cannot go;
+ * another error (the caller
  * fails the group) with *used the bucket that failed, or NULL.
  */
 static int
@@ -179,7 +180,10 @@ ssd_append(struct ssd *t, struct store_obj *o, struct store_loc *loc, uint64_t *
         return KV_TOO_LARGE;
     }
     owner = store_ssd_owner(t->store, key.tenant);
-    rc = ssd_make_room(t, rec_size, owner);
+    rc = ssd_share_room(t, owner, rec_size);
+    if (rc == 0) {
+        rc = ssd_make_room(t, rec_size, owner);
+    }
     if (rc != 0) {
         return rc;
     }
@@ -386,9 +390,9 @@ ssd_commit_group(struct ssd *t, struct ssd_group *g, struct ssd_forget *forgets)
         int k = 0;
 
         rc = ssd_append(t, g->obj[written], &g->loc[written], &g->rec[written], &b);
-        if (rc == KV_TOO_LARGE || rc == KV_NO_SPACE) {
-            /* This object alone cannot go to the SSD (too big, or no room it may
-             * take from others' shares); the others can. */
+        if (rc == KV_TOO_LARGE || rc == KV_NO_SPACE || rc == KV_QUOTA_EXCEEDED) {
+            /* This object alone cannot go to the SSD (too big, no room in its
+             * tenant's share, or none it may take from others'); the others can. */
             if (rc == KV_NO_SPACE) {
                 CTR_ADD(t, no_space, 1);
             }

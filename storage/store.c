@@ -518,7 +518,7 @@ store_ssd_over_quota(struct store *s, const struct store_obj *o)
     const struct store_quota *q = store_quota_of(s, o->tenant);
     uint64_t limit = q != NULL ? atomic_load_explicit(&q->ssd_limit, memory_order_relaxed) : 0;
 
-    return limit != 0 && atomic_load_explicit(&q->ssd_used, memory_order_relaxed) + o->size > limit;
+    return limit != 0 && o->size > limit;
 }
 
 uint64_t
@@ -558,7 +558,7 @@ bool
 store_queue_locked(struct store *s, struct store_obj *o)
 {
     if (store_ssd_over_quota(s, o)) {
-        return false;               /* its tenant's SSD share is full: it stays in DRAM only */
+        return false;               /* larger than its tenant's whole SSD share: DRAM only */
     }
     atomic_store_explicit(&o->ssd, STORE_SSD_QUEUED, memory_order_relaxed);
     atomic_fetch_add_explicit(&o->refs, 1, memory_order_relaxed);
@@ -577,7 +577,7 @@ store_must_offload_locked(struct store *s, const struct store_obj *o)
     return s->has_tier && atomic_load_explicit(&s->on_evict, memory_order_relaxed)
            && !atomic_load_explicit(&s->degraded, memory_order_relaxed)
            && atomic_load_explicit(&o->ssd, memory_order_relaxed) == STORE_SSD_NONE
-           && !store_ssd_over_quota(s, o);     /* over its SSD quota: it is dropped instead */
+           && !store_ssd_over_quota(s, o);     /* never fits its SSD share: dropped instead */
 }
 
 /*
@@ -770,54 +770,43 @@ store_evict(struct store *s, uint64_t target)
 }
 
 /*
- * store_evict_own_shard: in one shard, evict tenant's evictable objects
- * from the tails of its lists (normal, then soft-pinned) until `want`
- * pages are freed, looking at STORE_OWN_SCAN objects per list at most.
- * A referenced object gets its second chance (mark cleared, left where it
- * is: other tenants' order is not this walk's to change). Objects that left
- * the table go to gone[] (room for STORE_OWN_SCAN * 2) for the caller to
- * unreference once the lock is dropped. Returns the pages freed.
+ * store_own_candidate_locked: the object of tenant in sh that its own
+ * eviction takes next, or NULL: the oldest (by access stamp) evictable one
+ * among the STORE_OWN_SCAN nearest each list's tail, a normal one before a
+ * soft-pinned one. In on-evict mode one that has to reach the SSD first is
+ * queued (*queued) and passed over. *rank orders candidates across shards.
  */
-static uint64_t
-store_evict_own_shard(struct store *s, struct store_shard *sh, uint32_t tenant, uint64_t want,
-                      uint64_t now, struct store_obj **gone, int *ngone, bool *queued)
+static struct store_obj *
+store_own_candidate_locked(struct store *s, struct store_shard *sh, uint32_t tenant,
+                           uint64_t now, bool *queued, uint64_t *rank)
 {
-    uint64_t freed = 0;
-
-    for (int cls = STORE_LRU_NORMAL; cls < STORE_LRU_CLASSES && freed < want; cls++) {
+    for (int cls = STORE_LRU_NORMAL; cls < STORE_LRU_CLASSES; cls++) {
+        struct store_obj *best = NULL;
         struct store_obj *o = sh->lru[cls].tail;
 
-        for (int seen = 0; o != NULL && seen < STORE_OWN_SCAN && freed < want; seen++) {
-            struct store_obj *prev = o->lru_prev;
-
-            if (o->tenant == tenant && store_evictable_locked(o, now)) {
-                if (o->referenced) {
-                    o->referenced = 0;
-                } else if (store_must_offload_locked(s, o)) {
-                    *queued |= store_queue_locked(s, o);    /* freed once written */
-                } else {
-                    uint64_t pages = store_ext_pages(o->ext, o->n_ext);
-
-                    if (!store_evict_locked(s, sh, o)) {
-                        gone[(*ngone)++] = o;
-                    }
-                    freed += pages;
-                    atomic_fetch_add_explicit(&s->evictions, 1, memory_order_relaxed);
-                    atomic_fetch_add_explicit(&s->evicted_bytes, o->size, memory_order_relaxed);
-                }
+        for (int seen = 0; o != NULL && seen < STORE_OWN_SCAN; seen++, o = o->lru_prev) {
+            if (o->tenant != tenant || !store_evictable_locked(o, now)) {
+                continue;
             }
-            o = prev;
+            if (store_must_offload_locked(s, o)) {
+                *queued |= store_queue_locked(s, o);    /* freed once written */
+            } else if (best == NULL || o->atime < best->atime) {
+                best = o;
+            }
+        }
+        if (best != NULL) {
+            *rank = (best->atime & (UINT64_MAX >> 2)) | ((uint64_t)cls << 62);
+            return best;
         }
     }
-    return freed;
+    *rank = STORE_NO_CANDIDATE;
+    return NULL;
 }
 
 /*
- * store_evict_own: a put of tenant would take it past its DRAM quota q by
- * `excess` bytes: make the room from its own objects, near-LRU (each
- * shard's oldest first; the shard the walk starts at turns, so no shard's
- * objects always go first). Bounded: STORE_OWN_SCAN objects per list and
- * shard, twice round (the first round may only clear second-chance marks).
+ * store_evict_own: a put of tenant would take it past its DRAM quota by
+ * `excess` bytes: make the room from its own objects, the least recently
+ * used first across shards (near the tails: see store_own_candidate_locked).
  * Returns 0 when the room is there; -EAGAIN when objects it needs to evict
  * were first queued for the SSD (on-evict mode: the room comes when they are
  * written); KV_QUOTA_EXCEEDED when none of the tenant's objects can go (all
@@ -826,23 +815,51 @@ store_evict_own_shard(struct store *s, struct store_shard *sh, uint32_t tenant, 
 static int
 store_evict_own(struct store *s, uint32_t tenant, uint64_t excess)
 {
+    uint64_t cand[STORE_SHARDS];
     uint64_t want = store_pages(excess);
     uint64_t freed = 0;
-    bool queued = false;
     uint64_t now = store_now_ms();
-    unsigned start = atomic_fetch_add_explicit(&s->own_cursor, 1, memory_order_relaxed);
+    bool queued = false;
 
-    for (unsigned i = 0; i < 2 * STORE_SHARDS && freed < want; i++) {
-        struct store_shard *sh = &s->shard[(start + i) % STORE_SHARDS];
-        struct store_obj *gone[STORE_OWN_SCAN * STORE_LRU_CLASSES];
-        int ngone = 0;
+    for (unsigned i = 0; i < STORE_SHARDS; i++) {
+        struct store_shard *sh = &s->shard[i];
 
         pthread_mutex_lock(&sh->lock);
-        freed += store_evict_own_shard(s, sh, tenant, want - freed, now, gone, &ngone, &queued);
+        (void)store_own_candidate_locked(s, sh, tenant, now, &queued, &cand[i]);
         pthread_mutex_unlock(&sh->lock);
-        for (int k = 0; k < ngone; k++) {
-            store_obj_unref(s, gone[k]);    /* the table's reference was the only one */
+    }
+    while (freed < want) {
+        struct store_shard *sh;
+        struct store_obj *c;
+        uint64_t pages;
+        int best = -1;
+        int kept;
+
+        for (unsigned i = 0; i < STORE_SHARDS; i++) {
+            if (cand[i] != STORE_NO_CANDIDATE && (best < 0 || cand[i] < cand[best])) {
+                best = (int)i;
+            }
         }
+        if (best < 0) {
+            break;
+        }
+        sh = &s->shard[best];
+        pthread_mutex_lock(&sh->lock);
+        c = store_own_candidate_locked(s, sh, tenant, now, &queued, &cand[best]);
+        if (c == NULL) {
+            pthread_mutex_unlock(&sh->lock);
+            continue;
+        }
+        pages = store_ext_pages(c->ext, c->n_ext);
+        kept = store_evict_locked(s, sh, c);
+        atomic_fetch_add_explicit(&s->evictions, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&s->evicted_bytes, c->size, memory_order_relaxed);
+        (void)store_own_candidate_locked(s, sh, tenant, now, &queued, &cand[best]);
+        pthread_mutex_unlock(&sh->lock);
+        if (!kept) {
+            store_obj_unref(s, c);  /* the table's reference was the only one */
+        }
+        freed += pages;
     }
     return freed >= want ? 0 : queued ? -EAGAIN : KV_QUOTA_EXCEEDED;
 }

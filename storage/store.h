@@ -336,10 +336,11 @@ int store_lease(struct store *s, const struct kv_key *key, uint32_t ttl_ms, uint
  * tenant's own objects, near-LRU, and gets KV_QUOTA_EXCEEDED only when
  * none can go; while a tenant is within its quota, eviction for anyone
  * else leaves its objects alone (its share is guaranteed). Loads from the
- * SSD tier are counted, never refused. ssd_bytes caps the value bytes of its
- * objects on the SSD tier: past it, its objects are not written there (they
- * live in DRAM only, and eviction drops them) and store_sync answers
- * KV_QUOTA_EXCEEDED. At most 64 tenants; KV_NO_SPACE beyond,
+ * SSD tier are counted, never refused. ssd_bytes caps the bytes of its
+ * buckets on the SSD tier: the tier makes room for its new records from its
+ * own oldest buckets; an object larger than the whole share is not written
+ * there (it lives in DRAM only, and eviction drops it) and store_sync
+ * answers KV_QUOTA_EXCEEDED. At most 64 tenants; KV_NO_SPACE beyond,
  * KV_INVALID_ARGUMENT for tenant 0. Call at start (before the tier loads
  * its index) and on reload.
  */
@@ -436,7 +437,7 @@ void store_obj_store_failed(struct store *s, struct store_obj *o);
  * store_sync: make sure o (a reference the caller holds, PUBLISHED) gets
  * written to the tier: queue it unless it is queued or stored already.
  * Returns 0, KV_UNSUPPORTED when no tier is attached, or KV_QUOTA_EXCEEDED
- * when o's tenant has no SSD quota left for it. Wait for the
+ * when o is larger than its tenant's whole SSD quota. Wait for the
  * outcome with store_obj_ssd_state.
  */
 int store_sync(struct store *s, struct store_obj *o);

@@ -168,7 +168,6 @@ struct store {
     _Atomic bool promote;
     _Atomic bool degraded;
     _Atomic unsigned cold_cursor;   /* shard store_offload_cold starts at */
-    _Atomic unsigned own_cursor;    /* shard store_evict_own starts at */
     int nshards_ready;              /* shard mutexes initialized (for a half-built destroy) */
     /* Removed (forced) while leased: out of the table, but their pages are not reused
      * until the lease ends, since a client may be reading them in place. */
@@ -272,12 +271,16 @@ void store_load_start_locked(struct store *s, struct store_shard *sh, struct sto
 
 /*
  * store_queue_locked: hand o to the tier's offload hook with a reference of
- * its own. Returns false (nothing queued) when o's tenant has no SSD quota
- * left for it.
+ * its own. Returns false (nothing queued) when o is larger than its
+ * tenant's whole SSD share.
  */
 bool store_queue_locked(struct store *s, struct store_obj *o);
 
-/* store_ssd_over_quota: storing o would take its tenant past its SSD quota. */
+/*
+ * store_ssd_over_quota: o is larger than its tenant's whole SSD share, so
+ * it can never be written there. (Within the share the tier makes room by
+ * evicting the tenant's own oldest buckets: see ssd_share_room.)
+ */
 bool store_ssd_over_quota(struct store *s, const struct store_obj *o);
 
 /*
