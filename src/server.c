@@ -472,8 +472,8 @@ worker_on_rdma(evutil_socket_t fd, short what, void *arg)
 }
 
 /*
- * server_apply_quotas: the tenants' DRAM quotas of next into the store (a
- * tenant of old that next no longer has keeps no cap). old may be NULL.
+ * server_apply_quotas: the tenants' quotas of next into the store; a tenant
+ * of old that next no longer has gives its slot back. old may be NULL.
  */
 static void
 server_apply_quotas(struct server *s, const struct kv_config *old, const struct kv_config *next)
@@ -482,7 +482,7 @@ server_apply_quotas(struct server *s, const struct kv_config *old, const struct 
         const struct conf_tenant *t = &old->tenants.t[i];
 
         if (conf_tenant_find(next, t->name, strlen(t->name)) == NULL) {
-            (void)store_set_quota(s->store, t->id, 0, 0);
+            store_drop_quota(s->store, t->id);
         }
     }
     for (uint32_t i = 0; i < next->tenants.n; i++) {

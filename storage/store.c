@@ -320,17 +320,27 @@ store_set_quota(struct store *s, uint32_t tenant, uint64_t bytes, uint64_t ssd_b
     }
     if (q == NULL) {
         uint64_t objects, value_bytes, pages = 0, stored = 0;
+        uint32_t i = 0;
 
-        if (n == STORE_QUOTA_SLOTS) {
+        /* A slot a removed tenant gave back, else a new one. */
+        while (i < n && atomic_load_explicit(&s->quota[i].tenant, memory_order_relaxed) != 0) {
+            i++;
+        }
+        if (i == STORE_QUOTA_SLOTS) {
             return KV_NO_SPACE;
         }
-        q = &s->quota[n];
-        atomic_store_explicit(&q->tenant, tenant, memory_order_relaxed);
+        q = &s->quota[i];
         atomic_store_explicit(&q->used, 0, memory_order_relaxed);
-        atomic_store_explicit(&q->usage_ms, 0, memory_order_relaxed);
-        atomic_store_explicit(&s->nquotas, n + 1, memory_order_release);
-        /* What the tenant holds already (a quota added by a reload); exact when quiet. */
         atomic_store_explicit(&q->ssd_used, 0, memory_order_relaxed);
+        atomic_store_explicit(&q->usage_ms, 0, memory_order_relaxed);
+        atomic_store_explicit(&q->limit, 0, memory_order_relaxed);
+        atomic_store_explicit(&q->ssd_limit, 0, memory_order_relaxed);
+        atomic_store_explicit(&q->tenant, tenant, memory_order_release);
+        if (i == n) {
+            atomic_store_explicit(&s->nquotas, n + 1, memory_order_release);
+        }
+        /* What the tenant holds already (a quota added by a reload); exact when quiet
+         * (a charge racing with this count may be counted twice or not at all). */
         store_tenant_usage_pages(s, tenant, &objects, &value_bytes, &pages, &stored);
         atomic_fetch_add_explicit(&q->used, pages * STORE_PAGE_SIZE, memory_order_relaxed);
         atomic_fetch_add_explicit(&q->ssd_used, stored, memory_order_relaxed);
@@ -338,6 +348,18 @@ store_set_quota(struct store *s, uint32_t tenant, uint64_t bytes, uint64_t ssd_b
     atomic_store_explicit(&q->limit, bytes, memory_order_relaxed);
     atomic_store_explicit(&q->ssd_limit, ssd_bytes, memory_order_relaxed);
     return 0;
+}
+
+void
+store_drop_quota(struct store *s, uint32_t tenant)
+{
+    struct store_quota *q = store_quota_of(s, tenant);
+
+    if (q != NULL) {
+        atomic_store_explicit(&q->limit, 0, memory_order_relaxed);
+        atomic_store_explicit(&q->ssd_limit, 0, memory_order_relaxed);
+        atomic_store_explicit(&q->tenant, 0, memory_order_release);
+    }
 }
 
 /*

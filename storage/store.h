@@ -347,6 +347,13 @@ int store_lease(struct store *s, const struct kv_key *key, uint32_t ttl_ms, uint
 int store_set_quota(struct store *s, uint32_t tenant, uint64_t bytes, uint64_t ssd_bytes);
 
 /*
+ * store_drop_quota: tenant is gone (a reload removed it): its slot is given
+ * back for another tenant, and its objects, which stay until evicted or
+ * removed, are no longer guarded or counted. A no-op for a tenant without one.
+ */
+void store_drop_quota(struct store *s, uint32_t tenant);
+
+/*
  * The SSD share's guarantee, for the tier's eviction. A tenant with an SSD
  * quota owns the buckets its objects are written to; everyone else shares
  * buckets of owner 0. store_ssd_owner: the owner a record of tenant goes

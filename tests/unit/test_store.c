@@ -371,6 +371,31 @@ Test(store, quota_evicts_the_tenants_own_objects_first)
     store_destroy(s);
 }
 
+/* Quota slots: 64 at once; a removed tenant's slot serves the next one. */
+Test(store, quota_slots_are_given_back)
+{
+    struct store *s = t_store(16 * MiB, 0.9, 0.8);
+
+    for (uint32_t round = 0; round < 4; round++) {
+        for (uint32_t t = 1; t <= 64; t++) {
+            cr_assert_eq(store_set_quota(s, round * 100 + t, MiB, 0), 0, "round %u tenant %u",
+                         round, t);
+        }
+        cr_assert_eq(store_set_quota(s, 9999, MiB, 0), KV_NO_SPACE);
+        for (uint32_t t = 1; t <= 64; t++) {
+            store_drop_quota(s, round * 100 + t);
+        }
+    }
+    /* A slot taken again starts from what the tenant holds, not from the last owner's. */
+    cr_assert_eq(t_put(s, 5000, 1, MiB), 0);
+    cr_assert_eq(store_set_quota(s, 5000, 2 * MiB, 0), 0);
+    cr_assert_eq(t_put(s, 5000, 2, MiB), 0);
+    cr_assert_eq(t_put(s, 5000, 3, MiB), 0);
+    cr_assert_eq(t_exists(s, 5000, 1), 0, "the quota counted its first object");
+    cr_assert_eq(t_check(s, 5000, 3, MiB), 1);
+    store_destroy(s);
+}
+
 /*
  * A tenant's usage (its stats) walks the table at most once per
  * STORE_USAGE_CACHE_MS: asking in a loop cannot keep the shards locked.
