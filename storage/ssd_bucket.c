@@ -4,6 +4,13 @@
  * eviction rule (writer thread). It never reads or writes records; that is
  * ssd_writer.c and the readers in ssd.c.
  *
+ * Owners: a tenant with an SSD share (ssd_quota) has buckets of its own,
+ * one of them open at a time; everyone else writes to shared buckets
+ * (owner 0). Eviction for a record takes shared buckets and those of owners
+ * past their share; an owner within its share loses buckets only to its own
+ * records (ssd_share_room when its share is full, ssd_make_room when the
+ * tier is and nothing else can go).
+ *
  * Reclaim: a sealed bucket whose live bytes fell under half of its size
  * (objects removed) is evicted before any other, and one with no live object
  * at once, so dead records never hold space longer than the next eviction.

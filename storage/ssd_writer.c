@@ -1,6 +1,6 @@
 /*
- * ssd_writer: the SSD tier's writer thread: it appends records to the open
- * bucket, syncs, and commits the index entries that make them visible, one
+ * ssd_writer: the SSD tier's writer thread: it appends records to their
+ * owner's open bucket, syncs, and commits the index entries that make them visible, one
  * transaction per group; it applies deletes (forgets), keeps usage under
  * the watermarks, and handles write faults. Nothing else writes bucket
  * files or the index after start-up.
