@@ -165,20 +165,53 @@ test: deps
 	$(Q)$(MAKE) --no-print-directory all $(UNIT) $(INTEG)
 	$(Q)$(MAKE) --no-print-directory test-unit test-integration test-python test-fuzz
 
+# make asan's sanitizer settings; a variable set in the environment is used instead
+SAN_ASAN_OPTIONS := abort_on_error=0:detect_leaks=1
+SAN_LSAN_OPTIONS := suppressions=$(abspath tests/data/lsan.supp):print_suppressions=0
+SAN_UBSAN_OPTIONS := print_stacktrace=1:halt_on_error=1
+
+# criterion_run NAME,COMMAND: run a Criterion test binary. Under VARIANT=asan: Criterion runs
+# each test in a worker process and ignores how a worker exits once its test has passed, so
+# LeakSanitizer's report at the worker's exit fails nothing by itself. Every sanitizer report
+# therefore goes to build/asan/sanlog/NAME/san.PID (log_path: the runner, its workers, and the
+# daemons and CLI the integration tests start), and any such file fails the run after it is
+# printed. gcc's libubsan ignores log_path when libasan is loaded as well, so a UBSan
+# "runtime error:" line in the binary's output fails it too. fast_unwind_on_malloc=0 gives
+# whole allocation stacks through libcriterion, which the suppression file matches on.
+ifeq ($(VARIANT),asan)
+define criterion_run
+	@echo '$(2)'
+	@d=$(abspath $(BUILD))/sanlog/$(1); rm -rf $$d && mkdir -p $$d; \
+	{ ASAN_OPTIONS="$${ASAN_OPTIONS:-$(SAN_ASAN_OPTIONS)}:log_path=$$d/san:fast_unwind_on_malloc=0" \
+	  LSAN_OPTIONS="$${LSAN_OPTIONS:-$(SAN_LSAN_OPTIONS)}:log_path=$$d/san" \
+	  UBSAN_OPTIONS="$${UBSAN_OPTIONS:-$(SAN_UBSAN_OPTIONS)}:log_path=$$d/san" \
+	  $(2) 2>&1; echo $$? >$$d/status; } | tee $$d/output; \
+	rc=$$(cat $$d/status); \
+	for f in $$d/san.*; do \
+	    [ -e "$$f" ] || continue; echo "---- sanitizer report $$f"; cat "$$f"; rc=1; \
+	done; \
+	if grep -q 'runtime error:' $$d/output; then \
+	    echo "---- UBSan reported in the output above (saved in $$d/output)"; rc=1; \
+	fi; \
+	exit $$rc
+endef
+else
+  criterion_run = $(2)
+endif
+
 test-unit: $(UNIT)
-	$(UNIT) --jobs $(TEST_JOBS)
+	$(call criterion_run,unit,$(UNIT) --jobs $(TEST_JOBS))
 
 test-integration: $(INTEG) $(KVSTASHD) $(KVSTASH)
-	KVSTASHD=$(abspath $(KVSTASHD)) KVSTASH_CLI=$(abspath $(KVSTASH)) $(INTEG) --jobs 1
+	$(call criterion_run,integration,KVSTASHD=$(abspath $(KVSTASHD)) \
+	    KVSTASH_CLI=$(abspath $(KVSTASH)) $(INTEG) --jobs 1)
 
 test-python: $(KVSTASHD)
 	KVSTASHD=$(abspath $(KVSTASHD)) /usr/bin/python3 -m pytest -q -rs tests/integration
 
 asan:
-	$(Q)ASAN_OPTIONS=abort_on_error=0:detect_leaks=1 \
-	    LSAN_OPTIONS=suppressions=$(abspath tests/data/lsan.supp):print_suppressions=0 \
-	    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-	    $(MAKE) --no-print-directory VARIANT=asan test
+	$(Q)ASAN_OPTIONS=$(SAN_ASAN_OPTIONS) LSAN_OPTIONS=$(SAN_LSAN_OPTIONS) \
+	    UBSAN_OPTIONS=$(SAN_UBSAN_OPTIONS) $(MAKE) --no-print-directory VARIANT=asan test
 
 bench: bench-deps
 	$(Q)$(MAKE) --no-print-directory all $(MCBENCH)
