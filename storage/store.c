@@ -1485,6 +1485,7 @@ store_remove_all(struct store *s, uint32_t tenant, bool all_tenants, bool force)
     uint64_t now = store_now_ms();
     uint64_t count = 0;
 
+    store_graves_sweep(s);      /* earlier forced removes whose leases have ended */
     for (unsigned i = 0; i < STORE_SHARDS; i++) {
         struct store_shard *sh = &s->shard[i];
         struct store_obj *gone = NULL;
