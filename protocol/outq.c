@@ -90,6 +90,7 @@ outq_deinit(struct outq *q)
     free(q->spare);
     free(q->iov);
     free(q->own);
+    free(q->ends);
     struct store *s = q->store;
     memset(q, 0, sizeof(*q));
     q->store = s;
@@ -106,6 +107,7 @@ outq_reserve(struct outq *q, size_t n)
         size_t live = q->tail - q->head;
         memmove(q->iov, q->iov + q->head, live * sizeof(*q->iov));
         memmove(q->own, q->own + q->head, live * sizeof(*q->own));
+        memmove(q->ends, q->ends + q->head, live * sizeof(*q->ends));
         q->head = 0;
         q->tail = live;
         if (q->tail + n <= q->cap) {
@@ -126,6 +128,11 @@ outq_reserve(struct outq *q, size_t n)
         return -ENOMEM;
     }
     q->own = own;
+    uint32_t *ends = realloc(q->ends, cap * sizeof(*ends));
+    if (ends == NULL) {
+        return -ENOMEM;
+    }
+    q->ends = ends;
     q->cap = cap;
     return 0;
 }
@@ -171,6 +178,7 @@ outq_write(struct outq *q, const void *p, size_t n)
     q->iov[q->tail].iov_base = dst;
     q->iov[q->tail].iov_len = n;
     q->own[q->tail] = (uintptr_t)c | 1u;
+    q->ends[q->tail] = 0;
     q->tail++;
     return 0;
 }
@@ -193,6 +201,7 @@ outq_obj(struct outq *q, struct store_obj *o)
     for (int i = 0; i < n; i++) {
         q->iov[q->tail] = ext[i];
         q->own[q->tail] = 0;
+        q->ends[q->tail] = 0;
         q->pending += ext[i].iov_len;
         q->tail++;
     }
@@ -216,6 +225,7 @@ outq_fd(struct outq *q, int fd)
     q->iov[q->tail].iov_base = NULL;
     q->iov[q->tail].iov_len = 0;
     q->own[q->tail] = ((uintptr_t)fd << 2) | 2u;
+    q->ends[q->tail] = 0;
     q->tail++;
     return 0;
 }
@@ -233,7 +243,17 @@ void
 outq_fd_sent(struct outq *q)
 {
     if (outq_head_fd(q) >= 0) {
+        q->replies -= q->ends[q->head];
         q->head++;
+    }
+}
+
+void
+outq_reply_end(struct outq *q)
+{
+    if (q->tail > q->head) {
+        q->ends[q->tail - 1]++;
+        q->replies++;
     }
 }
 
@@ -263,6 +283,7 @@ outq_consume(struct outq *q, size_t n)
         }
         n -= v->iov_len;
         outq_release(q, q->own[q->head]);
+        q->replies -= q->ends[q->head];
         q->head++;
     }
     if (q->head == q->tail) {

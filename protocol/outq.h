@@ -6,7 +6,9 @@
  * queues the object's arena extents by reference and holds a store reference
  * until the last byte of it has been written, so eviction and remove leave
  * that memory alone meanwhile. The socket side takes iovecs with
- * outq_peek and reports progress with outq_consume.
+ * outq_peek and reports progress with outq_consume. The producer marks
+ * where each reply ends (outq_reply_end), so the connection can count the
+ * replies not yet fully written (outq_replies) without parsing its bytes.
  *
  * Pure memory: no sockets, no locks. One outq belongs to one connection and
  * is used by the thread that owns the connection.
@@ -28,10 +30,12 @@ struct outq {
     struct store *store;        /* for store_obj_unref; borrowed */
     struct iovec *iov;          /* queued segments, [head, tail) */
     uintptr_t *own;             /* per segment: 0, a store_obj* to unref, or a chunk|1 */
+    uint32_t *ends;             /* per segment: replies that end inside it (outq_reply_end) */
     size_t head, tail, cap;
     struct outq_chunk *cur;     /* chunk being appended to (referenced by its iovs too) */
     struct outq_chunk *spare;   /* one recycled chunk */
     uint64_t pending;           /* unsent bytes */
+    uint64_t replies;           /* replies marked whose last segment is not all sent */
     int failed;                 /* an allocation failed: the connection must close */
 };
 
@@ -85,6 +89,23 @@ static inline uint64_t
 outq_pending(const struct outq *q)
 {
     return q->pending;
+}
+
+/*
+ * outq_reply_end: the bytes queued so far complete one reply. The mark goes
+ * on the last segment, which later writes may extend: a reply counts as
+ * sent once the whole segment it ends in is sent, so the count may lag by
+ * at most one segment (a chunk) of bytes, never run ahead. Allocates
+ * nothing. A mark on an empty queue counts nothing (there is nothing left
+ * of that reply to send).
+ */
+void outq_reply_end(struct outq *q);
+
+/* outq_replies: replies marked by outq_reply_end that are not yet all sent. */
+static inline uint64_t
+outq_replies(const struct outq *q)
+{
+    return q->replies;
 }
 
 #endif

@@ -87,6 +87,7 @@ rpc_method_lookup(const char *name, uint32_t len)
 void
 rpc_reply_head(struct rpc_req *rq)
 {
+    rq->replied = true;
     rpc_pack_head(&rq->pk, rq->msgid);
 }
 
@@ -102,6 +103,7 @@ rpc_pack_head(msgpack_packer *pk, uint64_t msgid)
 void
 rpc_reply_error(struct rpc_req *rq, int status, const char *msg)
 {
+    rq->replied = true;
     msgpack_pack_array(&rq->pk, 4);
     msgpack_pack_uint8(&rq->pk, 1);
     msgpack_pack_uint64(&rq->pk, rq->msgid);
@@ -519,6 +521,13 @@ rpc_pending(const struct rpc_ctx *ctx)
     return ctx->deferred != NULL || ctx->xfer != NULL;
 }
 
+uint32_t
+rpc_pending_replies(const struct rpc_ctx *ctx)
+{
+    /* A durable batch_put_from leaves the transfer queue as it becomes the deferred reply. */
+    return ctx->nxfer + (ctx->deferred != NULL);
+}
+
 int
 rpc_deferred_poll(struct rpc_ctx *ctx, struct outq *out)
 {
@@ -562,6 +571,7 @@ rpc_deferred_poll(struct rpc_ctx *ctx, struct outq *out)
     for (uint32_t i = 0; i < d->n; i++) {
         msgpack_pack_int(&pk, d->codes[i]);
     }
+    outq_reply_end(out);
     ctx->deferred = NULL;
     rpc_deferred_free(ctx, d);
     return out->failed ? -ENOMEM : 0;
@@ -1377,6 +1387,9 @@ done:
     rpc_holes_release(ctx, holes, nholes);
     if (out->failed) {
         return -ENOMEM;
+    }
+    if (rq.replied) {
+        outq_reply_end(out);    /* a deferred reply is marked when it is queued */
     }
     return rc;
 }

@@ -173,10 +173,17 @@ int rpc_dispatch(struct rpc_ctx *ctx, const uint8_t *msg, size_t len, const stru
  * rpc_deferred_poll when the tier or the copiers report progress.
  * rpc_deferred_poll: 0 when the reply was queued on out (or none waits),
  * -EINPROGRESS while the work is pending, -ENOMEM.
+ * rpc_pending_replies: how many dispatched requests have a reply that waits
+ * so (not yet queued on out); rpc_pending is this being non-zero.
  * rpc_ctx_release: the connection closes: forget what waits, hand running
  * copies to the copy threads to clean up, unmap the connection's buffers.
+ *
+ * Every reply rpc_dispatch or rpc_deferred_poll queues is marked on out
+ * with outq_reply_end, so out counts the replies not yet written; a
+ * notification is not a reply and is not marked.
  */
 bool rpc_pending(const struct rpc_ctx *ctx);
+uint32_t rpc_pending_replies(const struct rpc_ctx *ctx);
 int rpc_deferred_poll(struct rpc_ctx *ctx, struct outq *out);
 void rpc_ctx_release(struct rpc_ctx *ctx);
 

@@ -26,6 +26,7 @@ struct rpc_req {
     msgpack_packer pk;
     struct outq *out;
     const char *errmsg;         /* optional text for a request-level error */
+    bool replied;               /* a reply was started (rpc_reply_head, rpc_reply_error) */
 };
 
 typedef int rpc_handler_fn(struct rpc_req *rq);

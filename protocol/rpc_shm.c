@@ -922,6 +922,7 @@ rpc_xfer_answer(struct rpc_ctx *ctx, struct outq *out)
     for (uint32_t i = 0; i < x->n; i++) {
         msgpack_pack_int64(&pk, x->res[i]);
     }
+    outq_reply_end(out);
     rpc_xfer_pop(ctx);
     rpc_xfer_free(x);      /* get: the references go now, after the copies */
     return out->failed ? -ENOMEM : 0;

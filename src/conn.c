@@ -72,7 +72,7 @@ struct conn {
     struct event *ev_read, *ev_write;
     bool reading;                /* ev_read is armed */
     bool writing;                /* ev_write is armed */
-    bool paused;                 /* not reading: output over the limit */
+    bool paused;                 /* not reading: output or replies in flight over the limit */
     bool closing;                /* close at the end of the current callback */
     bool eof;                    /* peer closed its side */
     bool waiting;                /* a request waits for the SSD tier (not reading meanwhile) */
@@ -456,6 +456,94 @@ conn_lookahead(struct conn *c)
         c->la_pos += c->la_scan.pos;
         frame_scan_init(&c->la_scan);
     }
+}
+
+/*
+ * conn_inflight: requests dispatched whose reply is not yet all written to
+ * the socket: replies in the outq, and those that wait for the SSD tier or
+ * the copy threads before they are queued (client_inflight_max).
+ */
+static uint64_t
+conn_inflight(const struct conn *c)
+{
+    return outq_replies(&c->out) + rpc_pending_replies(&c->ctx);
+}
+
+/*
+ * conn_inflight_full: c has client_inflight_max requests in flight: pause it
+ * (counted in inflight_pauses when it was not paused already) and say so.
+ */
+static bool
+conn_inflight_full(struct conn *c)
+{
+    uint64_t max = c->w->conf->client_inflight_max;
+
+    if (max == 0 || conn_inflight(c) < max) {
+        return false;
+    }
+    if (!c->paused) {
+        atomic_fetch_add_explicit(&c->w->inflight_pauses, 1, memory_order_relaxed);
+    }
+    c->paused = true;
+    return true;
+}
+
+/*
+ * conn_drained: both backpressure limits are down to half (hysteresis, so
+ * a connection at a limit is not paused and resumed on every reply).
+ */
+static bool
+conn_drained(const struct conn *c)
+{
+    const struct kv_config *conf = c->w->conf;
+
+    return outq_pending(&c->out) <= conf->client_output_limit / 2
+           && (conf->client_inflight_max == 0
+               || conn_inflight(c) <= conf->client_inflight_max / 2);
+}
+
+/*
+ * conn_yield: end c's turn with messages still buffered and go on after the
+ * loop's next poll, so its other connections get their turn. Returns false
+ * when the timer cannot be armed.
+ */
+static bool
+conn_yield(struct conn *c)
+{
+    static const struct timeval zero = {0, 0};
+
+    if (c->ev_more == NULL) {
+        c->ev_more = evtimer_new(c->w->base, conn_on_more, c);
+    }
+    if (c->ev_more == NULL || evtimer_add(c->ev_more, &zero) != 0) {
+        return false;
+    }
+    c->yielded = true;
+    conn_set_reading(c, false);
+    return true;
+}
+
+/*
+ * conn_resume: a paused connection that has drained (conn_drained) goes
+ * on: the caller reads it again, and what it buffered meanwhile is
+ * processed on the loop's next turn. Called after every flush that ends a
+ * turn: a flush may send everything at once, after which no write event
+ * comes to resume it. A paused connection not drained has unsent output
+ * (the write event comes) or replies that wait (their retry comes).
+ * Returns 0, or -1 when it must close (no timer).
+ */
+static int
+conn_resume(struct conn *c)
+{
+    if (!c->paused || c->waiting || !conn_drained(c)) {
+        return 0;
+    }
+    c->paused = false;
+    if (c->rpos == c->ilen || c->yielded || conn_yield(c)) {
+        return 0;
+    }
+    log_error("conn %llu %s: cannot arm a timer; closing", (unsigned long long)c->id, c->peer);
+    return -1;
 }
 
 /* conn_reading_wanted: whether the socket should be read now. */
@@ -927,18 +1015,14 @@ conn_process(struct conn *c)
             c->paused = true;
             return 0;
         }
+        if (conn_inflight_full(c)) {
+            return 0;
+        }
         if (budget-- == 0) {
             /* Fair to the loop's other connections: go on after the loop's next poll. */
-            static const struct timeval zero = {0, 0};
-
-            if (c->ev_more == NULL) {
-                c->ev_more = evtimer_new(c->w->base, conn_on_more, c);
-            }
-            if (c->ev_more == NULL || evtimer_add(c->ev_more, &zero) != 0) {
+            if (!conn_yield(c)) {
                 break;                  /* cannot yield: go on now */
             }
-            c->yielded = true;
-            conn_set_reading(c, false);
             return 0;
         }
         int st = FRAME_SPILL;
@@ -1251,7 +1335,7 @@ conn_on_read(evutil_socket_t fd, short what, void *arg)
             break;
         }
     }
-    if (!c->closing && conn_flush(c) != 0) {
+    if (!c->closing && (conn_flush(c) != 0 || conn_resume(c) != 0)) {
         c->closing = true;
     }
     if (!c->closing && (c->paused || c->waiting)) {
@@ -1295,13 +1379,14 @@ conn_settle(struct conn *c)
 }
 
 /*
- * conn_end_turn: after conn_process returned rc: send what is due, read as
- * wanted, settle. c may be gone afterwards.
+ * conn_end_turn: after conn_process returned rc (or a write event, rc 0):
+ * send what is due, resume if paused and drained, read as wanted, settle.
+ * c may be gone afterwards.
  */
 static void
 conn_end_turn(struct conn *c, int rc)
 {
-    if (rc != 0 || conn_flush(c) != 0) {
+    if (rc != 0 || conn_flush(c) != 0 || conn_resume(c) != 0) {
         conn_free(c);
         return;
     }
@@ -1324,16 +1409,7 @@ conn_on_write(evutil_socket_t fd, short what, void *arg)
         conn_on_read(fd, EV_READ, c);
         return;
     }
-    if (conn_flush(c) != 0) {
-        conn_free(c);
-        return;
-    }
-    if (c->paused && !c->waiting && outq_pending(&c->out) <= c->w->conf->client_output_limit / 2) {
-        c->paused = false;
-        conn_end_turn(c, conn_process(c));
-        return;
-    }
-    conn_settle(c);
+    conn_end_turn(c, 0);            /* flush; a paused connection may resume */
 }
 
 /* conn_on_more: a turn given up (CONN_MESSAGES_PER_WAKE): go on with what is buffered. */

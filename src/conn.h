@@ -7,7 +7,8 @@
  * reservation (readv into the arena) instead of the buffer; each complete
  * message goes to rpc_dispatch. Write path: replies queue in an outq and
  * leave with writev, values straight from the arena. A connection whose
- * unsent output passes client_output_limit is not read until it drains.
+ * unsent output passes client_output_limit, or with client_inflight_max
+ * requests in flight, is not read until it drains to half of that.
  *
  * A framing violation is answered once with the error notification, then the
  * connection closes. A connection is freed only by conn_close, at the end of

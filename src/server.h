@@ -66,6 +66,7 @@ struct worker {
     _Atomic uint64_t output_stall_closes; /* closed: output stuck for client_output_timeout */
     _Atomic uint64_t idle_closes;         /* closed: idle for idle_timeout */
     _Atomic uint64_t buffer_cap_closes;   /* closed: conn_buffer_memory reached */
+    _Atomic uint64_t inflight_pauses;     /* reading paused at client_inflight_max */
     _Atomic int done;
     uint8_t *discard;                /* scratch for bytes read only to be dropped */
     int waiting;                     /* connections waiting for the SSD tier */

@@ -38,6 +38,7 @@ stats_collect(void *arg, const char **names, uint64_t *values, int max)
     uint64_t ops[RPC_METHOD_COUNT] = {0};
     uint64_t hits = 0, misses = 0, errors = 0, bin = 0, bout = 0, perr = 0, expired = 0;
     uint64_t auth_failed = 0, cap_closes = 0, stall_closes = 0, idle_closes = 0, buf_closes = 0;
+    uint64_t inflight_pauses = 0;
     int n = 0;
 
     pthread_once(&stats_once, stats_names_init);
@@ -58,6 +59,7 @@ stats_collect(void *arg, const char **names, uint64_t *values, int max)
         stall_closes += ld(&w->output_stall_closes);
         idle_closes += ld(&w->idle_closes);
         buf_closes += ld(&w->buffer_cap_closes);
+        inflight_pauses += ld(&w->inflight_pauses);
     }
     store_stats(s->store, &st);
 
@@ -88,6 +90,7 @@ stats_collect(void *arg, const char **names, uint64_t *values, int max)
     STAT("closed_output_stalled", stall_closes);
     STAT("closed_idle", idle_closes);
     STAT("closed_buffer_memory", buf_closes);
+    STAT("inflight_pauses", inflight_pauses);
     STAT("protocol_errors", perr);
     STAT("bytes_in", bin);
     STAT("bytes_out", bout);

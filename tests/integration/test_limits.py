@@ -4,7 +4,10 @@ A client that asks for big objects and never reads is closed (at client_output_m
 its output has not moved for client_output_timeout) while another client's requests keep
 their latency and the daemon's memory stays flat; an idle connection is closed after
 idle_timeout; 10,000 idle connections are held and the next one is refused with an error;
-a pipelining client does not starve another on the same event loop. Every wait is bounded.
+a pipelining client does not starve another on the same event loop; a client that pipelines
+without reading has at most client_inflight_max requests dispatched and unanswered, and
+gets every reply in order once it reads; a connection paused by either limit resumes even
+when all its output leaves at once. Every wait is bounded.
 """
 
 import resource
@@ -146,5 +149,92 @@ def test_pipelining_client_does_not_starve_another(work):
         waits.sort()
         totals.sort()
         assert waits[2] < totals[2] / 20, f"b waited {waits} s behind pipelines of {totals} s"
+    finally:
+        d.stop()
+
+
+def dispatched(s):
+    return s["ops.get"] + s["ops.is_exist"]
+
+
+def test_inflight_cap_pauses_a_pipeline_that_is_not_read(work):
+    cap, n, size = 64, 400, 512 * 1024
+    # client_output_limit far above what the pipeline's replies add up to (they hold the
+    # values by reference): only the in-flight cap can stop the daemon dispatching them all.
+    d = Daemon(work, ("--memory_size=64m", "--ssd_dir=", "--io_threads=1",
+                      f"--client_inflight_max={cap}", "--client_output_limit=2g"),
+               unix=False).wait_ready()
+    try:
+        other = d.tcp()
+        values = [bytes([i + 1]) * size for i in range(4)]
+        for i, v in enumerate(values):
+            assert other.call("put", f"v{i}".encode(), v) == 0
+        before = other.call("stats")
+
+        # A small receive buffer: the kernel holds a few of the big replies at most, so
+        # nearly everything dispatched and unanswered is the daemon's.
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.settimeout(10)
+        sock.connect(("127.0.0.1", d.port))
+        slow = Client(sock)
+        d.clients.append(slow)
+        want, data = [], []
+        for i in range(n):
+            if i % 2 == 0:
+                msgid, req = slow.request("get", [f"v{i // 2 % 4}".encode()])
+                want.append((msgid, values[i // 2 % 4]))
+            else:
+                msgid, req = slow.request("is_exist", [f"v{i % 4}".encode()])
+                want.append((msgid, True))
+            data.append(req)
+        slow.sock.sendall(b"".join(data))
+
+        # Wait until the daemon stops dispatching: paused, and the count steady.
+        deadline = time.monotonic() + 5
+        seen, steady = -1, 0
+        while True:
+            s = other.call("stats")
+            got = dispatched(s) - dispatched(before)
+            steady = steady + 1 if got == seen else 0
+            seen = got
+            if s["inflight_pauses"] > before["inflight_pauses"] and steady >= 3:
+                break
+            assert time.monotonic() < deadline, \
+                f"no pause at client_inflight_max {cap}: {got} of {n} dispatched, {s}"
+            time.sleep(0.1)
+        # The kernel's buffers hold at most ~8 of the 512 KiB replies (and as many small).
+        assert cap <= got <= cap + 32, f"{got} requests dispatched with a cap of {cap}"
+        assert other.call("ping") == "pong"
+
+        # Read everything: every reply, in order, correct; the connection resumed each time.
+        for msgid, value in want:
+            msg = slow.recv()
+            assert msg[0] == 1 and msg[1] == msgid and msg[2] is None, msg[:3]
+            assert msg[3] == value, f"reply {msgid}: wrong result"
+        s = other.call("stats")
+        assert dispatched(s) - dispatched(before) == n, s
+        assert slow.call("ping") == "pong"
+    finally:
+        d.stop()
+
+
+def test_paused_connection_resumes_when_its_output_leaves_at_once(work):
+    # A reader keeps up, so every flush empties the queue: a pause must not outlive it (a
+    # paused connection with nothing left to send gets no write event to resume it).
+    d = Daemon(work, ("--memory_size=64m", "--ssd_dir=", "--io_threads=1",
+                      "--client_output_limit=64k", "--client_inflight_max=4")).wait_ready()
+    try:
+        c = d.tcp()
+        big = b"x" * 100000
+        assert c.call("put", b"big", big) == 0
+        for method, key, n, result in (("get", b"big", 50, big),
+                                       ("is_exist", b"big", 2000, True)):
+            data = [c.request(method, [key]) for _ in range(n)]
+            c.sock.sendall(b"".join(req for _, req in data))
+            for msgid, _ in data:
+                msg = c.recv()
+                assert msg[1] == msgid and msg[2] is None and msg[3] == result, msg[:3]
+        assert c.call("stats")["inflight_pauses"] >= 100
     finally:
         d.stop()

@@ -129,6 +129,7 @@ static const char *const changed_values[][2] = {
     {"lease_ttl_ms", "5s"},
     {"client_output_max", "8g"},
     {"client_output_timeout", "90s"},
+    {"client_inflight_max", "64"},
     {"idle_timeout", "10m"},
     {"conn_buffer_memory", "2g"},
     {"put_timeout_ms", "2m"},
@@ -169,7 +170,8 @@ static const char *const reloadable_keys[] = {
     "client_output_limit", "shutdown_timeout_ms", "eviction_high_watermark",
     "eviction_low_watermark", "ssd_bucket_size", "ssd_eviction", "ssd_high_watermark",
     "ssd_low_watermark", "ssd_offload", "ssd_promote", "require_auth", "client_output_max",
-    "client_output_timeout", "idle_timeout", "conn_buffer_memory", "tls_cert_file",
+    "client_output_timeout", "client_inflight_max", "idle_timeout", "conn_buffer_memory",
+    "tls_cert_file",
     "tls_key_file", "tls_ca_file",
     "allow_unauthenticated_remote", "token_file", "tenant", NULL,
 };
@@ -309,6 +311,7 @@ Test(config, defaults)
     cr_expect_eq(c.io_threads, 0);
     cr_expect_eq(c.lease_ttl_ms, 10000);
     cr_expect_eq(c.client_output_limit, 64ull << 20);
+    cr_expect_eq(c.client_inflight_max, 16384);
     cr_expect_eq(c.shutdown_timeout_ms, 10000);
     cr_expect_eq(c.eviction_high_watermark, 0.90);
     cr_expect_eq(c.eviction_low_watermark, 0.80);
@@ -412,6 +415,8 @@ Test(config, set_uses_units_and_bounds)
     cr_expect_eq(c.log_level, LOG_LEVEL_DEBUG);
     cr_assert_eq(conf_set(&c, "eviction_low_watermark", "1", "--x", err, sizeof(err)), 0);
     cr_expect_eq(c.eviction_low_watermark, 1.0);
+    cr_assert_eq(conf_set(&c, "client_inflight_max", "0", "--x", err, sizeof(err)), 0);
+    cr_expect_eq(c.client_inflight_max, 0, "0 is no cap, not an error");
 
     cr_expect_eq(conf_set(&c, "memory_size", "99999999999t", "--memory_size", err,
                           sizeof(err)), -1);
@@ -765,7 +770,7 @@ Test(config, apply_reloadable_copies_only_reloadable_keys)
     }
     /* ...and what changed from before is exactly the reloadable ones. */
     d.n = 0;
-    cr_expect_eq(conf_diff(&before, &running, diff_collect, &d), 30);
+    cr_expect_eq(conf_diff(&before, &running, diff_collect, &d), 31);
     for (int i = 0; i < d.n; i++) {
         cr_expect(d.reloadable[i], "%s needs a restart but was applied", d.keys[i]);
     }

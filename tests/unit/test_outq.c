@@ -419,3 +419,77 @@ Test(outq, descriptor_rides_with_the_first_byte_after_its_marker)
     outq_consume(&t_q, 1);
     cr_assert_eq(outq_pending(&t_q), 0);
 }
+
+/*
+ * Reply marks (client_inflight_max counts with them): a reply counts until
+ * the last byte of the segment it ends in is sent, never less; replies
+ * packed back to back into one chunk segment count until that segment is
+ * sent (the lag is at most one segment, the count never runs ahead).
+ */
+Test(outq, reply_marks_count_until_the_last_byte_is_sent)
+{
+    outq_reply_end(&t_q);
+    cr_assert_eq(outq_replies(&t_q), 0, "a mark on an empty queue has nothing left to send");
+
+    /* a header, a value by reference, its end */
+    cr_assert_eq(outq_write(&t_q, "hd", 2), 0);
+    cr_assert_eq(outq_obj(&t_q, t_obj("r", 10000, 4)), 0);
+    outq_reply_end(&t_q);
+    cr_assert_eq(outq_replies(&t_q), 1);
+    /* two small replies packed into one segment after it */
+    cr_assert_eq(outq_write(&t_q, "abc", 3), 0);
+    outq_reply_end(&t_q);
+    cr_assert_eq(outq_write(&t_q, "de", 2), 0);
+    outq_reply_end(&t_q);
+    cr_assert_eq(outq_replies(&t_q), 3);
+
+    outq_consume(&t_q, 2 + 9999);
+    cr_assert_eq(outq_replies(&t_q), 3, "one byte of the value is still unsent");
+    outq_consume(&t_q, 1);
+    cr_assert_eq(outq_replies(&t_q), 2);
+    outq_consume(&t_q, 3);
+    cr_assert_eq(outq_replies(&t_q), 2, "a reply may count until its segment is sent");
+    outq_consume(&t_q, 2);
+    cr_assert_eq(outq_replies(&t_q), 0);
+    cr_assert_eq(outq_pending(&t_q), 0);
+
+    /* a reply that goes out with a descriptor */
+    cr_assert_eq(outq_fd(&t_q, 5), 0);
+    cr_assert_eq(outq_write(&t_q, "fd", 2), 0);
+    outq_reply_end(&t_q);
+    cr_assert_eq(outq_replies(&t_q), 1);
+    outq_fd_sent(&t_q);
+    cr_assert_eq(outq_replies(&t_q), 1);
+    t_take(2, (const uint8_t *)"fd");
+    cr_assert_eq(outq_replies(&t_q), 0);
+
+    /* many marks across segments and a compaction of the segment array */
+    for (int i = 0; i < 1000; i++) {
+        cr_assert_eq(outq_write(&t_q, "x", 1), 0);
+        outq_reply_end(&t_q);
+        if (i % 100 == 99) {
+            char key[16];
+
+            snprintf(key, sizeof(key), "seg%d", i);
+            cr_assert_eq(outq_obj(&t_q, t_obj(key, 1000, 5)), 0);   /* a segment boundary */
+        }
+        if (i % 7 == 0) {
+            struct iovec iov[1];
+            cr_assert_eq(outq_peek(&t_q, iov, 1), 1);
+            outq_consume(&t_q, iov[0].iov_len);
+        }
+    }
+    cr_assert_gt(outq_replies(&t_q), 0);
+    while (outq_pending(&t_q) > 0) {
+        struct iovec iov[1];
+        cr_assert_eq(outq_peek(&t_q, iov, 1), 1);
+        outq_consume(&t_q, iov[0].iov_len);
+    }
+    cr_assert_eq(outq_replies(&t_q), 0, "every reply is counted sent once all is sent");
+
+    /* deinit forgets the marks of what it drops */
+    cr_assert_eq(outq_write(&t_q, "z", 1), 0);
+    outq_reply_end(&t_q);
+    outq_deinit(&t_q);
+    cr_assert_eq(outq_replies(&t_q), 0);
+}

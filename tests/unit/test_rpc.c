@@ -1476,3 +1476,36 @@ Test(rpc, spill_take_declines_short_and_discards_oversized)
     cr_assert_eq(sp.code, KV_TOO_LARGE);
     cr_assert_eq(t_stats().reserved, 0);
 }
+
+/* ---- reply marks ---- */
+
+/* Every reply is marked on the outq (client_inflight_max counts them); nothing else is. */
+Test(rpc, every_reply_is_marked_and_nothing_else)
+{
+    msgpack_packer *pk;
+    msgpack_object o[4];
+
+    t_req("ping", 0);
+    cr_assert_eq(t_dispatch(), 0);
+    cr_assert_eq(outq_replies(&T.out), 1);
+    t_req("no_such_method", 0);
+    cr_assert_eq(t_dispatch(), 0);
+    cr_assert_eq(outq_replies(&T.out), 2, "an error reply is a reply");
+    t_req("get", 0);
+    cr_assert_eq(t_dispatch(), 0);
+    cr_assert_eq(outq_replies(&T.out), 3, "so is a request-level error");
+
+    pk = t_raw();                       /* a client notification: no reply */
+    msgpack_pack_array(pk, 3);
+    msgpack_pack_uint8(pk, 2);
+    t_s(pk, "ping");
+    msgpack_pack_array(pk, 0);
+    cr_assert_eq(t_dispatch(), 0);
+    msgpack_pack_uint8(t_raw(), 5);     /* not a request: no reply */
+    cr_assert_eq(t_dispatch(), KV_PROTOCOL_ERROR);
+    cr_assert_eq(rpc_notify_error(&T.out, KV_TIMEOUT, "x"), 0);
+    cr_assert_eq(outq_replies(&T.out), 3, "a notification is not a reply");
+
+    cr_assert_eq(t_replies(o, 4), 4);
+    cr_assert_eq(outq_replies(&T.out), 0, "all of them were drained");
+}
