@@ -358,8 +358,32 @@ rpc_authenticate(struct rpc_req *rq, const struct rpc_opts *o)
     }
     ctx->tenant = t->id;
     ctx->authed = true;
+    memcpy(ctx->auth_sha256, t->token_sha256, sizeof(ctx->auth_sha256));
     ctx->admin = strcmp(t->name, CONF_ADMIN_TENANT) == 0;
     return 0;
+}
+
+bool
+rpc_auth_holds(const struct rpc_ctx *ctx, const char **why)
+{
+    const struct conf_tenants *ts = ctx->lim->tenants;
+
+    if (!ctx->authed) {
+        return true;
+    }
+    /* The id is the tenant's namespace (unique within a config): same id, same keys. */
+    for (uint32_t i = 0; ts != NULL && i < ts->n; i++) {
+        if (ts->t[i].id != ctx->tenant) {
+            continue;
+        }
+        if (memcmp(ts->t[i].token_sha256, ctx->auth_sha256, sizeof(ctx->auth_sha256)) == 0) {
+            return true;
+        }
+        *why = "token changed by reload";
+        return false;
+    }
+    *why = "tenant removed by reload";
+    return false;
 }
 
 static int

@@ -107,6 +107,7 @@ struct rpc_ctx {
     bool authed;                     /* hello {tenant, token} succeeded: tenant is its namespace */
     bool admin;                      /* ... as the admin tenant */
     bool auth_blocked;               /* its peer failed too often: hello refuses at once */
+    uint8_t auth_sha256[32];         /* when authed: the token hash its tenant had then */
     uint32_t auth_failures;          /* hello {tenant, token} refused on this connection */
     struct rdma_cq *rdma_cq;         /* the event loop's completion queue, or NULL */
     struct rpc_rdma *rdma;           /* its queue pair and RDMA buffers (rdma_connect) */
@@ -227,6 +228,14 @@ void rpc_xfer_resume_drop(struct rpc_ctx *ctx);
  * holds nothing; anything else is ignored.
  */
 void rpc_prefetch(struct rpc_ctx *ctx, const uint8_t *msg, size_t len);
+
+/*
+ * rpc_auth_holds: whether ctx's login still holds under ctx->lim->tenants
+ * (a config reloaded since): true when it is not authenticated, or its
+ * tenant is still there with the token hash it logged in with. Else false,
+ * with *why ("tenant removed by reload", "token changed by reload") static.
+ */
+bool rpc_auth_holds(const struct rpc_ctx *ctx, const char **why);
 
 /*
  * rpc_notify_error: queue the notification [2, "error", [code, name, message]]

@@ -239,6 +239,28 @@ conn_refresh_limits(struct worker *w)
     w->lim.tenants = &conf->tenants;    /* snapshots live until exit */
 }
 
+void
+conn_auth_recheck(struct worker *w)
+{
+    conn_refresh_limits(w);
+    if (w->auth_conf == w->conf) {
+        return;
+    }
+    /* Logins made from now on are checked against w->conf (or newer) by hello itself. */
+    w->auth_conf = w->conf;
+    for (struct conn *c = w->conns, *next; c != NULL; c = next) {
+        const char *why;
+
+        next = c->next;
+        if (rpc_auth_holds(&c->ctx, &why)) {
+            continue;
+        }
+        atomic_fetch_add_explicit(&w->auth_revoked, 1, memory_order_relaxed);
+        conn_fail(c, KV_UNAUTHORIZED, why);
+        conn_free(c);
+    }
+}
+
 /* ---- failed authentication ---- */
 
 #define CONN_AUTH_PEERS 256             /* addresses remembered */

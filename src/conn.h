@@ -55,4 +55,13 @@ void conn_close_all(struct worker *w);
 /* conn_refresh_limits: load the current config snapshot into w's limits when it changed. */
 void conn_refresh_limits(struct worker *w);
 
+/*
+ * conn_auth_recheck: after a reload: close (with the error notification,
+ * counted in auth_revoked) every connection of w authenticated as a tenant
+ * the current config no longer has, or whose token has changed since it
+ * logged in. Cheap when the snapshot is the one last checked. Call on w's
+ * thread, outside any connection's callback (it frees connections).
+ */
+void conn_auth_recheck(struct worker *w);
+
 #endif

@@ -380,6 +380,11 @@ worker_on_notify(evutil_socket_t fd, short what, void *arg)
             conn_adopt(w, cfd, kind);
         }
     }
+    /*
+     * 'r': a reload was published. Checked on every wake, not only on 'r', so a byte lost to
+     * a full pipe loses nothing (a full pipe wakes us anyway); cheap when nothing changed.
+     */
+    conn_auth_recheck(w);
     if (drain && !w->draining) {
         w->draining = 1;
         conn_drain_all(w);
@@ -587,6 +592,7 @@ worker_init(struct server *s, struct worker *w, int idx)
         }
     }
     conn_refresh_limits(w);
+    w->auth_conf = w->conf;
     return 0;
 }
 
@@ -668,6 +674,20 @@ server_log_restart_key(const char *key, bool reloadable, void *arg)
     }
 }
 
+/*
+ * server_notify_workers: wake every worker with command byte b. A full pipe
+ * (EAGAIN) is not an error: the worker has bytes to read and will wake.
+ */
+static void
+server_notify_workers(struct server *s, char b)
+{
+    for (int i = 0; i < s->nworkers; i++) {
+        if (write(s->workers[i].notify_wr, &b, 1) < 0 && errno != EAGAIN) {
+            log_error("worker %d notify: %s", i, strerror(errno));
+        }
+    }
+}
+
 static void
 server_reload(struct server *s)
 {
@@ -745,6 +765,7 @@ server_reload(struct server *s)
     s->old_confs[s->nold++] = (struct kv_config *)cur;
     atomic_store_explicit(&s->conf, next, memory_order_release);
     free(fresh);
+    server_notify_workers(s, 'r');  /* logins the new tenants revoke are closed */
     log_info("reload: configuration applied");
     return;
 fail:

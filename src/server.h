@@ -11,7 +11,9 @@
  *   - the store is shared and thread safe (storage/store.h);
  *   - the current config is an atomic pointer to an immutable snapshot;
  *     the main thread publishes a new one on SIGHUP and keeps old ones
- *     until exit, so a worker may keep using the one it loaded;
+ *     until exit, so a worker may keep using the one it loaded; it then
+ *     notifies every worker ('r'), which closes on its own thread the
+ *     connections whose login the new snapshot revokes;
  *   - counters: each worker writes its own (single-writer relaxed atomics);
  *     stats_collect sums them on demand.
  * Lock order: worker queue lock is a leaf; store locks are inside the store.
@@ -56,6 +58,7 @@ struct worker {
     struct conn *conns;              /* this worker's connections (list) */
     int draining;
     const struct kv_config *conf;    /* snapshot in use */
+    const struct kv_config *auth_conf; /* snapshot its connections' logins were checked against */
     struct rpc_limits lim;
     struct rpc_counters ctr;
     _Atomic uint64_t bytes_in;
@@ -67,6 +70,7 @@ struct worker {
     _Atomic uint64_t idle_closes;         /* closed: idle for idle_timeout */
     _Atomic uint64_t buffer_cap_closes;   /* closed: conn_buffer_memory reached */
     _Atomic uint64_t inflight_pauses;     /* reading paused at client_inflight_max */
+    _Atomic uint64_t auth_revoked;        /* closed: its tenant removed or token changed */
     _Atomic int done;
     uint8_t *discard;                /* scratch for bytes read only to be dropped */
     int waiting;                     /* connections waiting for the SSD tier */

@@ -38,7 +38,7 @@ stats_collect(void *arg, const char **names, uint64_t *values, int max)
     uint64_t ops[RPC_METHOD_COUNT] = {0};
     uint64_t hits = 0, misses = 0, errors = 0, bin = 0, bout = 0, perr = 0, expired = 0;
     uint64_t auth_failed = 0, cap_closes = 0, stall_closes = 0, idle_closes = 0, buf_closes = 0;
-    uint64_t inflight_pauses = 0;
+    uint64_t inflight_pauses = 0, auth_revoked = 0;
     int n = 0;
 
     pthread_once(&stats_once, stats_names_init);
@@ -60,6 +60,7 @@ stats_collect(void *arg, const char **names, uint64_t *values, int max)
         idle_closes += ld(&w->idle_closes);
         buf_closes += ld(&w->buffer_cap_closes);
         inflight_pauses += ld(&w->inflight_pauses);
+        auth_revoked += ld(&w->auth_revoked);
     }
     store_stats(s->store, &st);
 
@@ -86,6 +87,7 @@ stats_collect(void *arg, const char **names, uint64_t *values, int max)
     STAT("request_errors", errors);
     STAT("puts_expired", expired);
     STAT("auth_failures", auth_failed);
+    STAT("auth_revoked", auth_revoked);
     STAT("closed_output_max", cap_closes);
     STAT("closed_output_stalled", stall_closes);
     STAT("closed_idle", idle_closes);

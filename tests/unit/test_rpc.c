@@ -18,6 +18,9 @@
 #include <string.h>
 #include <sys/uio.h>
 
+#include <openssl/sha.h>
+
+#include "config.h"
 #include "kverr.h"
 #include "mp.h"
 #include "outq.h"
@@ -1477,7 +1480,7 @@ Test(rpc, spill_take_declines_short_and_discards_oversized)
     cr_assert_eq(t_stats().reserved, 0);
 }
 
-/* ---- reply marks ---- */
+/* ---- reply marks and logins across a reload ---- */
 
 /* Every reply is marked on the outq (client_inflight_max counts them); nothing else is. */
 Test(rpc, every_reply_is_marked_and_nothing_else)
@@ -1508,4 +1511,75 @@ Test(rpc, every_reply_is_marked_and_nothing_else)
 
     cr_assert_eq(t_replies(o, 4), 4);
     cr_assert_eq(outq_replies(&T.out), 0, "all of them were drained");
+}
+
+static void
+t_tenant(struct conf_tenants *ts, const char *name, const char *token)
+{
+    struct conf_tenant *t = &ts->t[ts->n++];
+
+    memset(t, 0, sizeof(*t));
+    snprintf(t->name, sizeof(t->name), "%s", name);
+    SHA256((const uint8_t *)token, strlen(token), t->token_sha256);
+    t->id = conf_tenant_id(name, strlen(name));
+}
+
+static int
+t_hello_as(const char *tenant, const char *token)
+{
+    msgpack_packer *pk = t_req("hello", 1);
+    msgpack_object o;
+
+    msgpack_pack_map(pk, 2);
+    t_s(pk, "tenant");
+    t_s(pk, tenant);
+    t_s(pk, "token");
+    t_s(pk, token);
+    cr_assert_eq(t_dispatch(), 0);
+    cr_assert_eq(t_replies(&o, 1), 1);
+    const msgpack_object *e = t_response(&o, T.msgid);
+    return e[2].type == MSGPACK_OBJECT_NIL ? 0 : (int)e[2].via.array.ptr[0].via.i64;
+}
+
+/*
+ * A login holds while its tenant is there with the token it logged in with:
+ * a reload that removes the tenant or changes its token revokes it (the
+ * daemon then closes the connection); other tenants' changes do not.
+ */
+Test(rpc, login_holds_until_its_tenant_goes_or_its_token_changes)
+{
+    static struct conf_tenants ts;
+    const char *why = NULL;
+
+    t_tenant(&ts, "alpha", "alpha-token");
+    t_tenant(&ts, "beta", "beta-token");
+    T.lim.tenants = &ts;
+    T.lim.require_auth = true;
+    cr_assert(rpc_auth_holds(&T.ctx, &why), "no login: nothing to revoke");
+    cr_assert_eq(t_hello_as("beta", "beta-token"), 0);
+    cr_assert(T.ctx.authed);
+    cr_assert(rpc_auth_holds(&T.ctx, &why));
+
+    /* another tenant's token changes, and the order of the lines: beta's login holds */
+    ts.t[0] = ts.t[1];
+    ts.n = 1;
+    t_tenant(&ts, "alpha", "new-alpha-token");
+    cr_assert(rpc_auth_holds(&T.ctx, &why));
+
+    /* beta's token changes */
+    SHA256((const uint8_t *)"new-beta-token", 14, ts.t[0].token_sha256);
+    cr_assert_not(rpc_auth_holds(&T.ctx, &why));
+    cr_assert_str_eq(why, "token changed by reload");
+    /* logging in again with the new token makes it hold again; the old one is refused */
+    cr_assert_eq(t_hello_as("beta", "beta-token"), KV_UNAUTHORIZED);
+    cr_assert_eq(t_hello_as("beta", "new-beta-token"), 0);
+    cr_assert(rpc_auth_holds(&T.ctx, &why));
+
+    /* beta is removed */
+    ts.t[0] = ts.t[1];
+    ts.n = 1;
+    cr_assert_not(rpc_auth_holds(&T.ctx, &why));
+    cr_assert_str_eq(why, "tenant removed by reload");
+    ts.n = 0;
+    cr_assert_not(rpc_auth_holds(&T.ctx, &why), "no tenants left at all");
 }
