@@ -357,6 +357,9 @@ worker_on_notify(evutil_socket_t fd, short what, void *arg)
             }
         }
     }
+    if (atomic_load_explicit(&w->drain_asked, memory_order_acquire)) {
+        drain = true;           /* its 'd' may have been lost to a full pipe */
+    }
     for (;;) {
         int fds[64], n = 0;
         pthread_mutex_lock(&w->lock);
@@ -862,7 +865,10 @@ server_begin_drain(struct server *s)
     }
     for (int i = 0; i < s->nworkers; i++) {
         char b = 'd';
-        if (write(s->workers[i].notify_wr, &b, 1) < 0) {
+
+        /* The flag is what counts: a byte lost to a full pipe still finds a wake pending. */
+        atomic_store_explicit(&s->workers[i].drain_asked, true, memory_order_release);
+        if (write(s->workers[i].notify_wr, &b, 1) < 0 && errno != EAGAIN) {
             log_error("worker %d notify: %s", i, strerror(errno));
         }
     }

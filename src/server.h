@@ -23,6 +23,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <time.h>
 
@@ -57,6 +58,7 @@ struct worker {
     int npending, cappending;
     struct conn *conns;              /* this worker's connections (list) */
     int draining;
+    _Atomic bool drain_asked;        /* set by the main thread before it writes 'd' */
     const struct kv_config *conf;    /* snapshot in use */
     const struct kv_config *auth_conf; /* snapshot its connections' logins were checked against */
     struct rpc_limits lim;
