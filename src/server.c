@@ -864,14 +864,10 @@ server_begin_drain(struct server *s)
         s->drain_deadline.tv_nsec -= 1000000000L;
     }
     for (int i = 0; i < s->nworkers; i++) {
-        char b = 'd';
-
         /* The flag is what counts: a byte lost to a full pipe still finds a wake pending. */
         atomic_store_explicit(&s->workers[i].drain_asked, true, memory_order_release);
-        if (write(s->workers[i].notify_wr, &b, 1) < 0 && errno != EAGAIN) {
-            log_error("worker %d notify: %s", i, strerror(errno));
-        }
     }
+    server_notify_workers(s, 'd');
     s->drain_timer = event_new(s->base, -1, EV_PERSIST, server_on_drain_tick, s);
     if (s->drain_timer == NULL) {
         event_base_loopbreak(s->base);
