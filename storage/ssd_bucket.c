@@ -369,22 +369,28 @@ ssd_pick_victim(const struct ssd_bucket_view *v, size_t n, int eviction)
 }
 
 /*
- * ssd_evictable_locked: x may be evicted to make room for a record of
- * owner: never an open bucket or one being written or dropped; a shared
- * one, or one whose owner is past its share, always; one of an owner within
- * its share only when own (the second look, own_only: the owner's oldest
- * goes for its own new records once nothing else can).
+ * ssd_takes_locked: x's owner lets eviction take it for a record of owner:
+ * a shared bucket, or one whose owner is past its share, always; one of an
+ * owner within its share only when own (the second look, own_only: the
+ * owner's oldest goes for its own new records once nothing else can).
  */
 static bool
-ssd_evictable_locked(struct ssd *t, const struct ssd_bucket *x, uint32_t owner, bool own_only)
+ssd_takes_locked(struct ssd *t, const struct ssd_bucket *x, uint32_t owner, bool own_only)
 {
-    if (x->open || x->dropping || x->in_group) {
-        return false;
-    }
     if (own_only) {
         return x->owner == owner;
     }
     return x->owner == 0 || !store_ssd_guarded(t->store, x->owner);
+}
+
+/*
+ * ssd_evictable_locked: x may be evicted now for a record of owner: not
+ * open, being written or dropped, and its owner lets it (ssd_takes_locked).
+ */
+static bool
+ssd_evictable_locked(struct ssd *t, const struct ssd_bucket *x, uint32_t owner, bool own_only)
+{
+    return !x->open && !x->dropping && !x->in_group && ssd_takes_locked(t, x, owner, own_only);
 }
 
 /* ssd_victim: the bucket eviction takes next for a record of owner (see above), or NULL. */
@@ -421,31 +427,35 @@ ssd_victim(struct ssd *t, uint32_t owner, bool own_only)
 }
 
 /*
- * ssd_open_victim: an open bucket holding records that eviction could take
- * for owner once sealed (not one the group being committed writes to), or
- * NULL. Others' before owner's own.
+ * ssd_evict_one: make room for a record of owner by one step under the
+ * rules above: drop the bucket ssd_victim picks or, when none is left but
+ * an open one the rules allow (holding records, not in the group being
+ * committed), seal that one so that the next step can take it. false when
+ * there is nothing to do either with.
  */
-static struct ssd_bucket *
-ssd_open_victim(struct ssd *t, uint32_t owner)
+static bool
+ssd_evict_one(struct ssd *t, uint32_t owner, bool own_only, const char *why)
 {
-    struct ssd_bucket *own = NULL;
-    struct ssd_bucket *found = NULL;
+    struct ssd_bucket *v = ssd_victim(t, owner, own_only);
+    struct ssd_bucket *seal = NULL;
 
+    if (v != NULL) {
+        ssd_bucket_drop(t, v, why);
+        return true;
+    }
     pthread_mutex_lock(&t->blk);
-    for (int i = 0; i < t->nopen && found == NULL; i++) {
+    for (int i = 0; i < t->nopen && seal == NULL; i++) {
         struct ssd_bucket *x = t->open[i];
 
-        if (x->total_bytes == 0 || x->in_group) {
-            continue;
-        }
-        if (x->owner == 0 || !store_ssd_guarded(t->store, x->owner)) {
-            found = x;
-        } else if (x->owner == owner) {
-            own = x;
+        if (x->total_bytes > 0 && !x->in_group && ssd_takes_locked(t, x, owner, own_only)) {
+            seal = x;
         }
     }
     pthread_mutex_unlock(&t->blk);
-    return found != NULL ? found : own;
+    if (seal != NULL) {
+        ssd_unopen(t, seal);
+    }
+    return seal != NULL;
 }
 
 /* ssd_owned_bytes: bytes written to owner's buckets (not those being dropped). */
@@ -478,18 +488,9 @@ ssd_share_room(struct ssd *t, uint32_t owner, uint64_t need)
         return KV_QUOTA_EXCEEDED;
     }
     while (ssd_owned_bytes(t, owner) + need > share) {
-        struct ssd_bucket *v = ssd_victim(t, owner, true);
-
-        if (v == NULL) {
-            struct ssd_bucket *o = ssd_open_of(t, owner);
-
-            if (o == NULL || o->total_bytes == 0 || o->in_group) {
-                return KV_QUOTA_EXCEEDED;
-            }
-            ssd_unopen(t, o);   /* sealed, so that it can go too */
-            continue;
+        if (!ssd_evict_one(t, owner, true, "its tenant's share is full")) {
+            return KV_QUOTA_EXCEEDED;
         }
-        ssd_bucket_drop(t, v, "its tenant's share is full");
     }
     return 0;
 }
@@ -504,21 +505,10 @@ ssd_make_room(struct ssd *t, uint64_t need, uint32_t owner)
         return 0;
     }
     while (CTR_GET(t, disk_bytes) + need > low) {
-        struct ssd_bucket *v = ssd_victim(t, owner, false);
-
-        if (v == NULL && owner != 0) {
-            v = ssd_victim(t, owner, true);
+        if (!ssd_evict_one(t, owner, false, "evicted")
+            && (owner == 0 || !ssd_evict_one(t, owner, true, "evicted"))) {
+            break;      /* what is left is guarded: others' shares */
         }
-        if (v == NULL) {
-            struct ssd_bucket *o = ssd_open_victim(t, owner);
-
-            if (o == NULL) {
-                break;
-            }
-            ssd_unopen(t, o);   /* sealed, so that it can go too */
-            continue;
-        }
-        ssd_bucket_drop(t, v, "evicted");
     }
     return CTR_GET(t, disk_bytes) + need <= atomic_load(&t->size) ? 0 : KV_NO_SPACE;
 }
