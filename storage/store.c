@@ -537,10 +537,9 @@ store_load_start_locked(struct store *s, struct store_shard *sh, struct store_ob
 bool
 store_ssd_over_quota(struct store *s, const struct store_obj *o)
 {
-    const struct store_quota *q = store_quota_of(s, o->tenant);
-    uint64_t limit = q != NULL ? atomic_load_explicit(&q->ssd_limit, memory_order_relaxed) : 0;
+    uint64_t share = store_ssd_share(s, o->tenant);
 
-    return limit != 0 && o->size > limit;
+    return share != 0 && o->size > share;
 }
 
 uint64_t
@@ -887,6 +886,34 @@ store_evict_own(struct store *s, uint32_t tenant, uint64_t excess)
 }
 
 /*
+ * store_quota_room: room within tenant's DRAM quota for `bytes` more arena
+ * bytes: 0 (no quota, within it, or made from the tenant's own objects:
+ * past its quota a tenant evicts its own, never others'), -EAGAIN (see
+ * store_evict_own), or KV_QUOTA_EXCEEDED, counted.
+ */
+static int
+store_quota_room(struct store *s, uint32_t tenant, uint64_t bytes)
+{
+    const struct store_quota *q = store_quota_of(s, tenant);
+    uint64_t limit = q != NULL ? atomic_load_explicit(&q->limit, memory_order_relaxed) : 0;
+    uint64_t after;
+    int rc;
+
+    if (limit == 0) {
+        return 0;
+    }
+    after = atomic_load_explicit(&q->used, memory_order_relaxed) + bytes;
+    if (after <= limit) {
+        return 0;
+    }
+    rc = bytes > limit ? KV_QUOTA_EXCEEDED : store_evict_own(s, tenant, after - limit);
+    if (rc == KV_QUOTA_EXCEEDED) {
+        atomic_fetch_add_explicit(&s->quota_exceeded, 1, memory_order_relaxed);
+    }
+    return rc;
+}
+
+/*
  * store_take_pages: arena pages for a new object, evicting first when the
  * reserve would pass the high watermark (down to the low watermark less the
  * new object) and once more when the allocator still says no (full, or too
@@ -967,7 +994,6 @@ int
 store_reserve(struct store *s, const struct kv_key *key, uint64_t size, struct store_obj **out)
 {
     struct alloc_extent ext[STORE_MAX_EXTENTS];
-    struct store_quota *quota;
     struct store_shard *sh;
     struct store_obj *o;
     struct store_obj *other;
@@ -1004,24 +1030,9 @@ store_reserve(struct store *s, const struct kv_key *key, uint64_t size, struct s
         rc = KV_NO_SPACE;
         goto fail_count;
     }
-    quota = store_quota_of(s, key->tenant);
-    if (quota != NULL && atomic_load_explicit(&quota->limit, memory_order_relaxed) != 0) {
-        uint64_t limit = atomic_load_explicit(&quota->limit, memory_order_relaxed);
-        uint64_t after = atomic_load_explicit(&quota->used, memory_order_relaxed)
-                         + store_pages(size) * STORE_PAGE_SIZE;
-
-        /* Past its quota a tenant makes room from its own objects, never others'. */
-        if (after > limit) {
-            rc = store_pages(size) * STORE_PAGE_SIZE > limit
-                     ? KV_QUOTA_EXCEEDED
-                     : store_evict_own(s, key->tenant, after - limit);
-            if (rc == KV_QUOTA_EXCEEDED) {
-                atomic_fetch_add_explicit(&s->quota_exceeded, 1, memory_order_relaxed);
-            }
-            if (rc != 0) {
-                return rc;
-            }
-        }
+    rc = store_quota_room(s, key->tenant, store_pages(size) * STORE_PAGE_SIZE);
+    if (rc != 0) {
+        return rc;
     }
     store_graves_sweep(s);
     rc = store_take_pages(s, store_pages(size), ext, STORE_MAX_EXTENTS, &n);
