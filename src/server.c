@@ -343,23 +343,14 @@ worker_on_notify(evutil_socket_t fd, short what, void *arg)
 {
     struct worker *w = arg;
     char buf[64];
-    bool drain = false;
+    bool drain;
     (void)what;
 
-    for (;;) {
-        ssize_t n = read(fd, buf, sizeof(buf));
-        if (n <= 0) {
-            break;
-        }
-        for (ssize_t i = 0; i < n; i++) {
-            if (buf[i] == 'd') {
-                drain = true;
-            }
-        }
+    while (read(fd, buf, sizeof(buf)) > 0) {
+        /* the bytes only wake us: what to do is in the state they announce */
     }
-    if (atomic_load_explicit(&w->drain_asked, memory_order_acquire)) {
-        drain = true;           /* its 'd' may have been lost to a full pipe */
-    }
+    /* 'd': a drain is asked through the flag, so a byte lost to a full pipe loses nothing */
+    drain = atomic_load_explicit(&w->drain_asked, memory_order_acquire);
     for (;;) {
         int fds[64], n = 0;
         pthread_mutex_lock(&w->lock);
@@ -1118,6 +1109,7 @@ server_destroy(struct server *s)
         if (s->workers[i].base != NULL) {
             event_base_loopbreak(s->workers[i].base);
             char b = 'd';
+            atomic_store_explicit(&s->workers[i].drain_asked, true, memory_order_release);
             if (write(s->workers[i].notify_wr, &b, 1) < 0) {
                 /* the loopbreak above is enough */
             }
