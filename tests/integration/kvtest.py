@@ -137,3 +137,18 @@ class Daemon:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
                 pass
+
+
+def wait_for(pred, timeout, what, interval=0.02):
+    """Poll pred() until it is truthy (returned) or timeout seconds pass (test failure).
+    what names the condition in the failure; a callable is called then for the details."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = pred()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            if callable(what):
+                what = what()
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)

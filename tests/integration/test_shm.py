@@ -31,7 +31,7 @@ import time
 
 import pytest
 
-from kvtest import Daemon
+from kvtest import Daemon, wait_for
 from test_python_client import Client
 
 KIB = 1 << 10
@@ -51,20 +51,6 @@ R = random.Random(PATTERN_SEED).randbytes(2 * MIB)
 def pattern(j, size=MIB):
     s = (j * 4099) % MIB
     return memoryview(R)[s:s + size]
-
-
-def wait_for(pred, timeout, what, interval=0.02):
-    """Poll pred() until it is truthy (returned) or timeout seconds pass (test failure)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            if callable(what):
-                what = what()
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
 
 
 # ---------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ import time
 
 import pytest
 
+from kvtest import wait_for
 from test_python_client import Client
 
 KIB = 1 << 10
@@ -43,18 +44,6 @@ def value_for(key, size):
 
 def align(n):
     return (n + REC_ALIGN - 1) // REC_ALIGN * REC_ALIGN
-
-
-def wait_for(pred, timeout, what, interval=0.05):
-    """Poll pred() until it is truthy (returned) or timeout seconds pass (test failure)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
 
 
 def bucket_files(ssd_dir):
