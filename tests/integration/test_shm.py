@@ -563,6 +563,24 @@ def test_register_buffer_refusals(kv, bufs, work):
     d.stop()
 
 
+def expect_no_leftover_descriptor(d, c, b, leftover, after):
+    """After `after` left the descriptor of memfd `leftover` with kvstashd: a registration
+    of b with b's descriptor maps b (64 bytes of b"B" at 0), one with no descriptor is
+    refused, and kvstashd closes the leftover descriptor."""
+    bid = register_ok(c, b)
+    assert put_from(c, [b"which"], [[[bid, 0, 64]]]) == [OK]
+    got = c.call("get", b"which")
+    assert got == b"B" * 64, \
+        f"register_buffer of b, after {after}, mapped another memfd: " \
+        f"a put_from through the id b got stored {got[:8]!r}.."
+    err, result = register(c, None, MIB)
+    assert err is not None and err[0] == INVALID_ARGUMENT and result is None, \
+        f"register_buffer with no descriptor, after {after}: {err}, {result!r}"
+    wait_for(lambda: memfd_refs(d.pid, leftover.name) == (0, 0), 5,
+             lambda: f"kvstashd to close the descriptor left by {after} "
+                     f"(maps, fds = {memfd_refs(d.pid, leftover.name)})")
+
+
 @pytest.mark.parametrize("bad_opts", [{}, {"size": "1048576"}, {"size": -1}],
                          ids=["no-size", "str-size", "negative-size"])
 def test_refused_registration_does_not_leave_its_descriptor_behind(kv, bufs, bad_opts):
@@ -576,21 +594,9 @@ def test_refused_registration_does_not_leave_its_descriptor_behind(kv, bufs, bad
     err, result = register(c, a.fd, opts=bad_opts)
     assert err is not None and err[0] == INVALID_ARGUMENT and result is None, (err, result)
 
-    # The next registration is of b, with b's descriptor: its id must be b's memory.
-    bid = register_ok(c, b)
-    assert put_from(c, [b"which"], [[[bid, 0, 64]]]) == [OK]
-    got = c.call("get", b"which")
-    assert got == b"B" * 64, \
-        f"register_buffer of b, after one of a refused for opts {bad_opts}, mapped a: " \
-        f"a put_from through the id b got stored {got[:8]!r}.."
-
-    # And one without any descriptor is refused, not served with a leftover one.
-    err, result = register(c, None, MIB)
-    assert err is not None and err[0] == INVALID_ARGUMENT and result is None, \
-        f"register_buffer with no descriptor after a refused one: {err}, {result!r}"
-    wait_for(lambda: memfd_refs(d.pid, a.name) == (0, 0), 5,
-             lambda: f"kvstashd to close the descriptor of the refused register_buffer "
-                     f"{bad_opts} (maps, fds = {memfd_refs(d.pid, a.name)})")
+    # The next registration is of b, with b's descriptor: its id must be b's memory; and
+    # one without any descriptor is refused, not served with a leftover one.
+    expect_no_leftover_descriptor(d, c, b, a, f"one of a refused for opts {bad_opts}")
     d.stop()
 
 
@@ -604,20 +610,9 @@ def test_descriptor_sent_with_another_request_is_closed_and_ignored(kv, bufs):
     assert socket.send_fds(c.sock, [data], [stray.fd]) == len(data)
     msg = c.recv()
     assert msg[1] == msgid and msg[2] is None and msg[3] == "pong", msg
-    # A register_buffer with a descriptor gets its own, not the stray one ...
-    bid = register_ok(c, b)
-    assert put_from(c, [b"which"], [[[bid, 0, 64]]]) == [OK]
-    got = c.call("get", b"which")
-    assert got == b"B" * 64, \
-        f"register_buffer of b, after a ping that carried another memfd, mapped that one: " \
-        f"a put_from through the id b got stored {got[:8]!r}.."
-    # ... and one without a descriptor does not pick the stray one up.
-    err, result = register(c, None, MIB)
-    assert err is not None and err[0] == INVALID_ARGUMENT and result is None, \
-        f"register_buffer with no descriptor, after a ping that carried one: {err}, {result!r}"
-    wait_for(lambda: memfd_refs(d.pid, stray.name) == (0, 0), 5,
-             lambda: f"kvstashd to close a descriptor that came with a ping "
-                     f"(maps, fds = {memfd_refs(d.pid, stray.name)})")
+    # A register_buffer with a descriptor gets its own, not the stray one, and one without
+    # a descriptor does not pick the stray one up.
+    expect_no_leftover_descriptor(d, c, b, stray, "a ping that carried another memfd")
     d.stop()
 
 
