@@ -68,6 +68,7 @@ CLIENT_SRC := protocol/kvstash.c protocol/kvstash_async.c protocol/kvstash_wire.
 CLI_SRC := protocol/kvstash_cli.c
 BENCH_SRC := tests/bench/kvstash_bench.c tests/bench/bench_util.c
 MCBENCH_SRC := tests/bench/mc_bench.c tests/bench/bench_util.c
+RAWBENCH_SRC := tests/bench/raw_bench.c tests/bench/bench_util.c
 UNIT_SRC := $(wildcard tests/unit/test_*.c)
 INTEG_SRC := $(wildcard tests/integration/test_*.c) $(wildcard tests/lib/*.c)
 
@@ -80,6 +81,7 @@ KVSTASHD := $(BUILD)/kvstashd
 KVSTASH := $(BUILD)/kvstash
 BENCH := $(BUILD)/kvstash-bench
 MCBENCH := $(BUILD)/mc-bench
+RAWBENCH := $(BUILD)/raw-bench
 LIBCORE := $(BUILD)/libkvcore.a
 LIBCLIENT_A := $(BUILD)/libkvstash.a
 LIBCLIENT_SO := $(BUILD)/libkvstash.so
@@ -115,6 +117,10 @@ $(BENCH): $(call obj,$(BENCH_SRC)) $(LIBCLIENT_A)
 
 # the memcached peer's load generator: libc and pthreads only; built by make bench
 $(MCBENCH): $(call obj,$(MCBENCH_SRC))
+	$(call say,LD,$@)$(CC) $(LDFLAGS_ALL) -o $@ $^ -lpthread
+
+# the loopback TCP ceiling (request -> reply, no store): libc and pthreads; built by make bench
+$(RAWBENCH): $(call obj,$(RAWBENCH_SRC))
 	$(call say,LD,$@)$(CC) $(LDFLAGS_ALL) -o $@ $^ -lpthread
 
 $(UNIT): $(call obj,$(UNIT_SRC)) $(LIBCORE)
@@ -214,8 +220,9 @@ asan:
 	    UBSAN_OPTIONS=$(SAN_UBSAN_OPTIONS) $(MAKE) --no-print-directory VARIANT=asan test
 
 bench: bench-deps
-	$(Q)$(MAKE) --no-print-directory all $(MCBENCH)
+	$(Q)$(MAKE) --no-print-directory all $(MCBENCH) $(RAWBENCH)
 	KVSTASHD=$(abspath $(KVSTASHD)) BENCH=$(abspath $(BENCH)) MCBENCH=$(abspath $(MCBENCH)) \
+	    RAWBENCH=$(abspath $(RAWBENCH)) \
 	    tests/bench/run.sh
 
 # ---- fuzzing (tests/fuzz/): libFuzzer targets built with clang, ASan and UBSan ----

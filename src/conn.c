@@ -29,6 +29,7 @@
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 
+#include "copier.h"
 #include "frame.h"
 #include "kverr.h"
 #include "log.h"
@@ -41,7 +42,6 @@
 #define CONN_IBUF_MIN (64u * 1024u)
 #define CONN_READS_PER_WAKE 16
 #define CONN_SPILL_MIN (16u * 1024u)
-#define CONN_DISCARD_SIZE (256u * 1024u)
 #define CONN_IOV_MAX 256
 #define CONN_READAHEAD_IN_PUT 512
 #define CONN_RETRY_US 20000         /* a waiting request is retried at least this often (the
@@ -75,6 +75,7 @@ struct conn {
     bool paused;                 /* not reading: output or replies in flight over the limit */
     bool closing;                /* close at the end of the current callback */
     bool eof;                    /* peer closed its side */
+    bool rx_behind;              /* the last body read took a whole scratch's worth */
     bool waiting;                /* a request waits for the SSD tier (not reading meanwhile) */
     bool overlap;                /* waiting for batch_get_into transfers only: more such
                                     requests are read and started behind them */
@@ -1223,36 +1224,76 @@ conn_recv_fds(struct conn *c, struct iovec *iov, int n)
     return rd;
 }
 
-/* One read syscall: into the active spill (and the buffer behind it) or the buffer. */
+/*
+ * conn_obj_iov: the pieces of obj's reservation from byte off on, into iov[n..]; the new n.
+ */
+static int
+conn_obj_iov(struct store_obj *obj, uint64_t off, struct iovec *iov, int n)
+{
+    struct iovec ext[STORE_MAX_EXTENTS];
+    int ne = store_obj_iov(obj, ext, STORE_MAX_EXTENTS);
+
+    for (int i = 0; i < ne; i++) {
+        if (off >= ext[i].iov_len) {
+            off -= ext[i].iov_len;
+            continue;
+        }
+        iov[n].iov_base = (uint8_t *)ext[i].iov_base + off;
+        iov[n].iov_len = ext[i].iov_len - off;
+        off = 0;
+        n++;
+    }
+    return n;
+}
+
+/* conn_spill_place: copy len received bytes from src into obj's reservation at off. */
+static void
+conn_spill_place(struct store_obj *obj, uint64_t off, const uint8_t *src, uint64_t len)
+{
+    struct iovec dst[STORE_MAX_EXTENTS];
+    int n = conn_obj_iov(obj, off, dst, 0);
+
+    for (int i = 0; i < n && len > 0; i++) {
+        size_t k = dst[i].iov_len < len ? dst[i].iov_len : (size_t)len;
+        copier_stream(dst[i].iov_base, src, k);
+        src += k;
+        len -= k;
+    }
+}
+
+/*
+ * One read syscall: into the active spill (and the buffer behind it) or the buffer.
+ *
+ * A spilled value's body is read into the worker's scratch buffer, which stays in this
+ * core's cache, and streamed from there into its reservation with non-temporal stores:
+ * the kernel's copy straight into the arena writes lines that are in no cache, reading
+ * each one first. That holds while the loop keeps up with the socket, whose bytes are
+ * then still in cache too. Once a read fills the whole scratch buffer the loop is behind,
+ * the queued bytes have gone cold and the extra pass only costs; the next read then goes
+ * straight into place in one large piece, until a read comes back short again. Measured
+ * here against reading straight into place (`make bench`'s put rows, same run): one
+ * connection +12 to +30%, 8 connections of 64 KiB values +10 to +18%, 8 of 1 MiB even.
+ * Over TLS the value is decrypted straight into place, already a copy of the daemon's own.
+ */
 static ssize_t
 conn_read_once(struct conn *c)
 {
     struct iovec iov[STORE_MAX_EXTENTS + 1];
+    struct store_obj *place = NULL; /* the scratch bytes go on into this object */
     int n = 0;
     uint64_t body = 0;
 
     if (c->spill_left > 0) {
         struct rpc_spill *sp = &c->spills[c->nholes - 1];
-        if (sp->obj != NULL) {
-            struct iovec ext[STORE_MAX_EXTENTS];
-            int ne = store_obj_iov(sp->obj, ext, STORE_MAX_EXTENTS);
-            uint64_t skip = c->spill_off;
-            for (int i = 0; i < ne; i++) {
-                if (skip >= ext[i].iov_len) {
-                    skip -= ext[i].iov_len;
-                    continue;
-                }
-                iov[n].iov_base = (uint8_t *)ext[i].iov_base + skip;
-                iov[n].iov_len = ext[i].iov_len - skip;
-                skip = 0;
-                n++;
-            }
+        if (sp->obj != NULL && (c->ssl != NULL || c->rx_behind)) {
+            n = conn_obj_iov(sp->obj, c->spill_off, iov, n);
             body = c->spill_left;
         } else {
-            body = c->spill_left < CONN_DISCARD_SIZE ? c->spill_left : CONN_DISCARD_SIZE;
-            iov[n].iov_base = c->w->discard;
+            body = c->spill_left < SERVER_SCRATCH_SIZE ? c->spill_left : SERVER_SCRATCH_SIZE;
+            iov[n].iov_base = c->w->scratch;
             iov[n].iov_len = body;
             n++;
+            place = sp->obj;
         }
     }
     /*
@@ -1288,7 +1329,10 @@ conn_read_once(struct conn *c)
     c->rx_total += got;
     if (body > 0) {
         uint64_t k = got < body ? got : body;
-        /* Bytes went straight into the reservation: account, do not copy. */
+        if (place != NULL) {
+            conn_spill_place(place, c->spill_off, c->w->scratch, k);
+        }
+        c->rx_behind = k >= SERVER_SCRATCH_SIZE;
         c->spill_off += k;
         c->spill_left -= k;
         got -= k;

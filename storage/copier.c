@@ -37,41 +37,53 @@ struct copier {
     int nthreads;
 };
 
+void
+copier_stream(void *dst, const void *src, size_t len)
+{
+#ifdef COPIER_STREAM
+    uint8_t *d = dst;
+    const uint8_t *s = src;
+    size_t head = (16 - ((uintptr_t)d & 15)) & 15;
+
+    if (len < head + 64) {
+        memcpy(dst, src, len);
+        return;
+    }
+    memcpy(d, s, head);             /* up to the first 16-byte aligned destination byte */
+    d += head;
+    s += head;
+    len -= head;
+    for (; len >= 64; len -= 64, d += 64, s += 64) {
+        __m128i a = _mm_loadu_si128((const __m128i *)s);
+        __m128i b = _mm_loadu_si128((const __m128i *)(s + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(s + 32));
+        __m128i e = _mm_loadu_si128((const __m128i *)(s + 48));
+
+        _mm_stream_si128((__m128i *)d, a);
+        _mm_stream_si128((__m128i *)(d + 16), b);
+        _mm_stream_si128((__m128i *)(d + 32), c);
+        _mm_stream_si128((__m128i *)(d + 48), e);
+    }
+    _mm_sfence();
+    memcpy(d, s, len);
+#else
+    memcpy(dst, src, len);
+#endif
+}
+
 /*
- * copier_copy: memcpy, with non-temporal stores for big copies (the stores
- * are fenced before it returns, so the job's completion, published with a
+ * copier_copy: memcpy, streaming big copies past the cache (the stores are
+ * fenced before it returns, so the job's completion, published with a
  * release, orders after them).
  */
 static void
 copier_copy(void *dst, const void *src, size_t len)
 {
-#ifdef COPIER_STREAM
     if (len >= COPIER_STREAM_MIN) {
-        uint8_t *d = dst;
-        const uint8_t *s = src;
-        size_t head = (16 - ((uintptr_t)d & 15)) & 15;
-
-        memcpy(d, s, head);         /* up to the first 16-byte aligned destination byte */
-        d += head;
-        s += head;
-        len -= head;
-        for (; len >= 64; len -= 64, d += 64, s += 64) {
-            __m128i a = _mm_loadu_si128((const __m128i *)s);
-            __m128i b = _mm_loadu_si128((const __m128i *)(s + 16));
-            __m128i c = _mm_loadu_si128((const __m128i *)(s + 32));
-            __m128i e = _mm_loadu_si128((const __m128i *)(s + 48));
-
-            _mm_stream_si128((__m128i *)d, a);
-            _mm_stream_si128((__m128i *)(d + 16), b);
-            _mm_stream_si128((__m128i *)(d + 32), c);
-            _mm_stream_si128((__m128i *)(d + 48), e);
-        }
-        _mm_sfence();
-        memcpy(d, s, len);
-        return;
+        copier_stream(dst, src, len);
+    } else {
+        memcpy(dst, src, len);
     }
-#endif
-    memcpy(dst, src, len);
 }
 
 /* copier_finish: the last segment of job is done: hand it back, or release it. */

@@ -53,6 +53,15 @@ struct copy_job {
 };
 
 /*
+ * copier_stream: memcpy with non-temporal stores: dst's lines are written
+ * without being read first and are not left in the cache, the right copy
+ * into arena pages nobody reads soon. Fenced (sfence) before it returns, so
+ * a later release (publishing the object) orders after the stores. Plain
+ * memcpy for copies under 64 bytes and on CPUs without SSE2. Any thread.
+ */
+void copier_stream(void *dst, const void *src, size_t len);
+
+/*
  * copier_create: start `threads` copy threads (at least 1). wake(arg) is
  * called after each job that is not abandoned ends. Returns 0 and *out, or
  * -ENOMEM / -errno (no thread).
