@@ -859,6 +859,43 @@ conn_hole_add(struct conn *c, uint64_t len)
     return (int)i;
 }
 
+/*
+ * conn_obj_iov: the pieces of obj's reservation from byte off on, into iov[n..]; the new n.
+ */
+static int
+conn_obj_iov(struct store_obj *obj, uint64_t off, struct iovec *iov, int n)
+{
+    struct iovec ext[STORE_MAX_EXTENTS];
+    int ne = store_obj_iov(obj, ext, STORE_MAX_EXTENTS);
+
+    for (int i = 0; i < ne; i++) {
+        if (off >= ext[i].iov_len) {
+            off -= ext[i].iov_len;
+            continue;
+        }
+        iov[n].iov_base = (uint8_t *)ext[i].iov_base + off;
+        iov[n].iov_len = ext[i].iov_len - off;
+        off = 0;
+        n++;
+    }
+    return n;
+}
+
+/* conn_spill_place: copy len received bytes from src into obj's reservation at off. */
+static void
+conn_spill_place(struct store_obj *obj, uint64_t off, const uint8_t *src, uint64_t len)
+{
+    struct iovec dst[STORE_MAX_EXTENTS];
+    int n = conn_obj_iov(obj, off, dst, 0);
+
+    for (int i = 0; i < n && len > 0; i++) {
+        size_t k = dst[i].iov_len < len ? dst[i].iov_len : (size_t)len;
+        copier_stream(dst[i].iov_base, src, k);
+        src += k;
+        len -= k;
+    }
+}
+
 /* Copy n received body bytes of the active spill into its reservation (or drop them). */
 static void
 conn_spill_fill(struct conn *c, const uint8_t *p, size_t n)
@@ -866,7 +903,7 @@ conn_spill_fill(struct conn *c, const uint8_t *p, size_t n)
     struct rpc_spill *sp = &c->spills[c->nholes - 1];
 
     if (sp->obj != NULL && n > 0) {
-        store_obj_write(sp->obj, c->spill_off, p, n);
+        conn_spill_place(sp->obj, c->spill_off, p, n);
     }
     c->spill_off += n;
     c->spill_left -= n;
@@ -1225,43 +1262,6 @@ conn_recv_fds(struct conn *c, struct iovec *iov, int n)
 }
 
 /*
- * conn_obj_iov: the pieces of obj's reservation from byte off on, into iov[n..]; the new n.
- */
-static int
-conn_obj_iov(struct store_obj *obj, uint64_t off, struct iovec *iov, int n)
-{
-    struct iovec ext[STORE_MAX_EXTENTS];
-    int ne = store_obj_iov(obj, ext, STORE_MAX_EXTENTS);
-
-    for (int i = 0; i < ne; i++) {
-        if (off >= ext[i].iov_len) {
-            off -= ext[i].iov_len;
-            continue;
-        }
-        iov[n].iov_base = (uint8_t *)ext[i].iov_base + off;
-        iov[n].iov_len = ext[i].iov_len - off;
-        off = 0;
-        n++;
-    }
-    return n;
-}
-
-/* conn_spill_place: copy len received bytes from src into obj's reservation at off. */
-static void
-conn_spill_place(struct store_obj *obj, uint64_t off, const uint8_t *src, uint64_t len)
-{
-    struct iovec dst[STORE_MAX_EXTENTS];
-    int n = conn_obj_iov(obj, off, dst, 0);
-
-    for (int i = 0; i < n && len > 0; i++) {
-        size_t k = dst[i].iov_len < len ? dst[i].iov_len : (size_t)len;
-        copier_stream(dst[i].iov_base, src, k);
-        src += k;
-        len -= k;
-    }
-}
-
-/*
  * One read syscall: into the active spill (and the buffer behind it) or the buffer.
  *
  * A spilled value's body is read into the worker's scratch buffer, which stays in this
@@ -1271,8 +1271,9 @@ conn_spill_place(struct store_obj *obj, uint64_t off, const uint8_t *src, uint64
  * then still in cache too. Once a read fills the whole scratch buffer the loop is behind,
  * the queued bytes have gone cold and the extra pass only costs; the next read then goes
  * straight into place in one large piece, until a read comes back short again. Measured
- * here against reading straight into place (`make bench`'s put rows, same run): one
- * connection +12 to +30%, 8 connections of 64 KiB values +10 to +18%, 8 of 1 MiB even.
+ * here against reading straight into place (kvstash-bench's put shapes, A/B in one run):
+ * one connection of 1 MiB values +10 to +25%, 8 connections of 64 KiB values +10 to +18%,
+ * 8 of 1 MiB even; always reading through the scratch buffer lost 10% on the last.
  * Over TLS the value is decrypted straight into place, already a copy of the daemon's own.
  */
 static ssize_t
@@ -1297,17 +1298,18 @@ conn_read_once(struct conn *c)
         }
     }
     /*
-     * Read ahead into the buffer only past the end of the body, and then only enough for
-     * the next header: another big value probably follows, and its body too should go
-     * straight into its reservation rather than through the buffer and a copy. Reads
-     * between spills (small values, other requests) take all the room there is.
+     * Read ahead into the buffer only past the end of the body. A body read straight into
+     * place reads ahead only enough for the next header: another big value probably
+     * follows, and its body too should go straight into place rather than through the
+     * buffer and a copy. Otherwise the buffer is as good a landing place as the scratch
+     * buffer, and filling it saves a read per value.
      */
     if (body == c->spill_left) {
         if (conn_ibuf_room(c) != 0) {
             return -ENOMEM;
         }
         size_t room = c->icap - c->ilen;
-        if (body > 0 && room > CONN_READAHEAD_IN_PUT) {
+        if (body > 0 && place == NULL && room > CONN_READAHEAD_IN_PUT) {
             room = CONN_READAHEAD_IN_PUT;
         }
         iov[n].iov_base = c->ibuf + c->ilen;

@@ -4,20 +4,22 @@
 # Starts kvstashd on a free loopback port with a temporary data_dir and a
 # memory_size that fits the machine, runs the benchmark matrix with
 # kvstash-bench (each configuration BENCH_REPS times, BENCH_SECS seconds
-# each, the median printed), then measures redis-server with redis-benchmark
-# on the same shapes when it is installed, and memcached with mc-bench (our
-# own text-protocol load generator, tests/bench/mc_bench.c) when memcached is
-# installed; a peer that is missing or fails is reported and skipped. Every
-# command is printed before it runs; every loop and every command is bounded.
-# Then the shared-memory section: single-thread memcpy of 1 MiB blocks from cold memory,
-# and batch_get_into / batch_put_from of 1 MiB objects over the Unix socket, with their
-# ratios to that memcpy and to the same run's TCP rows (get-1m-*, put-1m-*).
+# each, the median printed). Then the shared-memory section: single-thread memcpy of 1 MiB
+# blocks from cold memory, and batch_get_into / batch_put_from of 1 MiB objects over the
+# Unix socket, with their ratios to that memcpy and to the same run's TCP rows (get-1m-*,
+# put-1m-*). Then the loopback TCP ceiling: raw-bench (tests/bench/raw_bench.c) in the
+# matrix's get and put shapes with no store behind it. Then the peers: redis-server with
+# redis-benchmark on the same shapes when it is installed, and memcached with mc-bench (our
+# own text-protocol load generator, tests/bench/mc_bench.c) when memcached is installed; a
+# peer that is missing or fails is reported and skipped. A summary puts each row next to
+# its raw TCP ceiling and the peers. Every command is printed before it runs; every loop and
+# every command is bounded.
 # Last, the SSD section (tests/bench/ssd.sh): fio and kvstashd's SSD tier on one
 # directory of the same disk, sequential 1 MiB writes and reads, DRAM probes under SSD
 # reads, and restarts with a million objects on the SSD.
-# Exits non-zero only if kvstashd dies or a kvstash-bench run fails.
+# Exits non-zero only if kvstashd dies or a kvstash-bench or raw-bench run fails.
 #
-# Environment: KVSTASHD, BENCH, MCBENCH (binaries; set by make bench),
+# Environment: KVSTASHD, BENCH, MCBENCH, RAWBENCH (binaries; set by make bench),
 # KVSTASH_CLI (default: kvstash next to BENCH), BENCH_SECS (5), BENCH_REPS (3),
 # BENCH_MEMORY (default: a third of available RAM, 1g..8g), BENCH_PEERS
 # (1; 0 skips redis/memcached), BENCH_SHM (1; 0 skips the shared-memory section),
@@ -30,6 +32,7 @@ KVSTASHD=${KVSTASHD:-$root/build/release/kvstashd}
 BENCH=${BENCH:-$root/build/release/kvstash-bench}
 KVSTASH_CLI=${KVSTASH_CLI:-$(dirname "$BENCH")/kvstash}
 MCBENCH=${MCBENCH:-$(dirname "$BENCH")/mc-bench}
+RAWBENCH=${RAWBENCH:-$(dirname "$BENCH")/raw-bench}
 SECS=${BENCH_SECS:-5}
 REPS=${BENCH_REPS:-3}
 PEERS=${BENCH_PEERS:-1}
@@ -64,10 +67,11 @@ tmp=$(mktemp -d /tmp/kvstash-bench.XXXXXX) || die "mktemp failed"
 kvd_pid=""
 redis_pid=""
 mc_pid=""
+raw_pid=""
 # shellcheck disable=SC2317  # invoked by the EXIT trap
 cleanup() {
     local pid
-    for pid in "$kvd_pid" "$redis_pid" "$mc_pid"; do
+    for pid in "$kvd_pid" "$redis_pid" "$mc_pid" "$raw_pid"; do
         if [ -n "$pid" ] && kill "$pid" 2>/dev/null; then
             wait "$pid" 2>/dev/null
         fi
@@ -231,19 +235,17 @@ done
 # from a 2 GiB source populated first (kvstash-bench -m memcpy, no daemon involved), and to
 # this run's TCP rows. Issue targets: >= 50% of that memcpy and >= 3x the TCP row's GB/s.
 sock="$tmp/data/kvstashd.sock"
-shm_rows=()
-declare -A shm_summary
+declare -A row_summary
 
-# shm_row NAME ARGS...: run kvstash-bench ARGS REPS times, print each run, keep the median
-# in gbs[NAME] and shm_summary[NAME].
-shm_row() {
-    local name=$1 out rc rep med lines=()
-    shift
-    shm_rows+=("$name")
+# bench_row NAME BIN ARGS...: run BIN ARGS (kvstash-bench or raw-bench) REPS times, print
+# each run, keep the median in gbs[NAME] and row_summary[NAME].
+bench_row() {
+    local name=$1 bin=$2 out rc rep med lines=()
+    shift 2
     echo "== $name"
-    show "$BENCH" "$@"
+    show "$bin" "$@"
     for rep in $(seq 1 "$REPS"); do
-        out=$(timeout $(( SECS * 4 + 120 )) "$BENCH" "$@" 2>"$tmp/bench.err")
+        out=$(timeout $(( SECS * 4 + 120 )) "$bin" "$@" 2>"$tmp/bench.err")
         rc=$?
         kvd_alive || { cat "$tmp/bench.err" >&2; kvd_died; }
         if [ "$rc" -ne 0 ] || [ -z "$out" ]; then
@@ -258,11 +260,11 @@ shm_row() {
         med=$(median_line "GB/s" "${lines[@]}")
         echo "   median: $med"
         gbs[$name]=$(field GB/s "$med")
-        shm_summary[$name]="${gbs[$name]} GB/s, p99 $(field p99_us "$med") us"
+        row_summary[$name]="${gbs[$name]} GB/s, p99 $(field p99_us "$med") us"
         [ -n "$(field daemon_core_s_per_GB "$med")" ] &&
-            shm_summary[$name]+=", $(field daemon_core_s_per_GB "$med") core-s/GB"
+            row_summary[$name]+=", $(field daemon_core_s_per_GB "$med") core-s/GB"
     else
-        shm_summary[$name]="failed"
+        row_summary[$name]="failed"
     fi
     echo
 }
@@ -290,17 +292,17 @@ else
     echo "== shared memory: batch_get_into / batch_put_from of 8 x 1 MiB over $sock," \
          "against single-thread memcpy"
     echo
-    shm_row memcpy-1m -m memcpy -s 1m -b 8 -c 1 -d 2 -t "$SECS" -q
+    bench_row memcpy-1m "$BENCH" -m memcpy -s 1m -b 8 -c 1 -d 2 -t "$SECS" -q
     for conns in 1 8; do
-        shm_row "get_into-1m-c$conns" -S "$sock" -m get_into -s 1m -b 8 -c "$conns" -d 2 \
-            -t "$SECS" -p "$kvd_pid" -R -q
+        bench_row "get_into-1m-c$conns" "$BENCH" -S "$sock" -m get_into -s 1m -b 8 \
+            -c "$conns" -d 2 -t "$SECS" -p "$kvd_pid" -R -q
     done
     for conns in 1 8; do
         # the put rows' bound: never more than 3/4 of memory_size, so no eviction
         per=$(( mem_bytes * 3 / 4 / (conns * 8 * 1048576) ))
         [ "$per" -lt 1 ] && per=1
-        shm_row "put_from-1m-c$conns" -S "$sock" -m put_from -s 1m -b 8 -c "$conns" -d 2 \
-            -t "$SECS" -p "$kvd_pid" -R -q -n "$per"
+        bench_row "put_from-1m-c$conns" "$BENCH" -S "$sock" -m put_from -s 1m -b 8 \
+            -c "$conns" -d 2 -t "$SECS" -p "$kvd_pid" -R -q -n "$per"
     done
     shm_table+=("$(printf '%-17s %-44s %-14s %-16s %s' "shm test" "median" "vs memcpy" \
                 "vs TCP row" "targets: >= 0.50 memcpy, >= 3.00x TCP")")
@@ -311,12 +313,53 @@ else
         esac
         vm=$(ratio "${gbs[$name]:-}" "${gbs[memcpy-1m]:-}")
         vt=$(ratio "${gbs[$name]:-}" "${gbs[$tcp]:-}")
-        shm_table+=("$(printf '%-17s %-44s %-14s %-16s %s' "$name" "${shm_summary[$name]:-}" \
+        shm_table+=("$(printf '%-17s %-44s %-14s %-16s %s' "$name" "${row_summary[$name]:-}" \
                     "$vm" "${vt}x $tcp" "$(verdict "$vm" 0.5), $(verdict "$vt" 3)")")
     done
-    shm_table+=("memcpy-1m         ${shm_summary[memcpy-1m]:-} (single thread, cold source)")
+    shm_table+=("memcpy-1m         ${row_summary[memcpy-1m]:-} (single thread, cold source)")
     printf '%s\n' "${shm_table[@]}"
     echo
+fi
+
+# ---- raw TCP ceiling ----
+# What loopback TCP carries with no store behind it, in the matrix's own shapes: raw-bench
+# (tests/bench/raw_bench.c) answers each request of batch x size bytes from a 1 GiB working
+# set walked in order (memory not in cache, like kvstashd's arena), one blocking thread per
+# connection, and receives puts the same way. Each kvstashd row is then shown as a fraction
+# of it. The server's lifetime is bounded by its -t; it is killed when the section ends.
+if [ ! -x "$RAWBENCH" ]; then
+    echo "== raw TCP: skipped: no raw-bench at $RAWBENCH (make bench builds it)"
+    echo
+else
+    rawport=$(free_port) || die "no free port for raw-bench"
+    life=$(( ${#matrix[@]} * REPS * (SECS * 4 + 120) ))
+    [ "$life" -gt 3600 ] && life=3600
+    rcmd=("$RAWBENCH" -L "$rawport" -w 1g -t "$life")
+    show "${rcmd[@]}"
+    "${rcmd[@]}" 2>"$tmp/raw.log" &
+    raw_pid=$!
+    for _ in $(seq 1 100); do
+        grep -q serving "$tmp/raw.log" 2>/dev/null && break
+        kill -0 "$raw_pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    if ! grep -q serving "$tmp/raw.log" 2>/dev/null; then
+        echo "run.sh: the raw-bench server did not start: $(tr '\n' ' ' <"$tmp/raw.log")" >&2
+        failures=$(( failures + 1 ))
+        matrix_raw=()
+    else
+        matrix_raw=("${matrix[@]}")
+    fi
+    echo
+    for row in "${matrix_raw[@]}"; do
+        read -r name mode size batch conns depth <<<"$row"
+        [ "$mode" = exists ] && continue
+        bench_row "raw-$name" "$RAWBENCH" -H "127.0.0.1:$rawport" -m "$mode" -s "$size" \
+            -b "$batch" -c "$conns" -d "$depth" -t "$SECS" -p "$raw_pid" -q
+    done
+    kill "$raw_pid" 2>/dev/null
+    wait "$raw_pid" 2>/dev/null
+    raw_pid=""
 fi
 
 # ---- peers ----
@@ -578,52 +621,15 @@ if [ "$PEERS" = 1 ]; then
     fi
 fi
 
-# ---- raw TCP ceiling ----
-# What the kernel moves over loopback with no store behind it: iperf3 (optional, `apt-get
-# install iperf3`), one stream, then two streams in two processes (iperf3 3.12 runs all the
-# streams of one process on one thread). Sent from a hot buffer, so it is an upper bound.
-tcp_ceiling=""
-if [ "$PEERS" = 1 ] && command -v iperf3 >/dev/null; then
-    echo "== raw TCP over loopback (iperf3, ${SECS}s, 1 MiB writes)"
-    iperf_gbs() { # LOG: receiver GB/s of one iperf3 client log
-        awk '/receiver/ { for (i = 1; i <= NF; i++) if ($i ~ /bits\/sec/) {
-                 v = $(i - 1); u = $i
-                 if (u ~ /^G/) v *= 1e9; else if (u ~ /^M/) v *= 1e6
-                 printf "%.3f", v / 8 / 1e9 } }' "$1"
-    }
-    ports=()
-    for n in 1 2 3; do ports+=("$(free_port)") || die "no free port for iperf3"; done
-    for p in "${ports[@]}"; do timeout $(( SECS + 30 )) iperf3 -s -1 -p "$p" >/dev/null 2>&1 & done
-    sleep 0.5
-    show iperf3 -c 127.0.0.1 -p "${ports[0]}" -t "$SECS" -l 1M
-    timeout $(( SECS + 20 )) iperf3 -c 127.0.0.1 -p "${ports[0]}" -t "$SECS" -l 1M >"$tmp/ip0" 2>&1
-    one=$(iperf_gbs "$tmp/ip0")
-    show iperf3 -c 127.0.0.1 -p "${ports[1]}" -t "$SECS" -l 1M "&" \
-         iperf3 -c 127.0.0.1 -p "${ports[2]}" -t "$SECS" -l 1M
-    timeout $(( SECS + 20 )) iperf3 -c 127.0.0.1 -p "${ports[1]}" -t "$SECS" -l 1M \
-        >"$tmp/ip1" 2>&1 &
-    ip1_pid=$!
-    timeout $(( SECS + 20 )) iperf3 -c 127.0.0.1 -p "${ports[2]}" -t "$SECS" -l 1M >"$tmp/ip2" 2>&1
-    wait "$ip1_pid"
-    two=$(awk -v a="$(iperf_gbs "$tmp/ip1")" -v b="$(iperf_gbs "$tmp/ip2")" \
-          'BEGIN { printf "%.3f", a + b }')
-    tcp_ceiling="1 stream ${one:-?} GB/s, 2 streams ${two:-?} GB/s"
-    echo "   $tcp_ceiling"
-    echo
-elif [ "$PEERS" = 1 ]; then
-    echo "== raw TCP: skipped: iperf3 not installed (apt-get install iperf3)"
-    echo
-fi
-
 # ---- summary ----
-printf '%-15s %-46s %-46s %s\n' "test" "kvstashd (median)" "redis-server (median)" \
-       "memcached (median)"
+printf '%-15s %-46s %-30s %-9s %-46s %s\n' "test" "kvstashd (median)" "raw TCP (median)" \
+       "kv/raw" "redis-server (median)" "memcached (median)"
 for row in "${matrix[@]}"; do
     read -r name _ <<<"$row"
-    printf '%-15s %-46s %-46s %s\n' "$name" "${summary[$name]:-}" \
+    printf '%-15s %-46s %-30s %-9s %-46s %s\n' "$name" "${summary[$name]:-}" \
+           "${row_summary[raw-$name]:--}" "$(ratio "${gbs[$name]:-}" "${gbs[raw-$name]:-}")" \
            "${redis_summary[$name]:--}" "${mc_summary[$name]:--}"
 done
-[ -n "$tcp_ceiling" ] && echo "raw TCP (iperf3)  $tcp_ceiling"
 if [ "${#shm_table[@]}" -gt 0 ]; then
     echo
     printf '%s\n' "${shm_table[@]}"
