@@ -42,6 +42,7 @@
 #include "version.h"
 
 #define SERVER_ACCEPTS_PER_WAKE 64
+#define SERVER_DISCARD_SIZE (256u * 1024u)
 
 /* ---- data dir and node id ---- */
 
@@ -551,8 +552,8 @@ worker_init(struct server *s, struct worker *w, int idx)
     w->notify_rd = w->notify_wr = -1;
     pthread_mutex_init(&w->lock, NULL);
     w->base = event_base_new();
-    w->scratch = malloc(SERVER_SCRATCH_SIZE);
-    if (w->base == NULL || w->scratch == NULL) {
+    w->discard = malloc(SERVER_DISCARD_SIZE);
+    if (w->base == NULL || w->discard == NULL) {
         return -ENOMEM;
     }
     if (pipe2(p, O_NONBLOCK | O_CLOEXEC) != 0) {
@@ -626,7 +627,7 @@ worker_deinit(struct worker *w)
         close(f < 0 ? -f - 1 : f);
     }
     free(w->pending);
-    free(w->scratch);
+    free(w->discard);
     pthread_mutex_destroy(&w->lock);
 }
 

@@ -42,7 +42,6 @@ struct store;
 
 #define SERVER_MAX_WORKERS 64
 #define SERVER_TLS_FD (1 << 30)         /* marks a TLS connection's fd in a worker's queue */
-#define SERVER_SCRATCH_SIZE (256u * 1024u) /* a worker's read scratch: fits in L2 with room */
 
 typedef struct ssl_ctx_st SSL_CTX;
 #define SERVER_RDMA_CQ_SIZE 65536      /* completion entries per worker: 512 queue pairs of 128 */
@@ -75,8 +74,7 @@ struct worker {
     _Atomic uint64_t inflight_pauses;     /* reading paused at client_inflight_max */
     _Atomic uint64_t auth_revoked;        /* closed: its tenant removed or token changed */
     _Atomic int done;
-    uint8_t *scratch;                /* SERVER_SCRATCH_SIZE bytes: a read's landing place
-                                        for bytes to drop or to copy on (conn_read_once) */
+    uint8_t *discard;                /* scratch for bytes read only to be dropped */
     int waiting;                     /* connections waiting for the SSD tier */
     struct event *wake_ev;           /* made active by the SSD tier's threads */
     struct event *tick_ev;           /* once a second: reclaim expired reservations */

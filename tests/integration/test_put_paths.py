@@ -1,10 +1,12 @@
 """Integration: a put's value bytes reach the store intact however they arrive.
 
-A big value's body takes one of two ways into the arena: through the event loop's scratch
-buffer (the loop keeps up, each read is short) or, once a read fills that buffer because
-bytes have queued up, straight into place. These tests send the same batch_put in small
-timed pieces, in one burst that queues while the daemon is stopped (SIGSTOP), and in both
-within one request, over TCP and the Unix socket, and read every value back byte-exact.
+A big value's body is read into its reservation in one of two ways: in pieces of 128 KiB
+(the loop keeps up with the socket), with the start of the next values read ahead into the
+connection's buffer and copied over; or, once bytes have queued up, in reads as large as the
+rest of the body. These tests send the same batch_put in small timed pieces, in one burst
+that queues while the daemon is stopped (SIGSTOP), and in both within one request, over TCP
+and the Unix socket, and read every value back byte-exact. (A Unix socket queues no more than
+its sender's buffer, about 200 KiB, so only over TCP does the burst reach the large reads.)
 Every wait is bounded.
 """
 
