@@ -53,6 +53,7 @@
 
 #define BENCH_RBUF (64u * 1024)
 #define BENCH_PEEK 512u               /* refill after a body went straight to the sink */
+#define BENCH_RECV_PIECE (64u * 1024u) /* a body's recv: the sender waits on long ones */
 #define BENCH_MAX_DEPTH 64            /* msgids stay positive fixints */
 #define BENCH_MAX_CONNS 1024
 #define BENCH_KEY_LEN 25              /* "kb" runid(8) "-" thread(3) "-" counter(10) */
@@ -239,7 +240,8 @@ bench_body(struct bench_thread *t, uint8_t *dst, uint64_t len)
     t->fill_max = len > 0 && dst != NULL ? BENCH_PEEK : BENCH_RBUF;
     while (len > 0) {
         uint8_t *to = dst ? dst : t->rbuf;
-        size_t want = dst ? (size_t)len : (len < BENCH_RBUF ? (size_t)len : BENCH_RBUF);
+        size_t piece = dst ? BENCH_RECV_PIECE : BENCH_RBUF;
+        size_t want = len < piece ? (size_t)len : piece;
         ssize_t r = bench_recv(t, to, want, MSG_WAITALL);
         if (r < 0) {
             return (int)r;

@@ -49,6 +49,7 @@
 #define RAW_MAX_DEPTH 64
 #define RAW_MAX_CONNS 1024
 #define RAW_WORKSET (1ull << 30)
+#define RAW_RECV_PIECE (64u * 1024u)  /* the kernel opens the window when a recv returns */
 
 struct raw_hdr {
     uint32_t magic, op, batch, size;
@@ -91,7 +92,7 @@ raw_recv_all(int fd, void *buf, size_t len)
     uint8_t *p = buf;
 
     while (len > 0) {
-        ssize_t r = recv(fd, p, len, MSG_WAITALL);
+        ssize_t r = recv(fd, p, len < RAW_RECV_PIECE ? len : RAW_RECV_PIECE, MSG_WAITALL);
         if (r > 0) {
             p += r;
             len -= (size_t)r;
