@@ -254,6 +254,41 @@ bench_totals_add(struct bench_totals *tot, uint64_t reqs, uint64_t keys, uint64_
 }
 
 void
+bench_run_begin(struct bench_run *r)
+{
+    r->cpu0 = r->pid ? bench_proc_cpu(r->pid) : -1;
+    r->self0 = bench_self_cpu();
+    r->t0 = bench_now_ns();
+}
+
+void
+bench_run_end(struct bench_run *r)
+{
+    r->t1 = bench_now_ns();
+    r->cpu1 = r->pid ? bench_proc_cpu(r->pid) : -1;
+    r->self1 = bench_self_cpu();
+}
+
+int
+bench_opt_count(const char *s, long long *out)
+{
+    char *end = NULL;
+
+    errno = 0;
+    *out = strtoll(s, &end, 10);
+    return errno != 0 || *end != '\0' || end == s || *out < 0 ? -1 : 0;
+}
+
+int
+bench_opt_secs(const char *s, double *out)
+{
+    char *end = NULL;
+
+    *out = strtod(s, &end);
+    return *end != '\0' || end == s || !(*out > 0 && *out <= 3600) ? -1 : 0;
+}
+
+void
 bench_print_result(const struct bench_run *r, const struct bench_totals *tot)
 {
     double secs = (double)(r->t1 - r->t0) / 1e9;

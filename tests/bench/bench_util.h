@@ -69,6 +69,18 @@ struct bench_run {
 void bench_totals_add(struct bench_totals *tot, uint64_t reqs, uint64_t keys, uint64_t bytes,
                       uint64_t misses, uint64_t errors, const uint64_t *hist);
 
+/* bench_run_begin: take r's start clocks (and r->pid's CPU when set). */
+void bench_run_begin(struct bench_run *r);
+
+/* bench_run_end: take r's end clocks. */
+void bench_run_end(struct bench_run *r);
+
+/* bench_opt_count: a whole number >= 0 from an option argument. 0 or -1. */
+int bench_opt_count(const char *s, long long *out);
+
+/* bench_opt_secs: seconds in (0, 3600] from an option argument. 0 or -1. */
+int bench_opt_secs(const char *s, double *out);
+
 /*
  * bench_print_result: the one result line run.sh parses: mode, size, batch, conns,
  * depth, secs, GB/s, keys/s, req/s, p50_us, p99_us, misses, errors, the server's CPU

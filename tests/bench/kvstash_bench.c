@@ -1043,14 +1043,9 @@ main(int argc, char **argv)
 
     cfg.addr = env && env[0] ? env : "127.0.0.1:7431";
     while ((opt = getopt(argc, argv, "H:S:m:c:d:b:s:t:n:k:i:p:NRqh")) != -1) {
-        char *end = NULL;
         long long v = 0;
-        if (strchr("cdbnkp", opt) != NULL) {
-            errno = 0;
-            v = strtoll(optarg, &end, 10);
-            if (errno != 0 || *end != '\0' || end == optarg || v < 0) {
-                return bench_usage("numeric option expected");
-            }
+        if (strchr("cdbnkp", opt) != NULL && bench_opt_count(optarg, &v) != 0) {
+            return bench_usage("numeric option expected");
         }
         switch (opt) {
         case 'H':
@@ -1090,8 +1085,7 @@ main(int argc, char **argv)
             size_given = true;
             break;
         case 't':
-            cfg.secs = strtod(optarg, &end);
-            if (*end != '\0' || !(cfg.secs > 0 && cfg.secs <= 3600)) {
+            if (bench_opt_secs(optarg, &cfg.secs) != 0) {
                 return bench_usage("-t wants seconds in (0, 3600]");
             }
             break;
@@ -1222,16 +1216,12 @@ main(int argc, char **argv)
         .mode = bench_mode_names[cfg.mode], .vsize = cfg.vsize, .batch = cfg.batch,
         .conns = cfg.conns, .depth = cfg.depth, .pid = cfg.pid,
     };
-    run.cpu0 = cfg.pid ? bench_proc_cpu(cfg.pid) : -1;
-    run.self0 = bench_self_cpu();
-    run.t0 = bench_now_ns();
+    bench_run_begin(&run);
     pthread_barrier_wait(&barrier);
     for (int i = 0; i < cfg.conns; i++) {
         pthread_join(th[i].tid, NULL);
     }
-    run.t1 = bench_now_ns();
-    run.cpu1 = cfg.pid ? bench_proc_cpu(cfg.pid) : -1;
-    run.self1 = bench_self_cpu();
+    bench_run_end(&run);
 
     static struct bench_totals tot;
     uint64_t mism = 0;

@@ -630,14 +630,9 @@ main(int argc, char **argv)
     int opt;
 
     while ((opt = getopt(argc, argv, "H:m:c:d:b:s:t:n:k:p:qh")) != -1) {
-        char *end = NULL;
         long long v = 0;
-        if (strchr("cdbnkp", opt) != NULL) {
-            errno = 0;
-            v = strtoll(optarg, &end, 10);
-            if (errno != 0 || *end != '\0' || end == optarg || v < 0) {
-                return mc_usage("numeric option expected");
-            }
+        if (strchr("cdbnkp", opt) != NULL && bench_opt_count(optarg, &v) != 0) {
+            return mc_usage("numeric option expected");
         }
         switch (opt) {
         case 'H':
@@ -664,8 +659,7 @@ main(int argc, char **argv)
             }
             break;
         case 't':
-            cfg.secs = strtod(optarg, &end);
-            if (*end != '\0' || !(cfg.secs > 0 && cfg.secs <= 3600)) {
+            if (bench_opt_secs(optarg, &cfg.secs) != 0) {
                 return mc_usage("-t wants seconds in (0, 3600]");
             }
             break;
@@ -751,16 +745,12 @@ main(int argc, char **argv)
         .mode = mc_mode_names[cfg.mode], .vsize = cfg.vsize, .batch = cfg.batch,
         .conns = cfg.conns, .depth = cfg.depth, .pid = cfg.pid,
     };
-    run.cpu0 = cfg.pid ? bench_proc_cpu(cfg.pid) : -1;
-    run.self0 = bench_self_cpu();
-    run.t0 = bench_now_ns();
+    bench_run_begin(&run);
     pthread_barrier_wait(&barrier);
     for (int i = 0; i < cfg.conns; i++) {
         pthread_join(th[i].tid, NULL);
     }
-    run.t1 = bench_now_ns();
-    run.cpu1 = cfg.pid ? bench_proc_cpu(cfg.pid) : -1;
-    run.self1 = bench_self_cpu();
+    bench_run_end(&run);
 
     static struct bench_totals tot;
     uint64_t mism = 0;

@@ -331,14 +331,9 @@ main(int argc, char **argv)
     int opt;
 
     while ((opt = getopt(argc, argv, "L:H:m:s:b:c:d:t:n:p:w:qh")) != -1) {
-        char *end = NULL;
         long long v = 0;
-        if (strchr("Lbcdnp", opt) != NULL) {
-            errno = 0;
-            v = strtoll(optarg, &end, 10);
-            if (errno != 0 || *end != '\0' || end == optarg || v < 0) {
-                return raw_usage("numeric option expected");
-            }
+        if (strchr("Lbcdnp", opt) != NULL && bench_opt_count(optarg, &v) != 0) {
+            return raw_usage("numeric option expected");
         }
         switch (opt) {
         case 'L': listen_port = (int)(v > 0 && v < 65536 ? v : -1); break;
@@ -368,8 +363,7 @@ main(int argc, char **argv)
         case 'n': cfg.max_reqs = (uint64_t)v; break;
         case 'p': cfg.pid = (int)(v < INT_MAX ? v : 0); break;
         case 't':
-            cfg.secs = strtod(optarg, &end);
-            if (*end != '\0' || !(cfg.secs > 0 && cfg.secs <= 3600)) {
+            if (bench_opt_secs(optarg, &cfg.secs) != 0) {
                 return raw_usage("-t wants seconds in (0, 3600]");
             }
             secs_given = true;
@@ -425,16 +419,12 @@ main(int argc, char **argv)
         .mode = cfg.op == RAW_OP_GET ? "raw_get" : "raw_put", .vsize = cfg.vsize,
         .batch = cfg.batch, .conns = cfg.conns, .depth = cfg.depth, .pid = cfg.pid,
     };
-    run.cpu0 = cfg.pid ? bench_proc_cpu(cfg.pid) : -1;
-    run.self0 = bench_self_cpu();
-    run.t0 = bench_now_ns();
+    bench_run_begin(&run);
     pthread_barrier_wait(&barrier);
     for (int i = 0; i < cfg.conns; i++) {
         pthread_join(th[i].tid, NULL);
     }
-    run.t1 = bench_now_ns();
-    run.cpu1 = cfg.pid ? bench_proc_cpu(cfg.pid) : -1;
-    run.self1 = bench_self_cpu();
+    bench_run_end(&run);
 
     static struct bench_totals tot;
     int failed = 0;
