@@ -43,8 +43,8 @@
 #define CONN_IBUF_MIN (64u * 1024u)
 #define CONN_READS_PER_WAKE 16
 #define CONN_SPILL_MIN (16u * 1024u)
-#define CONN_IOV_MAX 256
 #define CONN_DISCARD_SIZE (256u * 1024u)
+#define CONN_IOV_MAX 256
 #define CONN_READAHEAD_IN_PUT 512
 #define CONN_BODY_CHUNK (128u * 1024u)    /* a value body read while the loop keeps up */
 #define CONN_BEHIND_QUEUED (1024u * 1024u) /* this much more queued: the loop is behind */
@@ -1272,10 +1272,11 @@ conn_recv_fds(struct conn *c, struct iovec *iov, int n)
  * leaves the sender idle while it copies; reads of 128 KiB keep both sides busy. Measured
  * here with raw-bench's put on one connection (the same loop, recv of 64 KiB pieces
  * against MSG_WAITALL of 1 MiB): 4.0 against 2.9 GB/s, and kvstashd's 1 MiB puts on one
- * connection went from 2.7-2.9 to 3.0-3.4 GB/s. When a read fills its piece and at least
+ * connection went from 2.4-2.9 to 3.0-3.3 GB/s. When a read fills its piece and at least
  * CONN_BEHIND_QUEUED more bytes wait (FIONREAD), the loop is behind: the sender is not
- * waiting, and fewer, larger reads cost less (with 8 connections, pieces of 64 KiB lost
- * 10%). Bodies are then read whole, until a read comes back under CONN_BEHIND_READ.
+ * waiting, and fewer, larger reads cost less (with 8 connections, 64 KiB pieces were 5%
+ * slower in raw-bench and up to 25% in kvstashd). Bodies are then read whole, until a read
+ * comes back under CONN_BEHIND_READ.
  */
 static ssize_t
 conn_read_once(struct conn *c)
