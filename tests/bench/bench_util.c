@@ -270,6 +270,16 @@ bench_run_end(struct bench_run *r)
 }
 
 int
+bench_print_usage(const char *prog, const char *text, const char *why)
+{
+    if (why != NULL) {
+        fprintf(stderr, "%s: %s\n", prog, why);
+    }
+    fputs(text, stderr);
+    return 2;
+}
+
+int
 bench_opt_count(const char *s, long long *out)
 {
     char *end = NULL;

@@ -75,6 +75,9 @@ void bench_run_begin(struct bench_run *r);
 /* bench_run_end: take r's end clocks. */
 void bench_run_end(struct bench_run *r);
 
+/* bench_print_usage: "PROG: why" (when why is set) and the usage text on stderr; returns 2. */
+int bench_print_usage(const char *prog, const char *text, const char *why);
+
 /* bench_opt_count: a whole number >= 0 from an option argument. 0 or -1. */
 int bench_opt_count(const char *s, long long *out);
 

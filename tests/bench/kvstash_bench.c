@@ -986,11 +986,7 @@ static const char bench_usage_text[] =
 static int
 bench_usage(const char *why)
 {
-    if (why != NULL) {
-        fprintf(stderr, "kvstash-bench: %s\n", why);
-    }
-    fputs(bench_usage_text, stderr);
-    return 2;
+    return bench_print_usage("kvstash-bench", bench_usage_text, why);
 }
 
 /* bench_control: the control connection: the server's limits, the optional reset. 0 or an

@@ -613,11 +613,7 @@ static const char mc_usage_text[] =
 static int
 mc_usage(const char *why)
 {
-    if (why != NULL) {
-        fprintf(stderr, "mc-bench: %s\n", why);
-    }
-    fputs(mc_usage_text, stderr);
-    return 2;
+    return bench_print_usage("mc-bench", mc_usage_text, why);
 }
 
 int

@@ -311,11 +311,7 @@ static const char raw_usage_text[] =
 static int
 raw_usage(const char *why)
 {
-    if (why != NULL) {
-        fprintf(stderr, "raw-bench: %s\n", why);
-    }
-    fputs(raw_usage_text, stderr);
-    return 2;
+    return bench_print_usage("raw-bench", raw_usage_text, why);
 }
 
 int
