@@ -162,6 +162,7 @@ static const struct conf_option conf_options[] = {
     OPT_SIZE(max_message_size,          64 * KIB, 4 * GIB,   "1g",    RELOAD),
     OPT_UINT(max_connections,           1,        1000000,   "1024",  RELOAD),
     OPT_UINT(io_threads,                0,        64,        "0",     RESTART),
+    OPT_SIZE(tcp_receive_window,        0,        GIB,       "16m",   RELOAD),
     OPT_DURATION(lease_ttl_ms,          1,        HOUR_MS,   "10s",   RELOAD),
     OPT_DURATION(put_timeout_ms,        1,        HOUR_MS,   "30s",   RELOAD),
     OPT_SIZE(client_output_limit,       64 * KIB, NO_MAX,    "64m",   RELOAD),

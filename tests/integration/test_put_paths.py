@@ -13,6 +13,7 @@ Every wait is bounded.
 import os
 import random
 import signal
+import socket
 import threading
 import time
 
@@ -90,6 +91,60 @@ def test_dribbled_burst_and_mixed_puts_read_back_byte_exact(work, transport):
             for k, v, g in zip(keys, vals, got):
                 assert g is not None and len(g) == len(v), f"{shape} {k}: size {len(g or b'')}"
                 assert g == v, f"{shape} {k}: bytes differ"
+        d.assert_alive()
+    finally:
+        d.stop()
+
+
+def tcp_rmem_max():
+    with open("/proc/sys/net/ipv4/tcp_rmem") as f:
+        return int(f.read().split()[2])
+
+
+@pytest.mark.parametrize("window", [8 * MIB, 0])
+def test_receive_window_lets_a_put_queue_while_the_daemon_is_busy(work, window):
+    """tcp_receive_window: what a client may send ahead of the daemon's reads.
+
+    With the daemon stopped, a batch_put is sent without blocking until the kernel takes no
+    more. Its own send buffer is pinned small, so what was taken waits in the daemon's
+    receive queue: at least the configured window (the kernel caps it at half of
+    net.ipv4.tcp_rmem's maximum); with 0, the 128 KiB or so a new connection starts with.
+    Then the put completes and reads back byte-exact.
+    """
+    d = Daemon(work, ("--memory_size=128m", "--ssd_dir=", "--io_threads=1",
+                      f"--tcp_receive_window={window}")).wait_ready()
+    try:
+        c = d.tcp()
+        assert c.call("ping") == "pong"  # accepted, and woken by a 16-byte request
+        c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
+        keys, vals = batch(f"window-{window}", 7)
+        keys, vals = keys[:1] + [b"big"], vals[:1] + [random.Random(3).randbytes(24 * MIB)]
+        msgid, data = c.request("batch_put", [keys, vals])
+        sent = 0
+        os.kill(d.pid, signal.SIGSTOP)
+        try:
+            c.sock.settimeout(0)
+            last = time.monotonic()
+            while time.monotonic() - last < 0.3 and sent < len(data):
+                try:
+                    sent += c.sock.send(data[sent:sent + MIB])
+                    last = time.monotonic()
+                except BlockingIOError:
+                    time.sleep(0.01)
+        finally:
+            os.kill(d.pid, signal.SIGCONT)
+            c.sock.settimeout(30)
+        want = min(window, tcp_rmem_max() // 2)
+        if window:
+            assert sent >= want, f"{sent} bytes queued, want {want}"
+        else:
+            assert sent < 2 * MIB, f"{sent} bytes queued with the kernel's starting window"
+        c.sock.sendall(data[sent:])
+        msg = c.recv()
+        assert msg[1] == msgid and msg[2] is None and msg[3] == [0, 0], msg
+        got = c.call("batch_get", keys)
+        assert [len(g or b"") for g in got] == [len(v) for v in vals]
+        assert got == vals
         d.assert_alive()
     finally:
         d.stop()

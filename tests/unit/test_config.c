@@ -126,6 +126,7 @@ static const char *const changed_values[][2] = {
     {"max_message_size", "512m"},
     {"max_connections", "10"},
     {"io_threads", "3"},
+    {"tcp_receive_window", "0"},
     {"lease_ttl_ms", "5s"},
     {"client_output_max", "8g"},
     {"client_output_timeout", "90s"},
@@ -167,6 +168,7 @@ static const char *const changed_values[][2] = {
 static const char *const reloadable_keys[] = {
     "log_level",       "log_file",         "lease_ttl_ms",        "put_timeout_ms", "max_key_size",
     "max_value_size",  "max_batch",        "max_message_size",    "max_connections",
+    "tcp_receive_window",
     "client_output_limit", "shutdown_timeout_ms", "eviction_high_watermark",
     "eviction_low_watermark", "ssd_bucket_size", "ssd_eviction", "ssd_high_watermark",
     "ssd_low_watermark", "ssd_offload", "ssd_promote", "require_auth", "client_output_max",
@@ -309,6 +311,7 @@ Test(config, defaults)
     cr_expect_eq(c.max_message_size, 1ull << 30);
     cr_expect_eq(c.max_connections, 1024);
     cr_expect_eq(c.io_threads, 0);
+    cr_expect_eq(c.tcp_receive_window, 16ull << 20);
     cr_expect_eq(c.lease_ttl_ms, 10000);
     cr_expect_eq(c.client_output_limit, 64ull << 20);
     cr_expect_eq(c.client_inflight_max, 16384);
@@ -770,7 +773,7 @@ Test(config, apply_reloadable_copies_only_reloadable_keys)
     }
     /* ...and what changed from before is exactly the reloadable ones. */
     d.n = 0;
-    cr_expect_eq(conf_diff(&before, &running, diff_collect, &d), 31);
+    cr_expect_eq(conf_diff(&before, &running, diff_collect, &d), 32);
     for (int i = 0; i < d.n; i++) {
         cr_expect(d.reloadable[i], "%s needs a restart but was applied", d.keys[i]);
     }
