@@ -50,7 +50,7 @@ CORE_SRC := src/kverr.c src/config.c src/log.c \
             storage/alloc.c storage/store.c storage/store_tier.c storage/store_hash.c storage/crc32c.c storage/ssd_record.c \
             storage/ssd_index.c storage/ssd.c storage/ssd_bucket.c storage/ssd_writer.c \
             storage/copier.c storage/shmbuf.c \
-            protocol/frame.c protocol/mp.c protocol/outq.c protocol/rpc.c protocol/rpc_shm.c protocol/rpc_direct.c protocol/rpc_rdma.c
+            protocol/frame.c protocol/mp.c protocol/outq.c protocol/tcpopt.c protocol/rpc.c protocol/rpc_shm.c protocol/rpc_direct.c protocol/rpc_rdma.c
 # the RDMA data port, its verbs table (or the RDMA=0 stub) and the emulation tests use
 RDMA_SRC := rdma/rdma_port.c rdma/rdma_emu.c
 ifeq ($(RDMA),1)
@@ -64,11 +64,11 @@ endif
 CORE_SRC += $(RDMA_SRC)
 DAEMON_SRC := src/main.c src/server.c src/conn.c src/stats.c src/tls.c
 CLIENT_SRC := protocol/kvstash.c protocol/kvstash_async.c protocol/kvstash_wire.c protocol/kvstash_rdma.c \
-              protocol/mp.c protocol/frame.c src/kverr.c $(RDMA_SRC)
+              protocol/mp.c protocol/frame.c protocol/tcpopt.c src/kverr.c $(RDMA_SRC)
 CLI_SRC := protocol/kvstash_cli.c
 BENCH_SRC := tests/bench/kvstash_bench.c tests/bench/bench_util.c
-MCBENCH_SRC := tests/bench/mc_bench.c tests/bench/bench_util.c
-RAWBENCH_SRC := tests/bench/raw_bench.c tests/bench/bench_util.c
+MCBENCH_SRC := tests/bench/mc_bench.c tests/bench/bench_util.c protocol/tcpopt.c
+RAWBENCH_SRC := tests/bench/raw_bench.c tests/bench/bench_util.c protocol/tcpopt.c
 UNIT_SRC := $(wildcard tests/unit/test_*.c)
 INTEG_SRC := $(wildcard tests/integration/test_*.c) $(wildcard tests/lib/*.c)
 

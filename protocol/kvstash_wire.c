@@ -43,6 +43,7 @@
 #include <msgpack.h>
 
 #include "kverr.h"
+#include "tcpopt.h"
 
 #ifndef IOV_MAX
 #define IOV_MAX 1024
@@ -1545,6 +1546,9 @@ kvstash_wire_connect_tcp(const char *addr, int timeout_ms, int *fdp)
         if (rc == 0) {
             int one = 1;
             (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+            if (tcpopt_same_host(fd)) {
+                (void)tcpopt_congestion(fd, TCPOPT_LOCAL_CONGESTION); /* else the host's */
+            }
             *fdp = fd;
             break;
         }

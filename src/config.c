@@ -73,6 +73,7 @@ static conf_check_fn conf_check_unix_socket;
 static conf_check_fn conf_check_data_dir;
 static conf_check_fn conf_check_node_id;
 static conf_check_fn conf_check_ssd_dir;
+static conf_check_fn conf_check_congestion;
 
 /*
  * ssd_dir's default. conf_finalize replaces it with <data_dir>/ssd; until then it stands for
@@ -163,6 +164,9 @@ static const struct conf_option conf_options[] = {
     OPT_UINT(max_connections,           1,        1000000,   "1024",  RELOAD),
     OPT_UINT(io_threads,                0,        64,        "0",     RESTART),
     OPT_SIZE(tcp_receive_window,        0,        GIB,       "16m",   RELOAD),
+    /*         name                     default           reload   extra check */
+    OPT_STRING(local_tcp_congestion,    "cubic",          RELOAD,  conf_check_congestion),
+    /*         name                     min       max        default  reload */
     OPT_DURATION(lease_ttl_ms,          1,        HOUR_MS,   "10s",   RELOAD),
     OPT_DURATION(put_timeout_ms,        1,        HOUR_MS,   "30s",   RELOAD),
     OPT_SIZE(client_output_limit,       64 * KIB, NO_MAX,    "64m",   RELOAD),
@@ -582,6 +586,20 @@ conf_check_ssd_dir(const char *v)
         strncmp(v, CONF_DATA_DIR_TAG, strlen(CONF_DATA_DIR_TAG)) == 0) {
         return "<data_dir> is only understood in the default, <data_dir>/ssd (write the whole "
                "path, or \"\" for no SSD tier)";
+    }
+    return NULL;
+}
+
+static const char *
+conf_check_congestion(const char *v)
+{
+    size_t n = strlen(v);
+
+    /* The kernel's names (TCP_CA_NAME_MAX is 16 with the NUL); whether it has this one
+     * is only known when a connection asks for it. */
+    if (n > 15 || strspn(v, "abcdefghijklmnopqrstuvwxyz0123456789_-") != n) {
+        return "bad congestion control name (up to 15 lowercase letters, digits, '_' or '-', "
+               "as net.ipv4.tcp_available_congestion_control lists them)";
     }
     return NULL;
 }

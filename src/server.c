@@ -37,6 +37,7 @@
 #include "stats.h"
 #include "ssd.h"
 #include "store.h"
+#include "tcpopt.h"
 #include "tls.h"
 
 #include <openssl/ssl.h>
@@ -296,6 +297,25 @@ server_rcv_window(int fd, uint64_t bytes)
     return setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &v, sizeof(v));
 }
 
+/*
+ * server_congestion: give accepted TCP connection fd the congestion control `name` when
+ * its client is on this host (tcpopt.h says why); "" or a client elsewhere keeps the
+ * host's. A kernel without it is logged once and otherwise ignored.
+ */
+static void
+server_congestion(struct server *s, int fd, const char *name)
+{
+    if (name[0] == '\0' || !tcpopt_same_host(fd)) {
+        return;
+    }
+    int rc = tcpopt_congestion(fd, name);
+    if (rc != 0 && !s->congestion_warned) {
+        s->congestion_warned = true;
+        log_warn("local_tcp_congestion %s: %s; same-host connections keep the host's "
+                 "(see net.ipv4.tcp_available_congestion_control)", name, kv_strerror(rc));
+    }
+}
+
 static void
 server_on_accept(evutil_socket_t lfd, short what, void *arg)
 {
@@ -352,6 +372,7 @@ server_on_accept(evutil_socket_t lfd, short what, void *arg)
                 close(fd);
                 continue;
             }
+            server_congestion(s, fd, conf->local_tcp_congestion);
         }
         struct worker *w = &s->workers[s->next_worker];
         s->next_worker = (s->next_worker + 1) % s->nworkers;

@@ -187,6 +187,7 @@ raw_serve(int port, size_t ws, double secs)
             continue;
         }
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        bench_tcp_local(fd); /* as kvstashd's local_tcp_congestion */
         pthread_t tid;
         pthread_attr_t attr;
         pthread_attr_init(&attr);

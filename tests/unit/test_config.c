@@ -127,6 +127,7 @@ static const char *const changed_values[][2] = {
     {"max_connections", "10"},
     {"io_threads", "3"},
     {"tcp_receive_window", "0"},
+    {"local_tcp_congestion", "reno"},
     {"lease_ttl_ms", "5s"},
     {"client_output_max", "8g"},
     {"client_output_timeout", "90s"},
@@ -168,7 +169,7 @@ static const char *const changed_values[][2] = {
 static const char *const reloadable_keys[] = {
     "log_level",       "log_file",         "lease_ttl_ms",        "put_timeout_ms", "max_key_size",
     "max_value_size",  "max_batch",        "max_message_size",    "max_connections",
-    "tcp_receive_window",
+    "tcp_receive_window", "local_tcp_congestion",
     "client_output_limit", "shutdown_timeout_ms", "eviction_high_watermark",
     "eviction_low_watermark", "ssd_bucket_size", "ssd_eviction", "ssd_high_watermark",
     "ssd_low_watermark", "ssd_offload", "ssd_promote", "require_auth", "client_output_max",
@@ -312,6 +313,7 @@ Test(config, defaults)
     cr_expect_eq(c.max_connections, 1024);
     cr_expect_eq(c.io_threads, 0);
     cr_expect_eq(c.tcp_receive_window, 16ull << 20);
+    cr_expect_str_eq(c.local_tcp_congestion, "cubic");
     cr_expect_eq(c.lease_ttl_ms, 10000);
     cr_expect_eq(c.client_output_limit, 64ull << 20);
     cr_expect_eq(c.client_inflight_max, 16384);
@@ -461,6 +463,10 @@ Test(config, file_errors_name_path_line_and_text, .init = tmp_setup, .fini = tmp
                       "'max_key_size 65537': out of range (min 1, max 64k)");
     expect_file_error("max_batch 0\n", 1, "'max_batch 0': out of range (min 1, max 1048576)");
     expect_file_error("io_threads 65\n", 1, "'io_threads 65': out of range (min 0, max 64)");
+    expect_file_error("local_tcp_congestion BBR\n", 1,
+                      "'local_tcp_congestion BBR': bad congestion control name (up to 15 "
+                      "lowercase letters, digits, '_' or '-', as "
+                      "net.ipv4.tcp_available_congestion_control lists them)");
     expect_file_error("lease_ttl_ms 0\n", 1, "'lease_ttl_ms 0': out of range (min 1ms, max 1h)");
     expect_file_error("lease_ttl_ms 61m\n", 1,
                       "'lease_ttl_ms 61m': out of range (min 1ms, max 1h)");
@@ -773,7 +779,7 @@ Test(config, apply_reloadable_copies_only_reloadable_keys)
     }
     /* ...and what changed from before is exactly the reloadable ones. */
     d.n = 0;
-    cr_expect_eq(conf_diff(&before, &running, diff_collect, &d), 32);
+    cr_expect_eq(conf_diff(&before, &running, diff_collect, &d), 33);
     for (int i = 0; i < d.n; i++) {
         cr_expect(d.reloadable[i], "%s needs a restart but was applied", d.keys[i]);
     }
