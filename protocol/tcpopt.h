@@ -4,12 +4,16 @@
  * open: whether the peer is on this host, and the congestion control such a connection
  * should use.
  *
- * Why same-host connections get their own congestion control: a pacing algorithm (bbr,
- * the default on some hosts) sizes what it keeps in flight by the path it measures, and
- * over loopback that path is microseconds long. Measured on a 2-core VM whose default is
- * bbr, one connection putting 1 MiB values: 3.0-3.2 GB/s with about one segment in 30
- * retransmitted and a congestion window of 18 segments; with cubic on the sending socket,
- * 5.1-5.2 GB/s and no retransmissions. Connections from other hosts keep the host's choice.
+ * Why same-host connections get their own congestion control: over loopback there is no
+ * path to share, and algorithms made for one misjudge a round trip of microseconds.
+ * Measured on a 2-core VM whose default is bbr, one connection putting 1 MiB values:
+ *   bbr    3.0-3.2 GB/s; it paces segments and kept 18 in flight, one in 30 retransmitted
+ *   cubic  5.0-5.5 GB/s in some runs, 2.6-3.3 in others: HyStart ended slow start at 16-50
+ *          segments when ACKs came in a train, and from then on segments sent from both
+ *          CPUs arrived out of order, about 1,000 retransmitted per 2 GB
+ *   reno   4.0-5.1 GB/s, which has neither; gets on 8 connections: 6.9-7.4 GB/s against
+ *          cubic's 5.4-6.6
+ * Connections from other hosts keep the host's choice.
  *
  * Plain functions on a descriptor: no state, no allocation, safe from any thread.
  */
@@ -17,7 +21,7 @@
 #define TCPOPT_H
 
 /* The congestion control libkvstash sets on a TCP connection to its own host. */
-#define TCPOPT_LOCAL_CONGESTION "cubic"
+#define TCPOPT_LOCAL_CONGESTION "reno"
 
 /*
  * tcpopt_same_host: 1 if the connected TCP socket fd talks to this host (its peer has a

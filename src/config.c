@@ -165,7 +165,7 @@ static const struct conf_option conf_options[] = {
     OPT_UINT(io_threads,                0,        64,        "0",     RESTART),
     OPT_SIZE(tcp_receive_window,        0,        GIB,       "16m",   RELOAD),
     /*         name                     default           reload   extra check */
-    OPT_STRING(local_tcp_congestion,    "cubic",          RELOAD,  conf_check_congestion),
+    OPT_STRING(local_tcp_congestion,    "reno",           RELOAD,  conf_check_congestion),
     /*         name                     min       max        default  reload */
     OPT_DURATION(lease_ttl_ms,          1,        HOUR_MS,   "10s",   RELOAD),
     OPT_DURATION(put_timeout_ms,        1,        HOUR_MS,   "30s",   RELOAD),

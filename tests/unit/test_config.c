@@ -127,7 +127,7 @@ static const char *const changed_values[][2] = {
     {"max_connections", "10"},
     {"io_threads", "3"},
     {"tcp_receive_window", "0"},
-    {"local_tcp_congestion", "reno"},
+    {"local_tcp_congestion", "cubic"},
     {"lease_ttl_ms", "5s"},
     {"client_output_max", "8g"},
     {"client_output_timeout", "90s"},
@@ -313,7 +313,7 @@ Test(config, defaults)
     cr_expect_eq(c.max_connections, 1024);
     cr_expect_eq(c.io_threads, 0);
     cr_expect_eq(c.tcp_receive_window, 16ull << 20);
-    cr_expect_str_eq(c.local_tcp_congestion, "cubic");
+    cr_expect_str_eq(c.local_tcp_congestion, "reno");
     cr_expect_eq(c.lease_ttl_ms, 10000);
     cr_expect_eq(c.client_output_limit, 64ull << 20);
     cr_expect_eq(c.client_inflight_max, 16384);
