@@ -59,8 +59,8 @@ struct kv_config {
     uint64_t max_message_size;        /* wire bytes of one request; default 1 GiB */
     uint64_t max_connections;         /* default 1024 */
     uint64_t io_threads;              /* event loops; 0 before finalize = cores, at most 8 */
-    uint64_t tcp_receive_window;      /* unread bytes a TCP connection may queue; 16 MiB; 0 = kernel's */
-    char local_tcp_congestion[CONF_STR_MAX]; /* same-host TCP connections; "reno"; "" = host's */
+    uint64_t tcp_receive_window;      /* a TCP connection's first window; 16 MiB; 0 = kernel's */
+    char local_tcp_congestion[CONF_STR_MAX]; /* of same-host TCP; "reno"; "" = host's */
     uint64_t lease_ttl_ms;            /* default 10 s */
     uint64_t put_timeout_ms;          /* put_start reservations never ended are reclaimed; 30 s */
     uint64_t client_output_limit;     /* stop reading a connection above this much unsent output; default 64 MiB */

@@ -20,7 +20,9 @@
  *
  * The client prints the same key=value result line as kvstash-bench (mode raw_get or
  * raw_put). Every run ends by time (-t) or count (-n); the server ends after -t seconds
- * (default an hour) or when killed. It links libc and pthreads only.
+ * (default an hour) or when killed. Both ends give a same-host connection the congestion
+ * control kvstashd and libkvstash use (bench_tcp_local), so the ceiling is measured on
+ * the same footing. It links libc, pthreads and protocol/tcpopt.c only.
  */
 #include <errno.h>
 #include <getopt.h>
