@@ -173,6 +173,15 @@ size_bytes() {
     esac
 }
 
+# put_bound CONNS BATCH SIZE: requests per connection of a put row, so that a run writes
+# three quarters of memory_size and never needs eviction. kvstashd's, memcached's and raw
+# TCP's put rows all stop there, so they move the same bytes in about the same time.
+put_bound() {
+    local per=$(( mem_bytes * 3 / 4 / ($1 * $2 * $(size_bytes "$3")) ))
+    [ "$per" -lt 1 ] && per=1
+    echo "$per"
+}
+
 # median_line METRIC LINES...: the line whose METRIC is the median.
 median_line() {
     local metric=$1
@@ -193,10 +202,7 @@ for row in "${matrix[@]}"; do
     args=(-H "$addr" -m "$mode" -s "$size" -b "$batch" -c "$conns" -d "$depth" -t "$SECS"
           -p "$kvd_pid" -R -q)
     if [ "$mode" = put ]; then
-        # bound the bytes written so a run never needs eviction
-        per=$(( mem_bytes * 3 / 4 / (conns * batch * $(size_bytes "$size")) ))
-        [ "$per" -lt 1 ] && per=1
-        args+=(-n "$per")
+        args+=(-n "$(put_bound "$conns" "$batch" "$size")")
     fi
     echo "== $name: batch_${mode/exists/is_exist} of $batch x $size, $conns conn(s), depth $depth"
     show "$BENCH" "${args[@]}"
@@ -298,11 +304,8 @@ else
             -c "$conns" -d 2 -t "$SECS" -p "$kvd_pid" -R -q
     done
     for conns in 1 8; do
-        # the put rows' bound: never more than 3/4 of memory_size, so no eviction
-        per=$(( mem_bytes * 3 / 4 / (conns * 8 * 1048576) ))
-        [ "$per" -lt 1 ] && per=1
         bench_row "put_from-1m-c$conns" "$BENCH" -S "$sock" -m put_from -s 1m -b 8 \
-            -c "$conns" -d 2 -t "$SECS" -p "$kvd_pid" -R -q -n "$per"
+            -c "$conns" -d 2 -t "$SECS" -p "$kvd_pid" -R -q -n "$(put_bound "$conns" 8 1m)"
     done
     shm_table+=("$(printf '%-17s %-44s %-14s %-16s %s' "shm test" "median" "vs memcpy" \
                 "vs TCP row" "targets: >= 0.50 memcpy, >= 3.00x TCP")")
@@ -325,8 +328,9 @@ fi
 # What loopback TCP carries with no store behind it, in the matrix's own shapes: raw-bench
 # (tests/bench/raw_bench.c) answers each request of batch x size bytes from a 1 GiB working
 # set walked in order (memory not in cache, like kvstashd's arena), one blocking thread per
-# connection, and receives puts the same way. Each kvstashd row is then shown as a fraction
-# of it. The server's lifetime is bounded by its -t; it is killed when the section ends.
+# connection, and receives puts the same way; put rows stop at kvstashd's byte count
+# (put_bound). Each kvstashd row is then shown as a fraction of it. The server's lifetime
+# is bounded by its -t; it is killed when the section ends.
 if [ ! -x "$RAWBENCH" ]; then
     echo "== raw TCP: skipped: no raw-bench at $RAWBENCH (make bench builds it)"
     echo
@@ -354,8 +358,10 @@ else
     for row in "${matrix_raw[@]}"; do
         read -r name mode size batch conns depth <<<"$row"
         [ "$mode" = exists ] && continue
+        bound=()
+        [ "$mode" = put ] && bound=(-n "$(put_bound "$conns" "$batch" "$size")")
         bench_row "raw-$name" "$RAWBENCH" -H "127.0.0.1:$rawport" -m "$mode" -s "$size" \
-            -b "$batch" -c "$conns" -d "$depth" -t "$SECS" -p "$raw_pid" -q
+            -b "$batch" -c "$conns" -d "$depth" -t "$SECS" "${bound[@]}" -p "$raw_pid" -q
     done
     kill "$raw_pid" 2>/dev/null
     wait "$raw_pid" 2>/dev/null
@@ -521,10 +527,7 @@ mc_peer() {
                 continue
             fi
             echo "   populated: $(field GB/s "$(cat "$tmp/mc.out")") GB/s while filling"
-            # the same bound as kvstashd's put rows
-            per=$(( mem_bytes * 3 / 4 / (conns * batch * $(size_bytes "$size")) ))
-            [ "$per" -lt 1 ] && per=1
-            args+=(-n "$per")
+            args+=(-n "$(put_bound "$conns" "$batch" "$size")") # as kvstashd's put rows
         fi
         show "$MCBENCH" "${args[@]}"
         lines=()
