@@ -1,8 +1,9 @@
 """Integration: the congestion control kvstashd gives TCP connections from this host.
 
 local_tcp_congestion names the algorithm of connections whose client is on this host (reno
-unless set; see protocol/tcpopt.h for why); "" leaves them to the host's default. The daemon's side of a
-connection is read with ss (iproute2), and the test is skipped, saying so, without it.
+unless set; see protocol/tcpopt.h for why); "" leaves them to the host's default. The
+daemon's side of a connection is read with ss (iproute2), and the test is skipped, saying
+so, without it.
 """
 
 import shutil
@@ -24,7 +25,7 @@ def server_side_algorithm(port, client_port):
     out = subprocess.run(["ss", "-tin", "state", "established",
                           f"( sport = :{port} and dport = :{client_port} )"],
                          capture_output=True, text=True, timeout=10, check=True).stdout
-    lines = [l.split() for l in out.splitlines()[1:] if l.strip()]
+    lines = [ln.split() for ln in out.splitlines()[1:] if ln.strip()]
     assert len(lines) == 2, out  # the socket's line, then its details
     return lines[1][0]
 
