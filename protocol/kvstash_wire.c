@@ -1546,9 +1546,7 @@ kvstash_wire_connect_tcp(const char *addr, int timeout_ms, int *fdp)
         if (rc == 0) {
             int one = 1;
             (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-            if (tcpopt_same_host(fd)) {
-                (void)tcpopt_congestion(fd, TCPOPT_LOCAL_CONGESTION); /* else the host's */
-            }
+            (void)tcpopt_local_congestion(fd, TCPOPT_LOCAL_CONGESTION); /* else the host's */
             *fdp = fd;
             break;
         }

@@ -54,3 +54,9 @@ tcpopt_congestion(int fd, const char *name)
     }
     return 0;
 }
+
+int
+tcpopt_local_congestion(int fd, const char *name)
+{
+    return tcpopt_same_host(fd) ? tcpopt_congestion(fd, name) : 0;
+}

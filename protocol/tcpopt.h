@@ -39,4 +39,11 @@ int tcpopt_same_host(int fd);
  */
 int tcpopt_congestion(int fd, const char *name);
 
+/*
+ * tcpopt_local_congestion: tcpopt_congestion(fd, name) when tcpopt_same_host(fd), which is
+ * what every kvstash end does with a connection it opens or accepts. Returns 0 (set, or
+ * a peer elsewhere: the host's algorithm stays) or tcpopt_congestion's -errno.
+ */
+int tcpopt_local_congestion(int fd, const char *name);
+
 #endif /* TCPOPT_H */

@@ -305,10 +305,10 @@ server_rcv_window(int fd, uint64_t bytes)
 static void
 server_congestion(struct server *s, int fd, const char *name)
 {
-    if (name[0] == '\0' || !tcpopt_same_host(fd)) {
+    if (name[0] == '\0') {
         return;
     }
-    int rc = tcpopt_congestion(fd, name);
+    int rc = tcpopt_local_congestion(fd, name);
     if (rc != 0 && !s->congestion_warned) {
         s->congestion_warned = true;
         log_warn("local_tcp_congestion %s: %s; same-host connections keep the host's "

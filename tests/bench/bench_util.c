@@ -201,7 +201,7 @@ bench_connect(const char *addr, const char *default_port, int unix_ok, int *fdp)
         if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
             int one = 1;
             setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-            bench_tcp_local(fd);
+            (void)tcpopt_local_congestion(fd, TCPOPT_LOCAL_CONGESTION); /* as libkvstash */
             *fdp = fd;
             rc = 0;
             break;
@@ -211,14 +211,6 @@ bench_connect(const char *addr, const char *default_port, int unix_ok, int *fdp)
     }
     freeaddrinfo(res);
     return rc;
-}
-
-void
-bench_tcp_local(int fd)
-{
-    if (tcpopt_same_host(fd)) {
-        (void)tcpopt_congestion(fd, TCPOPT_LOCAL_CONGESTION); /* else the host's */
-    }
 }
 
 int

@@ -37,17 +37,12 @@ void bench_key_ctr(uint8_t *digits, uint64_t ctr);
 
 /*
  * bench_connect: connect to "host:port", "[v6]:port", "host" (default_port) or, when
- * unix_ok, "unix:/path" or a path containing '/'. TCP_NODELAY on TCP, and
- * bench_tcp_local. 0 and *fdp, or -errno (-ENXIO for a name that does not resolve).
+ * unix_ok, "unix:/path" or a path containing '/'. TCP_NODELAY on TCP, and libkvstash's
+ * congestion control when the server is on this host (tcpopt.h), so every load generator
+ * sends the way kvstash clients do. 0 and *fdp, or -errno (-ENXIO for a name that does
+ * not resolve).
  */
 int bench_connect(const char *addr, const char *default_port, int unix_ok, int *fdp);
-
-/*
- * bench_tcp_local: give TCP socket fd libkvstash's congestion control for a peer on this
- * host (tcpopt.h), as kvstashd does on its side, so that every load generator and
- * raw-bench's server send the way kvstashd and its clients do. Nothing for other peers.
- */
-void bench_tcp_local(int fd);
 
 /*
  * bench_send_all: send iov[0..n) completely (the array is consumed: pass a scratch

@@ -21,7 +21,7 @@
  * The client prints the same key=value result line as kvstash-bench (mode raw_get or
  * raw_put). Every run ends by time (-t) or count (-n); the server ends after -t seconds
  * (default an hour) or when killed. Both ends give a same-host connection the congestion
- * control kvstashd and libkvstash use (bench_tcp_local), so the ceiling is measured on
+ * control kvstashd and libkvstash use (tcpopt.h), so the ceiling is measured on
  * the same footing. It links libc, pthreads and protocol/tcpopt.c only.
  */
 #include <errno.h>
@@ -43,6 +43,7 @@
 #include <unistd.h>
 
 #include "bench_util.h"
+#include "tcpopt.h"
 
 #define RAW_MAGIC 0x52415742u          /* "RAWB" */
 #define RAW_OP_GET 1u
@@ -189,7 +190,7 @@ raw_serve(int port, size_t ws, double secs)
             continue;
         }
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-        bench_tcp_local(fd); /* as kvstashd's local_tcp_congestion */
+        (void)tcpopt_local_congestion(fd, TCPOPT_LOCAL_CONGESTION); /* as kvstashd */
         pthread_t tid;
         pthread_attr_t attr;
         pthread_attr_init(&attr);
