@@ -84,9 +84,9 @@ struct kvstash_stat {
  * kvstash_connect: connect to "host:port", "[v6]:port", "unix:/path" or a
  * path containing '/', then send hello. Returns 0 and *out, or a negative
  * errno (-ECONNREFUSED, ...), or a KV code the server answered to hello.
- * A TCP connection to this host uses the reno congestion control when the
- * kernel lets it (the daemon's local_tcp_congestion; see README "Loopback
- * TCP"); other connections keep the host's.
+ * A TCP connection to this host uses the reno congestion control, set before
+ * connecting, when the kernel lets it (the daemon's local_tcp_congestion; see
+ * README "Loopback TCP"); other connections keep the host's.
  */
 int kvstash_connect(const char *addr, struct kvstash **out);
 

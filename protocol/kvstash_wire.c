@@ -1542,11 +1542,12 @@ kvstash_wire_connect_tcp(const char *addr, int timeout_ms, int *fdp)
             rc = -errno;
             continue;
         }
+        /* before the handshake, or it comes too late (tcpopt.h); elsewhere: the host's */
+        (void)tcpopt_connect_congestion(fd, ai->ai_addr, ai->ai_addrlen, TCPOPT_LOCAL_CONGESTION);
         rc = kvstash_wire_sock_connect(fd, ai->ai_addr, ai->ai_addrlen, timeout_ms);
         if (rc == 0) {
             int one = 1;
             (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-            (void)tcpopt_local_congestion(fd, TCPOPT_LOCAL_CONGESTION); /* else the host's */
             *fdp = fd;
             break;
         }

@@ -7,8 +7,10 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 /* 1 if a is a loopback address (127/8, ::1, or 127/8 mapped into IPv6). */
 static int
@@ -56,7 +58,87 @@ tcpopt_congestion(int fd, const char *name)
 }
 
 int
-tcpopt_local_congestion(int fd, const char *name)
+tcpopt_addr_same_host(const struct sockaddr *addr, socklen_t len)
 {
-    return tcpopt_same_host(fd) ? tcpopt_congestion(fd, name) : 0;
+    struct sockaddr_storage dst, src;
+    socklen_t slen = sizeof(src);
+
+    if (addr == NULL || len > sizeof(dst) ||
+        !((addr->sa_family == AF_INET && len >= sizeof(struct sockaddr_in)) ||
+          (addr->sa_family == AF_INET6 && len >= sizeof(struct sockaddr_in6)))) {
+        return 0;
+    }
+    memset(&dst, 0, sizeof(dst));
+    memcpy(&dst, addr, len);
+    if (tcpopt_is_loopback(&dst)) {
+        return 1;
+    }
+    /* Which source address would the kernel use? A local route answers with addr itself. */
+    int fd = socket(dst.ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        return 0;
+    }
+    int same = connect(fd, (struct sockaddr *)&dst, len) == 0 &&
+               getsockname(fd, (struct sockaddr *)&src, &slen) == 0 &&
+               src.ss_family == dst.ss_family &&
+               (dst.ss_family == AF_INET
+                    ? ((struct sockaddr_in *)&src)->sin_addr.s_addr ==
+                          ((struct sockaddr_in *)&dst)->sin_addr.s_addr
+                    : memcmp(&((struct sockaddr_in6 *)&src)->sin6_addr,
+                             &((struct sockaddr_in6 *)&dst)->sin6_addr,
+                             sizeof(struct in6_addr)) == 0);
+    close(fd);
+    return same;
+}
+
+int
+tcpopt_connect_congestion(int fd, const struct sockaddr *addr, socklen_t len, const char *name)
+{
+    return tcpopt_addr_same_host(addr, len) ? tcpopt_congestion(fd, name) : 0;
+}
+
+/* fd's algorithm into buf (size > 1), NUL-terminated; 0 or -errno. */
+static int
+tcpopt_get_congestion(int fd, char *buf, size_t size)
+{
+    socklen_t len = (socklen_t)(size - 1);
+
+    if (getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, buf, &len) != 0) {
+        return -errno;
+    }
+    buf[len] = '\0';
+    return 0;
+}
+
+int
+tcpopt_host_congestion(char *buf, size_t size)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+    if (fd < 0) {
+        fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0) {
+            return -errno;
+        }
+    }
+    int rc = tcpopt_get_congestion(fd, buf, size);
+    close(fd);
+    return rc;
+}
+
+int
+tcpopt_accepted_congestion(int fd, const char *name, int same_host)
+{
+    char want[TCPOPT_NAME_MAX], have[TCPOPT_NAME_MAX];
+    int rc;
+
+    if (same_host && name[0] != '\0') {
+        snprintf(want, sizeof(want), "%s", name);
+    } else if ((rc = tcpopt_host_congestion(want, sizeof(want))) != 0) {
+        return rc;
+    }
+    if ((rc = tcpopt_get_congestion(fd, have, sizeof(have))) != 0) {
+        return rc;
+    }
+    return strcmp(have, want) == 0 ? 0 : tcpopt_congestion(fd, want);
 }

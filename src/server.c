@@ -297,22 +297,64 @@ server_rcv_window(int fd, uint64_t bytes)
     return setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &v, sizeof(v));
 }
 
+/* A congestion control that could not be set: logged once per local_tcp_congestion. */
+static void
+server_congestion_warn(struct server *s, const char *name, int rc)
+{
+    if (!s->congestion_warned) {
+        s->congestion_warned = true;
+        log_warn("local_tcp_congestion \"%s\": %s; connections keep the host's algorithm "
+                 "(see net.ipv4.tcp_available_congestion_control)", name, kv_strerror(rc));
+    }
+}
+
 /*
- * server_congestion: give accepted TCP connection fd the congestion control `name` when
- * its client is on this host (tcpopt.h says why); "" or a client elsewhere keeps the
- * host's. A kernel without it is logged once and otherwise ignored.
+ * server_listen_congestion: give the TCP listeners (listen, tls_listen) the congestion
+ * control `name`, which the connections they accept inherit before their handshake: set
+ * after accept it would come too late (tcpopt.h). "" after a name puts the host's default
+ * back; "" on listeners never given one leaves them alone. Main thread (start, reload).
+ */
+static void
+server_listen_congestion(struct server *s, const char *name)
+{
+    char host[TCPOPT_NAME_MAX];
+    const char *set = name;
+    int fds[2] = {s->tcp_fd, s->tls_fd};
+
+    if (name[0] == '\0') {
+        int rc = s->listen_congestion ? tcpopt_host_congestion(host, sizeof(host)) : 0;
+        if (rc != 0) {
+            server_congestion_warn(s, name, rc);
+        }
+        if (!s->listen_congestion || rc != 0) {
+            return;
+        }
+        set = host;
+    }
+    for (int i = 0; i < 2; i++) {
+        int rc = fds[i] >= 0 ? tcpopt_congestion(fds[i], set) : 0;
+        if (rc != 0) {
+            server_congestion_warn(s, set, rc);
+        }
+    }
+    s->listen_congestion = true;
+}
+
+/*
+ * server_congestion: settle accepted TCP connection fd, which inherited the listener's
+ * algorithm: a client on this host keeps local_tcp_congestion `name`; a client elsewhere
+ * (or any, with "") is switched to the host's default before any data. Nothing to do
+ * while the listeners were never given an algorithm.
  */
 static void
 server_congestion(struct server *s, int fd, const char *name)
 {
-    if (name[0] == '\0') {
+    if (name[0] == '\0' && !s->listen_congestion) {
         return;
     }
-    int rc = tcpopt_local_congestion(fd, name);
-    if (rc != 0 && !s->congestion_warned) {
-        s->congestion_warned = true;
-        log_warn("local_tcp_congestion %s: %s; same-host connections keep the host's "
-                 "(see net.ipv4.tcp_available_congestion_control)", name, kv_strerror(rc));
+    int rc = tcpopt_accepted_congestion(fd, name, tcpopt_same_host(fd));
+    if (rc != 0) {
+        server_congestion_warn(s, name, rc);
     }
 }
 
@@ -820,6 +862,10 @@ server_reload(struct server *s)
     }
     s->old_confs = olds;
     s->old_confs[s->nold++] = (struct kv_config *)cur;
+    if (strcmp(next->local_tcp_congestion, cur->local_tcp_congestion) != 0) {
+        s->congestion_warned = false; /* a new name's failure is logged again */
+        server_listen_congestion(s, next->local_tcp_congestion);
+    }
     atomic_store_explicit(&s->conf, next, memory_order_release);
     free(fresh);
     server_notify_workers(s, 'r');  /* logins the new tenants revoke are closed */
@@ -1072,6 +1118,7 @@ server_create(const struct kv_config *conf, const char *config_path, int argc, c
         log_error("nothing to listen on: both listen and unix_socket are disabled");
         goto fail;
     }
+    server_listen_congestion(s, c->local_tcp_congestion);
     if (server_rdma_open(s, c) != 0) {
         goto fail;
     }

@@ -93,7 +93,8 @@ struct server {
     struct ssd *ssd;                 /* the SSD tier, or NULL */
     struct copier *copier;           /* copy threads of the shared-memory transfers */
     struct rdma_dev *rdma_dev;       /* the RDMA device, or NULL (rdma off or unusable) */
-    bool congestion_warned;          /* local_tcp_congestion failed once (accept thread) */
+    bool congestion_warned;          /* local_tcp_congestion failed once (main thread) */
+    bool listen_congestion;          /* the TCP listeners were given an algorithm once */
     struct rdma_region *rdma_arena;  /* the arena registered with it */
     struct rpc_server rpc;
     char node_id[CONF_STR_MAX];

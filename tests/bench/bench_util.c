@@ -198,10 +198,11 @@ bench_connect(const char *addr, const char *default_port, int unix_ok, int *fdp)
             rc = -errno;
             continue;
         }
+        /* as libkvstash: before the handshake (tcpopt.h) */
+        (void)tcpopt_connect_congestion(fd, ai->ai_addr, ai->ai_addrlen, TCPOPT_LOCAL_CONGESTION);
         if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
             int one = 1;
             setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-            (void)tcpopt_local_congestion(fd, TCPOPT_LOCAL_CONGESTION); /* as libkvstash */
             *fdp = fd;
             rc = 0;
             break;

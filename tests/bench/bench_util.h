@@ -38,9 +38,9 @@ void bench_key_ctr(uint8_t *digits, uint64_t ctr);
 /*
  * bench_connect: connect to "host:port", "[v6]:port", "host" (default_port) or, when
  * unix_ok, "unix:/path" or a path containing '/'. TCP_NODELAY on TCP, and libkvstash's
- * congestion control when the server is on this host (tcpopt.h), so every load generator
- * sends the way kvstash clients do. 0 and *fdp, or -errno (-ENXIO for a name that does
- * not resolve).
+ * congestion control, set before connecting, when the server is on this host (tcpopt.h),
+ * so every load generator sends the way kvstash clients do. 0 and *fdp, or -errno
+ * (-ENXIO for a name that does not resolve).
  */
 int bench_connect(const char *addr, const char *default_port, int unix_ok, int *fdp);
 

@@ -177,6 +177,8 @@ raw_serve(int port, size_t ws, double secs)
         perror("raw-bench: listen");
         return 3;
     }
+    /* as kvstashd: every connection is from this host, and inherits it (tcpopt.h) */
+    (void)tcpopt_congestion(lfd, TCPOPT_LOCAL_CONGESTION);
     alarm((unsigned)secs); /* the server's bound: SIGALRM ends the process */
     fprintf(stderr, "raw-bench: serving 127.0.0.1:%d, working set %zu bytes\n", port, ws);
     for (;;) {
@@ -190,7 +192,6 @@ raw_serve(int port, size_t ws, double secs)
             continue;
         }
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-        (void)tcpopt_local_congestion(fd, TCPOPT_LOCAL_CONGESTION); /* as kvstashd */
         pthread_t tid;
         pthread_attr_t attr;
         pthread_attr_init(&attr);

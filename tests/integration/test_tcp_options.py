@@ -2,17 +2,20 @@
 
 local_tcp_congestion names the algorithm of connections whose client is on this host (reno
 unless set; see protocol/tcpopt.h for why); "" leaves them to the host's default. The
-daemon's side of a connection is read with ss (iproute2), and the test is skipped, saying
-so, without it.
+daemon gives it to its listening socket, so that a connection has it from its handshake
+on: switched after accept, a bbr start would leave it paced for good. The daemon's
+sockets are read with ss (iproute2), and the tests are skipped, saying so, without it.
 """
 
+import os
 import shutil
+import signal
 import socket
 import subprocess
 
 import pytest
 
-from kvtest import Daemon
+from kvtest import Daemon, wait_for
 
 
 def host_default():
@@ -30,6 +33,26 @@ def server_side_algorithm(port, client_port):
     return lines[1][0]
 
 
+def listener_algorithm(port):
+    """The congestion control of the daemon's listening socket on port."""
+    out = subprocess.run(["ss", "-ltin", f"( sport = :{port} )"],
+                         capture_output=True, text=True, timeout=10, check=True).stdout
+    lines = [ln.split() for ln in out.splitlines()[1:] if ln.strip()]
+    assert len(lines) == 2, out
+    return lines[1][0]
+
+
+def offered():
+    with open("/proc/sys/net/ipv4/tcp_available_congestion_control") as f:
+        return f.read().split()
+
+
+def other_than(*names):
+    """An algorithm the kernel offers other than names (None if there is none)."""
+    return next((a for a in ("reno", "cubic", "bbr") if a in offered() and a not in names),
+                None)
+
+
 @pytest.mark.parametrize("setting", [None, "cubic", ""])
 def test_same_host_connections_get_local_tcp_congestion(work, setting):
     if shutil.which("ss") is None:
@@ -44,9 +67,56 @@ def test_same_host_connections_get_local_tcp_congestion(work, setting):
         client_port = c.sock.getsockname()[1]
         want = "reno" if setting is None else setting or host_default()
         assert server_side_algorithm(d.port, client_port) == want
+        # from the handshake on: the listener has it, and its connections inherit it
+        assert listener_algorithm(d.port) == want
         # what the client side uses is its own business: a socket left alone keeps the host's
         assert c.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16) \
             .rstrip(b"\0").decode() == host_default()
+        d.assert_alive()
+    finally:
+        d.stop()
+
+
+def test_reload_gives_the_listener_and_new_connections_the_new_algorithm(work):
+    if shutil.which("ss") is None:
+        pytest.skip("ss (iproute2) is not installed: the daemon's side cannot be read")
+    first = other_than(host_default())
+    second = other_than(host_default(), first)
+    if first is None or second is None:
+        pytest.skip(f"the kernel offers {offered()}: a reload cannot be told from the "
+                    "host's default with fewer than three")
+    conf = os.path.join(work, "kvstashd.conf")
+
+    def configure(algorithm):
+        with open(conf, "w") as f:
+            f.write(f'memory_size 64m\nssd_dir ""\nio_threads 1\n'
+                    f'local_tcp_congestion {algorithm}\n')
+
+    configure(first)
+    d = Daemon(work, (f"--config={conf}",)).wait_ready()
+    try:
+        old = d.tcp()
+        assert old.call("ping") == "pong"
+        old_port = old.sock.getsockname()[1]
+        assert listener_algorithm(d.port) == first
+
+        configure(second)
+        d.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: listener_algorithm(d.port) == second, 10, "the reloaded listener")
+        new = d.tcp()
+        assert new.call("ping") == "pong"
+        assert server_side_algorithm(d.port, new.sock.getsockname()[1]) == second
+        assert server_side_algorithm(d.port, old_port) == first, "a live connection is kept"
+
+        # "" puts the host's default back, on the listener and on what it accepts
+        configure('""')
+        d.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: listener_algorithm(d.port) == host_default(), 10,
+                 "the listener back on the host's default")
+        last = d.tcp()
+        assert last.call("ping") == "pong"
+        assert server_side_algorithm(d.port, last.sock.getsockname()[1]) == host_default()
+        assert "local_tcp_congestion \"" not in d.output(), "no algorithm was refused"
         d.assert_alive()
     finally:
         d.stop()
