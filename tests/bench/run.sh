@@ -4,11 +4,13 @@
 # Starts kvstashd on a free loopback port with a temporary data_dir and a
 # memory_size that fits the machine, runs the benchmark matrix with
 # kvstash-bench (each configuration BENCH_REPS times, BENCH_SECS seconds
-# each, the median printed). Then the shared-memory section: single-thread memcpy of 1 MiB
+# each, the median printed), each run of a get or put row followed by one of the loopback
+# TCP ceiling, raw-bench (tests/bench/raw_bench.c), in the same shape with no store behind
+# it, so that a row and its ceiling are measured in the same minutes of this shared
+# machine. Then the shared-memory section: single-thread memcpy of 1 MiB
 # blocks from cold memory, and batch_get_into / batch_put_from of 1 MiB objects over the
 # Unix socket, with their ratios to that memcpy and to the same run's TCP rows (get-1m-*,
-# put-1m-*). Then the loopback TCP ceiling: raw-bench (tests/bench/raw_bench.c) in the
-# matrix's get and put shapes with no store behind it. Then the peers: redis-server with
+# put-1m-*). Then the peers: redis-server with
 # redis-benchmark on the same shapes when it is installed, and memcached with mc-bench (our
 # own text-protocol load generator, tests/bench/mc_bench.c) when memcached is installed; a
 # peer that is missing or fails is reported and skipped. A summary puts each row next to
@@ -194,6 +196,58 @@ median_line() {
 failures=0
 declare -A summary
 declare -A gbs         # name -> median GB/s of a row that moved bytes (for ratios)
+declare -A row_summary # name -> "GB/s, p99, core-s/GB" of a row kept by keep_median
+
+# keep_median NAME LABEL LINE...: print "LABEL: " and the median (by GB/s) of the result
+# LINEs, and keep it in gbs[NAME] and row_summary[NAME]; "failed" when no run gave a line.
+keep_median() {
+    local name=$1 label=$2 med
+    shift 2
+    if [ "$#" -eq 0 ]; then
+        row_summary[$name]="failed"
+        return
+    fi
+    med=$(median_line "GB/s" "$@")
+    echo "   $label: $med"
+    gbs[$name]=$(field GB/s "$med")
+    row_summary[$name]="${gbs[$name]} GB/s, p99 $(field p99_us "$med") us"
+    [ -n "$(field daemon_core_s_per_GB "$med")" ] &&
+        row_summary[$name]+=", $(field daemon_core_s_per_GB "$med") core-s/GB"
+}
+
+# ---- raw TCP ceiling ----
+# What loopback TCP carries with no store behind it, in the matrix's own shapes: raw-bench
+# (tests/bench/raw_bench.c) answers each request of batch x size bytes from a 1 GiB working
+# set walked in order (memory not in cache, like kvstashd's arena), one blocking thread per
+# connection, and receives puts the same way; put rows stop at kvstashd's byte count
+# (put_bound). Its runs alternate with kvstashd's in the matrix, and each kvstashd row is
+# then shown as a fraction of it. The server's lifetime is bounded by its -t; it is killed
+# when the matrix ends.
+rawport=""
+if [ ! -x "$RAWBENCH" ]; then
+    echo "== raw TCP: skipped: no raw-bench at $RAWBENCH (make bench builds it)"
+    echo
+else
+    rawport=$(free_port) || die "no free port for raw-bench"
+    life=$(( ${#matrix[@]} * REPS * (SECS * 8 + 240) ))
+    [ "$life" -gt 3600 ] && life=3600
+    rcmd=("$RAWBENCH" -L "$rawport" -w 1g -t "$life")
+    show "${rcmd[@]}"
+    "${rcmd[@]}" 2>"$tmp/raw.log" &
+    raw_pid=$!
+    for _ in $(seq 1 100); do
+        grep -q serving "$tmp/raw.log" 2>/dev/null && break
+        kill -0 "$raw_pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    if ! grep -q serving "$tmp/raw.log" 2>/dev/null; then
+        echo "run.sh: the raw-bench server did not start: $(tr '\n' ' ' <"$tmp/raw.log")" >&2
+        failures=$(( failures + 1 ))
+        rawport=""
+    fi
+    echo
+fi
+
 
 for row in "${matrix[@]}"; do
     read -r name mode size batch conns depth <<<"$row"
@@ -204,9 +258,17 @@ for row in "${matrix[@]}"; do
     if [ "$mode" = put ]; then
         args+=(-n "$(put_bound "$conns" "$batch" "$size")")
     fi
+    rargs=()
+    if [ -n "$rawport" ] && [ "$mode" != exists ]; then
+        rargs=(-H "127.0.0.1:$rawport" -m "$mode" -s "$size" -b "$batch" -c "$conns"
+               -d "$depth" -t "$SECS" -p "$raw_pid" -q)
+        [ "$mode" = put ] && rargs+=(-n "$(put_bound "$conns" "$batch" "$size")")
+    fi
     echo "== $name: batch_${mode/exists/is_exist} of $batch x $size, $conns conn(s), depth $depth"
     show "$BENCH" "${args[@]}"
+    [ "${#rargs[@]}" -gt 0 ] && show "$RAWBENCH" "${rargs[@]}"
     lines=()
+    rlines=()
     for rep in $(seq 1 "$REPS"); do
         out=$(timeout $(( SECS * 4 + 120 )) "$BENCH" "${args[@]}" 2>"$tmp/bench.err")
         rc=$?
@@ -214,10 +276,20 @@ for row in "${matrix[@]}"; do
         if [ "$rc" -ne 0 ] || [ -z "$out" ]; then
             echo "   run $rep FAILED (exit $rc): $(tr '\n' ' ' <"$tmp/bench.err") $out"
             failures=$(( failures + 1 ))
-            continue
+        else
+            echo "   run $rep: $(field "$metric" "$out") $metric, p99 $(field p99_us "$out") us"
+            lines+=("$out")
         fi
-        echo "   run $rep: $(field "$metric" "$out") $metric, p99 $(field p99_us "$out") us"
-        lines+=("$out")
+        [ "${#rargs[@]}" -eq 0 ] && continue
+        out=$(timeout $(( SECS * 4 + 120 )) "$RAWBENCH" "${rargs[@]}" 2>"$tmp/bench.err")
+        rc=$?
+        if [ "$rc" -ne 0 ] || [ -z "$out" ]; then
+            echo "   raw TCP run $rep FAILED (exit $rc): $(tr '\n' ' ' <"$tmp/bench.err") $out"
+            failures=$(( failures + 1 ))
+        else
+            echo "   raw TCP run $rep: $(field GB/s "$out") GB/s, p99 $(field p99_us "$out") us"
+            rlines+=("$out")
+        fi
     done
     if [ "${#lines[@]}" -gt 0 ]; then
         med=$(median_line "$metric" "${lines[@]}")
@@ -232,8 +304,14 @@ for row in "${matrix[@]}"; do
     else
         summary[$name]="failed"
     fi
+    [ "${#rargs[@]}" -gt 0 ] && keep_median "raw-$name" "raw TCP median" "${rlines[@]}"
     echo
 done
+if [ -n "$raw_pid" ]; then
+    kill "$raw_pid" 2>/dev/null
+    wait "$raw_pid" 2>/dev/null
+    raw_pid=""
+fi
 
 # ---- shared memory ----
 # batch_get_into / batch_put_from of 8 x 1 MiB over the Unix socket (one registered buffer
@@ -241,7 +319,6 @@ done
 # from a 2 GiB source populated first (kvstash-bench -m memcpy, no daemon involved), and to
 # this run's TCP rows. Issue targets: >= 50% of that memcpy and >= 3x the TCP row's GB/s.
 sock="$tmp/data/kvstashd.sock"
-declare -A row_summary
 
 # bench_row NAME BIN ARGS...: run BIN ARGS (kvstash-bench or raw-bench) REPS times, print
 # each run, keep the median in gbs[NAME] and row_summary[NAME].
@@ -262,16 +339,7 @@ bench_row() {
         echo "   run $rep: $(field GB/s "$out") GB/s, p99 $(field p99_us "$out") us"
         lines+=("$out")
     done
-    if [ "${#lines[@]}" -gt 0 ]; then
-        med=$(median_line "GB/s" "${lines[@]}")
-        echo "   median: $med"
-        gbs[$name]=$(field GB/s "$med")
-        row_summary[$name]="${gbs[$name]} GB/s, p99 $(field p99_us "$med") us"
-        [ -n "$(field daemon_core_s_per_GB "$med")" ] &&
-            row_summary[$name]+=", $(field daemon_core_s_per_GB "$med") core-s/GB"
-    else
-        row_summary[$name]="failed"
-    fi
+    keep_median "$name" median "${lines[@]}"
     echo
 }
 
@@ -322,50 +390,6 @@ else
     shm_table+=("memcpy-1m         ${row_summary[memcpy-1m]:-} (single thread, cold source)")
     printf '%s\n' "${shm_table[@]}"
     echo
-fi
-
-# ---- raw TCP ceiling ----
-# What loopback TCP carries with no store behind it, in the matrix's own shapes: raw-bench
-# (tests/bench/raw_bench.c) answers each request of batch x size bytes from a 1 GiB working
-# set walked in order (memory not in cache, like kvstashd's arena), one blocking thread per
-# connection, and receives puts the same way; put rows stop at kvstashd's byte count
-# (put_bound). Each kvstashd row is then shown as a fraction of it. The server's lifetime
-# is bounded by its -t; it is killed when the section ends.
-if [ ! -x "$RAWBENCH" ]; then
-    echo "== raw TCP: skipped: no raw-bench at $RAWBENCH (make bench builds it)"
-    echo
-else
-    rawport=$(free_port) || die "no free port for raw-bench"
-    life=$(( ${#matrix[@]} * REPS * (SECS * 4 + 120) ))
-    [ "$life" -gt 3600 ] && life=3600
-    rcmd=("$RAWBENCH" -L "$rawport" -w 1g -t "$life")
-    show "${rcmd[@]}"
-    "${rcmd[@]}" 2>"$tmp/raw.log" &
-    raw_pid=$!
-    for _ in $(seq 1 100); do
-        grep -q serving "$tmp/raw.log" 2>/dev/null && break
-        kill -0 "$raw_pid" 2>/dev/null || break
-        sleep 0.1
-    done
-    if ! grep -q serving "$tmp/raw.log" 2>/dev/null; then
-        echo "run.sh: the raw-bench server did not start: $(tr '\n' ' ' <"$tmp/raw.log")" >&2
-        failures=$(( failures + 1 ))
-        matrix_raw=()
-    else
-        matrix_raw=("${matrix[@]}")
-    fi
-    echo
-    for row in "${matrix_raw[@]}"; do
-        read -r name mode size batch conns depth <<<"$row"
-        [ "$mode" = exists ] && continue
-        bound=()
-        [ "$mode" = put ] && bound=(-n "$(put_bound "$conns" "$batch" "$size")")
-        bench_row "raw-$name" "$RAWBENCH" -H "127.0.0.1:$rawport" -m "$mode" -s "$size" \
-            -b "$batch" -c "$conns" -d "$depth" -t "$SECS" "${bound[@]}" -p "$raw_pid" -q
-    done
-    kill "$raw_pid" 2>/dev/null
-    wait "$raw_pid" 2>/dev/null
-    raw_pid=""
 fi
 
 # ---- peers ----
