@@ -237,8 +237,11 @@ fio_w=() fio_r=() kv_w=() kv_r=() ratio_w=() ratio_r=()
 ex_b50=() ex_b99=() ex_d50=() ex_d99=() ex_diff=() ex_hits=()
 failures=0
 t_section=$SECONDS
-put_args=(-m put -s 1m -b "$BATCH" -c "$CONNS" -d "$DEPTH" -n "$reqs" -q)
-get_args=(-m get -s 1m -b "$BATCH" -c "$CONNS" -d "$DEPTH" -n "$reqs" -k "$per_conn" -N -q)
+# -t 150: they end by count (-n), not by kvstash-bench's default 5 s, which a slow moment
+# of the disk outlasts (the put then stopped short of N objects and the run failed)
+put_args=(-m put -s 1m -b "$BATCH" -c "$CONNS" -d "$DEPTH" -n "$reqs" -t 150 -q)
+get_args=(-m get -s 1m -b "$BATCH" -c "$CONNS" -d "$DEPTH" -n "$reqs" -k "$per_conn" -N -t 150
+          -q)
 
 for rep in $(seq 1 "$REPS"); do
     if [ $(( SECONDS - t_section )) -ge "$BUDGET" ]; then
@@ -313,7 +316,8 @@ for rep in $(seq 1 "$REPS"); do
     kvd_alive || kvd_died
     if [ "$done_w" != 1 ]; then
         echo "   kvstashd SSD writes did not finish: ssd_writes ${writes:-?} of $N," \
-             "ssd_offload_queue ${queue:-?}, ssd_write_failed ${failed:-?}"
+             "ssd_offload_queue ${queue:-?}, ssd_write_failed ${failed:-?}," \
+             "objects $(stat_of objects "$s")"
         failures=$(( failures + 1 ))
         kvd_stop
         continue
