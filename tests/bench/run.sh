@@ -248,7 +248,6 @@ else
     echo
 fi
 
-
 for row in "${matrix[@]}"; do
     read -r name mode size batch conns depth <<<"$row"
     metric="GB/s"
@@ -320,8 +319,8 @@ fi
 # this run's TCP rows. Issue targets: >= 50% of that memcpy and >= 3x the TCP row's GB/s.
 sock="$tmp/data/kvstashd.sock"
 
-# bench_row NAME BIN ARGS...: run BIN ARGS (kvstash-bench or raw-bench) REPS times, print
-# each run, keep the median in gbs[NAME] and row_summary[NAME].
+# bench_row NAME BIN ARGS...: run BIN ARGS (kvstash-bench) REPS times, print each run,
+# keep the median in gbs[NAME] and row_summary[NAME].
 bench_row() {
     local name=$1 bin=$2 out rc rep med lines=()
     shift 2
