@@ -215,6 +215,24 @@ keep_median() {
         row_summary[$name]+=", $(field daemon_core_s_per_GB "$med") core-s/GB"
 }
 
+# bench_once LABEL METRIC BIN ARGS...: one run of BIN ARGS (bounded), printed as "LABEL:
+# value METRIC, p99"; 0 and its result line in $once, or 1 (printed and counted as a
+# failure). Stops the script if kvstashd died meanwhile.
+once=""
+bench_once() {
+    local label=$1 metric=$2 bin=$3 rc
+    shift 3
+    once=$(timeout $(( SECS * 4 + 120 )) "$bin" "$@" 2>"$tmp/bench.err")
+    rc=$?
+    kvd_alive || { cat "$tmp/bench.err" >&2; kvd_died; }
+    if [ "$rc" -ne 0 ] || [ -z "$once" ]; then
+        echo "   $label FAILED (exit $rc): $(tr '\n' ' ' <"$tmp/bench.err") $once"
+        failures=$(( failures + 1 ))
+        return 1
+    fi
+    echo "   $label: $(field "$metric" "$once") $metric, p99 $(field p99_us "$once") us"
+}
+
 # ---- raw TCP ceiling ----
 # What loopback TCP carries with no store behind it, in the matrix's own shapes: raw-bench
 # (tests/bench/raw_bench.c) answers each request of batch x size bytes from a 1 GiB working
@@ -269,26 +287,9 @@ for row in "${matrix[@]}"; do
     lines=()
     rlines=()
     for rep in $(seq 1 "$REPS"); do
-        out=$(timeout $(( SECS * 4 + 120 )) "$BENCH" "${args[@]}" 2>"$tmp/bench.err")
-        rc=$?
-        kvd_alive || { cat "$tmp/bench.err" >&2; kvd_died; }
-        if [ "$rc" -ne 0 ] || [ -z "$out" ]; then
-            echo "   run $rep FAILED (exit $rc): $(tr '\n' ' ' <"$tmp/bench.err") $out"
-            failures=$(( failures + 1 ))
-        else
-            echo "   run $rep: $(field "$metric" "$out") $metric, p99 $(field p99_us "$out") us"
-            lines+=("$out")
-        fi
+        bench_once "run $rep" "$metric" "$BENCH" "${args[@]}" && lines+=("$once")
         [ "${#rargs[@]}" -eq 0 ] && continue
-        out=$(timeout $(( SECS * 4 + 120 )) "$RAWBENCH" "${rargs[@]}" 2>"$tmp/bench.err")
-        rc=$?
-        if [ "$rc" -ne 0 ] || [ -z "$out" ]; then
-            echo "   raw TCP run $rep FAILED (exit $rc): $(tr '\n' ' ' <"$tmp/bench.err") $out"
-            failures=$(( failures + 1 ))
-        else
-            echo "   raw TCP run $rep: $(field GB/s "$out") GB/s, p99 $(field p99_us "$out") us"
-            rlines+=("$out")
-        fi
+        bench_once "raw TCP run $rep" GB/s "$RAWBENCH" "${rargs[@]}" && rlines+=("$once")
     done
     if [ "${#lines[@]}" -gt 0 ]; then
         med=$(median_line "$metric" "${lines[@]}")
@@ -322,21 +323,12 @@ sock="$tmp/data/kvstashd.sock"
 # bench_row NAME BIN ARGS...: run BIN ARGS (kvstash-bench) REPS times, print each run,
 # keep the median in gbs[NAME] and row_summary[NAME].
 bench_row() {
-    local name=$1 bin=$2 out rc rep med lines=()
+    local name=$1 bin=$2 rep lines=()
     shift 2
     echo "== $name"
     show "$bin" "$@"
     for rep in $(seq 1 "$REPS"); do
-        out=$(timeout $(( SECS * 4 + 120 )) "$bin" "$@" 2>"$tmp/bench.err")
-        rc=$?
-        kvd_alive || { cat "$tmp/bench.err" >&2; kvd_died; }
-        if [ "$rc" -ne 0 ] || [ -z "$out" ]; then
-            echo "   run $rep FAILED (exit $rc): $(tr '\n' ' ' <"$tmp/bench.err") $out"
-            failures=$(( failures + 1 ))
-            continue
-        fi
-        echo "   run $rep: $(field GB/s "$out") GB/s, p99 $(field p99_us "$out") us"
-        lines+=("$out")
+        bench_once "run $rep" GB/s "$bin" "$@" && lines+=("$once")
     done
     keep_median "$name" median "${lines[@]}"
     echo
