@@ -25,27 +25,37 @@ tcpopt_is_loopback(const struct sockaddr_storage *a)
            (IN6_IS_ADDR_V4MAPPED(in6) && in6->s6_addr[12] == 127);
 }
 
+/*
+ * 1 if traffic between self and peer stays on this host: peer is a loopback address, or
+ * self's own address (how a connection to one of the host's addresses looks).
+ */
+static int
+tcpopt_local_pair(const struct sockaddr_storage *peer, const struct sockaddr_storage *self)
+{
+    if ((peer->ss_family != AF_INET && peer->ss_family != AF_INET6) ||
+        peer->ss_family != self->ss_family) {
+        return 0;
+    }
+    if (tcpopt_is_loopback(peer)) {
+        return 1;
+    }
+    if (peer->ss_family == AF_INET) {
+        return ((const struct sockaddr_in *)peer)->sin_addr.s_addr ==
+               ((const struct sockaddr_in *)self)->sin_addr.s_addr;
+    }
+    return memcmp(&((const struct sockaddr_in6 *)peer)->sin6_addr,
+                  &((const struct sockaddr_in6 *)self)->sin6_addr, sizeof(struct in6_addr)) == 0;
+}
+
 int
 tcpopt_same_host(int fd)
 {
     struct sockaddr_storage peer, self;
     socklen_t plen = sizeof(peer), slen = sizeof(self);
 
-    if (getpeername(fd, (struct sockaddr *)&peer, &plen) != 0 ||
-        getsockname(fd, (struct sockaddr *)&self, &slen) != 0 ||
-        (peer.ss_family != AF_INET && peer.ss_family != AF_INET6) ||
-        peer.ss_family != self.ss_family) {
-        return 0;
-    }
-    if (tcpopt_is_loopback(&peer)) {
-        return 1;
-    }
-    if (peer.ss_family == AF_INET) {
-        return ((struct sockaddr_in *)&peer)->sin_addr.s_addr ==
-               ((struct sockaddr_in *)&self)->sin_addr.s_addr;
-    }
-    return memcmp(&((struct sockaddr_in6 *)&peer)->sin6_addr,
-                  &((struct sockaddr_in6 *)&self)->sin6_addr, sizeof(struct in6_addr)) == 0;
+    return getpeername(fd, (struct sockaddr *)&peer, &plen) == 0 &&
+           getsockname(fd, (struct sockaddr *)&self, &slen) == 0 &&
+           tcpopt_local_pair(&peer, &self);
 }
 
 int
@@ -80,13 +90,7 @@ tcpopt_addr_same_host(const struct sockaddr *addr, socklen_t len)
     }
     int same = connect(fd, (struct sockaddr *)&dst, len) == 0 &&
                getsockname(fd, (struct sockaddr *)&src, &slen) == 0 &&
-               src.ss_family == dst.ss_family &&
-               (dst.ss_family == AF_INET
-                    ? ((struct sockaddr_in *)&src)->sin_addr.s_addr ==
-                          ((struct sockaddr_in *)&dst)->sin_addr.s_addr
-                    : memcmp(&((struct sockaddr_in6 *)&src)->sin6_addr,
-                             &((struct sockaddr_in6 *)&dst)->sin6_addr,
-                             sizeof(struct in6_addr)) == 0);
+               tcpopt_local_pair(&dst, &src);
     close(fd);
     return same;
 }

@@ -322,11 +322,12 @@ server_listen_congestion(struct server *s, const char *name)
     int fds[2] = {s->tcp_fd, s->tls_fd};
 
     if (name[0] == '\0') {
-        int rc = s->listen_congestion ? tcpopt_host_congestion(host, sizeof(host)) : 0;
+        if (!s->listen_congestion) {
+            return;
+        }
+        int rc = tcpopt_host_congestion(host, sizeof(host));
         if (rc != 0) {
             server_congestion_warn(s, name, rc);
-        }
-        if (!s->listen_congestion || rc != 0) {
             return;
         }
         set = host;
@@ -352,7 +353,8 @@ server_congestion(struct server *s, int fd, const char *name)
     if (name[0] == '\0' && !s->listen_congestion) {
         return;
     }
-    int rc = tcpopt_accepted_congestion(fd, name, tcpopt_same_host(fd));
+    /* with "" every connection gets the host's: no need to ask where it is from */
+    int rc = tcpopt_accepted_congestion(fd, name, name[0] != '\0' && tcpopt_same_host(fd));
     if (rc != 0) {
         server_congestion_warn(s, name, rc);
     }

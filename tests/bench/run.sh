@@ -194,23 +194,23 @@ median_line() {
 }
 
 failures=0
-declare -A summary
 declare -A gbs         # name -> median GB/s of a row that moved bytes (for ratios)
-declare -A row_summary # name -> "GB/s, p99, core-s/GB" of a row kept by keep_median
+declare -A row_summary # name -> "value METRIC, p99, core-s/GB" of a row kept by keep_median
 
-# keep_median NAME LABEL LINE...: print "LABEL: " and the median (by GB/s) of the result
-# LINEs, and keep it in gbs[NAME] and row_summary[NAME]; "failed" when no run gave a line.
+# keep_median NAME LABEL METRIC LINE...: print "LABEL: " and the median (by METRIC, GB/s or
+# keys/s) of the result LINEs, and keep it in row_summary[NAME] (and gbs[NAME] for GB/s);
+# "failed" when no run gave a line.
 keep_median() {
-    local name=$1 label=$2 med
-    shift 2
+    local name=$1 label=$2 metric=$3 med
+    shift 3
     if [ "$#" -eq 0 ]; then
         row_summary[$name]="failed"
         return
     fi
-    med=$(median_line "GB/s" "$@")
+    med=$(median_line "$metric" "$@")
     echo "   $label: $med"
-    gbs[$name]=$(field GB/s "$med")
-    row_summary[$name]="${gbs[$name]} GB/s, p99 $(field p99_us "$med") us"
+    [ "$metric" = GB/s ] && gbs[$name]=$(field GB/s "$med")
+    row_summary[$name]="$(field "$metric" "$med") $metric, p99 $(field p99_us "$med") us"
     [ -n "$(field daemon_core_s_per_GB "$med")" ] &&
         row_summary[$name]+=", $(field daemon_core_s_per_GB "$med") core-s/GB"
 }
@@ -291,20 +291,8 @@ for row in "${matrix[@]}"; do
         [ "${#rargs[@]}" -eq 0 ] && continue
         bench_once "raw TCP run $rep" GB/s "$RAWBENCH" "${rargs[@]}" && rlines+=("$once")
     done
-    if [ "${#lines[@]}" -gt 0 ]; then
-        med=$(median_line "$metric" "${lines[@]}")
-        echo "   median: $med"
-        if [ "$mode" = exists ]; then
-            summary[$name]="$(field keys/s "$med") keys/s, p99 $(field p99_us "$med") us"
-        else
-            summary[$name]="$(field GB/s "$med") GB/s, p99 $(field p99_us "$med") us,"
-            summary[$name]+=" $(field daemon_core_s_per_GB "$med") core-s/GB"
-            gbs[$name]=$(field GB/s "$med")
-        fi
-    else
-        summary[$name]="failed"
-    fi
-    [ "${#rargs[@]}" -gt 0 ] && keep_median "raw-$name" "raw TCP median" "${rlines[@]}"
+    keep_median "$name" median "$metric" "${lines[@]}"
+    [ "${#rargs[@]}" -gt 0 ] && keep_median "raw-$name" "raw TCP median" GB/s "${rlines[@]}"
     echo
 done
 if [ -n "$raw_pid" ]; then
@@ -330,7 +318,7 @@ bench_row() {
     for rep in $(seq 1 "$REPS"); do
         bench_once "run $rep" GB/s "$bin" "$@" && lines+=("$once")
     done
-    keep_median "$name" median "${lines[@]}"
+    keep_median "$name" median GB/s "${lines[@]}"
     echo
 }
 
@@ -644,7 +632,7 @@ printf '%-15s %-46s %-30s %-9s %-46s %s\n' "test" "kvstashd (median)" "raw TCP (
        "kv/raw" "redis-server (median)" "memcached (median)"
 for row in "${matrix[@]}"; do
     read -r name _ <<<"$row"
-    printf '%-15s %-46s %-30s %-9s %-46s %s\n' "$name" "${summary[$name]:-}" \
+    printf '%-15s %-46s %-30s %-9s %-46s %s\n' "$name" "${row_summary[$name]:-}" \
            "${row_summary[raw-$name]:--}" "$(ratio "${gbs[$name]:-}" "${gbs[raw-$name]:-}")" \
            "${redis_summary[$name]:--}" "${mc_summary[$name]:--}"
 done
