@@ -25,7 +25,8 @@
 # KVSTASH_CLI (default: kvstash next to BENCH), BENCH_SECS (5), BENCH_REPS (3),
 # BENCH_MEMORY (default: a third of available RAM, 1g..8g), BENCH_PEERS
 # (1; 0 skips redis/memcached), BENCH_SHM (1; 0 skips the shared-memory section),
-# BENCH_SSD (1; 0 skips the SSD section; its other settings are in ssd.sh).
+# BENCH_SSD (1; 0 skips the SSD section; its other settings are in ssd.sh),
+# BENCH_KVSTASHD_ARGS (more kvstashd flags for the matrix's daemon, e.g. --io_threads=8).
 set -u -o pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -104,12 +105,13 @@ kvd_died() {
 }
 
 # ---- start kvstashd ----
+read -r -a extra_args <<<"${BENCH_KVSTASHD_ARGS:-}"
 port=""
 for attempt in 1 2 3 4 5; do
     port=$(free_port) || die "no free loopback port found"
     mkdir -p "$tmp/data"
     cmd=("$KVSTASHD" --listen="127.0.0.1:$port" --data_dir="$tmp/data"
-         --unix_socket="$tmp/data/kvstashd.sock" --memory_size="$mem")
+         --unix_socket="$tmp/data/kvstashd.sock" --memory_size="$mem" "${extra_args[@]}")
     show "${cmd[@]}"
     "${cmd[@]}" >"$tmp/kvstashd.log" 2>&1 &
     kvd_pid=$!
