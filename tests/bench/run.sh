@@ -150,8 +150,9 @@ if [ -x "$KVSTASH_CLI" ]; then
         sleep 0.5
     done
     echo "arena populated: ${pre:-?} of ${cap:-?} bytes"
+    loops=$("$KVSTASH_CLI" -H "$addr" -t 1000 stats 2>/dev/null | awk '$1 == "io_threads" { print $2 }')
 fi
-echo "kvstashd pid $kvd_pid on $addr, memory_size $mem; $(nproc) cores;" \
+echo "kvstashd pid $kvd_pid on $addr, memory_size $mem, ${loops:-?} event loops; $(nproc) cores;" \
      "$REPS runs of ${SECS}s per configuration, median shown"
 echo
 
