@@ -61,7 +61,6 @@ static const char *const rpc_names[RPC_METHOD_COUNT] = {
     [RPC_RDMA_CONNECT] = "rdma_connect",
 };
 
-
 const char *
 rpc_method_name(int method)
 {
@@ -176,7 +175,6 @@ rpc_keys_check(struct rpc_req *rq, uint32_t *n)
     }
     return 0;
 }
-
 
 int
 rpc_opts_read(struct rpc_req *rq, uint32_t idx, struct rpc_opts *o)

@@ -44,7 +44,6 @@
 #include <sys/uio.h>
 #include <time.h>
 
-
 /* ---- small helpers ---- */
 
 static void store_graves_sweep(struct store *s);

@@ -140,13 +140,6 @@ struct bench_thread {
 
 /* ---- small helpers ---- */
 
-
-
-
-
-
-
-
 static void
 bench_key(char *dst, const struct bench_cfg *cfg, int thread, uint64_t ctr)
 {
@@ -157,9 +150,7 @@ bench_key(char *dst, const struct bench_cfg *cfg, int thread, uint64_t ctr)
     memcpy(dst, tmp, BENCH_KEY_LEN);
 }
 
-
 /* ---- connection ---- */
-
 
 static int
 bench_fail(struct bench_thread *t, int rc, const char *what)

@@ -102,13 +102,6 @@ struct mc_thread {
 
 /* ---- small helpers (the shared ones are in bench_util.c) ---- */
 
-
-
-
-
-
-
-
 static void
 mc_key(char *dst, const struct mc_cfg *cfg, int thread, uint64_t ctr)
 {
@@ -119,9 +112,7 @@ mc_key(char *dst, const struct mc_cfg *cfg, int thread, uint64_t ctr)
     memcpy(dst, tmp, MC_KEY_LEN);
 }
 
-
 /* ---- connection ---- */
-
 
 static int
 mc_fail(struct mc_thread *t, int rc, const char *what)
