@@ -88,7 +88,7 @@ LIBCLIENT_SO := $(BUILD)/libkvstash.so
 UNIT := $(BUILD)/unit-tests
 INTEG := $(BUILD)/integration-tests
 
-.PHONY: all run test deps bench-deps asan fuzz bench install uninstall format clean help \
+.PHONY: all run test deps bench-deps asan fuzz bench soak install uninstall format clean help \
         test-unit test-integration test-python test-fuzz check-deps
 
 all: $(KVSTASHD) $(KVSTASH) $(BENCH) $(LIBCLIENT_A) $(LIBCLIENT_SO)
@@ -225,6 +225,13 @@ bench: bench-deps
 	    RAWBENCH=$(abspath $(RAWBENCH)) \
 	    tests/bench/run.sh
 
+# random concurrent traffic with every value checked, SIGHUPs and SIGKILLs (tests/soak/)
+SOAK_SECONDS ?= 60
+soak: deps
+	$(Q)$(MAKE) --no-print-directory all
+	KVSTASHD=$(abspath $(KVSTASHD)) KVSTASH_CLI=$(abspath $(KVSTASH)) SOAK_SECONDS=$(SOAK_SECONDS) \
+	    tests/soak/run.sh
+
 # ---- fuzzing (tests/fuzz/): libFuzzer targets built with clang, ASan and UBSan ----
 FUZZ_CC ?= clang
 FUZZ_DIR := build/fuzz
@@ -288,7 +295,7 @@ clean:
 	rm -rf build
 
 help:
-	@echo "targets: all run test deps bench-deps asan fuzz bench install uninstall format clean help"
+	@echo "targets: all run test deps bench-deps asan fuzz bench soak install uninstall format clean help"
 	@echo "vars:    VARIANT=release|debug|asan  V=1 (verbose)  PREFIX=$(PREFIX)"
 
 -include $(shell find build -name '*.d' 2>/dev/null)
