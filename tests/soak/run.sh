@@ -17,7 +17,8 @@
 #
 # Environment: KVSTASHD, KVSTASH_CLI (set by make soak), SOAK_SECONDS (per phase, 60),
 # SOAK_WORKERS (4), SOAK_CRASHES (3), SOAK_SEED (1). Exits non-zero on any failure.
-# Every phase is bounded in time; daemons left running are killed on exit.
+# Every phase is bounded in time; daemons left running are killed on exit, and a failed
+# run keeps its data_dirs and logs (the path is printed).
 set -u -o pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -44,9 +45,14 @@ kvd_pid=""
 hup_pid=""
 # shellcheck disable=SC2317  # invoked by the EXIT trap
 cleanup() {
+    local rc=$?
     [ -n "$hup_pid" ] && kill "$hup_pid" 2>/dev/null
     [ -n "$kvd_pid" ] && kill -9 "$kvd_pid" 2>/dev/null
-    rm -rf "$tmp"
+    if [ "$rc" -eq 0 ]; then
+        rm -rf "$tmp"
+    else
+        echo "soak: the daemons' data and logs are kept in $tmp" >&2
+    fi
 }
 trap cleanup EXIT
 failures=0
