@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # run.sh: the `make soak` driver. Random concurrent traffic (soak.py) against the real
 # kvstashd with a 48 MiB DRAM tier, so that eviction, write-once collisions, removes, pins,
-# cut-off puts and pipelining all run at once, with every value read back checked:
+# cut-off puts, pipelining and shared-memory transfers all run at once, with every value
+# read back checked:
 #
 #   1. DRAM only, 2 event loops;
 #   2. with an SSD tier of 256 MiB in 8 MiB buckets (LRU bucket eviction), so objects go

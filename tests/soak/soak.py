@@ -8,7 +8,9 @@ Each worker is a process with its own connection (TCP or the Unix socket, picked
 random) and mixes: batch_put and get/batch_get of 0 B to 3 MiB values over 300 keys, so
 writers collide (EXISTS, BUSY) and the store evicts all the time; batch_is_exist and
 prefix_match; batch_remove, sometimes forced; soft and hard pins and unpins; pipelined
-bursts answered by msgid; puts cut off part-way by closing the connection; stats. A
+bursts answered by msgid; puts cut off part-way by closing the connection; stats; and on
+Unix connections batch_put_from (in one or two pieces) and batch_get_into through a
+registered memfd of four 4 MiB slots. A
 value's bytes are a function of its key and its length, so whichever writer stored it,
 any bytes a read returns can be checked. Uses Debian's python3-msgpack only.
 
@@ -17,8 +19,11 @@ connection (unless --killed says the daemon will be killed under it); the first 
 failure of each worker is printed.
 """
 import argparse
+import fcntl
 import hashlib
+import mmap
 import multiprocessing
+import os
 import random
 import socket
 import sys
@@ -31,6 +36,10 @@ SIZES = [0, 1, 100, 4096, 16383, 16384, 65536, 65537, 200000, 1 << 20, (1 << 20)
 SMALL = SIZES[:8]
 PUT_CODES = (0, 2, 3, 4)        # stored, EXISTS, BUSY, NO_SPACE
 REMOVE_CODES = (0, 1, 3)        # removed, NOT_FOUND, BUSY
+SHM_SLOT = 4 << 20              # a value's room in the shared buffer (SIZES fit)
+SHM_SLOTS = 4
+F_ADD_SEALS = getattr(fcntl, "F_ADD_SEALS", 1033)
+F_SEAL_SHRINK = getattr(fcntl, "F_SEAL_SHRINK", 0x0002)
 
 
 def key(i):
@@ -53,6 +62,8 @@ def check_value(k, v, where):
 
 class Conn:
     def __init__(self, port, path, use_unix):
+        self.unix = use_unix
+        self.bid = None             # register_buffer's id for the shared buffer, once sent
         if use_unix:
             self.s = socket.socket(socket.AF_UNIX)
             self.s.connect(path)
@@ -87,9 +98,62 @@ class Conn:
         return m[3]
 
 
-def step(c, rng, pins, args):
+class Shm:
+    """A sealed memfd of SHM_SLOTS values, mapped here and registered on Unix connections."""
+    def __init__(self):
+        self.fd = os.memfd_create("kvstash-soak", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        os.ftruncate(self.fd, SHM_SLOT * SHM_SLOTS)
+        fcntl.fcntl(self.fd, F_ADD_SEALS, F_SEAL_SHRINK)
+        self.mv = memoryview(mmap.mmap(self.fd, SHM_SLOT * SHM_SLOTS))
+
+    def register(self, c):
+        if c.bid is None:
+            msgid = c.msgid = c.msgid + 1
+            data = msgpack.packb([0, msgid, "register_buffer", [{"size": SHM_SLOT * SHM_SLOTS}]])
+            socket.send_fds(c.s, [data], [self.fd])
+            m = c.recv()
+            if m[1] != msgid or m[2] is not None:
+                raise AssertionError("register_buffer answered %r" % (m[1:],))
+            c.bid = m[3]
+        return c.bid
+
+
+def shm_step(c, rng, shm):
+    """batch_put_from or batch_get_into through the registered buffer, one slot per key."""
+    bid = shm.register(c)
+    ks = [key(rng.randrange(NKEYS)) for _ in range(rng.randint(1, SHM_SLOTS))]
+    if rng.random() < 0.5:
+        iovs = []
+        for i, k in enumerate(ks):
+            n = rng.choice(SIZES)
+            off = i * SHM_SLOT
+            shm.mv[off:off + n] = content(k, n)
+            cut = rng.randrange(n + 1)   # one or two pieces
+            iovs.append([[bid, off, cut], [bid, off + cut, n - cut]] if 0 < cut < n
+                        else [[bid, off, n]])
+        res = c.call("batch_put_from", [ks, iovs])
+        if len(res) != len(ks) or any(x not in PUT_CODES for x in res):
+            raise AssertionError("batch_put_from answered %r" % (res,))
+        return "shm_put"
+    for i in range(len(ks)):
+        shm.mv[i * SHM_SLOT:i * SHM_SLOT + 64] = bytes(64)
+    res = c.call("batch_get_into", [ks, [[[bid, i * SHM_SLOT, SHM_SLOT]] for i in range(len(ks))]])
+    if len(res) != len(ks):
+        raise AssertionError("batch_get_into: %d answers to %d keys" % (len(res), len(ks)))
+    for i, (k, n) in enumerate(zip(ks, res)):
+        if n == -1:
+            continue
+        if not isinstance(n, int) or not 0 <= n <= SHM_SLOT:
+            raise AssertionError("batch_get_into answered %r for %r" % (n, k))
+        check_value(k, bytes(shm.mv[i * SHM_SLOT:i * SHM_SLOT + n]), "batch_get_into")
+    return "shm_get"
+
+
+def step(c, rng, pins, args, shm):
     """One random operation on connection c; returns (its name, the connection to go on with)."""
     r = rng.random()
+    if c.unix and rng.random() < 0.15:
+        return shm_step(c, rng, shm), c
     ks = [key(rng.randrange(NKEYS)) for _ in range(rng.randint(1, 12))]
     if r < 0.30:
         sizes = [rng.choice(SIZES) for _ in ks]
@@ -165,9 +229,10 @@ def worker(wid, args, stop_at, out):
     rng = random.Random(args.seed * 1000 + wid)
     ops, pins = {}, set()
     try:
+        shm = Shm()
         c = Conn(args.port, args.socket, rng.random() < 0.5)
         while time.time() < stop_at:
-            name, c = step(c, rng, pins, args)
+            name, c = step(c, rng, pins, args, shm)
             ops[name] = ops.get(name, 0) + 1
         if pins:
             c.call("unpin", [sorted(pins)])
