@@ -10,9 +10,9 @@ writers collide (EXISTS, BUSY) and the store evicts all the time; batch_is_exist
 prefix_match; batch_remove, sometimes forced; soft and hard pins and unpins; pipelined
 bursts answered by msgid; puts cut off part-way by closing the connection; stats; and on
 Unix connections batch_put_from (in one or two pieces) and batch_get_into through a
-registered memfd of four 4 MiB slots. A
-value's bytes are a function of its key and its length, so whichever writer stored it,
-any bytes a read returns can be checked. Uses Debian's python3-msgpack only.
+registered memfd of four 4 MiB slots. A value's bytes are a function of its key and its
+length, so whichever writer stored it, any bytes a read returns can be checked. Uses
+Debian's python3-msgpack only.
 
 Exit status 1 if a worker saw wrong bytes, a malformed or unexpected answer, or lost its
 connection (unless --killed says the daemon will be killed under it); the first such
