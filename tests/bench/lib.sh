@@ -12,6 +12,18 @@ field() {
     echo "$2" | tr ' ' '\n' | awk -F= -v k="$1" '$1 == k { print $2 }'
 }
 
+# answers_ping CLI PORT PID TRIES STEP: 0 once kvstashd on 127.0.0.1:PORT answers CLI's
+# ping; 1 when PID has exited, or after TRIES polls STEP seconds apart without an answer.
+answers_ping() {
+    local cli=$1 port=$2 pid=$3 tries=$4 step=$5
+    for _ in $(seq 1 "$tries"); do
+        kill -0 "$pid" 2>/dev/null || return 1
+        "$cli" -H "127.0.0.1:$port" -t 1000 ping >/dev/null 2>&1 && return 0
+        sleep "$step"
+    done
+    return 1
+}
+
 # free_port: a loopback port nobody answers on (50 tries at most).
 free_port() {
     local p

@@ -26,7 +26,8 @@
 # BENCH_MEMORY (default: a third of available RAM, 1g..8g), BENCH_PEERS
 # (1; 0 skips redis/memcached), BENCH_SHM (1; 0 skips the shared-memory section),
 # BENCH_SSD (1; 0 skips the SSD section; its other settings are in ssd.sh),
-# BENCH_KVSTASHD_ARGS (more kvstashd flags for the matrix's daemon, e.g. --io_threads=8).
+# BENCH_DAEMON_ARGS (more kvstashd flags for the matrix's daemon, e.g. --io_threads=8; the
+# SSD section has its own, BENCH_SSD_DAEMON_ARGS).
 set -u -o pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -105,7 +106,7 @@ kvd_died() {
 }
 
 # ---- start kvstashd ----
-read -r -a extra_args <<<"${BENCH_KVSTASHD_ARGS:-}"
+read -r -a extra_args <<<"${BENCH_DAEMON_ARGS:-}"
 port=""
 for attempt in 1 2 3 4 5; do
     port=$(free_port) || die "no free loopback port found"

@@ -65,7 +65,7 @@ PY=/usr/bin/python3
 MIB=1048576
 
 # shellcheck source=lib.sh
-. "$here/lib.sh"       # die, show, field, free_port
+. "$here/lib.sh"       # die, show, field, answers_ping, free_port
 isnum() { case "$1" in ''|*[!0-9]*) return 1 ;; esac; }
 
 [ -x "$KVSTASHD" ] || die "no daemon at $KVSTASHD (run make first)"
@@ -190,17 +190,11 @@ kvd_start() {
     t0=$(now_ns)
     "${cmd[@]}" >>"$dir/kvstashd.log" 2>&1 &
     kvd_pid=$!
-    up=0
-    for _ in $(seq 1 3000); do
-        kvd_alive || kvd_died
-        if "$KVSTASH_CLI" -H "127.0.0.1:$port" -t 1000 ping >/dev/null 2>&1; then
-            up=1
-            break
-        fi
-        sleep 0.01
-    done
+    answers_ping "$KVSTASH_CLI" "$port" "$kvd_pid" 3000 0.01
+    up=$?
     kvd_up_ms=$(( ($(now_ns) - t0) / 1000000 ))
-    [ "$up" = 1 ] || { echo "ssd.sh: kvstashd did not answer within 30 s" >&2; exit 1; }
+    kvd_alive || kvd_died
+    [ "$up" = 0 ] || { echo "ssd.sh: kvstashd did not answer within 30 s" >&2; exit 1; }
     for _ in $(seq 1 100); do
         s=$(stats)
         [ -n "$(stat_of memory_prefaulted "$s")" ] &&

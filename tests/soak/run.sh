@@ -25,7 +25,7 @@ set -u -o pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 # shellcheck source=../bench/lib.sh
-. "$root/tests/bench/lib.sh"     # die, show, free_port
+. "$root/tests/bench/lib.sh"     # die, show, answers_ping, free_port
 
 KVSTASHD=${KVSTASHD:-$root/build/release/kvstashd}
 KVSTASH_CLI=${KVSTASH_CLI:-$(dirname "$KVSTASHD")/kvstash}
@@ -72,11 +72,7 @@ start() {
     show "${cmd[@]}"
     "${cmd[@]}" >>"$dir/log" 2>&1 &
     kvd_pid=$!
-    for _ in $(seq 1 100); do
-        "$KVSTASH_CLI" -H "127.0.0.1:$port" -t 1000 ping >/dev/null 2>&1 && return 0
-        kill -0 "$kvd_pid" 2>/dev/null || break
-        sleep 0.1
-    done
+    answers_ping "$KVSTASH_CLI" "$port" "$kvd_pid" 100 0.1 && return 0
     tail -n 5 "$dir/log" >&2
     die "kvstashd did not start"
 }
@@ -98,19 +94,7 @@ soak() {
 finish() {
     echo "   left after the traffic: $(counter objects) objects, $(counter memory_used) bytes," \
          "$(counter evictions) evictions in all"
-    "$PY" - "$port" <<'EOF' || fail "remove_all"
-import socket, sys, msgpack
-s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
-s.settimeout(30)
-s.sendall(msgpack.packb([0, 1, "remove_all", [{"force": True}]]))
-u = msgpack.Unpacker()
-while True:
-    m = next(u, None)
-    if m is not None:
-        break
-    u.feed(s.recv(4096))
-assert m[2] is None, m[2]
-EOF
+    timeout 60 "$PY" "$here/soak.py" --port "$port" --remove-all || fail "remove_all"
     local objects reserved used
     objects=$(counter objects)
     reserved=$(counter reserved)

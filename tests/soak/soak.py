@@ -3,6 +3,7 @@
 
     soak.py --port PORT --socket PATH --seconds S --workers W --seed N [--killed]
     soak.py --port PORT --check      (read every key once, check it, print how many exist)
+    soak.py --port PORT --remove-all (remove_all, forced)
 
 Each worker is a process with its own connection (TCP or the Unix socket, picked at
 random) and mixes: batch_put and get/batch_get of 0 B to 3 MiB values over 300 keys, so
@@ -265,11 +266,15 @@ def main():
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--check", action="store_true")
+    p.add_argument("--remove-all", action="store_true")
     p.add_argument("--killed", action="store_true",
                    help="the daemon will be killed: a lost connection ends a worker quietly")
     args = p.parse_args()
     if args.check:
         check_all(args.port)
+        return 0
+    if args.remove_all:
+        Conn(args.port, None, False).call("remove_all", [{"force": True}])
         return 0
     if args.socket is None:
         p.error("--socket is needed for traffic")
