@@ -172,6 +172,7 @@ static const struct conf_option conf_options[] = {
     OPT_SIZE(client_output_limit,       64 * KIB, NO_MAX,    "64m",   RELOAD),
     OPT_SIZE(client_output_max,         MIB,      NO_MAX,    "4g",    RELOAD),
     OPT_DURATION(client_output_timeout, 100,      HOUR_MS,   "60s",   RELOAD),
+    OPT_DURATION(client_input_timeout,  100,      HOUR_MS,   "60s",   RELOAD),
     OPT_UINT(client_inflight_max,       0,        NO_MAX,    "16384", RELOAD),
     OPT_DURATION(idle_timeout,          0,        NO_MAX,    "0",     RELOAD),
     OPT_SIZE(conn_buffer_memory,        MIB,      NO_MAX,    "1g",    RELOAD),

@@ -66,6 +66,7 @@ struct kv_config {
     uint64_t client_output_limit;     /* stop reading a connection above this much unsent output; default 64 MiB */
     uint64_t client_output_max;       /* close a connection above this much unsent output; 4 GiB */
     uint64_t client_output_timeout;   /* ms: close one whose unsent output does not move; 60 s */
+    uint64_t client_input_timeout;    /* ms: close one whose part-sent request does not move; 60 s */
     uint64_t client_inflight_max;     /* stop reading one with this many replies due; 16384 */
     uint64_t idle_timeout;            /* ms: close one with nothing in flight this long; 0 = never */
     uint64_t conn_buffer_memory;      /* all connections' input buffers together; 1 GiB */

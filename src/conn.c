@@ -21,6 +21,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -55,6 +56,9 @@
 #define CONN_LOOKAHEAD_MAX (256u * 1024u) /* buffered bytes read while a get waits */
 #define CONN_PREAUTH_MAX 4096u      /* the largest message before hello {tenant, token} */
 #define CONN_MESSAGES_PER_WAKE 64   /* then other connections of the loop get their turn */
+#define CONN_TURN (512u * 1024u)    /* a turn's bytes while another connection waits */
+#define CONN_TURN_MAX (4096u * 1024u) /* the largest writev or body read (a turn's grain) */
+#define CONN_READY_PEEK 16          /* ready connections looked at per check */
 
 /* The input buffers of every connection together (conn_buffer_memory). */
 static _Atomic uint64_t conn_buffer_bytes;
@@ -72,7 +76,12 @@ struct conn {
     char addr[INET6_ADDRSTRLEN];     /* the peer's IP address ("" on the Unix socket) */
     uint64_t active_ms;              /* last byte read or written */
     uint64_t progress_ms;            /* last time its unsent output moved, or was none */
+    uint64_t rx_ms;                  /* last byte read, or when reading was (re)armed */
     bool yielded;                    /* stopped at CONN_MESSAGES_PER_WAKE: more to process */
+    bool in_ready;                   /* in its worker's ready_ep */
+    bool passed;                     /* its last write event let a waiting peer go first */
+    bool bulk;                       /* its last read turn moved CONN_TURN bytes or more */
+    size_t turn_bytes;               /* bytes read and written in this callback */
     uint32_t auth_seen;              /* ctx.auth_failures already accounted */
     struct event *ev_read, *ev_write;
     bool reading;                /* ev_read is armed */
@@ -175,6 +184,9 @@ conn_free(struct conn *c)
         (void)SSL_shutdown(c->ssl);     /* a close_notify, best effort: never waits */
         SSL_free(c->ssl);
         ERR_clear_error();
+    }
+    if (c->in_ready) {
+        (void)epoll_ctl(w->ready_ep, EPOLL_CTL_DEL, c->fd, NULL);
     }
     if (c->fd >= 0) {
         close(c->fd);
@@ -386,7 +398,7 @@ conn_adopt(struct worker *w, int fd, int kind)
     if (c->ibuf != NULL) {
         atomic_fetch_add_explicit(&conn_buffer_bytes, c->icap, memory_order_relaxed);
     }
-    c->active_ms = c->progress_ms = conn_now_ms();
+    c->active_ms = c->progress_ms = c->rx_ms = conn_now_ms();
     c->ev_read = event_new(w->base, fd, EV_READ | EV_PERSIST, conn_on_read, c);
     c->ev_write = event_new(w->base, fd, EV_WRITE | EV_PERSIST, conn_on_write, c);
     c->next = w->conns;
@@ -394,7 +406,9 @@ conn_adopt(struct worker *w, int fd, int kind)
         w->conns->prev = c;
     }
     w->conns = c;
-    if (c->ibuf == NULL || c->ev_read == NULL || c->ev_write == NULL ||
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
+    c->in_ready = epoll_ctl(w->ready_ep, EPOLL_CTL_ADD, fd, &ev) == 0;
+    if (c->ibuf == NULL || c->ev_read == NULL || c->ev_write == NULL || !c->in_ready ||
         event_add(c->ev_read, NULL) != 0) {
         log_error("conn %llu %s: cannot set up (out of memory)", (unsigned long long)c->id,
                   c->peer);
@@ -416,6 +430,7 @@ conn_set_reading(struct conn *c, bool on)
     }
     if (on) {
         event_add(c->ev_read, NULL);
+        c->rx_ms = conn_now_ms();    /* not reading was this side's doing (conn_timeouts) */
         if (c->ssl != NULL && SSL_pending(c->ssl) > 0) {
             event_active(c->ev_read, EV_READ, 0);   /* decrypted bytes the socket will not signal */
         }
@@ -766,14 +781,61 @@ conn_send_fd(int sock, struct iovec *iov, int n, int fd)
     return sendmsg(sock, &mh, MSG_NOSIGNAL);
 }
 
-/* Write as much as the socket takes. Returns 0, or -1 when the connection broke. */
+/*
+ * conn_others_waiting: whether another connection of c's loop sits between requests
+ * (conn_idle) with its next one readable. A connection moving a bulk transfer asks
+ * every CONN_TURN bytes and gives up its turn if so: a loopback peer with a wide window
+ * takes tens of megabytes in one writev, a put reads as fast, and a probe queued behind
+ * a few of those turns waited 7-12 ms. One epoll_wait with no timeout on the worker's
+ * ready_ep, which holds every connection level-triggered for input; busy connections
+ * are in it too and are passed over here.
+ */
+static bool
+conn_others_waiting(struct conn *c)
+{
+    struct epoll_event ev[CONN_READY_PEEK];
+    int n = epoll_wait(c->w->ready_ep, ev, CONN_READY_PEEK, 0);
+
+    for (int i = 0; i < n; i++) {
+        struct conn *o = ev[i].data.ptr;
+        if (o != c && !o->bulk && o->reading && conn_idle(o)) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* conn_iov_clip: cut iov[0..n) to at most max bytes; returns the segments left. */
+static int
+conn_iov_clip(struct iovec *iov, int n, size_t max)
+{
+    for (int i = 0; i < n; i++) {
+        if (iov[i].iov_len >= max) {
+            iov[i].iov_len = max;
+            return i + 1;
+        }
+        max -= iov[i].iov_len;
+    }
+    return n;
+}
+
+/*
+ * conn_flush: write what the socket takes, at most CONN_TURN_MAX bytes a writev, or
+ * CONN_TURN once another connection of the loop waits with a request
+ * (conn_others_waiting): then stop after it. What is left goes out on the write event,
+ * which fires again on the loop's next poll. Returns 0, or -1 when the connection broke.
+ */
 static int
 conn_flush(struct conn *c)
 {
     struct iovec iov[CONN_IOV_MAX];
+    size_t most = CONN_TURN_MAX;
 
+    if (outq_pending(&c->out) > CONN_TURN && conn_others_waiting(c)) {
+        most = CONN_TURN;
+    }
     while (outq_pending(&c->out) > 0) {
-        int n = outq_peek(&c->out, iov, CONN_IOV_MAX);
+        int n = conn_iov_clip(iov, outq_peek(&c->out, iov, CONN_IOV_MAX), most);
         int fd = outq_head_fd(&c->out);
         ssize_t wr = c->ssl != NULL ? conn_tls_writev(c, iov, n)
                      : fd < 0     ? writev(c->fd, iov, n)
@@ -798,10 +860,16 @@ conn_flush(struct conn *c)
             c->active_ms = c->progress_ms = conn_now_ms();
         }
         outq_consume(&c->out, (size_t)wr);
+        c->turn_bytes += (size_t)wr;
         atomic_store_explicit(&c->w->bytes_out,
                               atomic_load_explicit(&c->w->bytes_out, memory_order_relaxed) +
                                   (uint64_t)wr,
                               memory_order_relaxed);
+        if (outq_pending(&c->out) > 0 && (size_t)wr == most &&
+            (most == CONN_TURN || conn_others_waiting(c))) {
+            conn_set_writing(c, true);
+            return 0;
+        }
     }
     conn_set_writing(c, outq_pending(&c->out) > 0 || c->tls_want_write);
     return 0;
@@ -1291,6 +1359,8 @@ conn_read_once(struct conn *c)
             body = c->spill_left;
             if (!c->rx_behind && c->ssl == NULL && body > CONN_BODY_CHUNK) {
                 body = CONN_BODY_CHUNK;
+            } else if (body > CONN_TURN_MAX) {
+                body = CONN_TURN_MAX;   /* one read stays a short turn */
             }
             n = conn_obj_iov(sp->obj, c->spill_off, body, iov, n);
         } else {
@@ -1378,6 +1448,10 @@ conn_on_read(evutil_socket_t fd, short what, void *arg)
         conn_free(c);
         return;
     }
+    size_t check_at = CONN_TURN;
+
+    c->turn_bytes = 0;
+
     for (int i = 0; i < CONN_READS_PER_WAKE && !c->closing && !c->yielded; i++) {
         ssize_t rd = conn_read_once(c);
         if (rd == 0) {
@@ -1398,7 +1472,8 @@ conn_on_read(evutil_socket_t fd, short what, void *arg)
             c->closing = true;
             break;
         }
-        c->active_ms = conn_now_ms();
+        c->active_ms = c->rx_ms = conn_now_ms();
+        c->turn_bytes += (size_t)rd;
         if (c->waiting && !c->overlap) {
             conn_lookahead(c);
             if (!conn_reading_wanted(c)) {
@@ -1409,10 +1484,17 @@ conn_on_read(evutil_socket_t fd, short what, void *arg)
         if (conn_process(c) != 0 || c->paused || (c->waiting && !c->overlap)) {
             break;
         }
+        if (c->turn_bytes >= check_at) {
+            if (conn_others_waiting(c)) {
+                break;              /* the rest stays readable: the next poll comes back */
+            }
+            check_at = c->turn_bytes + CONN_TURN;
+        }
     }
     if (!c->closing && (conn_flush(c) != 0 || conn_resume(c) != 0)) {
         c->closing = true;
     }
+    c->bulk = c->turn_bytes >= CONN_TURN;
     if (!c->closing && (c->paused || c->waiting)) {
         conn_set_reading(c, conn_reading_wanted(c));
     }
@@ -1477,6 +1559,11 @@ conn_on_write(evutil_socket_t fd, short what, void *arg)
     (void)what;
 
     conn_refresh_limits(c->w);
+    if (!c->passed && !c->tls_want_write && conn_others_waiting(c)) {
+        c->passed = true;           /* once: they go first, this turn comes on the next poll */
+        return;
+    }
+    c->passed = false;
     if (c->tls_want_write) {
         /* A TLS read (the handshake, say) waited for this: read again; that flushes too. */
         c->tls_want_write = false;
@@ -1556,7 +1643,8 @@ conn_drain_all(struct worker *w)
 
 /*
  * conn_timeouts: close c when its unsent output has not moved for
- * client_output_timeout, or when it has had nothing in flight for
+ * client_output_timeout, when a request it began has not moved for
+ * client_input_timeout while it was read, or when it has had nothing in flight for
  * idle_timeout. Returns true when it closed (c is gone).
  */
 static bool
@@ -1571,6 +1659,13 @@ conn_timeouts(struct conn *c, uint64_t now)
     } else if (now - c->progress_ms > conf->client_output_timeout) {
         atomic_fetch_add_explicit(&c->w->output_stall_closes, 1, memory_order_relaxed);
         conn_fail(c, KV_TIMEOUT, "its unsent output has not moved for client_output_timeout");
+    }
+    /* a request begun and not going on, while this side reads: a stalled client's */
+    bool partial = c->rpos != c->ilen || c->spill_left > 0 || c->nholes > 0;
+    if (!c->closing && partial && c->reading && !c->waiting &&
+        now - c->rx_ms > conf->client_input_timeout) {
+        atomic_fetch_add_explicit(&c->w->input_stall_closes, 1, memory_order_relaxed);
+        conn_fail(c, KV_TIMEOUT, "a request has not moved for client_input_timeout");
     }
     if (!c->closing && idle && conf->idle_timeout != 0 && now - c->active_ms > conf->idle_timeout) {
         atomic_fetch_add_explicit(&c->w->idle_closes, 1, memory_order_relaxed);

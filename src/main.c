@@ -36,7 +36,8 @@ usage(FILE *f)
             "  --check-config   validate the configuration and exit\n"
             "  --version        print the version and exit\n"
             "\n"
-            "signals: SIGHUP reloads FILE, SIGUSR1 reopens log_file, SIGTERM/SIGINT drain "
+            "signals: SIGHUP reloads FILE and reopens log_file, SIGUSR1 reopens log_file,\n"
+            "         SIGTERM/SIGINT drain "
             "and exit\n");
 }
 
@@ -120,8 +121,12 @@ main(int argc, char **argv)
     }
 
     signal(SIGPIPE, SIG_IGN);
-    if (log_open(conf.log_file, conf.log_level) != 0) {
-        fprintf(stderr, "kvstashd: cannot open log_file '%s'; logging to stderr\n", conf.log_file);
+    int lrc = log_open(conf.log_file, conf.log_level);
+    if (lrc != 0) {
+        fprintf(stderr, "kvstashd: log_file '%s': cannot open: %s\n", conf.log_file,
+                strerror(-lrc));
+        free(overrides);
+        return 1;
     }
     if (server_create(&conf, config_path, noverrides, overrides, &srv) != 0) {
         log_close();

@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -656,12 +657,16 @@ worker_init(struct server *s, struct worker *w, int idx)
 
     w->srv = s;
     w->idx = idx;
-    w->notify_rd = w->notify_wr = -1;
+    w->notify_rd = w->notify_wr = w->ready_ep = -1;
     pthread_mutex_init(&w->lock, NULL);
     w->base = event_base_new();
     w->discard = malloc(SERVER_DISCARD_SIZE);
     if (w->base == NULL || w->discard == NULL) {
         return -ENOMEM;
+    }
+    w->ready_ep = epoll_create1(EPOLL_CLOEXEC);
+    if (w->ready_ep < 0) {
+        return -errno;
     }
     if (pipe2(p, O_NONBLOCK | O_CLOEXEC) != 0) {
         return -errno;
@@ -728,6 +733,9 @@ worker_deinit(struct worker *w)
     }
     if (w->notify_wr >= 0) {
         close(w->notify_wr);
+    }
+    if (w->ready_ep >= 0) {
+        close(w->ready_ep);
     }
     for (int i = 0; i < w->npending; i++) {
         int f = w->pending[i];
@@ -818,6 +826,26 @@ server_reload(struct server *s)
     conf_diff(cur, fresh, server_log_restart_key, NULL);
     *next = *cur;
     conf_apply_reloadable(next, fresh);
+    /* What can fail comes before anything is applied: a failed reload changes nothing. */
+    olds = realloc(s->old_confs, (size_t)(s->nold + 1) * sizeof(*olds));
+    if (olds == NULL) {
+        log_error("reload: out of memory; keeping the running config");
+        goto fail;
+    }
+    s->old_confs = olds;
+    if (strcmp(next->log_file, cur->log_file) != 0) {
+        int rc = log_open(next->log_file, cur->log_level);
+        if (rc != 0) {
+            log_error("reload failed, keeping the running config: cannot open log_file '%s': %s",
+                      next->log_file, strerror(-rc));
+            goto fail;
+        }
+    } else if (log_reopen() != 0) {
+        /* The same file, reopened so that a rotated log starts anew (logrotate's postrotate
+         * may send SIGHUP or SIGUSR1); the old descriptor stays on failure. */
+        log_error("reload: cannot reopen log_file '%s'; still writing to the old one",
+                  next->log_file);
+    }
 
     struct store_config sc = {
         .memory_size = next->memory_size,
@@ -827,7 +855,11 @@ server_reload(struct server *s)
         .low_watermark = next->eviction_low_watermark,
     };
     if (store_set_limits(s->store, &sc) != 0) {
+        /* conf_finalize checked the same rules: not expected, but then nothing changes */
         log_error("reload: store rejected the new limits; keeping the running config");
+        if (strcmp(next->log_file, cur->log_file) != 0) {
+            (void)log_open(cur->log_file, cur->log_level);
+        }
         goto fail;
     }
     if (s->ssd != NULL) {
@@ -848,21 +880,7 @@ server_reload(struct server *s)
         tls_ctx_free(old);
         tls_ctx = NULL;
     }
-    if (strcmp(next->log_file, cur->log_file) != 0) {
-        int rc = log_open(next->log_file, next->log_level);
-        if (rc != 0) {
-            log_error("reload: cannot open log_file '%s': %s; keeping the old log", next->log_file,
-                      strerror(-rc));
-            snprintf(next->log_file, sizeof(next->log_file), "%s", cur->log_file);
-        }
-    }
     log_set_level(next->log_level);
-    olds = realloc(s->old_confs, (size_t)(s->nold + 1) * sizeof(*olds));
-    if (olds == NULL) {
-        log_error("reload: out of memory; keeping the running config");
-        goto fail;
-    }
-    s->old_confs = olds;
     s->old_confs[s->nold++] = (struct kv_config *)cur;
     if (strcmp(next->local_tcp_congestion, cur->local_tcp_congestion) != 0) {
         s->congestion_warned = false; /* a new name's failure is logged again */

@@ -69,6 +69,7 @@ struct worker {
     _Atomic uint64_t auth_failures;  /* hello {tenant, token} refused */
     _Atomic uint64_t output_cap_closes;   /* closed over client_output_max */
     _Atomic uint64_t output_stall_closes; /* closed: output stuck for client_output_timeout */
+    _Atomic uint64_t input_stall_closes;  /* closed: a request stuck for client_input_timeout */
     _Atomic uint64_t idle_closes;         /* closed: idle for idle_timeout */
     _Atomic uint64_t buffer_cap_closes;   /* closed: conn_buffer_memory reached */
     _Atomic uint64_t inflight_pauses;     /* reading paused at client_inflight_max */
@@ -76,6 +77,8 @@ struct worker {
     _Atomic int done;
     uint8_t *discard;                /* scratch for bytes read only to be dropped */
     int waiting;                     /* connections waiting for the SSD tier */
+    int ready_ep;                    /* epoll set of its connections, for input: which wait
+                                        for a turn (conn.c, conn_others_waiting) */
     struct event *wake_ev;           /* made active by the SSD tier's threads */
     struct event *tick_ev;           /* once a second: reclaim expired reservations */
     struct rdma_cq *rdma_cq;         /* completions of its connections' RDMA work, or NULL */

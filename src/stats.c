@@ -38,7 +38,7 @@ stats_collect(void *arg, const char **names, uint64_t *values, int max)
     uint64_t ops[RPC_METHOD_COUNT] = {0};
     uint64_t hits = 0, misses = 0, errors = 0, bin = 0, bout = 0, perr = 0, expired = 0;
     uint64_t auth_failed = 0, cap_closes = 0, stall_closes = 0, idle_closes = 0, buf_closes = 0;
-    uint64_t inflight_pauses = 0, auth_revoked = 0;
+    uint64_t in_stall_closes = 0, inflight_pauses = 0, auth_revoked = 0;
     int n = 0;
 
     pthread_once(&stats_once, stats_names_init);
@@ -57,6 +57,7 @@ stats_collect(void *arg, const char **names, uint64_t *values, int max)
         auth_failed += ld(&w->auth_failures);
         cap_closes += ld(&w->output_cap_closes);
         stall_closes += ld(&w->output_stall_closes);
+        in_stall_closes += ld(&w->input_stall_closes);
         idle_closes += ld(&w->idle_closes);
         buf_closes += ld(&w->buffer_cap_closes);
         inflight_pauses += ld(&w->inflight_pauses);
@@ -90,6 +91,7 @@ stats_collect(void *arg, const char **names, uint64_t *values, int max)
     STAT("auth_revoked", auth_revoked);
     STAT("closed_output_max", cap_closes);
     STAT("closed_output_stalled", stall_closes);
+    STAT("closed_input_stalled", in_stall_closes);
     STAT("closed_idle", idle_closes);
     STAT("closed_buffer_memory", buf_closes);
     STAT("inflight_pauses", inflight_pauses);

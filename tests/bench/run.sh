@@ -16,6 +16,7 @@
 # peer that is missing or fails is reported and skipped. A summary puts each row next to
 # its raw TCP ceiling and the peers. Every command is printed before it runs; every loop and
 # every command is bounded.
+# Then batch_is_exist probes on one connection under get and put loads on eight.
 # Last, the SSD section (tests/bench/ssd.sh): fio and kvstashd's SSD tier on one
 # directory of the same disk, sequential 1 MiB writes and reads, DRAM probes under SSD
 # reads, and restarts with a million objects on the SSD.
@@ -72,10 +73,11 @@ kvd_pid=""
 redis_pid=""
 mc_pid=""
 raw_pid=""
+load_pid=""
 # shellcheck disable=SC2317  # invoked by the EXIT trap
 cleanup() {
     local pid
-    for pid in "$kvd_pid" "$redis_pid" "$mc_pid" "$raw_pid"; do
+    for pid in "$kvd_pid" "$redis_pid" "$mc_pid" "$raw_pid" "$load_pid"; do
         if [ -n "$pid" ] && kill "$pid" 2>/dev/null; then
             wait "$pid" 2>/dev/null
         fi
@@ -106,13 +108,17 @@ kvd_died() {
 }
 
 # ---- start kvstashd ----
+# DRAM only (--ssd_dir=): the put rows stay within memory_size, and the put load under
+# probe-under-put runs into DRAM eviction, which then drops values instead of writing them
+# to disk; the SSD section measures the tier with its own daemon.
 read -r -a extra_args <<<"${BENCH_DAEMON_ARGS:-}"
 port=""
 for attempt in 1 2 3 4 5; do
     port=$(free_port) || die "no free loopback port found"
     mkdir -p "$tmp/data"
     cmd=("$KVSTASHD" --listen="127.0.0.1:$port" --data_dir="$tmp/data"
-         --unix_socket="$tmp/data/kvstashd.sock" --memory_size="$mem" "${extra_args[@]}")
+         --unix_socket="$tmp/data/kvstashd.sock" --memory_size="$mem" --ssd_dir=
+         "${extra_args[@]}")
     show "${cmd[@]}"
     "${cmd[@]}" >"$tmp/kvstashd.log" 2>&1 &
     kvd_pid=$!
@@ -304,6 +310,49 @@ if [ -n "$raw_pid" ]; then
     wait "$raw_pid" 2>/dev/null
     raw_pid=""
 fi
+
+# ---- probes under bulk load ----
+# batch_is_exist of 128 keys on one connection, one request at a time, while 8 other
+# connections move 8 x 1 MiB batches (get-1m-c8's and put-1m-c8's shapes; the put load
+# runs on into eviction, as a full cache's does): how long an engine's prefix check waits
+# while the store is busy. Each run starts on an emptied store with the probe's keys
+# (and a get load's keys) stored; the probe starts a second into the load and ends
+# before it does. The median by p99 is kept.
+probe_rows=("probe-under-get get" "probe-under-put put")
+for row in "${probe_rows[@]}"; do
+    read -r name mode <<<"$row"
+    pargs=(-H "$addr" -m exists -b 128 -c 1 -d 1 -t "$SECS" -N -i kvprobe -k 4096 -q)
+    largs=(-H "$addr" -m "$mode" -s 1m -b 8 -c 8 -d 2 -t $(( SECS + 2 )) -q)
+    [ "$mode" = get ] && largs+=(-N -i kvload -k 128)
+    echo "== $name: batch_is_exist of 128 keys, 1 conn, depth 1, under batch_$mode of 8 x 1m on 8 conns"
+    show "$BENCH" "${largs[@]}" "&"
+    show "$BENCH" "${pargs[@]}"
+    lines=()
+    for rep in $(seq 1 "$REPS"); do
+        timeout 60 "$BENCH" -H "$addr" -m exists -b 128 -c 1 -d 1 -t 1 -i kvprobe -k 4096 -R \
+            -q >/dev/null 2>"$tmp/bench.err" &&
+            { [ "$mode" != get ] || timeout 120 "$BENCH" -H "$addr" -m get -s 1m -b 8 -c 8 \
+                  -d 2 -t 1 -i kvload -k 128 -q >/dev/null 2>"$tmp/bench.err"; } ||
+            { echo "   run $rep: preload FAILED: $(tr '\n' ' ' <"$tmp/bench.err")"
+              failures=$(( failures + 1 )); kvd_alive || kvd_died; continue; }
+        timeout $(( SECS * 4 + 120 )) "$BENCH" "${largs[@]}" >"$tmp/load.out" 2>&1 &
+        load_pid=$!
+        sleep 1
+        bench_once "run $rep" keys/s "$BENCH" "${pargs[@]}" && lines+=("$once") &&
+            echo "      p50 $(field p50_us "$once") us"
+        wait "$load_pid" || { echo "   load FAILED: $(tr '\n' ' ' <"$tmp/load.out")"
+                              failures=$(( failures + 1 )); }
+        echo "      load: $(field GB/s "$(cat "$tmp/load.out")") GB/s"
+    done
+    if [ "${#lines[@]}" -gt 0 ]; then
+        med=$(median_line p99_us "${lines[@]}")
+        row_summary[$name]="p50 $(field p50_us "$med") us, p99 $(field p99_us "$med") us"
+        echo "   median: ${row_summary[$name]} ($(field keys/s "$med") keys/s)"
+    else
+        row_summary[$name]="failed"
+    fi
+    echo
+done
 
 # ---- shared memory ----
 # batch_get_into / batch_put_from of 8 x 1 MiB over the Unix socket (one registered buffer
@@ -639,6 +688,10 @@ for row in "${matrix[@]}"; do
     printf '%-15s %-46s %-30s %-9s %-46s %s\n' "$name" "${row_summary[$name]:-}" \
            "${row_summary[raw-$name]:--}" "$(ratio "${gbs[$name]:-}" "${gbs[raw-$name]:-}")" \
            "${redis_summary[$name]:--}" "${mc_summary[$name]:--}"
+done
+for row in "${probe_rows[@]}"; do
+    read -r name _ <<<"$row"
+    printf '%-15s %s\n' "$name" "${row_summary[$name]:-}"
 done
 if [ "${#shm_table[@]}" -gt 0 ]; then
     echo

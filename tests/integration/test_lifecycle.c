@@ -237,6 +237,8 @@ Test(lifecycle, sighup_applies_good_config_and_survives_bad)
         {"max_batch banana\n", "banana"},
         {"reload_me_not_a_key 7\n", "reload_me_not_a_key"},
         {"eviction_low_watermark 0.95\neviction_high_watermark 0.5\n", "watermark"},
+        /* fails only when applied: the good max_batch beside it must not be applied either */
+        {"max_batch 300\nlog_file /nonexistent-kvstash-dir/kv.log\n", "nonexistent-kvstash-dir"},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         cr_assert_eq(harness_write_conf(&h, bad[i].text), 0);
@@ -280,6 +282,60 @@ Test(lifecycle, sighup_applies_good_config_and_survives_bad)
     cr_assert_eq(harness_stop(&h, 5000), 0);
     cr_assert(harness_exited_with(h.status, 0), "exit status 0x%x after SIGTERM",
               (unsigned)h.status);
+}
+
+/* count_in_file: how often needle occurs in file path (0 if it cannot be read). */
+static int
+count_in_file(const char *path, const char *needle)
+{
+    FILE *f = fopen(path, "r");
+    char line[1024];
+    int n = 0;
+
+    if (f == NULL) {
+        return 0;
+    }
+    while (fgets(line, sizeof(line), f) != NULL) {
+        n += strstr(line, needle) != NULL;
+    }
+    fclose(f);
+    return n;
+}
+
+Test(lifecycle, sighup_reopens_a_rotated_log_file)
+{
+    char log[256], rotated[300], conf[320];
+
+    cr_assert_eq(harness_prepare(&h), 0);
+    snprintf(log, sizeof(log), "%s/kv.log", h.dir);
+    snprintf(rotated, sizeof(rotated), "%s.1", log);
+    snprintf(conf, sizeof(conf), "log_file %s\n", log);
+    cr_assert_eq(harness_restart(&h, conf, NULL), 0);   /* in the dir prepared above */
+    cr_assert_eq(rename(log, rotated), 0, "cannot rotate %s: %s", log, strerror(errno));
+    cr_assert_eq(harness_signal(&h, SIGHUP), 0);
+    /* the reload logs "configuration applied" into the file it reopened */
+    uint64_t deadline = harness_now_ms() + 3000;
+    while (count_in_file(log, "configuration applied") == 0 && harness_now_ms() < deadline) {
+        harness_sleep_ms(20);
+    }
+    cr_assert_eq(count_in_file(log, "configuration applied"), 1,
+                 "after rotation and SIGHUP nothing was written to a new %s", log);
+    cr_assert_eq(count_in_file(rotated, "configuration applied"), 0,
+                 "the daemon kept writing to the rotated file after SIGHUP");
+    cr_assert_eq(harness_stop(&h, 5000), 0);
+    cr_assert(harness_exited_with(h.status, 0));
+}
+
+Test(lifecycle, log_file_that_cannot_be_opened_stops_the_start)
+{
+    cr_assert_eq(harness_prepare(&h), 0);
+    char listen[96], dir[160];
+    snprintf(listen, sizeof(listen), "--listen=%s", h.addr);
+    snprintf(dir, sizeof(dir), "--data_dir=%s", h.dir);
+    expect_refused(HARNESS_ARGS(listen, dir, "--log_file=/nonexistent-kvstash-dir/kv.log"),
+                   "nonexistent-kvstash-dir", "an unopenable log_file");
+    struct harness_conn c;
+    cr_assert_neq(harness_conn_tcp(&c, h.port, 0), 0, "a refused daemon is listening");
 }
 
 Test(lifecycle, sigterm_exits_zero_promptly_with_idle_clients)

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from kvtest import Daemon
+from kvtest import Daemon, wait_for
 from test_python_client import Client
 
 MIB = 1 << 20
@@ -75,6 +75,42 @@ def test_reader_that_never_reads_is_closed_and_others_keep_their_latency(work):
         # The objects it pinned are free again: they can be removed.
         assert fast.call("remove", b"big0") == 0
         slow.close()
+    finally:
+        d.stop()
+
+
+def test_client_stalled_mid_put_is_closed_and_its_space_returns(work):
+    d = Daemon(work, ("--memory_size=64m", "--ssd_dir=", "--client_input_timeout=1s",
+                      "--idle_timeout=0")).wait_ready()
+    try:
+        other = d.tcp()
+        # A put declaring a 48 MiB value, 70 KB of it sent, then nothing more: the daemon
+        # reserves the value's space as the header arrives.
+        stalled = socket.create_connection(("127.0.0.1", d.port))
+        body = b"v" * (48 * MIB)
+        req = Client(stalled).request("put", [b"stalled", body])[1]
+        stalled.sendall(req[:len(req) - len(body) + 70000])
+        wait_for(lambda: other.call("stats")["reserved"] > 0, 5, "the reservation")
+        assert other.call("put", b"second", b"w" * (48 * MIB)) == 4   # NO_SPACE meanwhile
+        # A slow client that keeps sending is not a stalled one.
+        slow = socket.create_connection(("127.0.0.1", d.port))
+        sreq = Client(slow).request("put", [b"slow", b"s" * 400000])[1]
+        t0 = time.monotonic()
+        for off in range(0, len(sreq), 20000):
+            slow.sendall(sreq[off:off + 20000])
+            time.sleep(0.1)                     # 2 s in all, 0.1 s between pieces
+        assert time.monotonic() - t0 > 1.5
+        assert Client(slow).recv()[3] == 0      # stored
+        wait_for(lambda: other.call("stats")["closed_input_stalled"] == 1, 5,
+                 "the stalled put's close")
+        stalled.settimeout(5)
+        msg = Client(stalled).recv()            # the notification, then the close
+        assert msg[0] == 2 and msg[2][0] == 13, msg
+        s = other.call("stats")
+        assert s["reserved"] == 0 and s["connections"] == 2, s
+        assert other.call("get", b"stalled") is None
+        assert other.call("put", b"second", b"w" * (48 * MIB)) == 0
+        assert other.call("get", b"slow") == b"s" * 400000
     finally:
         d.stop()
 
