@@ -781,7 +781,7 @@ Test(config, apply_reloadable_copies_only_reloadable_keys)
     }
     /* ...and what changed from before is exactly the reloadable ones. */
     d.n = 0;
-    cr_expect_eq(conf_diff(&before, &running, diff_collect, &d), 33);
+    cr_expect_eq(conf_diff(&before, &running, diff_collect, &d), 34);
     for (int i = 0; i < d.n; i++) {
         cr_expect(d.reloadable[i], "%s needs a restart but was applied", d.keys[i]);
     }
