@@ -22,6 +22,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
@@ -46,6 +47,7 @@
 
 #define SERVER_ACCEPTS_PER_WAKE 64
 #define SERVER_DISCARD_SIZE (256u * 1024u)
+#define SERVER_FD_RESERVE 256          /* descriptors besides connections (server_fd_limit) */
 
 /* ---- data dir and node id ---- */
 
@@ -243,6 +245,43 @@ server_reject(struct server *s, int fd, const char *why)
     close(fd);
 }
 
+/*
+ * server_refuse_no_fd: accept() failed with EMFILE or ENFILE. Close the spare descriptor,
+ * accept the client with it, refuse it with an error notification and take the spare
+ * back (memcached's and nginx's way), so that a client past the descriptor limit hears
+ * why instead of hanging in the backlog. Logged at most every 10 s. Returns true when a
+ * client was refused (the caller accepts on), false when the caller must pause accepts.
+ */
+static bool
+server_refuse_no_fd(struct server *s, int lfd, int err)
+{
+    bool refused = false;
+    struct timespec ts;
+
+    if (s->spare_fd >= 0 && (err == EMFILE || err == ENFILE)) {
+        close(s->spare_fd);
+        int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd >= 0) {
+            server_reject(s, fd, "out of file descriptors");
+            atomic_fetch_add_explicit(&s->connections_rejected, 1, memory_order_relaxed);
+            s->fd_refused++;
+            refused = true;
+        }
+        s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    uint64_t now = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+    if (s->fd_warned_ms == 0 || now - s->fd_warned_ms >= 10000) {
+        log_warn("accept: %s (max_connections %llu); %llu client(s) refused with an error "
+                 "since the last report", strerror(err),
+                 (unsigned long long)server_conf(s)->max_connections,
+                 (unsigned long long)s->fd_refused);
+        s->fd_warned_ms = now;
+        s->fd_refused = 0;
+    }
+    return refused;
+}
+
 static void
 server_accept_resume(evutil_socket_t fd, short what, void *arg)
 {
@@ -378,9 +417,12 @@ server_on_accept(evutil_socket_t lfd, short what, void *arg)
             }
             atomic_fetch_add_explicit(&s->accept_errors, 1, memory_order_relaxed);
             if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-                /* Out of descriptors: stop accepting for a moment instead of spinning. */
+                /* Out of descriptors: refuse the client with the spare one, or stop
+                 * accepting for a moment instead of spinning. */
                 struct timeval tv = {0, 100 * 1000};
-                log_warn("accept: %s; pausing accepts for 100 ms", strerror(errno));
+                if (server_refuse_no_fd(s, lfd, errno)) {
+                    continue;
+                }
                 if (s->tcp_ev != NULL) {
                     event_del(s->tcp_ev);
                 }
@@ -748,6 +790,37 @@ worker_deinit(struct worker *w)
 
 /* ---- config reload ---- */
 
+/*
+ * server_fd_limit: raise the soft RLIMIT_NOFILE to what max_connections needs (a
+ * descriptor a connection, plus SERVER_FD_RESERVE for listeners, pipes, the SSD tier's
+ * files and LMDB) as far as the hard limit allows, as Redis does, and say so when that
+ * falls short: past it clients are refused (server_refuse_no_fd). At start and reload.
+ */
+static void
+server_fd_limit(uint64_t max_connections)
+{
+    struct rlimit rl;
+    rlim_t want = (rlim_t)(max_connections + SERVER_FD_RESERVE);
+
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= want) {
+        return;
+    }
+    rlim_t was = rl.rlim_cur;
+    rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= want ? want : rl.rlim_max;
+    if (rl.rlim_cur > was && setrlimit(RLIMIT_NOFILE, &rl) == 0) {
+        log_info("RLIMIT_NOFILE raised from %llu to %llu for max_connections %llu",
+                 (unsigned long long)was, (unsigned long long)rl.rlim_cur,
+                 (unsigned long long)max_connections);
+        was = rl.rlim_cur;
+    }
+    if (was < want) {
+        log_warn("max_connections %llu needs about %llu descriptors but RLIMIT_NOFILE allows "
+                 "%llu: clients past that are refused with \"out of file descriptors\"",
+                 (unsigned long long)max_connections, (unsigned long long)want,
+                 (unsigned long long)was);
+    }
+}
+
 static int
 server_build_conf(struct server *s, struct kv_config *c, char *err, size_t errlen)
 {
@@ -881,6 +954,9 @@ server_reload(struct server *s)
         tls_ctx = NULL;
     }
     log_set_level(next->log_level);
+    if (next->max_connections != cur->max_connections) {
+        server_fd_limit(next->max_connections);
+    }
     s->old_confs[s->nold++] = (struct kv_config *)cur;
     if (strcmp(next->local_tcp_congestion, cur->local_tcp_congestion) != 0) {
         s->congestion_warned = false; /* a new name's failure is logged again */
@@ -1054,6 +1130,8 @@ server_create(const struct kv_config *conf, const char *config_path, int argc, c
     s->argc = argc;
     s->argv = argv;
     s->tcp_fd = s->unix_fd = s->tls_fd = -1;
+    s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    server_fd_limit(c->max_connections);
     pthread_mutex_init(&s->tls_lock, NULL);
     s->started = time(NULL);
 
@@ -1285,6 +1363,9 @@ server_destroy(struct server *s)
     }
     if (s->tls_fd >= 0) {
         close(s->tls_fd);
+    }
+    if (s->spare_fd >= 0) {
+        close(s->spare_fd);
     }
     tls_ctx_free(s->tls_ctx);
     pthread_mutex_destroy(&s->tls_lock);

@@ -112,6 +112,10 @@ struct server {
     pthread_mutex_t tls_lock;        /* guards tls_ctx */
     char unix_path[CONF_STR_MAX];
     struct event *tcp_ev, *unix_ev, *tls_ev, *accept_timer;
+    int spare_fd;                    /* /dev/null, given up to accept and refuse a client
+                                        when descriptors run out (server_refuse_no_fd) */
+    uint64_t fd_refused;             /* clients refused for want of a descriptor */
+    uint64_t fd_warned_ms;           /* when that was last logged */
     struct event *sig_ev[4];
     struct event *drain_timer;
     struct timespec drain_deadline;

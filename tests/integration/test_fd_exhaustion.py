@@ -1,9 +1,10 @@
 """Integration: running out of file descriptors does not spin kvstashd's accept loop.
 
 The daemon is started with a small RLIMIT_NOFILE (through the standard library's
-resource module), more clients connect than it has descriptors for, and while
-they wait in the listen backlog the daemon must stay nearly idle, keep serving
-the clients it has, and accept the waiting ones once descriptors free up.
+resource module) and more clients connect than it has descriptors for: the ones
+past the limit are refused with an error notification (the daemon keeps a spare
+descriptor to accept and refuse them), the daemon stays nearly idle, keeps serving
+the clients it has, and accepts new ones once descriptors free up.
 Only Debian's python3-msgpack and the standard library are used.
 """
 
@@ -73,6 +74,20 @@ def test_out_of_descriptors_does_not_spin_and_recovers():
             assert first.call("ping") == "pong"
             stats = first.call("stats")
             assert stats["accept_errors"] > 0, stats
+            assert stats["connections_rejected"] > 0, stats
+
+            # The last ones were told why, and closed: no client hangs in the backlog.
+            last = socks[-1]
+            unpacker = msgpack.Unpacker(raw=False)
+            data = b""
+            while True:
+                chunk = last.recv(4096)
+                if not chunk:
+                    break
+                data += chunk
+            unpacker.feed(data)
+            msgs = list(unpacker)
+            assert msgs == [[2, "error", [14, "UNAVAILABLE", "out of file descriptors"]]], msgs
 
             # Free descriptors: the waiting clients get in and are served. The daemon keeps
             # about 20 descriptors of its own (listeners, event loops, the SSD tier's index
