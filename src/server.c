@@ -870,6 +870,30 @@ server_notify_workers(struct server *s, char b)
     }
 }
 
+/* server_swap_tls: new TLS connections get *ctx's certificates; those made before keep theirs. */
+static void
+server_swap_tls(struct server *s, SSL_CTX **ctx)
+{
+    SSL_CTX *old;
+
+    if (*ctx == NULL) {
+        return;
+    }
+    pthread_mutex_lock(&s->tls_lock);
+    old = s->tls_ctx;
+    s->tls_ctx = *ctx;
+    pthread_mutex_unlock(&s->tls_lock);
+    tls_ctx_free(old);
+    *ctx = NULL;
+}
+
+/*
+ * server_reload: SIGHUP. Build and check the whole new config first; apply its reloadable
+ * keys as a new snapshot, which the workers pick up (conn_refresh_limits). Snapshots are
+ * kept until exit (connections may point into one), so a reload that changes no key keeps
+ * the running one: automation that reloads often without changes costs nothing. The log
+ * file and the TLS certificates are reopened either way.
+ */
 static void
 server_reload(struct server *s)
 {
@@ -899,13 +923,16 @@ server_reload(struct server *s)
     conf_diff(cur, fresh, server_log_restart_key, NULL);
     *next = *cur;
     conf_apply_reloadable(next, fresh);
+    bool changed = conf_diff(cur, next, NULL, NULL) > 0;
     /* What can fail comes before anything is applied: a failed reload changes nothing. */
-    olds = realloc(s->old_confs, (size_t)(s->nold + 1) * sizeof(*olds));
-    if (olds == NULL) {
-        log_error("reload: out of memory; keeping the running config");
-        goto fail;
+    if (changed) {
+        olds = realloc(s->old_confs, (size_t)(s->nold + 1) * sizeof(*olds));
+        if (olds == NULL) {
+            log_error("reload: out of memory; keeping the running config");
+            goto fail;
+        }
+        s->old_confs = olds;
     }
-    s->old_confs = olds;
     if (strcmp(next->log_file, cur->log_file) != 0) {
         int rc = log_open(next->log_file, cur->log_level);
         if (rc != 0) {
@@ -918,6 +945,13 @@ server_reload(struct server *s)
          * may send SIGHUP or SIGUSR1); the old descriptor stays on failure. */
         log_error("reload: cannot reopen log_file '%s'; still writing to the old one",
                   next->log_file);
+    }
+    if (!changed) {
+        server_swap_tls(s, &tls_ctx);
+        log_info("reload: no key changed%s", s->tls_ctx != NULL ? "; certificates reloaded" : "");
+        free(fresh);
+        free(next);
+        return;
     }
 
     struct store_config sc = {
@@ -942,17 +976,7 @@ server_reload(struct server *s)
         ssd_reconfigure(s->ssd, &ssc);
     }
     server_apply_quotas(s, cur, next);
-    if (s->tls_ctx != NULL) {
-        /* New connections get the new certificates; those made before keep theirs. */
-        SSL_CTX *old;
-
-        pthread_mutex_lock(&s->tls_lock);
-        old = s->tls_ctx;
-        s->tls_ctx = tls_ctx;
-        pthread_mutex_unlock(&s->tls_lock);
-        tls_ctx_free(old);
-        tls_ctx = NULL;
-    }
+    server_swap_tls(s, &tls_ctx);
     log_set_level(next->log_level);
     if (next->max_connections != cur->max_connections) {
         server_fd_limit(next->max_connections);
