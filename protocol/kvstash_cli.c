@@ -6,8 +6,13 @@
  * the server's max_value_size, learned at connect), writing a value to stdout
  * or a file byte for byte, and the exit status: 0 success, 1 not found,
  * missing or not stored, 2 usage error, 3 connection or transport error.
- * Every error goes to stderr with its reason. It must not speak the wire
- * format itself: everything goes through kvstash.h.
+ * Everything that can be checked without the server (the address, an input
+ * file) is checked before connecting, so a bad argument is a usage error
+ * whether or not the daemon runs. Every wait is bounded by -t (default
+ * CLI_DEFAULT_TIMEOUT_MS without progress; 0 waits forever), so a daemon that
+ * accepts and never answers is a transport error, not a hang. Every error
+ * goes to stderr with its reason. It must not speak the wire format itself:
+ * everything goes through kvstash.h.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -25,6 +30,7 @@
 #include "kvstash.h"
 
 #define CLI_DEFAULT_ADDR "127.0.0.1:7431"
+#define CLI_DEFAULT_TIMEOUT_MS 10000 /* no progress for this long: exit 3 */
 
 enum cli_exit {
     CLI_OK = 0,
@@ -38,6 +44,7 @@ struct cli_args {
     char **keys;      /* the KEY operands */
     int nkeys;
     const char *file; /* put: FILE or "-"; get: -o FILE or NULL */
+    int fd;           /* put: FILE opened before connecting, or stdin; else -1 */
     bool force;       /* rm -f */
 };
 
@@ -57,7 +64,9 @@ static const char cli_usage_text[] =
     "options:\n"
     "  -H host:port          TCP address ([v6]:port for IPv6)\n"
     "  -S path               Unix socket path\n"
-    "  -t timeout_ms         give up when the server makes no progress for this long\n"
+    "  -t timeout_ms         give up (exit 3) when connecting, sending or awaiting a\n"
+    "                        reply makes no progress for this long; default 10000,\n"
+    "                        0 waits forever\n"
     "  --tls-ca FILE         speak TLS (to the daemon's tls_listen); trust FILE's CAs\n"
     "  --tls-cert FILE       with --tls-key FILE: the client certificate to present\n"
     "  -V, --version         print the client version\n"
@@ -65,7 +74,7 @@ static const char cli_usage_text[] =
     "\n"
     "The target defaults to $KVSTASH_ADDR, else " CLI_DEFAULT_ADDR ".\n"
     "Exit status: 0 success; 1 not found, missing or not stored; 2 usage error;\n"
-    "3 connection or transport error.\n";
+    "3 connection or transport error (a timeout included).\n";
 
 /* cli_usage: complain (fmt may be NULL) and show the synopsis of one command or all. */
 static int
@@ -82,6 +91,13 @@ cli_usage(const char *synopsis, const char *fmt, const char *arg)
     return CLI_USAGE;
 }
 
+/* cli_timeout_hint: what to add to the report of a transport error rc. */
+static const char *
+cli_timeout_hint(int rc)
+{
+    return rc == -ETIMEDOUT ? " (timed out; -t sets the limit in ms, 0 for none)" : "";
+}
+
 /* cli_fail: report a failed call and map it to an exit status. */
 static int
 cli_fail(struct kvstash *c, const char *what, int rc)
@@ -89,7 +105,8 @@ cli_fail(struct kvstash *c, const char *what, int rc)
     const char *msg = kvstash_last_error(c);
 
     if (rc < 0) {
-        fprintf(stderr, "kvstash: %s: %s\n", what, msg[0] ? msg : kvstash_strerror(rc));
+        fprintf(stderr, "kvstash: %s: %s%s\n", what, msg[0] ? msg : kvstash_strerror(rc),
+                cli_timeout_hint(rc));
         return CLI_CONN;
     }
     if (msg[0] != '\0') {
@@ -190,22 +207,10 @@ cmd_put(struct kvstash *c, const struct cli_args *a)
     const char *key = a->keys[0], *path = a->file;
     void *val = NULL;
     size_t vlen = 0;
-    int fd, rc;
+    int rc;
 
-    if (strcmp(path, "-") == 0) {
-        fd = STDIN_FILENO;
-    } else {
-        fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd < 0) {
-            fprintf(stderr, "kvstash: put: %s: %s\n", path, strerror(errno));
-            return CLI_MISS;
-        }
-    }
     uint64_t limit = kvstash_server_info(c)->max_value_size;
-    rc = cli_read_value(fd, limit, &val, &vlen);
-    if (fd != STDIN_FILENO) {
-        close(fd);
-    }
+    rc = cli_read_value(a->fd, limit, &val, &vlen);
     if (rc == KV_TOO_LARGE) {
         if (vlen > 0) {
             fprintf(stderr, "kvstash: put %s: TOO_LARGE: %s holds %zu bytes, over the "
@@ -424,6 +429,7 @@ cli_parse(const struct cli_cmd *cmd, int argc, char **argv, struct cli_args *a)
     int opt;
 
     memset(a, 0, sizeof(*a));
+    a->fd = -1;
     snprintf(opts, sizeof(opts), ":%s", cmd->opts);
     optind = 0; /* glibc: start a fresh scan */
     while ((opt = getopt(argc, argv, opts)) != -1) {
@@ -452,6 +458,117 @@ cli_parse(const struct cli_cmd *cmd, int argc, char **argv, struct cli_args *a)
     return 0;
 }
 
+/*
+ * cli_open_input: open put's FILE now, before connecting: a missing or
+ * unreadable file is the caller's mistake (exit 2), whether or not the
+ * server can be reached. "-" is stdin. 0 (a->fd set) or CLI_USAGE.
+ */
+static int
+cli_open_input(struct cli_args *a)
+{
+    struct stat st;
+
+    if (strcmp(a->file, "-") == 0) {
+        a->fd = STDIN_FILENO;
+        return 0;
+    }
+    a->fd = open(a->file, O_RDONLY | O_CLOEXEC);
+    if (a->fd < 0) {
+        fprintf(stderr, "kvstash: %s: %s\n", a->file, strerror(errno));
+        return CLI_USAGE;
+    }
+    int err = fstat(a->fd, &st) != 0 ? errno : S_ISDIR(st.st_mode) ? EISDIR : 0;
+    if (err != 0) {
+        /* a directory opens read-only but cannot be read */
+        fprintf(stderr, "kvstash: %s: %s\n", a->file, strerror(err));
+        close(a->fd);
+        a->fd = -1;
+        return CLI_USAGE;
+    }
+    return 0;
+}
+
+/* cli_port_ok: port is decimal digits only and in 1..65535. */
+static bool
+cli_port_ok(const char *port)
+{
+    unsigned long v = 0;
+
+    if (port[0] == '\0') {
+        return false;
+    }
+    for (const char *p = port; *p != '\0'; p++) {
+        if (*p < '0' || *p > '9') {
+            return false;
+        }
+        v = v * 10 + (unsigned long)(*p - '0');
+        if (v > 65535) {
+            return false;
+        }
+    }
+    return v > 0;
+}
+
+/* cli_bad_addr: the usage error for addr, given by what ("-H" or "KVSTASH_ADDR"). */
+static int
+cli_bad_addr(const char *what, const char *addr, const char *why, const char *port)
+{
+    char msg[PATH_MAX + 128];
+
+    if (port != NULL) {
+        snprintf(msg, sizeof(msg), "%s %s: port '%s' is not a number in 1..65535", what, addr,
+                 port);
+    } else {
+        snprintf(msg, sizeof(msg), "%s %s: %s", what, addr, why);
+    }
+    return cli_usage(NULL, "%s", msg);
+}
+
+/*
+ * cli_check_addr: refuse a TCP address libkvstash would refuse, as a usage
+ * error naming where it came from (what: "-H" or "KVSTASH_ADDR"), before
+ * anything connects. The forms are kvstash_connect's: "host:port",
+ * "[v6]:port", "host", "[v6]" or a bare IPv6 address (default port); Unix
+ * socket paths ("unix:/path" or any address with a '/') are left to the
+ * connect. 0 or CLI_USAGE.
+ */
+static int
+cli_check_addr(const char *what, const char *addr)
+{
+    const char *port = NULL;
+    size_t hlen;
+
+    if (strncmp(addr, "unix:", 5) == 0 || strchr(addr, '/') != NULL) {
+        return 0;
+    }
+    if (addr[0] == '[') {
+        const char *close = strchr(addr, ']');
+        if (close == NULL || (close[1] != '\0' && close[1] != ':')) {
+            return cli_bad_addr(what, addr, "not host:port, [v6]:port or unix:/path", NULL);
+        }
+        hlen = (size_t)(close - addr - 1);
+        port = close[1] == ':' ? close + 2 : NULL;
+    } else {
+        const char *colon = strchr(addr, ':');
+        if (colon != NULL && strrchr(addr, ':') == colon) {
+            hlen = (size_t)(colon - addr);
+            port = colon + 1;
+        } else {
+            hlen = strlen(addr); /* no port, or a bare IPv6 address */
+        }
+    }
+    if (hlen == 0) {
+        return cli_bad_addr(what, addr, "no host", NULL);
+    }
+    if (port != NULL && port[0] == '\0') {
+        return cli_bad_addr(what, addr, "no port after ':'", NULL);
+    }
+    if (port != NULL && !cli_port_ok(port)) {
+        return cli_bad_addr(what, addr, NULL, port);
+    }
+    return 0;
+}
+
 int
 main(int argc, char **argv)
 {
@@ -466,7 +583,7 @@ main(int argc, char **argv)
     struct kvstash_tls tls = {NULL, NULL, NULL};
     const char *host = NULL, *sock = NULL;
     char addr[PATH_MAX + 8];
-    int timeout_ms = 0;
+    int timeout_ms = CLI_DEFAULT_TIMEOUT_MS;
     int opt;
 
     while ((opt = getopt_long(argc, argv, "+H:S:t:hV", longopts, NULL)) != -1) {
@@ -530,13 +647,20 @@ main(int argc, char **argv)
         snprintf(addr, sizeof(addr), "unix:%s", sock);
     } else {
         const char *env = getenv("KVSTASH_ADDR");
+        const char *what = host ? "-H" : "KVSTASH_ADDR";
         snprintf(addr, sizeof(addr), "%s",
                  host ? host : (env && env[0] ? env : CLI_DEFAULT_ADDR));
+        if (cli_check_addr(what, addr) != 0) {
+            return CLI_USAGE;
+        }
     }
 
     struct kvstash *c = NULL;
     if (tls.ca_file == NULL && (tls.cert_file != NULL || tls.key_file != NULL)) {
         return cli_usage(NULL, "--tls-cert and --tls-key need --tls-ca", NULL);
+    }
+    if (cmd->file && cli_open_input(&args) != 0) {
+        return CLI_USAGE;
     }
     int rc = kvstash_connect_tls(addr, tls.ca_file != NULL ? &tls : NULL, timeout_ms, &c);
     if (rc != 0) {
@@ -544,13 +668,19 @@ main(int argc, char **argv)
         if (rc > 0) {
             fprintf(stderr, "kvstash: connecting to %s: %s: %s\n", addr, kv_errname(rc), why);
         } else {
-            fprintf(stderr, "kvstash: connecting to %s: %s\n", addr,
-                    why[0] ? why : kvstash_strerror(rc));
+            fprintf(stderr, "kvstash: connecting to %s: %s%s\n", addr,
+                    why[0] ? why : kvstash_strerror(rc), cli_timeout_hint(rc));
+        }
+        if (args.fd > STDIN_FILENO) {
+            close(args.fd);
         }
         return CLI_CONN;
     }
     rc = cmd->fn(c, &args);
     kvstash_close(c);
+    if (args.fd > STDIN_FILENO) {
+        close(args.fd);
+    }
     if (fflush(stdout) != 0 && rc == CLI_OK) {
         fprintf(stderr, "kvstash: writing stdout: %s\n", strerror(errno));
         rc = CLI_MISS;

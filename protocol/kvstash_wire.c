@@ -1475,9 +1475,39 @@ kvstash_wire_connect_unix(const char *path, int timeout_ms, int *fdp)
     return 0;
 }
 
-/* kvstash_wire_split_hostport: "host:port", "[v6]:port", "host", "[v6]" or a bare v6 address. */
+/*
+ * kvstash_wire_port_ok: p is a TCP port: decimal digits only, 1..65535.
+ * getaddrinfo would take "83737" as port 18201 (it truncates to 16 bits)
+ * and a service name from /etc/services, so the address is checked here.
+ */
+static bool
+kvstash_wire_port_ok(const char *p)
+{
+    unsigned long v = 0;
+
+    if (p[0] == '\0') {
+        return false;
+    }
+    for (; *p != '\0'; p++) {
+        if (*p < '0' || *p > '9') {
+            return false;
+        }
+        v = v * 10 + (unsigned long)(*p - '0');
+        if (v > 65535) {
+            return false;
+        }
+    }
+    return v > 0;
+}
+
+/*
+ * kvstash_wire_split_hostport: "host:port", "[v6]:port", "host", "[v6]" or a
+ * bare v6 address into host and port (the default port when there is none).
+ * 0, or -EINVAL with c->err saying what is wrong with addr.
+ */
 static int
-kvstash_wire_split_hostport(const char *addr, char *host, size_t hostsz, char *port, size_t portsz)
+kvstash_wire_split_hostport(struct kvstash *c, const char *addr, char *host, size_t hostsz,
+                            char *port, size_t portsz)
 {
     const char *h = addr;
     size_t hlen;
@@ -1486,7 +1516,7 @@ kvstash_wire_split_hostport(const char *addr, char *host, size_t hostsz, char *p
     if (addr[0] == '[') {
         const char *close = strchr(addr, ']');
         if (close == NULL || (close[1] != '\0' && close[1] != ':')) {
-            return -EINVAL;
+            goto bad;
         }
         h = addr + 1;
         hlen = (size_t)(close - h);
@@ -1500,23 +1530,36 @@ kvstash_wire_split_hostport(const char *addr, char *host, size_t hostsz, char *p
             hlen = strlen(addr); /* no port, or a bare IPv6 address */
         }
     }
-    if (hlen == 0 || hlen >= hostsz || (p != NULL && (p[0] == '\0' || strlen(p) >= portsz))) {
+    if (hlen == 0 || hlen >= hostsz) {
+        goto bad;
+    }
+    if (p != NULL && (!kvstash_wire_port_ok(p) || strlen(p) >= portsz)) {
+        if (p[0] == '\0') {
+            kvstash_wire_errf(c, "bad address '%s': no port after ':'", addr);
+        } else {
+            kvstash_wire_errf(c, "bad address '%s': port '%s' is not a number in 1..65535",
+                              addr, p);
+        }
         return -EINVAL;
     }
     memcpy(host, h, hlen);
     host[hlen] = '\0';
     snprintf(port, portsz, "%s", p ? p : KVSTASH_WIRE_DEFAULT_PORT);
     return 0;
+
+bad:
+    kvstash_wire_errf(c, "bad address '%s' (use host:port, [v6]:port or unix:/path)", addr);
+    return -EINVAL;
 }
 
 static int
-kvstash_wire_connect_tcp(const char *addr, int timeout_ms, int *fdp)
+kvstash_wire_connect_tcp(struct kvstash *c, const char *addr, int timeout_ms, int *fdp)
 {
     char host[256];
     char port[32];
     struct addrinfo hints;
     struct addrinfo *res = NULL;
-    int rc = kvstash_wire_split_hostport(addr, host, sizeof(host), port, sizeof(port));
+    int rc = kvstash_wire_split_hostport(c, addr, host, sizeof(host), port, sizeof(port));
 
     if (rc != 0) {
         return rc;
@@ -1524,7 +1567,7 @@ kvstash_wire_connect_tcp(const char *addr, int timeout_ms, int *fdp)
     memset(&hints, 0, sizeof(hints));
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_ADDRCONFIG;
+    hints.ai_flags = AI_ADDRCONFIG | AI_NUMERICSERV;
     int gai = getaddrinfo(host, port, &hints, &res);
     if (gai != 0) {
         switch (gai) {
@@ -1563,6 +1606,7 @@ kvstash_wire_connect(struct kvstash *c, const char *addr)
     const char *path = NULL;
     int rc;
 
+    c->err[0] = '\0';
     if (strncmp(addr, "unix:", 5) == 0) {
         path = addr + 5;
     } else if (strchr(addr, '/') != NULL) {
@@ -1572,12 +1616,17 @@ kvstash_wire_connect(struct kvstash *c, const char *addr)
         rc = kvstash_wire_connect_unix(path, c->timeout_ms, &c->fd);
         c->is_unix = rc == 0;
     } else {
-        rc = kvstash_wire_connect_tcp(addr, c->timeout_ms, &c->fd);
+        rc = kvstash_wire_connect_tcp(c, addr, c->timeout_ms, &c->fd);
+    }
+    if (c->err[0] != '\0') {
+        return rc; /* the address was refused with its reason */
     }
     if (rc == -EINVAL || rc == -ENAMETOOLONG) {
         kvstash_wire_errf(c, "bad address '%s' (use host:port, [v6]:port or unix:/path)", addr);
     } else if (rc == -ENXIO) {
         kvstash_wire_errf(c, "unknown host");
+    } else if (rc == -ETIMEDOUT) {
+        kvstash_wire_errf(c, "no answer to connect within %d ms", c->timeout_ms);
     }
     return rc;
 }
@@ -1606,7 +1655,7 @@ kvstash_wire_tls_start(struct kvstash *c, const char *addr, const struct kvstash
         kvstash_wire_errf(c, "TLS needs the CA file the server's certificate chains to");
         return -EINVAL;
     }
-    if (kvstash_wire_split_hostport(addr, host, sizeof(host), port, sizeof(port)) != 0) {
+    if (kvstash_wire_split_hostport(c, addr, host, sizeof(host), port, sizeof(port)) != 0) {
         return -EINVAL;
     }
     c->ssl_ctx = SSL_CTX_new(TLS_client_method());

@@ -116,12 +116,13 @@ int kvstash_wire_init(struct kvstash *c);
  * kvstash_wire_connect: connect c's socket to addr: "unix:/path" or a path
  * containing '/' (a Unix socket; c->is_unix is then set), else "host:port",
  * "[v6]:port", "host" or a bare IPv6 address (TCP with TCP_NODELAY, default
- * port 7431; every address the name resolves to is tried in turn). Each
- * attempt gives up after c->timeout_ms when that is > 0. Returns 0 (c->fd
- * set), or -EINVAL or -ENAMETOOLONG for a bad address and -ENXIO for an
- * unknown host (c->err then says so), or another negative errno
- * (-ECONNREFUSED, -ETIMEDOUT, -EAGAIN for a temporary resolver failure,
- * ...). addr is borrowed.
+ * port 7431; every address the name resolves to is tried in turn). A port
+ * must be decimal digits, 1..65535 (no service names). Each attempt gives
+ * up after c->timeout_ms when that is > 0. Returns 0 (c->fd set), or
+ * -EINVAL or -ENAMETOOLONG for a bad address (a bad port included; nothing
+ * is connected), -ENXIO for an unknown host and -ETIMEDOUT (c->err then
+ * says so), or another negative errno (-ECONNREFUSED, -EAGAIN for a
+ * temporary resolver failure, ...). addr is borrowed.
  */
 int kvstash_wire_connect(struct kvstash *c, const char *addr);
 
