@@ -218,6 +218,7 @@ static const struct conf_option conf_options[] = {
 /* clang-format on */
 
 #define CONF_NOPTIONS CONF_NELEM(conf_options)
+_Static_assert(CONF_NOPTIONS <= CONF_OPTIONS_MAX, "raise CONF_OPTIONS_MAX");
 
 /* ---- small helpers ---- */
 
@@ -905,6 +906,31 @@ conf_init(struct kv_config *c)
     }
 }
 
+/* conf_note_where: keep source in where (CONF_WHERE_MAX), its end if it is longer. */
+static void
+conf_note_where(char *where, const char *source)
+{
+    size_t n = strlen(source);
+
+    if (n < CONF_WHERE_MAX) {
+        memcpy(where, source, n + 1);
+    } else {
+        memcpy(where, "...", 3);
+        memcpy(where + 3, source + n - (CONF_WHERE_MAX - 4), CONF_WHERE_MAX - 3);
+    }
+}
+
+/* conf_src: " (what set key)", or " (default)", for messages about two keys. */
+static const char *
+conf_src(const struct kv_config *c, const char *key, char *buf, size_t len)
+{
+    const struct conf_option *o = conf_find(key);
+    const char *w = o != NULL ? c->where[o - conf_options] : "";
+
+    snprintf(buf, len, " (%s)", w[0] != '\0' ? w : "default");
+    return buf;
+}
+
 int
 conf_set(struct kv_config *c, const char *key, const char *value, const char *source,
          char *err, size_t errlen)
@@ -915,15 +941,16 @@ conf_set(struct kv_config *c, const char *key, const char *value, const char *so
     const struct conf_option *o;
     int n;
 
+    if (source == NULL) {
+        snprintf(flag, sizeof(flag), "--%.*s", CONF_QUOTE_MAX, key);
+        source = flag;
+    }
     o = conf_find(key);
     if (o == NULL) {
         snprintf(why, sizeof(why), "unknown key '%.*s'", CONF_QUOTE_MAX, key);
     } else if (conf_store(c, o, value, why, sizeof(why)) == 0) {
+        conf_note_where(c->where[o - conf_options], source);
         return 0;
-    }
-    if (source == NULL) {
-        snprintf(flag, sizeof(flag), "--%.*s", CONF_QUOTE_MAX, key);
-        source = flag;
     }
     /* A flag reads "--key=value: reason"; anything else "source: 'key value': reason". */
     if (source[0] == '-') {
@@ -1086,6 +1113,7 @@ conf_parse_line(struct kv_config *c, const char *line, const char *where, char *
         conf_error(err, errlen, where, key, (size_t)(end - key), why);
         return -1;
     }
+    conf_note_where(c->where[o - conf_options], where);
     return 0;
 }
 
@@ -1141,19 +1169,22 @@ conf_load_file(struct kv_config *c, const char *path, char *err, size_t errlen)
 
 /* ---- whole-config operations ---- */
 
-/* low_key's value must not be above high_key's. 0, or -1 with err naming both keys. */
+/* low_key's value must not be above high_key's. 0, or -1 with err naming both keys and
+ * what set them. */
 static int
-conf_check_watermarks(double low, double high, const char *low_key, const char *high_key, char *err,
-                      size_t errlen)
+conf_check_watermarks(const struct kv_config *c, double low, double high, const char *low_key,
+                      const char *high_key, char *err, size_t errlen)
 {
-    char a[32], b[32];
+    char a[32], b[32], wa[CONF_WHERE_MAX + 4], wb[CONF_WHERE_MAX + 4];
 
     if (low <= high) {
         return 0;
     }
     conf_format_double(low, a, sizeof(a));
     conf_format_double(high, b, sizeof(b));
-    kv_errorf(err, errlen, "%s (%s) must not be above %s (%s)", low_key, a, high_key, b);
+    kv_errorf(err, errlen, "%s %s%s must not be above %s %s%s", low_key, a,
+              conf_src(c, low_key, wa, sizeof(wa)), high_key, b,
+              conf_src(c, high_key, wb, sizeof(wb)));
     return -1;
 }
 
@@ -1194,6 +1225,8 @@ static int
 conf_finalize_tenants(const struct kv_config *c, struct conf_tenants *out, char *err,
                       size_t errlen)
 {
+    char w[CONF_WHERE_MAX + 4];
+
     *out = c->tenants;
     if (c->token_file[0] != '\0') {
         struct kv_config tf, dflt;
@@ -1245,26 +1278,28 @@ conf_finalize_tenants(const struct kv_config *c, struct conf_tenants *out, char 
         }
     }
     if (c->require_auth && out->n == 0) {
-        kv_errorf(err, errlen, "require_auth yes needs at least one tenant line "
-                    "(tenant NAME token_sha256=HEX)");
+        kv_errorf(err, errlen, "require_auth yes%s needs at least one tenant line "
+                    "(tenant NAME token_sha256=HEX)", conf_src(c, "require_auth", w, sizeof(w)));
         return -1;
     }
     if (c->tls_listen[0] != '\0' && (c->tls_cert_file[0] == '\0' || c->tls_key_file[0] == '\0')) {
-        kv_errorf(err, errlen, "tls_listen %s needs tls_cert_file and tls_key_file",
-                    c->tls_listen);
+        kv_errorf(err, errlen, "tls_listen %s%s needs tls_cert_file and tls_key_file",
+                    c->tls_listen, conf_src(c, "tls_listen", w, sizeof(w)));
         return -1;
     }
     if (!conf_listen_is_loopback(c->tls_listen) && !c->require_auth
         && !c->allow_unauthenticated_remote) {
-        kv_errorf(err, errlen, "tls_listen %s is not a loopback address: set require_auth yes "
-                    "(with tenant lines), or allow_unauthenticated_remote yes", c->tls_listen);
+        kv_errorf(err, errlen, "tls_listen %s%s is not a loopback address: set require_auth "
+                    "yes (with tenant lines), or allow_unauthenticated_remote yes", c->tls_listen,
+                    conf_src(c, "tls_listen", w, sizeof(w)));
         return -1;
     }
     if (!conf_listen_is_loopback(c->listen) && !c->require_auth
         && !c->allow_unauthenticated_remote) {
-        kv_errorf(err, errlen, "listen %s is not a loopback address: anyone who can reach it "
-                    "could read and write every object; set require_auth yes (with tenant "
-                    "lines), or allow_unauthenticated_remote yes to accept that", c->listen);
+        kv_errorf(err, errlen, "listen %s%s is not a loopback address: anyone who can reach "
+                    "it could read and write every object; set require_auth yes (with tenant "
+                    "lines), or allow_unauthenticated_remote yes to accept that", c->listen,
+                    conf_src(c, "listen", w, sizeof(w)));
         return -1;
     }
     return 0;
@@ -1273,16 +1308,17 @@ conf_finalize_tenants(const struct kv_config *c, struct conf_tenants *out, char 
 int
 conf_finalize(struct kv_config *c, char *err, size_t errlen)
 {
-    char a[32], b[32], d[32];
+    char a[32], b[32], d[32], w1[CONF_WHERE_MAX + 4], w2[CONF_WHERE_MAX + 4];
+    char w3[CONF_WHERE_MAX + 4];
     char sock[CONF_STR_MAX], ssd[CONF_STR_MAX];
     struct conf_tenants tenants;
     uint64_t need;
 
-    if (conf_check_watermarks(c->eviction_low_watermark, c->eviction_high_watermark,
+    if (conf_check_watermarks(c, c->eviction_low_watermark, c->eviction_high_watermark,
                               "eviction_low_watermark", "eviction_high_watermark", err,
                               errlen) != 0 ||
-        conf_check_watermarks(c->ssd_low_watermark, c->ssd_high_watermark, "ssd_low_watermark",
-                              "ssd_high_watermark", err, errlen) != 0) {
+        conf_check_watermarks(c, c->ssd_low_watermark, c->ssd_high_watermark,
+                              "ssd_low_watermark", "ssd_high_watermark", err, errlen) != 0) {
         return -1;
     }
     /* Both operands are bounded by the table (1t, 64k), so the sum cannot overflow. */
@@ -1292,9 +1328,12 @@ conf_finalize(struct kv_config *c, char *err, size_t errlen)
         conf_format_size(c->max_value_size, b, sizeof(b));
         conf_format_size(c->max_key_size, d, sizeof(d));
         kv_errorf(err, errlen,
-                    "max_message_size (%s) must hold max_value_size (%s) + max_key_size (%s) + %d "
+                    "max_message_size %s%s must hold max_value_size %s%s + max_key_size %s%s + %d "
                     "bytes of framing = %llu bytes: raise max_message_size or lower max_value_size",
-                    a, b, d, CONF_FRAME_OVERHEAD, (unsigned long long)need);
+                    a, conf_src(c, "max_message_size", w1, sizeof(w1)), b,
+                    conf_src(c, "max_value_size", w2, sizeof(w2)), d,
+                    conf_src(c, "max_key_size", w3, sizeof(w3)), CONF_FRAME_OVERHEAD,
+                    (unsigned long long)need);
         return -1;
     }
     if (c->unix_socket[0] == '\0') {

@@ -19,6 +19,8 @@
 #include <stdint.h>
 
 #define CONF_STR_MAX 512
+#define CONF_OPTIONS_MAX 96            /* room in kv_config.where (config.c checks the table) */
+#define CONF_WHERE_MAX 64              /* "file:line" or "--flag" a key was last set by */
 
 enum conf_log_level { LOG_LEVEL_ERROR = 0, LOG_LEVEL_WARN, LOG_LEVEL_INFO, LOG_LEVEL_DEBUG };
 
@@ -96,6 +98,8 @@ struct kv_config {
     char tls_key_file[CONF_STR_MAX];  /* PEM private key */
     char tls_ca_file[CONF_STR_MAX];   /* PEM CAs of client certificates; "" = none asked */
     struct conf_tenants tenants;      /* tenant lines (repeatable), then token_file's */
+    char where[CONF_OPTIONS_MAX][CONF_WHERE_MAX]; /* per option: what set it, "" = default;
+                                                     for the errors that involve two keys */
 };
 
 /*

@@ -685,10 +685,12 @@ Test(config, finalize_cross_checks)
     char err[512], dir[300];
 
     conf_init(&c);
-    cr_assert_eq(conf_set(&c, "eviction_low_watermark", "0.95", "t", err, sizeof(err)), 0);
+    cr_assert_eq(conf_set(&c, "eviction_low_watermark", "0.95", "t.conf:3", err, sizeof(err)),
+                 0);
     cr_expect_eq(conf_finalize(&c, err, sizeof(err)), -1);
-    cr_expect_str_eq(err, "eviction_low_watermark (0.95) must not be above "
-                          "eviction_high_watermark (0.9)");
+    cr_expect_str_eq(err, "eviction_low_watermark 0.95 (t.conf:3) must not be above "
+                          "eviction_high_watermark 0.9 (default)",
+                     "the message names both values and what set them");
     cr_expect_str_eq(c.unix_socket, "", "a failed finalize derives nothing");
     cr_expect_eq(c.io_threads, 0);
 
@@ -699,8 +701,8 @@ Test(config, finalize_cross_checks)
     conf_init(&c);
     cr_assert_eq(conf_set(&c, "max_value_size", "1g", "t", err, sizeof(err)), 0);
     cr_expect_eq(conf_finalize(&c, err, sizeof(err)), -1);
-    cr_expect_not_null(strstr(err, "max_message_size (1g) must hold max_value_size (1g) + "
-                                   "max_key_size (1k) + 64"),
+    cr_expect_not_null(strstr(err, "max_message_size 1g (default) must hold max_value_size 1g "
+                                   "(t) + max_key_size 1k (default) + 64"),
                        "%s", err);
 
     /* Exactly enough room passes; one byte less fails. */
@@ -1048,6 +1050,28 @@ Test(config, ssd_bounds, .init = tmp_setup, .fini = tmp_teardown)
     cr_expect_eq(c.ssd_low_watermark, 0.001);
 }
 
+Test(config, two_key_errors_name_the_file_line_and_flag_that_set_them)
+{
+    struct kv_config c;
+    char err[512];
+
+    conf_init(&c);
+    cr_assert_eq(load_text(&c, "# two keys\n\neviction_high_watermark 0.5\n", err, sizeof(err)),
+                 0, "%s", err);
+    cr_expect_eq(conf_finalize(&c, err, sizeof(err)), -1);
+    cr_expect_not_null(strstr(err, "eviction_low_watermark 0.8 (default) must not be above "
+                                   "eviction_high_watermark 0.5 ("),
+                       "%s", err);
+    cr_expect_not_null(strstr(err, "test.conf:3)"), "the file and line are not named: %s", err);
+
+    /* a flag given after the file is what set the key */
+    cr_assert_eq(conf_set(&c, "eviction_low_watermark", "0.6", NULL, err, sizeof(err)), 0);
+    cr_expect_eq(conf_finalize(&c, err, sizeof(err)), -1);
+    cr_expect_not_null(strstr(err, "eviction_low_watermark 0.6 (--eviction_low_watermark) must "
+                                   "not be above"),
+                       "%s", err);
+}
+
 Test(config, ssd_low_watermark_above_high_is_rejected)
 {
     struct kv_config c;
@@ -1056,7 +1080,8 @@ Test(config, ssd_low_watermark_above_high_is_rejected)
     conf_init(&c);
     cr_assert_eq(conf_set(&c, "ssd_low_watermark", "0.95", "t", err, sizeof(err)), 0);
     cr_expect_eq(conf_finalize(&c, err, sizeof(err)), -1);
-    cr_expect_str_eq(err, "ssd_low_watermark (0.95) must not be above ssd_high_watermark (0.9)");
+    cr_expect_str_eq(err, "ssd_low_watermark 0.95 (t) must not be above ssd_high_watermark 0.9 "
+                          "(default)");
     cr_expect_str_eq(c.ssd_dir, "<data_dir>/ssd", "a failed finalize derives nothing");
     cr_expect_str_eq(c.unix_socket, "");
 
@@ -1070,9 +1095,10 @@ Test(config, ssd_low_watermark_above_high_is_rejected)
     cr_assert_eq(conf_set(&c, "ssd_high_watermark", "0.5", "t", err, sizeof(err)), 0);
     cr_assert_eq(conf_set(&c, "ssd_low_watermark", "0.4", "t", err, sizeof(err)), 0);
     cr_expect_eq(conf_finalize(&c, err, sizeof(err)), 0, "%s", err);
-    cr_assert_eq(conf_set(&c, "ssd_high_watermark", "0.3", "t", err, sizeof(err)), 0);
+    cr_assert_eq(conf_set(&c, "ssd_high_watermark", "0.3", NULL, err, sizeof(err)), 0);
     cr_expect_eq(conf_finalize(&c, err, sizeof(err)), -1);
-    cr_expect_str_eq(err, "ssd_low_watermark (0.4) must not be above ssd_high_watermark (0.3)");
+    cr_expect_str_eq(err, "ssd_low_watermark 0.4 (t) must not be above ssd_high_watermark 0.3 "
+                          "(--ssd_high_watermark)");
 }
 
 /* Change one SSD key between two finalized configs, as a SIGHUP reload would see it. */
