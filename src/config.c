@@ -1336,6 +1336,20 @@ conf_finalize(struct kv_config *c, char *err, size_t errlen)
                     (unsigned long long)need);
         return -1;
     }
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page > 0 && c->memory_size / (uint64_t)page > (uint64_t)pages) {
+        conf_format_size(c->memory_size, a, sizeof(a));
+        conf_format_size((uint64_t)pages * (uint64_t)page, b, sizeof(b));
+        kv_errorf(err, errlen, "memory_size %s%s is more than this host's memory (%s)", a,
+                  conf_src(c, "memory_size", w1, sizeof(w1)), b);
+        return -1;
+    }
+    if (c->listen[0] == '\0' && strcmp(c->unix_socket, "none") == 0 && c->tls_listen[0] == '\0') {
+        kv_errorf(err, errlen, "listen \"\"%s, unix_socket none%s and no tls_listen: nothing to "
+                  "listen on", conf_src(c, "listen", w1, sizeof(w1)),
+                  conf_src(c, "unix_socket", w2, sizeof(w2)));
+        return -1;
+    }
     if (c->unix_socket[0] == '\0') {
         if (conf_data_dir_path(c, "kvstashd.sock", sock, CONF_SUN_PATH_MAX) != 0) {
             kv_errorf(err, errlen,

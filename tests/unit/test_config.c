@@ -1072,6 +1072,28 @@ Test(config, two_key_errors_name_the_file_line_and_flag_that_set_them)
                        "%s", err);
 }
 
+Test(config, finalize_refuses_what_cannot_start)
+{
+    struct kv_config c;
+    char err[512];
+
+    conf_init(&c);
+    cr_assert_eq(conf_set(&c, "memory_size", "16777215t", NULL, err, sizeof(err)), 0);
+    cr_expect_eq(conf_finalize(&c, err, sizeof(err)), -1, "a DRAM tier bigger than the host");
+    cr_expect_not_null(strstr(err, "memory_size 16777215t (--memory_size) is more than this "
+                                   "host's memory"),
+                       "%s", err);
+
+    conf_init(&c);
+    cr_assert_eq(conf_set(&c, "listen", "", NULL, err, sizeof(err)), 0);
+    cr_assert_eq(conf_set(&c, "unix_socket", "none", "x.conf:2", err, sizeof(err)), 0);
+    cr_expect_eq(conf_finalize(&c, err, sizeof(err)), -1, "no listener at all");
+    cr_expect_not_null(strstr(err, "nothing to listen on"), "%s", err);
+    cr_expect_not_null(strstr(err, "unix_socket none (x.conf:2)"), "%s", err);
+    cr_assert_eq(conf_set(&c, "unix_socket", "/tmp/kv.sock", NULL, err, sizeof(err)), 0);
+    cr_expect_eq(conf_finalize(&c, err, sizeof(err)), 0, "a Unix socket alone is enough: %s", err);
+}
+
 Test(config, ssd_low_watermark_above_high_is_rejected)
 {
     struct kv_config c;
