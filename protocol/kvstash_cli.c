@@ -488,87 +488,6 @@ cli_open_input(struct cli_args *a)
     return 0;
 }
 
-/* cli_port_ok: port is decimal digits only and in 1..65535. */
-static bool
-cli_port_ok(const char *port)
-{
-    unsigned long v = 0;
-
-    if (port[0] == '\0') {
-        return false;
-    }
-    for (const char *p = port; *p != '\0'; p++) {
-        if (*p < '0' || *p > '9') {
-            return false;
-        }
-        v = v * 10 + (unsigned long)(*p - '0');
-        if (v > 65535) {
-            return false;
-        }
-    }
-    return v > 0;
-}
-
-/* cli_bad_addr: the usage error for addr, given by what ("-H" or "KVSTASH_ADDR"). */
-static int
-cli_bad_addr(const char *what, const char *addr, const char *why, const char *port)
-{
-    char msg[PATH_MAX + 128];
-
-    if (port != NULL) {
-        snprintf(msg, sizeof(msg), "%s %s: port '%s' is not a number in 1..65535", what, addr,
-                 port);
-    } else {
-        snprintf(msg, sizeof(msg), "%s %s: %s", what, addr, why);
-    }
-    return cli_usage(NULL, "%s", msg);
-}
-
-/*
- * cli_check_addr: refuse a TCP address libkvstash would refuse, as a usage
- * error naming where it came from (what: "-H" or "KVSTASH_ADDR"), before
- * anything connects. The forms are kvstash_connect's: "host:port",
- * "[v6]:port", "host", "[v6]" or a bare IPv6 address (default port); Unix
- * socket paths ("unix:/path" or any address with a '/') are left to the
- * connect. 0 or CLI_USAGE.
- */
-static int
-cli_check_addr(const char *what, const char *addr)
-{
-    const char *port = NULL;
-    size_t hlen;
-
-    if (strncmp(addr, "unix:", 5) == 0 || strchr(addr, '/') != NULL) {
-        return 0;
-    }
-    if (addr[0] == '[') {
-        const char *close = strchr(addr, ']');
-        if (close == NULL || (close[1] != '\0' && close[1] != ':')) {
-            return cli_bad_addr(what, addr, "not host:port, [v6]:port or unix:/path", NULL);
-        }
-        hlen = (size_t)(close - addr - 1);
-        port = close[1] == ':' ? close + 2 : NULL;
-    } else {
-        const char *colon = strchr(addr, ':');
-        if (colon != NULL && strrchr(addr, ':') == colon) {
-            hlen = (size_t)(colon - addr);
-            port = colon + 1;
-        } else {
-            hlen = strlen(addr); /* no port, or a bare IPv6 address */
-        }
-    }
-    if (hlen == 0) {
-        return cli_bad_addr(what, addr, "no host", NULL);
-    }
-    if (port != NULL && port[0] == '\0') {
-        return cli_bad_addr(what, addr, "no port after ':'", NULL);
-    }
-    if (port != NULL && !cli_port_ok(port)) {
-        return cli_bad_addr(what, addr, NULL, port);
-    }
-    return 0;
-}
-
 int
 main(int argc, char **argv)
 {
@@ -647,12 +566,8 @@ main(int argc, char **argv)
         snprintf(addr, sizeof(addr), "unix:%s", sock);
     } else {
         const char *env = getenv("KVSTASH_ADDR");
-        const char *what = host ? "-H" : "KVSTASH_ADDR";
         snprintf(addr, sizeof(addr), "%s",
                  host ? host : (env && env[0] ? env : CLI_DEFAULT_ADDR));
-        if (cli_check_addr(what, addr) != 0) {
-            return CLI_USAGE;
-        }
     }
 
     struct kvstash *c = NULL;
@@ -665,7 +580,13 @@ main(int argc, char **argv)
     int rc = kvstash_connect_tls(addr, tls.ca_file != NULL ? &tls : NULL, timeout_ms, &c);
     if (rc != 0) {
         const char *why = kvstash_last_error(NULL);
-        if (rc > 0) {
+        int status = CLI_CONN;
+        if (rc == -EINVAL) {
+            /* refused before connecting (a port outside 1..65535, say): a usage error */
+            fprintf(stderr, "kvstash: %s: %s\n", sock ? "-S" : host ? "-H" : "KVSTASH_ADDR",
+                    why[0] ? why : kvstash_strerror(rc));
+            status = CLI_USAGE;
+        } else if (rc > 0) {
             fprintf(stderr, "kvstash: connecting to %s: %s: %s\n", addr, kv_errname(rc), why);
         } else {
             fprintf(stderr, "kvstash: connecting to %s: %s%s\n", addr,
@@ -674,7 +595,7 @@ main(int argc, char **argv)
         if (args.fd > STDIN_FILENO) {
             close(args.fd);
         }
-        return CLI_CONN;
+        return status;
     }
     rc = cmd->fn(c, &args);
     kvstash_close(c);
