@@ -13,6 +13,7 @@
 #include "rpc_int.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <msgpack.h>
 #include <openssl/crypto.h>
 #include <openssl/sha.h>
@@ -30,6 +31,8 @@
 
 #define RPC_STATS_MAX 160
 #define RPC_EXISTS_BLOCK 64
+#define RPC_DUPS_STACK 64               /* rpc_dups slots kept on the stack (32 reservations) */
+#define RPC_SPILL_YIELDED INT_MIN       /* rpc_spill.code: its key went to an earlier copy */
 
 static const char *const rpc_names[RPC_METHOD_COUNT] = {
     [RPC_PING] = "ping",
@@ -448,6 +451,11 @@ rpc_store_value(struct rpc_req *rq, const uint8_t *kp, uint32_t klen, const uint
     if (hole != NULL) {
         struct rpc_spill *sp = hole->tag;
         struct store_obj *o = sp->obj;
+        if (o == NULL && sp->code == RPC_SPILL_YIELDED) {
+            /* As an inline repeat would be answered (its bytes are gone: never stored). */
+            rpc_key(rq, kp, klen, &key);
+            return store_exists(rq->ctx->srv->store, &key) == 1 ? KV_EXISTS : KV_BUSY;
+        }
         if (o == NULL) {
             return sp->code;
         }
@@ -655,17 +663,128 @@ rpc_put(struct rpc_req *rq)
     return 0;
 }
 
+/*
+ * A key repeated in one batch_put. A spilled value is reserved under its key
+ * while the message is still arriving, before an earlier inline copy of that
+ * key can be stored: left so, the earlier copy would find the key BUSY and the
+ * later one would be kept, which copy wins hanging on how the bytes arrived.
+ * So a batch holding reservations maps their keys (only then: a batch without
+ * one pays nothing), and an inline copy about to be stored takes its key back
+ * from a later reserved copy first: that reservation is aborted and its copy
+ * answered as a repeat (rpc_store_value). Spilled copies need nothing: they
+ * were reserved in order, so a later one got BUSY or EXISTS already.
+ */
+struct rpc_dup {
+    struct rpc_spill *sp;       /* the reserved copy's spill; NULL: an empty slot */
+    const uint8_t *kp;
+    uint32_t klen;
+    uint32_t idx;               /* its index in the batch */
+};
+
+struct rpc_dups {
+    struct rpc_dup *slot;       /* open addressing, at most half full; NULL: no map */
+    uint64_t mask;
+    struct rpc_dup stack[RPC_DUPS_STACK];
+};
+
+/* The slot of key kp, or the empty slot where it would go. */
+static struct rpc_dup *
+rpc_dups_find(struct rpc_req *rq, struct rpc_dups *t, const uint8_t *kp, uint32_t klen)
+{
+    struct kv_key key;
+
+    rpc_key(rq, kp, klen, &key);
+    for (uint64_t h = store_hash64(&key);; h++) {
+        struct rpc_dup *d = &t->slot[h & t->mask];
+        if (d->sp == NULL || (d->klen == klen && memcmp(d->kp, kp, klen) == 0)) {
+            return d;
+        }
+    }
+}
+
+/* Map the keys of the nresv reserved values among the n of keys/vals. 0 or -ENOMEM. */
+static int
+rpc_dups_init(struct rpc_req *rq, struct rpc_dups *t, struct mp_reader keys, struct mp_reader vals,
+              uint32_t n, uint32_t nresv)
+{
+    uint64_t cap = RPC_DUPS_STACK;
+
+    while (cap < 2 * (uint64_t)nresv) {
+        cap *= 2;
+    }
+    if (cap > RPC_DUPS_STACK) {
+        t->slot = calloc(cap, sizeof(*t->slot));
+        if (t->slot == NULL) {
+            return -ENOMEM;
+        }
+    } else {
+        memset(t->stack, 0, sizeof(t->stack));
+        t->slot = t->stack;
+    }
+    t->mask = cap - 1;
+    for (uint32_t i = 0; i < n; i++) {
+        const uint8_t *kp, *vp;
+        uint32_t klen;
+        uint64_t vlen;
+        const struct mp_hole *hole;
+
+        rpc_read_key(&keys, &kp, &klen);
+        mp_read_bin_ref(&vals, &vp, &vlen, &hole);
+        struct rpc_spill *sp = hole != NULL ? hole->tag : NULL;
+        if (sp != NULL && sp->obj != NULL && klen <= rq->ctx->lim->max_key_size) {
+            struct rpc_dup *d = rpc_dups_find(rq, t, kp, klen);
+            if (d->sp == NULL) {
+                *d = (struct rpc_dup){.sp = sp, .kp = kp, .klen = klen, .idx = i};
+            }
+        }
+    }
+    return 0;
+}
+
+static void
+rpc_dups_deinit(struct rpc_dups *t)
+{
+    if (t->slot != t->stack) {
+        free(t->slot);
+    }
+    t->slot = NULL;
+}
+
+/*
+ * Copy i of key kp, inline with vlen bytes, is about to be stored: a later
+ * copy reserved under the key gives it up. A copy over the limits is answered
+ * TOO_LARGE without the store, so the later one keeps it (as when inline).
+ */
+static void
+rpc_dups_yield(struct rpc_req *rq, struct rpc_dups *t, uint32_t i, const uint8_t *kp, uint32_t klen,
+               uint64_t vlen)
+{
+    const struct rpc_limits *lim = rq->ctx->lim;
+
+    if (klen > lim->max_key_size || vlen > lim->max_value_size) {
+        return;
+    }
+    struct rpc_dup *d = rpc_dups_find(rq, t, kp, klen);
+    if (d->sp == NULL || d->idx <= i || d->sp->obj == NULL) {
+        return;
+    }
+    store_abort(rq->ctx->srv->store, d->sp->obj);
+    d->sp->obj = NULL;
+    d->sp->code = RPC_SPILL_YIELDED;
+}
+
 static int
 rpc_batch_put(struct rpc_req *rq)
 {
     struct mp_reader keys, vals, probe;
-    uint32_t nkeys, nvals;
+    uint32_t nkeys, nvals, nresv = 0;
     struct rpc_opts opts;
     const uint8_t *kp, *vp;
     uint32_t klen;
     uint64_t vlen;
     const struct mp_hole *hole;
     struct rpc_deferred *d = NULL;
+    struct rpc_dups dups;
     int stack[64];
     int *codes = stack;
     uint32_t start;
@@ -694,11 +813,18 @@ rpc_batch_put(struct rpc_req *rq)
         if (mp_read_bin_ref(&probe, &vp, &vlen, &hole) != 0) {
             return rpc_invalid(rq, "values must be an array of bin");
         }
+        if (hole != NULL && hole->tag != NULL && ((struct rpc_spill *)hole->tag)->obj != NULL) {
+            nresv++;
+        }
     }
     rq->rd = probe;
     rc = rpc_put_opts_read(rq, 2, &opts);
     if (rc != 0) {
         return rc;
+    }
+    dups.slot = NULL;
+    if (nresv > 0 && nkeys > 1 && rpc_dups_init(rq, &dups, keys, vals, nkeys, nresv) != 0) {
+        return -ENOMEM;
     }
     /*
      * A batch that waited for room before comes back with what it did: the
@@ -714,7 +840,8 @@ rpc_batch_put(struct rpc_req *rq)
     if (d == NULL && opts.durable) {
         d = rpc_deferred_new(rq->msgid, nkeys, true);
         if (d == NULL) {
-            return -ENOMEM;
+            rc = -ENOMEM;
+            goto out;
         }
     }
     if (d != NULL) {
@@ -722,7 +849,8 @@ rpc_batch_put(struct rpc_req *rq)
     } else if (nkeys > 64) {
         codes = malloc(nkeys * sizeof(*codes));     /* nkeys <= max_batch, checked above */
         if (codes == NULL) {
-            return -ENOMEM;
+            rc = -ENOMEM;
+            goto out;
         }
     }
     for (uint32_t i = 0; i < nkeys; i++) {
@@ -730,6 +858,9 @@ rpc_batch_put(struct rpc_req *rq)
         mp_read_bin_ref(&vals, &vp, &vlen, &hole);
         if (i < start) {
             continue;
+        }
+        if (hole == NULL && dups.slot != NULL) {
+            rpc_dups_yield(rq, &dups, i, kp, klen, vlen);
         }
         rc = rpc_store_value(rq, kp, klen, vp, vlen, hole);
         if (rc == -EAGAIN && d == NULL) {
@@ -746,7 +877,7 @@ rpc_batch_put(struct rpc_req *rq)
             /* Wait for room with what is done so far; the message comes back. */
             d->next = i;
             rq->ctx->resume = d;
-            return -EAGAIN;
+            goto out;
         }
         if (rc == -EAGAIN) {
             rc = KV_NO_SPACE;       /* no memory to wait with */
@@ -756,9 +887,10 @@ rpc_batch_put(struct rpc_req *rq)
             rpc_deferred_track(rq, d, i, kp, klen);
         }
     }
+    rc = 0;
     if (opts.durable) {
         rq->ctx->deferred = d;      /* answered when the SSD says how it went */
-        return 0;
+        goto out;
     }
     rpc_reply_head(rq);
     msgpack_pack_array(&rq->pk, nkeys);
@@ -770,7 +902,9 @@ rpc_batch_put(struct rpc_req *rq)
     } else if (codes != stack) {
         free(codes);
     }
-    return 0;
+out:
+    rpc_dups_deinit(&dups);
+    return rc;
 }
 
 /*

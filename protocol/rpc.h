@@ -113,7 +113,12 @@ struct rpc_ctx {
     struct rpc_rdma *rdma;           /* its queue pair and RDMA buffers (rdma_connect) */
 };
 
-/* A put value received straight into the store: its reservation, or why none. */
+/*
+ * A put value received straight into the store: its reservation, or why none.
+ * rpc_dispatch may abort the reservation itself (a batch_put key repeated
+ * after an inline copy: the first copy is the one stored) and set code to a
+ * value of its own; the caller keeps the struct unchanged across -EAGAIN.
+ */
 struct rpc_spill {
     struct store_obj *obj;   /* RESERVED object holding the value, or NULL */
     int code;                /* when obj is NULL: the key's outcome (EXISTS, BUSY, ...) */

@@ -7,6 +7,8 @@ rest of the body. These tests send the same batch_put in small timed pieces, in 
 that queues while the daemon is stopped (SIGSTOP), and in both within one request, over TCP
 and the Unix socket, and read every value back byte-exact. (A Unix socket queues no more than
 its sender's buffer, about 200 KiB, so only over TCP does the burst reach the large reads.)
+A key repeated in one batch_put keeps its first copy's value whichever of its values arrive
+in pieces (a big one is reserved in the store as it arrives, before the request runs).
 Every wait is bounded.
 """
 
@@ -19,7 +21,7 @@ import time
 
 import pytest
 
-from kvtest import Daemon
+from kvtest import Daemon, wait_for
 
 MIB = 1 << 20
 SIZES = [16 * 1024, 300 * 1024 + 5, MIB + 13, 5 * MIB + 7, 33, 2 * MIB, 256 * 1024]
@@ -145,6 +147,78 @@ def test_receive_window_lets_a_put_queue_while_the_daemon_is_busy(work, window):
         got = c.call("batch_get", keys)
         assert [len(g or b"") for g in got] == [len(v) for v in vals]
         assert got == vals
+        d.assert_alive()
+    finally:
+        d.stop()
+
+
+def send_paused_at(sock, data, cuts):
+    """Send data in pieces ending at each offset in cuts, 50 ms apart, then the rest."""
+    off = 0
+    for cut in cuts:
+        sock.sendall(data[off:cut])
+        off = cut
+        time.sleep(0.05)
+    sock.sendall(data[off:])
+
+
+def test_repeated_key_keeps_its_first_value_however_the_batch_arrives(work):
+    """batch_put [[k, k], [first, second]]: the first copy is stored and the second answers
+    2 EXISTS or 3 BUSY, whether the big values arrive whole, in pieces (reserved as they
+    come, before the request runs), or some of each; no reservation is left over, nor after
+    a client that leaves in the middle of such a batch."""
+    d = Daemon(work, ("--memory_size=256m", "--ssd_dir=", "--io_threads=1")).wait_ready()
+    try:
+        c = d.tcp()
+        rnd = random.Random(11)
+        pairs = {
+            "small-big": [b"first", rnd.randbytes(30000)],
+            "big-big": [rnd.randbytes(30000), rnd.randbytes(40000)],
+            "big-small": [rnd.randbytes(30000), b"second"],
+        }
+        n = 0
+        for name, vals in pairs.items():
+            for shape in ("whole", "at-2000", "first-whole", "each-in-pieces"):
+                for key_types in ("bin", "str-then-bin"):
+                    n += 1
+                    k = f"rep-{n}-{name}-{shape}-{key_types}"
+                    keys = [k.encode(), k.encode()] if key_types == "bin" else [k, k.encode()]
+                    msgid, data = c.request("batch_put", [keys, vals])
+                    starts = [data.index(v) for v in vals]
+                    cuts = {"whole": [], "at-2000": [2000],
+                            # the first value all there, the second arriving in pieces
+                            "first-whole": [starts[1] + 100],
+                            "each-in-pieces": [starts[0] + 100, starts[1] + 100]}[shape]
+                    send_paused_at(c.sock, data, cuts)
+                    msg = c.recv()
+                    what = f"{name} {shape} {key_types}"
+                    assert msg[1] == msgid and msg[2] is None, (what, msg)
+                    assert msg[3] in ([0, 2], [0, 3]), f"{what}: codes {msg[3]}"
+                    got = c.call("get", k.encode())
+                    assert got is not None and got == vals[0], \
+                        f"{what}: stored {len(got or b'')} bytes, not the first value"
+                    assert c.call("stats")["reserved"] == 0, what
+
+        # three copies, the last two big and in pieces: still the first (small) one
+        big = [rnd.randbytes(20000), rnd.randbytes(50000)]
+        msgid, data = c.request("batch_put", [[b"rep-3", b"rep-3", b"rep-3"], [b"one"] + big])
+        send_paused_at(c.sock, data, [data.index(v) + 100 for v in big])
+        msg = c.recv()
+        assert msg[1] == msgid and msg[3][0] == 0 and set(msg[3][1:]) <= {2, 3}, msg
+        assert c.call("get", b"rep-3") == b"one"
+        assert c.call("stats")["reserved"] == 0
+
+        # a client that leaves with the second copy half received leaves nothing behind
+        gone = d.tcp()
+        vals = [b"first", rnd.randbytes(300000)]
+        msgid, data = gone.request("batch_put", [[b"rep-gone", b"rep-gone"], vals])
+        gone.sock.sendall(data[:data.index(vals[1]) + 100000])
+        wait_for(lambda: c.call("stats")["reserved"] == 1, 5, "the second copy reserved")
+        gone.sock.close()
+        wait_for(lambda: c.call("stats")["reserved"] == 0, 5, "the reservation released")
+        assert c.call("get", b"rep-gone") is None
+        assert c.call("batch_put", [b"rep-gone"], [b"again"]) == [0]
+        assert c.call("get", b"rep-gone") == b"again"
         d.assert_alive()
     finally:
         d.stop()

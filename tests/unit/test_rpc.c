@@ -1480,6 +1480,154 @@ Test(rpc, spill_take_declines_short_and_discards_oversized)
     cr_assert_eq(t_stats().reserved, 0);
 }
 
+/* ---- a key repeated in one batch_put ---- */
+
+/*
+ * conn.c reserves a big value that arrives in pieces as soon as its header is
+ * scanned, before the request runs: a later copy of a key can hold its
+ * reservation while an earlier, inline copy still waits to be stored. The
+ * first copy must win all the same, the later one answers EXISTS or BUSY, and
+ * no reservation is left.
+ */
+Test(rpc, repeated_key_keeps_the_inline_first_copy_over_a_reserved_later_one)
+{
+    const uint64_t n = 30000;
+    uint8_t *v = t_pattern(n, 31);
+    struct rpc_spill_cursor cur;
+    struct rpc_spill sp;
+    const uint32_t path[] = {3, 1, 1};
+
+    /* [["dup" as str, "dup" as bin], ["first" inline, 30000 bytes arriving in pieces]] */
+    rpc_spill_reset(&cur);
+    msgpack_packer *pk = t_req("batch_put", 2);
+    msgpack_pack_array(pk, 2);
+    t_s(pk, "dup");
+    t_k(pk, "dup");
+    msgpack_pack_array(pk, 2);
+    t_bin(pk, "first", 5);
+    msgpack_pack_bin(pk, n);
+    size_t off = T.sb.size;
+    cr_assert_eq(
+        rpc_spill_take(&T.ctx, &cur, (const uint8_t *)T.sb.data, off, NULL, 0, path, 3, n, 1, &sp),
+        1);
+    cr_assert_not_null(sp.obj, "the later copy is reserved while it arrives");
+    cr_assert_eq(t_stats().reserved, 1);
+    cr_assert_eq(store_obj_write(sp.obj, 0, v, n), n);
+
+    struct mp_hole h = {.off = off, .len = n, .tag = &sp};
+    const int want[] = {0, KV_EXISTS};
+    t_codes(t_ok(t_call_holes(&h, 1)), want, 2);
+    cr_assert_null(sp.obj);
+    cr_assert_eq(t_stats().reserved, 0);
+    cr_assert_eq(t_stats().objects, 1);
+    t_is_bin(t_get("dup"), "first", 5);
+    free(v);
+}
+
+Test(rpc, repeated_key_three_copies_two_reserved_in_turn)
+{
+    const uint64_t n1 = 20000, n2 = 50000;
+    uint8_t *v1 = t_pattern(n1, 41), *v2 = t_pattern(n2, 42);
+    struct rpc_spill_cursor cur;
+    struct rpc_spill sp[2];
+    struct mp_hole h[2];
+    const uint32_t path1[] = {3, 1, 1}, path2[] = {3, 1, 2};
+    const char *ks[] = {"k3", "k3", "k3"};
+
+    rpc_spill_reset(&cur);
+    msgpack_packer *pk = t_req("batch_put", 2);
+    t_keys(pk, ks, 3);
+    msgpack_pack_array(pk, 3);
+    t_bin(pk, "one", 3);
+    msgpack_pack_bin(pk, n1);
+    size_t off1 = T.sb.size;
+    cr_assert_eq(rpc_spill_take(&T.ctx, &cur, (const uint8_t *)T.sb.data, off1, NULL, 0, path1, 3,
+                                n1, 1, &sp[0]),
+                 1);
+    cr_assert_not_null(sp[0].obj);
+    cr_assert_eq(store_obj_write(sp[0].obj, 0, v1, n1), n1);
+    h[0] = (struct mp_hole){.off = off1, .len = n1, .tag = &sp[0]};
+    msgpack_pack_bin(pk, n2);
+    size_t off2 = T.sb.size;
+    cr_assert_eq(rpc_spill_take(&T.ctx, &cur, (const uint8_t *)T.sb.data, off2, h, 1, path2, 3, n2,
+                                1, &sp[1]),
+                 1);
+    cr_assert_null(sp[1].obj, "the key is reserved by the copy before: not twice");
+    cr_assert_eq(sp[1].code, KV_BUSY);
+    h[1] = (struct mp_hole){.off = off2, .len = n2, .tag = &sp[1]};
+
+    const int want[] = {0, KV_EXISTS, KV_BUSY};
+    t_codes(t_ok(t_call_holes(h, 2)), want, 3);
+    cr_assert_eq(t_stats().reserved, 0);
+    cr_assert_eq(t_stats().objects, 1);
+    t_is_bin(t_get("k3"), "one", 3);
+    free(v1);
+    free(v2);
+}
+
+Test(rpc, repeated_key_reserved_copy_is_kept_when_the_first_cannot_be_stored)
+{
+    const uint64_t big = T_VALUE_MAX + 1, n = 20000;
+    uint8_t *over = t_pattern(big, 51), *v = t_pattern(n, 52);
+    struct rpc_spill sp[2] = {{.obj = t_reserve("r0", v, n)}, {.obj = t_reserve("r1", v, n)}};
+    struct mp_hole h[2];
+    const char *ks[] = {"r0", "r0", "r1", "r1"};
+
+    /* r0: the first copy is over max_value_size (answered without the store): the reserved
+     * copy after it is stored, as an inline one would be. r1: reserved first, inline after. */
+    msgpack_packer *pk = t_req("batch_put", 2);
+    t_keys(pk, ks, 4);
+    msgpack_pack_array(pk, 4);
+    t_bin(pk, over, big);
+    h[0] = t_hole_here(pk, n, &sp[0]);
+    h[1] = t_hole_here(pk, n, &sp[1]);
+    t_bin(pk, "late", 4);
+    const int want[] = {KV_TOO_LARGE, 0, 0, KV_EXISTS};
+    t_codes(t_ok(t_call_holes(h, 2)), want, 4);
+    cr_assert_eq(t_stats().reserved, 0);
+    t_is_bin(t_get("r0"), v, n);
+    t_is_bin(t_get("r1"), v, n);
+    free(over);
+    free(v);
+}
+
+Test(rpc, repeated_keys_with_many_reservations)
+{
+    enum { K = 40 };    /* more reservations than the map keeps on the stack */
+    const uint64_t n = 16384;
+    uint8_t *v = t_pattern(n, 61);
+    struct rpc_spill sp[K];
+    struct mp_hole h[K];
+    char name[K][16];
+    int want[2 * K];
+
+    T.lim.max_batch = 2 * K;
+    msgpack_packer *pk = t_req("batch_put", 2);
+    msgpack_pack_array(pk, 2 * K);
+    for (int i = 0; i < 2 * K; i++) {
+        snprintf(name[i % K], sizeof(name[0]), "many-%d", i % K);
+        t_k(pk, name[i % K]);
+    }
+    msgpack_pack_array(pk, 2 * K);
+    for (int i = 0; i < K; i++) {
+        t_bin(pk, name[i], strlen(name[i]));
+        want[i] = 0;
+    }
+    for (int i = 0; i < K; i++) {
+        sp[i] = (struct rpc_spill){.obj = t_reserve(name[i], v, n)};
+        h[i] = t_hole_here(pk, n, &sp[i]);
+        want[K + i] = KV_EXISTS;
+    }
+    cr_assert_eq(t_stats().reserved, K);
+    t_codes(t_ok(t_call_holes(h, K)), want, 2 * K);
+    cr_assert_eq(t_stats().reserved, 0);
+    cr_assert_eq(t_stats().objects, K);
+    for (int i = 0; i < K; i++) {
+        t_is_bin(t_get(name[i]), name[i], strlen(name[i]));
+    }
+    free(v);
+}
+
 /* ---- reply marks and logins across a reload ---- */
 
 /* Every reply is marked on the outq (client_inflight_max counts them); nothing else is. */
