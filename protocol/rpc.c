@@ -227,18 +227,29 @@ rpc_opts_read(struct rpc_req *rq, uint32_t idx, struct rpc_opts *o)
                 return rpc_invalid(rq, "opts.transport must be \"shm\" or \"rdma\"");
             }
             o->rdma = mp_str_eq(t, tl, "rdma");
-        } else if (mp_str_eq(name, nlen, "tenant")) {
-            if (mp_read_str(&rq->rd, &o->tenant, &o->tenant_len) != 0) {
-                return rpc_invalid(rq, "opts.tenant must be a string");
-            }
-        } else if (mp_str_eq(name, nlen, "token")) {
+        } else if (mp_str_eq(name, nlen, "tenant") || mp_str_eq(name, nlen, "token")) {
+            /* Longer than max_key_size: dropped on arrival if it was not buffered, so refused
+             * either way (SPEC.md, section 7) */
+            bool tenant = name[1] == 'e';
             const struct mp_hole *th;
+            const uint8_t *tp;
             uint64_t tl;
 
-            if (mp_read_key_ref(&rq->rd, &o->token, &tl, &th) != 0 || th != NULL) {
-                return rpc_invalid(rq, "opts.token must be a str or bin");
+            if ((tenant && mp_peek(&rq->rd) != MP_STR) ||
+                mp_read_key_ref(&rq->rd, &tp, &tl, &th) != 0 || th != NULL ||
+                tl > rq->ctx->lim->max_key_size) {
+                return rpc_invalid(rq, tenant ? "opts.tenant must be a str of at most "
+                                                "max_key_size bytes"
+                                              : "opts.token must be a str or bin of at most "
+                                                "max_key_size bytes");
             }
-            o->token_len = (uint32_t)tl;
+            if (tenant) {
+                o->tenant = (const char *)tp;
+                o->tenant_len = (uint32_t)tl;
+            } else {
+                o->token = tp;
+                o->token_len = (uint32_t)tl;
+            }
         } else if (mp_str_eq(name, nlen, "rdma")) {
             if (mp_read_bool(&rq->rd, &o->want_qp) != 0) {
                 return rpc_invalid(rq, "opts.rdma must be a bool");
@@ -1381,10 +1392,11 @@ rpc_stats(struct rpc_req *rq)
     const struct rpc_server *srv = rq->ctx->srv;
     const char *names[RPC_STATS_MAX];
     uint64_t values[RPC_STATS_MAX];
+    struct rpc_opts opts;
     int rc = rpc_arity(rq, 0, 1);
 
-    if (rc != 0) {
-        return rc;
+    if (rc != 0 || (rc = rpc_opts_read(rq, 0, &opts)) != 0) {
+        return rc;                  /* opts: a map or nil, as every method's (none known yet) */
     }
     if (!rpc_shared_view(rq->ctx)) {
         /* A tenant sees its own namespace only. */

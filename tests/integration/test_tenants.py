@@ -310,3 +310,36 @@ def test_ssd_share_is_kept_whatever_others_write(tmp_path):
         assert s["ssd_disk_bytes"] <= 16 * mib, s
     finally:
         d.reap()
+
+
+def test_long_tenant_or_token_is_invalid_however_it_arrives(tmp_path):
+    """A tenant or token over max_key_size is refused alike buffered or dropped on arrival."""
+    conf = tmp_path / "kv.conf"
+    conf.write_text(f"tenant alpha token_sha256={sha(TOKENS['alpha'])}\n")
+    d = Daemon(str(tmp_path), (f"--config={conf}", "--memory_size=32m", "--ssd_dir="))
+    d.wait_ready()
+    try:
+        for field in ("tenant", "token"):
+            for n in (2000, 20000):             # over max_key_size (1k); the second is dropped
+                for split in (False, True):     # when it arrives in pieces
+                    opts = {"tenant": "alpha", "token": TOKENS["alpha"], field: "x" * n}
+                    c = d.tcp()
+                    msgid, data = c.request("hello", [opts])
+                    step = 3000 if split else len(data)
+                    for off in range(0, len(data), step):
+                        c.sock.sendall(data[off:off + step])
+                        if split:
+                            time.sleep(0.01)
+                    msg = c.recv()
+                    assert msg[1] == msgid and msg[2] is not None and msg[2][0] == 6, \
+                        (field, n, split, msg)
+                    assert c.call("ping") == "pong"     # the connection stays usable
+                    c.close()
+        c = d.tcp()
+        err, _ = c.call_raw("stats", 5)
+        assert err is not None and err[0] == 6, err
+        assert isinstance(c.call("stats", {}), dict) and isinstance(c.call("stats", None), dict)
+        assert c.call("hello", {"tenant": "alpha", "token": TOKENS["alpha"]})["server"] == "kvstashd"
+        c.close()
+    finally:
+        d.stop()
