@@ -125,6 +125,28 @@ server_node_id(struct server *s, const struct kv_config *conf)
 
 /* ---- listeners ---- */
 
+/* server_bound_name: listener fd's address as host:port ([v6]:port), the port an
+ * ephemeral one (listen 127.0.0.1:0) was given included; "(no tcp)" for -1. */
+static const char *
+server_bound_name(int fd, char *buf, size_t len)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof(ss);
+    char host[64], port[16];
+
+    if (fd < 0) {
+        return "(no tcp)";
+    }
+    if (getsockname(fd, (struct sockaddr *)&ss, &sl) != 0 ||
+        getnameinfo((struct sockaddr *)&ss, sl, host, sizeof(host), port, sizeof(port),
+                    NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
+        snprintf(buf, len, "(fd %d)", fd);
+    } else {
+        snprintf(buf, len, ss.ss_family == AF_INET6 ? "[%s]:%s" : "%s:%s", host, port);
+    }
+    return buf;
+}
+
 static int
 server_listen_tcp(const char *spec, int *out)
 {
@@ -1313,10 +1335,13 @@ server_create(const struct kv_config *conf, const char *config_path, int argc, c
     if (s->accept_timer == NULL) {
         goto fail;
     }
-    log_info("kvstashd %s node %s: listening on %s%s%s, %d io thread(s), memory_size %llu",
-             KVSTASH_VERSION, s->node_id, c->listen[0] ? c->listen : "(no tcp)",
-             s->unix_fd >= 0 ? " and " : "", s->unix_fd >= 0 ? s->unix_path : "", s->nworkers,
-             (unsigned long long)c->memory_size);
+    char tcp_name[80], tls_name[80];
+    log_info("kvstashd %s node %s: listening on %s%s%s%s%s, %d io thread(s), memory_size %llu",
+             KVSTASH_VERSION, s->node_id, server_bound_name(s->tcp_fd, tcp_name, sizeof(tcp_name)),
+             s->unix_fd >= 0 ? " and " : "", s->unix_fd >= 0 ? s->unix_path : "",
+             s->tls_fd >= 0 ? ", TLS on " : "",
+             s->tls_fd >= 0 ? server_bound_name(s->tls_fd, tls_name, sizeof(tls_name)) : "",
+             s->nworkers, (unsigned long long)c->memory_size);
     *out = s;
     return 0;
 fail:
