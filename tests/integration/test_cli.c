@@ -62,10 +62,10 @@ expect_exit(const struct harness_proc *p, int code, const char *what)
  * silent_listener: a loopback TCP socket that listens and never accepts, so
  * the kernel completes connects and nobody ever answers (a daemon that hangs
  * or whose backlog is full looks the same). Non-blocking: accept() then says
- * whether anyone connected. The fd, with *port, or -1.
+ * whether anyone connected. The fd, with *port and addr ("127.0.0.1:PORT"), or -1.
  */
 static int
-silent_listener(int *port)
+silent_listener(int *port, char *addr, size_t alen)
 {
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = 0};
     socklen_t len = sizeof(sa);
@@ -80,6 +80,7 @@ silent_listener(int *port)
         return -1;
     }
     *port = ntohs(sa.sin_port);
+    snprintf(addr, alen, "127.0.0.1:%d", *port);
     return fd;
 }
 
@@ -242,7 +243,8 @@ Test(cli, bad_port_is_a_usage_error_without_connecting)
 {
     struct harness_proc p;
     int port = 0;
-    int lfd = silent_listener(&port);
+    char addr[64];
+    int lfd = silent_listener(&port, addr, sizeof(addr));
     cr_assert_geq(lfd, 0, "cannot listen on loopback");
     /* port + 65536 names the listener's port when taken modulo 2^16 */
     char wrapped[64], zero[64], empty[64], word[64];
@@ -307,10 +309,9 @@ Test(cli, timeout_when_the_server_never_answers)
 {
     struct harness_proc p;
     int port = 0;
-    int lfd = silent_listener(&port);
-    cr_assert_geq(lfd, 0, "cannot listen on loopback");
     char addr[64];
-    snprintf(addr, sizeof(addr), "127.0.0.1:%d", port);
+    int lfd = silent_listener(&port, addr, sizeof(addr));
+    cr_assert_geq(lfd, 0, "cannot listen on loopback");
 
     uint64_t t0 = harness_now_ms();
     cli(&p, "-H", addr, HARNESS_ARGS("-t", "500", "ping"), NULL, 0);
@@ -334,10 +335,9 @@ Test(cli, default_timeout_is_bounded)
 {
     struct harness_proc p;
     int port = 0;
-    int lfd = silent_listener(&port);
-    cr_assert_geq(lfd, 0, "cannot listen on loopback");
     char addr[64];
-    snprintf(addr, sizeof(addr), "127.0.0.1:%d", port);
+    int lfd = silent_listener(&port, addr, sizeof(addr));
+    cr_assert_geq(lfd, 0, "cannot listen on loopback");
 
     /* no -t: the default (10 s) ends it, well before the 20 s deadline */
     const char *argv[] = {harness_cli_path(), "-H", addr, "ping", NULL};

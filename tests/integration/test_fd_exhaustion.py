@@ -19,7 +19,7 @@ import time
 import msgpack
 import pytest
 
-from test_python_client import KVSTASHD, Client, free_port
+from test_python_client import KVSTASHD, Client, free_port, recv_to_eof
 
 NOFILE = 48          # the daemon's descriptor limit for this test
 EXTRA = 40           # connections beyond what it can hold
@@ -77,15 +77,8 @@ def test_out_of_descriptors_does_not_spin_and_recovers():
             assert stats["connections_rejected"] > 0, stats
 
             # The last ones were told why, and closed: no client hangs in the backlog.
-            last = socks[-1]
             unpacker = msgpack.Unpacker(raw=False)
-            data = b""
-            while True:
-                chunk = last.recv(4096)
-                if not chunk:
-                    break
-                data += chunk
-            unpacker.feed(data)
+            unpacker.feed(recv_to_eof(socks[-1]))
             msgs = list(unpacker)
             assert msgs == [[2, "error", [14, "UNAVAILABLE", "out of file descriptors"]]], msgs
 

@@ -31,6 +31,16 @@ def free_port():
         return s.getsockname()[1]
 
 
+def recv_to_eof(sock):
+    """Everything sock receives until the peer closes (bounded by sock's timeout)."""
+    data = b""
+    while True:
+        chunk = sock.recv(4096)
+        if not chunk:
+            return data
+        data += chunk
+
+
 class Daemon:
     def __init__(self, tmp):
         self.dir = tmp

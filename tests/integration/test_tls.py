@@ -20,7 +20,7 @@ import msgpack
 import pytest
 
 from kvtest import Daemon
-from test_python_client import KVSTASHD, Client, free_port
+from test_python_client import KVSTASHD, Client, free_port, recv_to_eof
 
 CLI = os.path.join(os.path.dirname(os.path.abspath(KVSTASHD)), "kvstash")
 
@@ -107,12 +107,7 @@ def test_plain_text_client_on_the_tls_port_is_refused_cleanly(tmp_path, certs):
         s = socket.create_connection(("127.0.0.1", d.tls_port), timeout=5)
         s.sendall(msgpack.packb([0, 1, "ping", []]))
         t0 = time.monotonic()
-        data = b""
-        while True:
-            chunk = s.recv(4096)
-            if not chunk:
-                break
-            data += chunk
+        data = recv_to_eof(s)
         assert time.monotonic() - t0 < 3, "the plain-text client was not closed promptly"
         msg = msgpack.unpackb(data, raw=False)
         assert msg[0] == 2 and msg[2][0] == 8 and "TLS" in msg[2][2], msg
