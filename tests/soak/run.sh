@@ -62,17 +62,24 @@ fail() { echo "FAIL: $*"; failures=$(( failures + 1 )); }
 # start NAME ARGS...: kvstashd on a free loopback port with data_dir $tmp/NAME (kept across
 # starts of the same NAME), 48 MiB of DRAM; sets kvd_pid, port, dir.
 start() {
-    local name=$1
+    local name=$1 attempt
     shift
     dir=$tmp/$name
     mkdir -p "$dir"
-    port=$(free_port) || die "no free loopback port"
-    local cmd=("$KVSTASHD" --listen="127.0.0.1:$port" --data_dir="$dir"
-               --memory_size=48m --max_value_size=4m "$@")
-    show "${cmd[@]}"
-    "${cmd[@]}" >>"$dir/log" 2>&1 &
-    kvd_pid=$!
-    answers_ping "$KVSTASH_CLI" "$port" "$kvd_pid" 100 0.1 && return 0
+    for attempt in 1 2 3 4 5; do
+        port=$(free_port) || die "no free loopback port"
+        local cmd=("$KVSTASHD" --listen="127.0.0.1:$port" --data_dir="$dir"
+                   --memory_size=48m --max_value_size=4m "$@")
+        show "${cmd[@]}"
+        "${cmd[@]}" >>"$dir/log" 2>&1 &
+        kvd_pid=$!
+        answers_ping "$KVSTASH_CLI" "$port" "$kvd_pid" 100 0.1 && return 0
+        # A port free when picked may be taken before the daemon binds it (the clients'
+        # own ephemeral ports come from the same range): pick another.
+        kill -0 "$kvd_pid" 2>/dev/null || ! tail -n 3 "$dir/log" | grep -q "in use" && break
+        wait "$kvd_pid" 2>/dev/null
+        echo "   port $port was taken meanwhile (attempt $attempt); another"
+    done
     tail -n 5 "$dir/log" >&2
     die "kvstashd did not start"
 }
