@@ -347,8 +347,9 @@ Test(lifecycle, reloads_that_change_nothing_keep_memory_flat)
                   "reload %d of an unchanged file was not logged as such", i);
     }
     long rss1 = harness_rss_kib(&h);
-    cr_assert(rss0 > 0 && rss1 - rss0 < 2048, "RSS grew from %ld to %ld KiB over 300 reloads",
-              rss0, rss1);
+    /* ASan keeps freed memory in quarantine: RSS grows with every malloc there */
+    cr_assert(harness_sanitized(&h) || (rss0 > 0 && rss1 - rss0 < 2048),
+              "RSS grew from %ld to %ld KiB over 300 reloads", rss0, rss1);
     cr_assert_eq(harness_stop(&h, 5000), 0);
 }
 
