@@ -158,7 +158,7 @@ static const struct conf_option conf_options[] = {
     /*         name                     min       max        default  reload */
     OPT_SIZE(memory_size,               MIB,      NO_MAX,    "1g",    RESTART),
     OPT_SIZE(max_key_size,              1,        64 * KIB,  "1k",    RELOAD),
-    OPT_SIZE(max_value_size,            1,        TIB,       "256m",  RELOAD),
+    OPT_SIZE(max_value_size,            1,        4 * GIB,   "256m",  RELOAD),
     OPT_UINT(max_batch,                 1,        1048576,   "16384", RELOAD),
     OPT_SIZE(max_message_size,          64 * KIB, 4 * GIB,   "1g",    RELOAD),
     OPT_UINT(max_connections,           1,        1000000,   "1024",  RELOAD),
@@ -1321,7 +1321,7 @@ conf_finalize(struct kv_config *c, char *err, size_t errlen)
                               "ssd_low_watermark", "ssd_high_watermark", err, errlen) != 0) {
         return -1;
     }
-    /* Both operands are bounded by the table (1t, 64k), so the sum cannot overflow. */
+    /* Both operands are bounded by the table (4g, 64k), so the sum cannot overflow. */
     need = c->max_value_size + c->max_key_size + CONF_FRAME_OVERHEAD;
     if (need > c->max_message_size) {
         conf_format_size(c->max_message_size, a, sizeof(a));
