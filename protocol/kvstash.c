@@ -345,6 +345,22 @@ kvstash_op_read(struct kvstash *c, const struct kvstash_op *op, const struct kvs
  * the first request-level error (the keys of that and of unsent requests get
  * it as their code), or -errno.
  */
+/*
+ * kvstash_null_key: the index of the first key of n that is NULL with a
+ * length (an empty key may be NULL), or n. skip(i) true: key i is not sent.
+ */
+static size_t
+kvstash_null_key(size_t n, const void *const *keys, const size_t *klens,
+                 const struct kvstash_op *op)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (keys[i] == NULL && klens[i] != 0 && (op == NULL || !kvstash_op_skipped(op, i))) {
+            return i;
+        }
+    }
+    return n;
+}
+
 static int
 kvstash_op_run(struct kvstash *c, struct kvstash_op *op)
 {
@@ -358,8 +374,16 @@ kvstash_op_run(struct kvstash *c, struct kvstash_op *op)
     int first = 0;
     int rc;
 
-    if (op->n > 0 && op->keys == NULL) {
-        kvstash_wire_errf(c, "keys is NULL");
+    if (op->n > 0 && (op->keys == NULL || op->klens == NULL)) {
+        kvstash_wire_errf(c, op->keys == NULL ? "keys is NULL" : "klens is NULL");
+        kvstash_op_fail(op, 0, op->n, KVSTASH_EINVAL);
+        return KVSTASH_EINVAL;
+    }
+    size_t bad = kvstash_null_key(op->n, op->keys, op->klens, op);
+    if (bad < op->n) {
+        /* nothing sent: every key gets the code, as for a refused request */
+        kvstash_wire_errf(c, "key %zu is NULL with length %zu", bad, op->klens[bad]);
+        kvstash_op_fail(op, 0, op->n, KVSTASH_EINVAL);
         return KVSTASH_EINVAL;
     }
     for (;;) {
@@ -820,6 +844,11 @@ kvstash_prefix_match(struct kvstash *c, size_t n, const void *const *keys,
     }
     if (matched == NULL || (n > 0 && (keys == NULL || klens == NULL))) {
         kvstash_wire_errf(c, "prefix_match: NULL argument");
+        return KVSTASH_EINVAL;
+    }
+    size_t bad = kvstash_null_key(n, keys, klens, NULL);
+    if (bad < n) {
+        kvstash_wire_errf(c, "prefix_match: key %zu is NULL with length %zu", bad, klens[bad]);
         return KVSTASH_EINVAL;
     }
     /*

@@ -31,6 +31,8 @@
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -179,6 +181,45 @@ kvstash_wire_take_fd(struct kvstash *c)
 }
 
 /*
+ * OpenSSL writes to the socket with write(2), which raises SIGPIPE when the
+ * server is gone, and a library must not kill its caller (plain sockets send
+ * with MSG_NOSIGNAL). So SIGPIPE is blocked in the calling thread around the
+ * TLS calls that write, and one they raised is taken back before the mask is
+ * restored; one that was pending before is left alone.
+ */
+struct kvstash_wire_nosig {
+    sigset_t old;
+    bool pending;
+};
+
+static void
+kvstash_wire_nosig_begin(struct kvstash_wire_nosig *ns)
+{
+    sigset_t pipe_set, pend;
+
+    sigemptyset(&pipe_set);
+    sigaddset(&pipe_set, SIGPIPE);
+    ns->pending = sigpending(&pend) == 0 && sigismember(&pend, SIGPIPE) == 1;
+    pthread_sigmask(SIG_BLOCK, &pipe_set, &ns->old);
+}
+
+static void
+kvstash_wire_nosig_end(const struct kvstash_wire_nosig *ns)
+{
+    sigset_t pipe_set, pend;
+    const struct timespec zero = {0, 0};
+    int saved = errno;              /* the TLS call's, which its caller reads */
+
+    sigemptyset(&pipe_set);
+    sigaddset(&pipe_set, SIGPIPE);
+    if (!ns->pending && sigpending(&pend) == 0 && sigismember(&pend, SIGPIPE) == 1) {
+        (void)sigtimedwait(&pipe_set, NULL, &zero);
+    }
+    pthread_sigmask(SIG_SETMASK, &ns->old, NULL);
+    errno = saved;
+}
+
+/*
  * kvstash_wire_tls_io: one SSL_read (write false) or SSL_write of len bytes
  * at buf, waiting (poll, c->timeout_ms) while TLS wants the socket: bytes
  * (> 0) or -errno; the server's close is -ECONNRESET.
@@ -189,8 +230,12 @@ kvstash_wire_tls_io(struct kvstash *c, void *buf, size_t len, bool write)
     int n = len > INT32_MAX ? INT32_MAX : (int)len;
 
     for (;;) {
-        int r = write ? SSL_write(c->ssl, buf, n) : SSL_read(c->ssl, buf, n);
-        int rc;
+        struct kvstash_wire_nosig ns;
+        int r, rc;
+
+        kvstash_wire_nosig_begin(&ns);   /* SSL_read may write too (a key update, say) */
+        r = write ? SSL_write(c->ssl, buf, n) : SSL_read(c->ssl, buf, n);
+        kvstash_wire_nosig_end(&ns);
 
         if (r > 0) {
             return r;
@@ -1028,6 +1073,8 @@ kvstash_wire_reply(struct kvstash *c, uint64_t budget)
 /*
  * A server that refuses the connection writes its error notification and
  * closes, so our send fails; the notification is behind the replies owed.
+ * A send that timed out has no such server behind it: it fails at once, so
+ * the call ends within the timeout.
  */
 int
 kvstash_wire_salvage(struct kvstash *c, int rc)
@@ -1035,6 +1082,12 @@ kvstash_wire_salvage(struct kvstash *c, int rc)
     char why[KVSTASH_WIRE_ERRLEN];
     int saved = c->timeout_ms;
 
+    if (rc == -ETIMEDOUT) {
+        if (c->err[0] == '\0') {
+            kvstash_wire_errf(c, "sending a request: %s", kv_strerror(rc));
+        }
+        return kvstash_wire_fail(c, rc);
+    }
     memcpy(why, c->err, sizeof(why));
     c->timeout_ms = KVSTASH_WIRE_SALVAGE_MS;
     while (c->want_msgid != c->next_msgid + 1) {
@@ -1694,8 +1747,11 @@ kvstash_wire_tls_start(struct kvstash *c, const char *addr, const struct kvstash
         return -errno;
     }
     for (;;) {
-        int r = SSL_connect(c->ssl);
+        struct kvstash_wire_nosig ns;
 
+        kvstash_wire_nosig_begin(&ns);
+        int r = SSL_connect(c->ssl);
+        kvstash_wire_nosig_end(&ns);
         if (r == 1) {
             return 0;
         }
@@ -1721,7 +1777,11 @@ void
 kvstash_wire_deinit(struct kvstash *c)
 {
     if (c->ssl != NULL) {
+        struct kvstash_wire_nosig ns;
+
+        kvstash_wire_nosig_begin(&ns);
         (void)SSL_shutdown(c->ssl);
+        kvstash_wire_nosig_end(&ns);
         SSL_free(c->ssl);
         ERR_clear_error();
     }

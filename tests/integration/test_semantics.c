@@ -162,6 +162,43 @@ Test(semantics, batch_answers_per_key)
     cr_assert_eq(harness_stop_clean(&h), 0, "kvstashd did not shut down cleanly");
 }
 
+Test(semantics, null_key_in_a_batch_is_an_error_not_a_crash)
+{
+    cr_assert_eq(harness_start(&h, NULL, NULL), 0);
+    struct kvstash *c = client();
+    const void *keys[2] = {"here", NULL};
+    size_t klens[2] = {4, 3};          /* key 1 is NULL with a length */
+    char b0[8], b1[8];
+    void *bufs[2] = {b0, b1};
+    size_t caps[2] = {sizeof(b0), sizeof(b1)}, vlens[2];
+    int codes[2] = {99, 99};
+    bool exists[2] = {true, true};
+    uint64_t matched = 7;
+
+    cr_assert_eq(kvstash_put(c, "here", 4, "v", 1), 0);
+    cr_expect_eq(kvstash_batch_get(c, 2, keys, klens, bufs, caps, vlens, codes), KVSTASH_EINVAL);
+    cr_expect(codes[0] == KVSTASH_EINVAL && codes[1] == KVSTASH_EINVAL, "codes %d %d", codes[0],
+              codes[1]);
+    cr_expect_eq(kvstash_batch_is_exist(c, 2, keys, klens, exists), KVSTASH_EINVAL);
+    cr_expect(!exists[0] && !exists[1]);
+    cr_expect_eq(kvstash_prefix_match(c, 2, keys, klens, 0, &matched), KVSTASH_EINVAL);
+    cr_expect_eq(kvstash_batch_remove(c, 2, keys, klens, false, codes), KVSTASH_EINVAL);
+    cr_expect(strstr(kvstash_last_error(c), "NULL") != NULL, "%s", kvstash_last_error(c));
+    /* keys itself NULL: every code is set, none left as the library's placeholder */
+    const void *vals[2] = {"a", "b"};
+    size_t vl[2] = {1, 1};
+    codes[0] = codes[1] = 99;
+    cr_expect_eq(kvstash_batch_put(c, 2, NULL, klens, vals, vl, codes), KVSTASH_EINVAL);
+    cr_expect(codes[0] == KVSTASH_EINVAL && codes[1] == KVSTASH_EINVAL, "codes %d %d", codes[0],
+              codes[1]);
+    /* nothing was sent: the connection and the object are as they were */
+    cr_expect_eq(kvstash_ping(c), 0);
+    bool there = false;
+    cr_expect_eq(kvstash_is_exist(c, "here", 4, &there), 0);
+    cr_expect(there, "a refused batch_remove removed something");
+    kvstash_close(c);
+}
+
 Test(semantics, prefix_match_keys_and_groups)
 {
     cr_assert_eq(harness_start(&h, NULL, NULL), 0);

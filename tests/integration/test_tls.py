@@ -19,7 +19,7 @@ import time
 import msgpack
 import pytest
 
-from kvtest import Daemon
+from kvtest import Daemon, wait_for
 from test_python_client import KVSTASHD, Client, free_port, recv_to_eof
 
 CLI = os.path.join(os.path.dirname(os.path.abspath(KVSTASHD)), "kvstash")
@@ -149,3 +149,25 @@ def test_sighup_reloads_certificates_without_dropping_connections(tmp_path, cert
         assert old.call("ping") == "pong", "the reload dropped an open TLS connection"
     finally:
         d.stop()
+
+
+def test_a_daemon_gone_mid_call_is_an_error_not_sigpipe(tmp_path, certs):
+    """libkvstash over TLS: a write to a daemon that died fails the call; no SIGPIPE kills us."""
+    d = start(tmp_path, certs)
+    cmd = [CLI, "-H", f"127.0.0.1:{d.tls_port}", "-t", "5000", "--tls-ca", f"{certs}/ca.pem",
+           "put", "gone", "-"]
+    p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    try:
+        # The CLI connects (handshake included), then reads the value from stdin.
+        watch = d.tcp()
+        wait_for(lambda: watch.call("stats")["connections"] >= 2, 10, "the CLI's connection")
+        d.kill9()
+        time.sleep(0.3)             # its sockets closed: the CLI's writes meet a reset
+        out, err = p.communicate(os.urandom(8 << 20), timeout=30)
+        assert p.returncode == 3, (p.returncode, err)     # not -SIGPIPE
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        d.reap()
