@@ -118,7 +118,11 @@ void kvstash_set_timeout(struct kvstash *c, int timeout_ms);
  */
 const char *kvstash_last_error(const struct kvstash *c);
 
-/* kvstash_strerror: text for a return value of any call (KV code or -errno). */
+/*
+ * kvstash_strerror: text for a return value of any call (KV code or -errno).
+ * A KV code's text is static; an errno's lives in a per-thread buffer, valid
+ * until the next kvstash_strerror of an errno on the same thread.
+ */
 const char *kvstash_strerror(int rc);
 
 /* kvstash_server_info: the hello answer received at connect (borrowed). */
@@ -154,7 +158,11 @@ int kvstash_get_alloc(struct kvstash *c, const void *key, size_t klen, void **va
 /*
  * kvstash_batch_get: read n values into bufs[i] (capacity caps[i]); codes[i]
  * is 0 (vlens[i] set), KVSTASH_ENOTFOUND, or KVSTASH_ETOOLARGE (vlens[i] is
- * the size needed). Returns as kvstash_batch_put.
+ * the size needed). Returns as kvstash_batch_put. In this and the other batch
+ * reads and removes (kvstash_batch_is_exist, kvstash_prefix_match,
+ * kvstash_batch_remove, kvstash_pin, kvstash_unpin), a key that is NULL with
+ * a non-zero length fails the whole call with KVSTASH_EINVAL before anything
+ * is sent (every key gets that code, or false).
  */
 int kvstash_batch_get(struct kvstash *c, size_t n, const void *const *keys, const size_t *klens,
                       void *const *bufs, const size_t *caps, size_t *vlens, int *codes);
@@ -564,9 +572,10 @@ int kvstash_async_unregister_buffer(struct kvstash_async *a, struct kvstash_buff
  * kvstash_async_submit_get_into, kvstash_async_submit_put_from,
  * kvstash_async_submit_exists: queue kvstash_batch_get_into,
  * kvstash_batch_put_from or kvstash_batch_is_exist of n keys (n may be 0)
- * for the worker; the arguments mean what they mean there, and per-key
- * problems (a NULL key, a bad piece, a key too long) are answered per key
- * in the completion, as there. What is copied and what is borrowed: see
+ * for the worker; the arguments mean what they mean there, and problems
+ * with a key are answered in the completion as there: per key for get_into
+ * and put_from (a NULL key, a bad piece, a key too long), for the whole
+ * request for exists (a NULL key). What is copied and what is borrowed: see
  * "Memory" above.
  *
  * Returns the request id (> 0, increasing by 1 with each accepted submit)
