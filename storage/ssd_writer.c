@@ -393,8 +393,8 @@ ssd_commit_group(struct ssd *t, struct ssd_group *g, struct ssd_forget *forgets)
         if (rc == KV_TOO_LARGE || rc == KV_NO_SPACE || rc == KV_QUOTA_EXCEEDED) {
             /* This object alone cannot go to the SSD (too big, no room in its
              * tenant's share, or none it may take from others'); the others can. */
-            if (rc == KV_NO_SPACE) {
-                CTR_ADD(t, no_space, 1);
+            if (rc != KV_QUOTA_EXCEEDED) {
+                CTR_ADD(t, no_space, 1);    /* a record larger than ssd_size included */
             }
             store_obj_store_failed(t->store, g->obj[written]);
             CTR_ADD(t, write_failed, 1);
@@ -642,11 +642,19 @@ ssd_writer_main(void *arg)
             break;
         }
         if (!t->stop && atomic_load(&t->offload) == SSD_ON_EVICT && !t->degraded) {
+            /*
+             * Written ahead only into room below the low watermark: a write ahead that
+             * needed room would drop the oldest bucket, whose objects still in DRAM
+             * would be written ahead again, and again, with no client asking (a tier
+             * no larger than DRAM rewrote itself at hundreds of MB/s).
+             */
+            uint64_t used = CTR_GET(t, disk_bytes), low = atomic_load(&t->low_bytes);
             pthread_mutex_lock(&t->qlock);
             bool idle = t->wq_head == NULL;
             pthread_mutex_unlock(&t->qlock);
-            if (idle) {
-                (void)store_offload_cold(t->store, SSD_COLD_BATCH);
+            if (idle && used < low) {
+                (void)store_offload_cold(t->store, low - used < SSD_COLD_BATCH ? low - used
+                                                                               : SSD_COLD_BATCH);
             }
         }
     }

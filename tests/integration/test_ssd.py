@@ -797,3 +797,28 @@ def test_sighup_changes_offload_mode(work, kv):
     assert wait_offload_idle(c)["ssd_writes"] == w0 + 8
     assert d.proc.poll() is None
     d.stop()
+
+
+# ---------------------------------------------------------------------------------------
+# 12. A tier no larger than DRAM: writing cold objects ahead stops at the low watermark
+#     instead of dropping buckets whose objects it then writes again, without end.
+
+def test_write_ahead_into_a_small_tier_settles(work, kv):
+    d = kv(os.path.join(work, "data"), "--memory_size=64m", "--ssd_size=64m",
+           "--ssd_bucket_size=8m")
+    c = d.client()
+    for i in range(130):                        # 65 MB: more than DRAM keeps, as much as the tier
+        key = f"ahead-{i:03d}".encode()
+        assert c.call("put", key, value_for(key, 500000)) == 0, key
+    wait_offload_idle(c)
+    time.sleep(1)                               # idle rounds of the writer
+    before = stats(c)
+    time.sleep(2)
+    after = stats(c)
+    assert after["ssd_writes"] - before["ssd_writes"] < 20, (before["ssd_writes"],
+                                                             after["ssd_writes"])
+    assert after["ssd_disk_bytes"] <= 64 << 20, after
+    for i in range(130):                        # whatever is kept is exact
+        key = f"ahead-{i:03d}".encode()
+        got = c.call("get", key)
+        assert got is None or got == value_for(key, 500000), key
