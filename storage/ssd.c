@@ -21,6 +21,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
@@ -780,6 +781,17 @@ ssd_open(const struct ssd_config *cfg, struct store *s, struct ssd **out, char *
              " ms; crc32c %s",
              t->dir, t->start_objects, t->nbuckets, CTR_GET(t, disk_bytes), t->start_ms,
              crc32c_hw() ? "sse4.2" : "software");
+    struct statvfs vfs;
+    if (statvfs(t->dir, &vfs) == 0) {
+        /* the tier evicts for ssd_size, not for a full disk (README, "SSD tier") */
+        uint64_t room = (uint64_t)vfs.f_bavail * vfs.f_frsize + CTR_GET(t, disk_bytes);
+        if (room < cfg->size) {
+            log_warn("ssd: ssd_size %" PRIu64 " is more than %s can hold (%" PRIu64
+                     " bytes free plus the tier's own): once the disk is full the tier stops "
+                     "writing until room is freed; set ssd_size below that",
+                     cfg->size, t->dir, room);
+        }
+    }
 
     rc = pthread_create(&t->writer, NULL, ssd_writer_main, t);
     if (rc != 0) {
