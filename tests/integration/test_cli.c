@@ -62,11 +62,18 @@ expect_exit(const struct harness_proc *p, int code, const char *what)
  * silent_listener: a loopback TCP socket that listens and never accepts, so
  * the kernel completes connects and nobody ever answers (a daemon that hangs
  * or whose backlog is full looks the same). Non-blocking: accept() then says
- * whether anyone connected. The fd, with *port and addr ("127.0.0.1:PORT"), or -1.
+ * whether anyone connected. Asserts that it could be made.
  */
-static int
-silent_listener(int *port, char *addr, size_t alen)
+struct silent {
+    int fd;
+    int port;
+    char addr[64];  /* "127.0.0.1:PORT" */
+};
+
+static struct silent
+silent_listener(void)
 {
+    struct silent l = {.fd = -1};
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = 0};
     socklen_t len = sizeof(sa);
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -77,11 +84,12 @@ silent_listener(int *port, char *addr, size_t alen)
         if (fd >= 0) {
             close(fd);
         }
-        return -1;
+        cr_assert_fail("cannot listen on loopback: %s", strerror(errno));
     }
-    *port = ntohs(sa.sin_port);
-    snprintf(addr, alen, "127.0.0.1:%d", *port);
-    return fd;
+    l.fd = fd;
+    l.port = ntohs(sa.sin_port);
+    snprintf(l.addr, sizeof(l.addr), "127.0.0.1:%d", l.port);
+    return l;
 }
 
 /* nobody_connected: nothing is waiting in the listener's accept queue. */
@@ -242,16 +250,13 @@ Test(cli, exit_codes_for_usage_and_connection_errors)
 Test(cli, bad_port_is_a_usage_error_without_connecting)
 {
     struct harness_proc p;
-    int port = 0;
-    char addr[64];
-    int lfd = silent_listener(&port, addr, sizeof(addr));
-    cr_assert_geq(lfd, 0, "cannot listen on loopback");
+    struct silent l = silent_listener();
     /* port + 65536 names the listener's port when taken modulo 2^16 */
     char wrapped[64], zero[64], empty[64], word[64];
-    snprintf(wrapped, sizeof(wrapped), "127.0.0.1:%d", port + 65536);
+    snprintf(wrapped, sizeof(wrapped), "127.0.0.1:%d", l.port + 65536);
     snprintf(zero, sizeof(zero), "127.0.0.1:0");
     snprintf(empty, sizeof(empty), "127.0.0.1:");
-    snprintf(word, sizeof(word), "127.0.0.1:p%d", port);
+    snprintf(word, sizeof(word), "127.0.0.1:p%d", l.port);
     const char *bad[] = {wrapped, zero, empty, word, "[::1]:70000"};
 
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
@@ -262,7 +267,7 @@ Test(cli, bad_port_is_a_usage_error_without_connecting)
         cr_assert_eq(p.out_len, 0, "-H %s printed '%s'", bad[i], p.out);
         harness_proc_free(&p);
     }
-    cr_assert(nobody_connected(lfd), "the CLI connected to %s", wrapped);
+    cr_assert(nobody_connected(l.fd), "the CLI connected to %s", wrapped);
 
     /* the library refuses it too, before connecting */
     struct kvstash *c = NULL;
@@ -271,8 +276,8 @@ Test(cli, bad_port_is_a_usage_error_without_connecting)
     cr_assert_null(c);
     cr_assert(strstr(kvstash_last_error(NULL), "port") != NULL,
               "kvstash_last_error does not say the port is wrong: %s", kvstash_last_error(NULL));
-    cr_assert(nobody_connected(lfd), "kvstash_connect connected to %s", wrapped);
-    close(lfd);
+    cr_assert(nobody_connected(l.fd), "kvstash_connect connected to %s", wrapped);
+    close(l.fd);
 }
 
 Test(cli, unreadable_put_file_is_a_usage_error_without_a_daemon)
@@ -308,13 +313,10 @@ Test(cli, unreadable_put_file_is_a_usage_error_without_a_daemon)
 Test(cli, timeout_when_the_server_never_answers)
 {
     struct harness_proc p;
-    int port = 0;
-    char addr[64];
-    int lfd = silent_listener(&port, addr, sizeof(addr));
-    cr_assert_geq(lfd, 0, "cannot listen on loopback");
+    struct silent l = silent_listener();
 
     uint64_t t0 = harness_now_ms();
-    cli(&p, "-H", addr, HARNESS_ARGS("-t", "500", "ping"), NULL, 0);
+    cli(&p, "-H", l.addr, HARNESS_ARGS("-t", "500", "ping"), NULL, 0);
     uint64_t took = harness_now_ms() - t0;
     expect_exit(&p, 3, "ping -t 500 to a server that never answers");
     cr_assert_lt(took, 5000, "ping -t 500 took %llu ms", (unsigned long long)took);
@@ -323,24 +325,21 @@ Test(cli, timeout_when_the_server_never_answers)
     harness_proc_free(&p);
 
     /* -t 0 still means no timeout: killed at the deadline, still waiting */
-    const char *argv[] = {harness_cli_path(), "-H", addr, "-t", "0", "ping", NULL};
+    const char *argv[] = {harness_cli_path(), "-H", l.addr, "-t", "0", "ping", NULL};
     cr_assert_eq(harness_exec(argv, NULL, 0, 1500, &p), 0);
     cr_assert_eq(p.status, -1, "ping -t 0 did not wait: status 0x%x\n%s", (unsigned)p.status,
                  p.err);
     harness_proc_free(&p);
-    close(lfd);
+    close(l.fd);
 }
 
 Test(cli, default_timeout_is_bounded)
 {
     struct harness_proc p;
-    int port = 0;
-    char addr[64];
-    int lfd = silent_listener(&port, addr, sizeof(addr));
-    cr_assert_geq(lfd, 0, "cannot listen on loopback");
+    struct silent l = silent_listener();
 
     /* no -t: the default (10 s) ends it, well before the 20 s deadline */
-    const char *argv[] = {harness_cli_path(), "-H", addr, "ping", NULL};
+    const char *argv[] = {harness_cli_path(), "-H", l.addr, "ping", NULL};
     uint64_t t0 = harness_now_ms();
     cr_assert_eq(harness_exec(argv, NULL, 0, 20000, &p), 0);
     uint64_t took = harness_now_ms() - t0;
@@ -350,7 +349,7 @@ Test(cli, default_timeout_is_bounded)
     cr_assert(strstr(p.err, "timed out") != NULL, "the error does not say it timed out: %s",
               p.err);
     harness_proc_free(&p);
-    close(lfd);
+    close(l.fd);
 }
 
 Test(cli, timeout_when_the_daemon_is_stopped)
