@@ -452,7 +452,8 @@ int store_sync(struct store *s, struct store_obj *o);
 /*
  * store_offload_cold: queue up to `bytes` of the coldest resident objects
  * that have no SSD copy (on-evict mode: written ahead so that eviction
- * finds them clean). Returns the bytes queued.
+ * finds them clean), but not those of tenants with an SSD quota (their
+ * share's eviction would undo it). Returns the bytes queued.
  */
 uint64_t store_offload_cold(struct store *s, uint64_t bytes);
 

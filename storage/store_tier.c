@@ -169,8 +169,12 @@ store_offload_cold(struct store *s, uint64_t bytes)
         pthread_mutex_lock(&sh->lock);
         for (o = sh->lru[STORE_LRU_NORMAL].tail; o != NULL && seen < PER_SHARD && queued < bytes;
              o = o->lru_prev, seen++) {
+            /* Not a tenant with an SSD quota: writing ahead into a full share would drop
+             * the tenant's own oldest bucket, whose objects still in DRAM would then be
+             * written ahead again, without end; they are written when evicted. */
             if (store_evictable_locked(o, now)
-                && atomic_load_explicit(&o->ssd, memory_order_relaxed) == STORE_SSD_NONE) {
+                && atomic_load_explicit(&o->ssd, memory_order_relaxed) == STORE_SSD_NONE
+                && store_ssd_share(s, o->tenant) == 0) {
                 store_queue_locked(s, o);
                 queued += o->size;
             }

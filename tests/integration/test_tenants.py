@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from kvtest import Daemon
+from kvtest import Daemon, wait_for
 from test_python_client import KVSTASHD
 
 OK, NOT_FOUND, EXISTS, BUSY = 0, 1, 2, 3
@@ -341,5 +341,32 @@ def test_long_tenant_or_token_is_invalid_however_it_arrives(tmp_path):
         assert isinstance(c.call("stats", {}), dict) and isinstance(c.call("stats", None), dict)
         assert c.call("hello", {"tenant": "alpha", "token": TOKENS["alpha"]})["server"] == "kvstashd"
         c.close()
+    finally:
+        d.stop()
+
+
+def test_writing_ahead_leaves_a_full_ssd_share_alone(tmp_path):
+    """on_evict writes cold objects ahead, but not into a tenant's full SSD share: that
+    dropped the tenant's oldest bucket, whose objects, still in DRAM, went again, and so on."""
+    conf = tmp_path / "kv.conf"
+    conf.write_text(f"tenant alpha token_sha256={sha(TOKENS['alpha'])} ssd_quota=16m\n"
+                    f"tenant admin token_sha256={sha(TOKENS['admin'])}\n")
+    d = Daemon(str(tmp_path), (f"--config={conf}", "--memory_size=64m",
+                               f"--ssd_dir={tmp_path}/ssd", "--ssd_size=512m",
+                               "--ssd_bucket_size=4m"), data_dir=str(tmp_path / "data"))
+    try:
+        d.wait_ready()
+        alpha, admin = login(d, "alpha"), login(d, "admin")
+        for i in range(130):                    # 65 MB: past DRAM and four times the share
+            assert alpha.call("put", f"a{i}".encode(), bytes([i]) * 500000) == OK
+        wait_for(lambda: admin.call("stats")["ssd_offload_queue"] == 0, 20, "the writer")
+        time.sleep(1)
+        before = admin.call("stats")["ssd_evicted_buckets"]
+        time.sleep(2)
+        after = admin.call("stats")["ssd_evicted_buckets"]
+        assert after - before <= 1, (before, after)
+        for i in range(130):                    # whatever is kept is exact
+            got = alpha.call("get", f"a{i}".encode())
+            assert got is None or got == bytes([i]) * 500000, i
     finally:
         d.stop()
