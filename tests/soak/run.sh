@@ -70,14 +70,18 @@ start() {
         port=$(free_port) || die "no free loopback port"
         local cmd=("$KVSTASHD" --listen="127.0.0.1:$port" --data_dir="$dir"
                    --memory_size=48m --max_value_size=4m "$@")
+        local logged
+        logged=$(stat -c %s "$dir/log" 2>/dev/null || echo 0)
         show "${cmd[@]}"
         "${cmd[@]}" >>"$dir/log" 2>&1 &
         kvd_pid=$!
         answers_ping "$KVSTASH_CLI" "$port" "$kvd_pid" 100 0.1 && return 0
         # A port free when picked may be taken before the daemon binds it (the clients'
-        # own ephemeral ports come from the same range): pick another.
+        # own ephemeral ports come from the same range): pick another, and take that
+        # attempt's lines out of the log, whose errors fail the run.
         kill -0 "$kvd_pid" 2>/dev/null || ! tail -n 3 "$dir/log" | grep -q "in use" && break
         wait "$kvd_pid" 2>/dev/null
+        truncate -s "$logged" "$dir/log"
         echo "   port $port was taken meanwhile (attempt $attempt); another"
     done
     tail -n 5 "$dir/log" >&2
