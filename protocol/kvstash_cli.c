@@ -488,6 +488,29 @@ cli_open_input(struct cli_args *a)
     return 0;
 }
 
+/*
+ * cli_connect_failed: report kvstash_connect's rc for addr (given by `what`);
+ * the exit status: a usage error for an address refused before connecting (a
+ * port outside 1..65535, say), else a connection error.
+ */
+static int
+cli_connect_failed(int rc, const char *addr, const char *what)
+{
+    const char *why = kvstash_last_error(NULL);
+
+    if (rc == -EINVAL) {
+        fprintf(stderr, "kvstash: %s: %s\n", what, why[0] ? why : kvstash_strerror(rc));
+        return CLI_USAGE;
+    }
+    if (rc > 0) {
+        fprintf(stderr, "kvstash: connecting to %s: %s: %s\n", addr, kv_errname(rc), why);
+    } else {
+        fprintf(stderr, "kvstash: connecting to %s: %s%s\n", addr,
+                why[0] ? why : kvstash_strerror(rc), cli_timeout_hint(rc));
+    }
+    return CLI_CONN;
+}
+
 int
 main(int argc, char **argv)
 {
@@ -579,26 +602,11 @@ main(int argc, char **argv)
     }
     int rc = kvstash_connect_tls(addr, tls.ca_file != NULL ? &tls : NULL, timeout_ms, &c);
     if (rc != 0) {
-        const char *why = kvstash_last_error(NULL);
-        int status = CLI_CONN;
-        if (rc == -EINVAL) {
-            /* refused before connecting (a port outside 1..65535, say): a usage error */
-            fprintf(stderr, "kvstash: %s: %s\n", sock ? "-S" : host ? "-H" : "KVSTASH_ADDR",
-                    why[0] ? why : kvstash_strerror(rc));
-            status = CLI_USAGE;
-        } else if (rc > 0) {
-            fprintf(stderr, "kvstash: connecting to %s: %s: %s\n", addr, kv_errname(rc), why);
-        } else {
-            fprintf(stderr, "kvstash: connecting to %s: %s%s\n", addr,
-                    why[0] ? why : kvstash_strerror(rc), cli_timeout_hint(rc));
-        }
-        if (args.fd > STDIN_FILENO) {
-            close(args.fd);
-        }
-        return status;
+        rc = cli_connect_failed(rc, addr, sock ? "-S" : host ? "-H" : "KVSTASH_ADDR");
+    } else {
+        rc = cmd->fn(c, &args);
+        kvstash_close(c);
     }
-    rc = cmd->fn(c, &args);
-    kvstash_close(c);
     if (args.fd > STDIN_FILENO) {
         close(args.fd);
     }

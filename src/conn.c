@@ -79,7 +79,7 @@ struct conn {
     uint64_t rx_ms;                  /* last byte read, or when reading was (re)armed */
     bool yielded;                    /* stopped at CONN_MESSAGES_PER_WAKE: more to process */
     bool in_ready;                   /* in its worker's ready_ep */
-    bool passed;                     /* its last write event let a waiting peer go first */
+    bool passed;                     /* its last flush let a waiting peer go first */
     bool bulk;                       /* its last read turn moved CONN_TURN bytes or more */
     size_t turn_bytes;               /* bytes read and written in this callback */
     uint32_t auth_seen;              /* ctx.auth_failures already accounted */
@@ -820,10 +820,11 @@ conn_iov_clip(struct iovec *iov, int n, size_t max)
 }
 
 /*
- * conn_flush: write what the socket takes, at most CONN_TURN_MAX bytes a writev, or
- * CONN_TURN once another connection of the loop waits with a request
- * (conn_others_waiting): then stop after it. What is left goes out on the write event,
- * which fires again on the loop's next poll. Returns 0, or -1 when the connection broke.
+ * conn_flush: write what the socket takes, at most CONN_TURN_MAX bytes a writev. While
+ * another connection of the loop waits with a request (conn_others_waiting), a bulk
+ * reply lets it go first once, then goes on CONN_TURN bytes a turn. What is left goes
+ * out on the write event, which fires again on the loop's next poll. Returns 0, or -1
+ * when the connection broke.
  */
 static int
 conn_flush(struct conn *c)
@@ -832,8 +833,14 @@ conn_flush(struct conn *c)
     size_t most = CONN_TURN_MAX;
 
     if (outq_pending(&c->out) > CONN_TURN && conn_others_waiting(c)) {
+        if (!c->passed) {
+            c->passed = true;       /* once in a row: this turn comes on the next poll */
+            conn_set_writing(c, true);
+            return 0;
+        }
         most = CONN_TURN;
     }
+    c->passed = false;
     while (outq_pending(&c->out) > 0) {
         int n = conn_iov_clip(iov, outq_peek(&c->out, iov, CONN_IOV_MAX), most);
         int fd = outq_head_fd(&c->out);
@@ -1559,11 +1566,6 @@ conn_on_write(evutil_socket_t fd, short what, void *arg)
     (void)what;
 
     conn_refresh_limits(c->w);
-    if (!c->passed && !c->tls_want_write && conn_others_waiting(c)) {
-        c->passed = true;           /* once: they go first, this turn comes on the next poll */
-        return;
-    }
-    c->passed = false;
     if (c->tls_want_write) {
         /* A TLS read (the handshake, say) waited for this: read again; that flushes too. */
         c->tls_want_write = false;
