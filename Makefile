@@ -50,7 +50,7 @@ CORE_SRC := src/kverr.c src/config.c src/log.c \
             storage/alloc.c storage/store.c storage/store_tier.c storage/store_hash.c storage/crc32c.c storage/ssd_record.c \
             storage/ssd_index.c storage/ssd.c storage/ssd_bucket.c storage/ssd_writer.c \
             storage/copier.c storage/shmbuf.c \
-            protocol/frame.c protocol/mp.c protocol/outq.c protocol/tcpopt.c protocol/rpc.c protocol/rpc_shm.c protocol/rpc_direct.c protocol/rpc_rdma.c
+            protocol/frame.c protocol/mp.c protocol/outq.c protocol/tcpopt.c protocol/rpc.c protocol/rpc_put.c protocol/rpc_shm.c protocol/rpc_direct.c protocol/rpc_rdma.c
 # the RDMA data port, its verbs table (or the RDMA=0 stub) and the emulation tests use
 RDMA_SRC := rdma/rdma_port.c rdma/rdma_emu.c
 ifeq ($(RDMA),1)

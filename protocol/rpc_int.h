@@ -1,7 +1,8 @@
 /*
  * rpc_int: what the request handlers share (protocol/rpc.c: the method
- * table, dispatch and the store methods; protocol/rpc_shm.c: the
- * shared-memory buffer methods). Nothing outside those files includes it.
+ * table, dispatch and the store methods; protocol/rpc_put.c: the put path;
+ * protocol/rpc_shm.c: the shared-memory buffer methods; rpc_direct.c and
+ * rpc_rdma.c). Nothing outside those files includes it.
  */
 #ifndef RPC_INT_H
 #define RPC_INT_H
@@ -136,6 +137,18 @@ void rpc_deferred_track(struct rpc_req *rq, struct rpc_deferred *d, uint32_t i, 
 
 /* rpc_deferred_hold: the same for a published object o, whose reference becomes d's. */
 void rpc_deferred_hold(struct rpc_ctx *ctx, struct rpc_deferred *d, uint32_t i, struct store_obj *o);
+
+/*
+ * The put path (rpc_put.c): the put and batch_put handlers, called by
+ * rpc_dispatch through the method table only. 0 with the reply packed, or
+ * with it left in ctx->deferred (a durable put: rpc_deferred_poll answers);
+ * a request-level error (nothing stored, rpc_dispatch answers it); -ENOMEM;
+ * or -EAGAIN when a key must wait for DRAM room (put: nothing done;
+ * batch_put: the keys done so far kept in ctx->resume for the retry).
+ * Event-loop thread only, as all of rpc.
+ */
+int rpc_put(struct rpc_req *rq);
+int rpc_batch_put(struct rpc_req *rq);
 
 /* The shared-memory methods (rpc_shm.c). */
 int rpc_register_buffer(struct rpc_req *rq);

@@ -1,0 +1,581 @@
+/*
+ * rpc_put: the put path. put and batch_put; the spill decision made while
+ * a put's value is still on the wire (rpc_spill_take: reserve it in the
+ * store and receive it there, or say why not); a key repeated within one
+ * batch_put (the first copy is the one stored, however the bytes arrived);
+ * and the deferred replies of durable puts and of batches that wait for
+ * DRAM room (struct rpc_deferred, also used by rpc_shm.c and rpc_direct.c),
+ * answered by rpc_deferred_poll once the SSD tier says how it went.
+ *
+ * A reservation rpc_spill_take makes is committed when its put is handled,
+ * or aborted when an earlier copy of its key takes the key back
+ * (rpc_dups_yield); what a handler leaves, rpc_dispatch aborts. Like rpc.c,
+ * this module never touches sockets or the event loop, and reaches objects
+ * only through storage/store.h.
+ */
+#include "rpc_int.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <msgpack.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kverr.h"
+#include "mp.h"
+#include "outq.h"
+#include "store.h"
+
+#define RPC_DUPS_STACK 64               /* rpc_dups slots kept on the stack (32 reservations) */
+#define RPC_SPILL_YIELDED INT_MIN       /* rpc_spill.code: its key went to an earlier copy */
+
+/*
+ * Store one put value: spilled (already in a reservation) or inline bytes.
+ * Returns the key's outcome code.
+ */
+static int
+rpc_store_value(struct rpc_req *rq, const uint8_t *kp, uint32_t klen, const uint8_t *vp,
+                uint64_t vlen, const struct mp_hole *hole)
+{
+    const struct rpc_limits *lim = rq->ctx->lim;
+    struct kv_key key;
+
+    if (hole != NULL) {
+        struct rpc_spill *sp = hole->tag;
+        struct store_obj *o = sp->obj;
+        if (o == NULL && sp->code == RPC_SPILL_YIELDED) {
+            /* As an inline repeat would be answered (its bytes are gone: never stored). */
+            rpc_key(rq, kp, klen, &key);
+            return store_exists(rq->ctx->srv->store, &key) == 1 ? KV_EXISTS : KV_BUSY;
+        }
+        if (o == NULL) {
+            return sp->code;
+        }
+        sp->obj = NULL;
+        return store_commit(rq->ctx->srv->store, o);
+    }
+    if (klen > lim->max_key_size || vlen > lim->max_value_size) {
+        return KV_TOO_LARGE;
+    }
+    rpc_key(rq, kp, klen, &key);
+    int rc = store_put(rq->ctx->srv->store, &key, vp, vlen);
+    if (rc == -EAGAIN) {
+        /* Room is coming (objects on their way to the SSD); the caller may retry. */
+        return rq->ctx->final_try ? KV_NO_SPACE : -EAGAIN;
+    }
+    return rc < 0 ? KV_INTERNAL : rc;
+}
+
+void
+rpc_deferred_free(struct rpc_ctx *ctx, struct rpc_deferred *d)
+{
+    if (d == NULL) {
+        return;
+    }
+    for (uint32_t i = 0; i < d->n; i++) {
+        store_obj_unref(ctx->srv->store, d->objs[i]);
+    }
+    free(d->codes);
+    free(d->objs);
+    free(d);
+}
+
+struct rpc_deferred *
+rpc_deferred_new(uint64_t msgid, uint32_t n, bool batch)
+{
+    struct rpc_deferred *d = calloc(1, sizeof(*d));
+
+    if (d == NULL) {
+        return NULL;
+    }
+    d->codes = calloc(n ? n : 1, sizeof(*d->codes));
+    d->objs = calloc(n ? n : 1, sizeof(*d->objs));
+    if (d->codes == NULL || d->objs == NULL) {
+        free(d->codes);
+        free(d->objs);
+        free(d);
+        return NULL;
+    }
+    d->msgid = msgid;
+    d->batch = batch;
+    d->n = n;
+    return d;
+}
+
+void
+rpc_deferred_track(struct rpc_req *rq, struct rpc_deferred *d, uint32_t i, const uint8_t *kp,
+                   uint32_t klen)
+{
+    struct store *st = rq->ctx->srv->store;
+    struct store_obj *o = NULL;
+    struct kv_key key;
+    int rc;
+
+    rpc_key(rq, kp, klen, &key);
+    rc = klen == UINT32_MAX ? KV_NOT_FOUND : store_get(st, &key, &o);
+    if (rc == -EAGAIN) {
+        d->codes[i] = 0;                /* already left DRAM, which it only does once on SSD */
+        return;
+    }
+    if (rc != 0) {
+        d->codes[i] = KV_NO_SPACE;      /* gone already (removed): not on SSD either */
+        return;
+    }
+    rpc_deferred_hold(rq->ctx, d, i, o);
+}
+
+void
+rpc_deferred_hold(struct rpc_ctx *ctx, struct rpc_deferred *d, uint32_t i, struct store_obj *o)
+{
+    int rc = store_sync(ctx->srv->store, o);
+
+    if (rc != 0) {
+        store_obj_unref(ctx->srv->store, o);
+        d->codes[i] = rc;           /* UNSUPPORTED, or QUOTA_EXCEEDED: in DRAM only, not durable */
+        return;
+    }
+    d->objs[i] = o;
+}
+
+int
+rpc_deferred_poll(struct rpc_ctx *ctx, struct outq *out)
+{
+    struct rpc_deferred *d = ctx->deferred;
+    msgpack_packer pk;
+
+    if (ctx->xfer != NULL) {
+        return rpc_xfer_poll(ctx, out);
+    }
+    if (d == NULL) {
+        return 0;
+    }
+    for (uint32_t i = 0; i < d->n; i++) {
+        if (d->objs[i] != NULL && store_obj_ssd_state(d->objs[i]) == STORE_SSD_QUEUED) {
+            return -EINPROGRESS;
+        }
+    }
+    for (uint32_t i = 0; i < d->n; i++) {
+        struct store_obj *o = d->objs[i];
+
+        if (o == NULL) {
+            continue;
+        }
+        if (store_obj_ssd_state(o) != STORE_SSD_STORED) {
+            /* Not durable, so not stored: take it back (unless someone reads it now). */
+            struct kv_key key;
+
+            store_obj_key(o, &key);
+            d->codes[i] = KV_NO_SPACE;
+            d->objs[i] = NULL;
+            store_obj_unref(ctx->srv->store, o);
+            (void)store_remove(ctx->srv->store, &key, true);
+            continue;
+        }
+    }
+    msgpack_packer_init(&pk, out, outq_pack_write);
+    rpc_pack_head(&pk, d->msgid);
+    if (d->batch) {
+        msgpack_pack_array(&pk, d->n);
+    }
+    for (uint32_t i = 0; i < d->n; i++) {
+        msgpack_pack_int(&pk, d->codes[i]);
+    }
+    outq_reply_end(out);
+    ctx->deferred = NULL;
+    rpc_deferred_free(ctx, d);
+    return out->failed ? -ENOMEM : 0;
+}
+
+int
+rpc_put(struct rpc_req *rq)
+{
+    const uint8_t *kp, *vp;
+    uint32_t klen;
+    uint64_t vlen;
+    const struct mp_hole *hole;
+    struct rpc_opts opts;
+    int rc = rpc_arity(rq, 2, 3);
+
+    if (rc != 0) {
+        return rc;
+    }
+    if (rpc_read_key(&rq->rd, &kp, &klen) != 0) {
+        return rpc_invalid(rq, "key must be bin or str");
+    }
+    if (mp_read_bin_ref(&rq->rd, &vp, &vlen, &hole) != 0) {
+        return rpc_invalid(rq, "value must be bin");
+    }
+    rc = rpc_put_opts_read(rq, 2, &opts);
+    if (rc != 0) {
+        return rc;
+    }
+    rc = rpc_store_value(rq, kp, klen, vp, vlen, hole);
+    if (rc == -EAGAIN) {
+        return rc;                  /* nothing done: the connection retries the message */
+    }
+    if (opts.durable && rc == 0) {
+        struct rpc_deferred *d = rpc_deferred_new(rq->msgid, 1, false);
+
+        if (d != NULL) {
+            rpc_deferred_track(rq, d, 0, kp, klen);
+            rq->ctx->deferred = d;
+            return 0;
+        }
+        rc = KV_INTERNAL;
+    }
+    rpc_reply_head(rq);
+    msgpack_pack_int(&rq->pk, rc);
+    return 0;
+}
+
+/*
+ * A key repeated in one batch_put. A spilled value is reserved under its key
+ * while the message is still arriving, before an earlier inline copy of that
+ * key can be stored: left so, the earlier copy would find the key BUSY and the
+ * later one would be kept, which copy wins hanging on how the bytes arrived.
+ * So a batch holding reservations maps their keys (only then: a batch without
+ * one pays nothing), and an inline copy about to be stored takes its key back
+ * from a later reserved copy first: that reservation is aborted and its copy
+ * answered as a repeat (rpc_store_value). Spilled copies need nothing: they
+ * were reserved in order, so a later one got BUSY or EXISTS already.
+ */
+struct rpc_dup {
+    struct rpc_spill *sp;       /* the reserved copy's spill; NULL: an empty slot */
+    const uint8_t *kp;
+    uint32_t klen;
+    uint32_t idx;               /* its index in the batch */
+};
+
+struct rpc_dups {
+    struct rpc_dup *slot;       /* open addressing, at most half full; NULL: no map */
+    uint64_t mask;
+    struct rpc_dup stack[RPC_DUPS_STACK];
+};
+
+/* The slot of key kp, or the empty slot where it would go. */
+static struct rpc_dup *
+rpc_dups_find(struct rpc_req *rq, struct rpc_dups *t, const uint8_t *kp, uint32_t klen)
+{
+    struct kv_key key;
+
+    rpc_key(rq, kp, klen, &key);
+    for (uint64_t h = store_hash64(&key);; h++) {
+        struct rpc_dup *d = &t->slot[h & t->mask];
+        if (d->sp == NULL || (d->klen == klen && memcmp(d->kp, kp, klen) == 0)) {
+            return d;
+        }
+    }
+}
+
+/* Map the keys of the nresv reserved values among the n of keys/vals. 0 or -ENOMEM. */
+static int
+rpc_dups_init(struct rpc_req *rq, struct rpc_dups *t, struct mp_reader keys, struct mp_reader vals,
+              uint32_t n, uint32_t nresv)
+{
+    uint64_t cap = RPC_DUPS_STACK;
+
+    while (cap < 2 * (uint64_t)nresv) {
+        cap *= 2;
+    }
+    if (cap > RPC_DUPS_STACK) {
+        t->slot = calloc(cap, sizeof(*t->slot));
+        if (t->slot == NULL) {
+            return -ENOMEM;
+        }
+    } else {
+        memset(t->stack, 0, sizeof(t->stack));
+        t->slot = t->stack;
+    }
+    t->mask = cap - 1;
+    for (uint32_t i = 0; i < n; i++) {
+        const uint8_t *kp, *vp;
+        uint32_t klen;
+        uint64_t vlen;
+        const struct mp_hole *hole;
+
+        rpc_read_key(&keys, &kp, &klen);
+        mp_read_bin_ref(&vals, &vp, &vlen, &hole);
+        struct rpc_spill *sp = hole != NULL ? hole->tag : NULL;
+        if (sp != NULL && sp->obj != NULL && klen <= rq->ctx->lim->max_key_size) {
+            struct rpc_dup *d = rpc_dups_find(rq, t, kp, klen);
+            if (d->sp == NULL) {
+                *d = (struct rpc_dup){.sp = sp, .kp = kp, .klen = klen, .idx = i};
+            }
+        }
+    }
+    return 0;
+}
+
+static void
+rpc_dups_deinit(struct rpc_dups *t)
+{
+    if (t->slot != t->stack) {
+        free(t->slot);
+    }
+    t->slot = NULL;
+}
+
+/*
+ * Copy i of key kp, inline with vlen bytes, is about to be stored: a later
+ * copy reserved under the key gives it up. A copy over the limits is answered
+ * TOO_LARGE without the store, so the later one keeps it (as when inline).
+ */
+static void
+rpc_dups_yield(struct rpc_req *rq, struct rpc_dups *t, uint32_t i, const uint8_t *kp, uint32_t klen,
+               uint64_t vlen)
+{
+    const struct rpc_limits *lim = rq->ctx->lim;
+
+    if (klen > lim->max_key_size || vlen > lim->max_value_size) {
+        return;
+    }
+    struct rpc_dup *d = rpc_dups_find(rq, t, kp, klen);
+    if (d->sp == NULL || d->idx <= i || d->sp->obj == NULL) {
+        return;
+    }
+    store_abort(rq->ctx->srv->store, d->sp->obj);
+    d->sp->obj = NULL;
+    d->sp->code = RPC_SPILL_YIELDED;
+}
+
+int
+rpc_batch_put(struct rpc_req *rq)
+{
+    struct mp_reader keys, vals, probe;
+    uint32_t nkeys, nvals, nresv = 0;
+    struct rpc_opts opts;
+    const uint8_t *kp, *vp;
+    uint32_t klen;
+    uint64_t vlen;
+    const struct mp_hole *hole;
+    struct rpc_deferred *d = NULL;
+    struct rpc_dups dups;
+    int stack[64];
+    int *codes = stack;
+    uint32_t start;
+    int rc = rpc_arity(rq, 2, 3);
+
+    if (rc != 0) {
+        return rc;
+    }
+    rc = rpc_keys_check(rq, &nkeys);
+    if (rc != 0) {
+        return rc;
+    }
+    keys = rq->rd;
+    for (uint32_t i = 0; i < nkeys; i++) {
+        rpc_read_key(&rq->rd, &kp, &klen);
+    }
+    if (mp_read_array(&rq->rd, &nvals) != 0) {
+        return rpc_invalid(rq, "values must be an array of bin");
+    }
+    if (nvals != nkeys) {
+        return rpc_invalid(rq, "keys and values differ in length");
+    }
+    vals = rq->rd;
+    probe = rq->rd;
+    for (uint32_t i = 0; i < nvals; i++) {
+        if (mp_read_bin_ref(&probe, &vp, &vlen, &hole) != 0) {
+            return rpc_invalid(rq, "values must be an array of bin");
+        }
+        if (hole != NULL && hole->tag != NULL && ((struct rpc_spill *)hole->tag)->obj != NULL) {
+            nresv++;
+        }
+    }
+    rq->rd = probe;
+    rc = rpc_put_opts_read(rq, 2, &opts);
+    if (rc != 0) {
+        return rc;
+    }
+    dups.slot = NULL;
+    if (nresv > 0 && nkeys > 1 && rpc_dups_init(rq, &dups, keys, vals, nkeys, nresv) != 0) {
+        return -ENOMEM;
+    }
+    /*
+     * A batch that waited for room before comes back with what it did: the
+     * keys before d->next are stored (or answered) already.
+     */
+    d = rq->ctx->resume;
+    rq->ctx->resume = NULL;
+    if (d != NULL && d->n != nkeys) {
+        rpc_deferred_free(rq->ctx, d);
+        d = NULL;
+    }
+    start = d != NULL ? d->next : 0;
+    if (d == NULL && opts.durable) {
+        d = rpc_deferred_new(rq->msgid, nkeys, true);
+        if (d == NULL) {
+            rc = -ENOMEM;
+            goto out;
+        }
+    }
+    if (d != NULL) {
+        codes = d->codes;
+    } else if (nkeys > 64) {
+        codes = malloc(nkeys * sizeof(*codes));     /* nkeys <= max_batch, checked above */
+        if (codes == NULL) {
+            rc = -ENOMEM;
+            goto out;
+        }
+    }
+    for (uint32_t i = 0; i < nkeys; i++) {
+        rpc_read_key(&keys, &kp, &klen);
+        mp_read_bin_ref(&vals, &vp, &vlen, &hole);
+        if (i < start) {
+            continue;
+        }
+        if (hole == NULL && dups.slot != NULL) {
+            rpc_dups_yield(rq, &dups, i, kp, klen, vlen);
+        }
+        rc = rpc_store_value(rq, kp, klen, vp, vlen, hole);
+        if (rc == -EAGAIN && d == NULL) {
+            d = rpc_deferred_new(rq->msgid, nkeys, true);
+            if (d != NULL) {
+                memcpy(d->codes, codes, i * sizeof(*codes));
+                if (codes != stack) {
+                    free(codes);
+                }
+                codes = d->codes;
+            }
+        }
+        if (rc == -EAGAIN && d != NULL) {
+            /* Wait for room with what is done so far; the message comes back. */
+            d->next = i;
+            rq->ctx->resume = d;
+            goto out;
+        }
+        if (rc == -EAGAIN) {
+            rc = KV_NO_SPACE;       /* no memory to wait with */
+        }
+        codes[i] = rc;
+        if (opts.durable && rc == 0) {
+            rpc_deferred_track(rq, d, i, kp, klen);
+        }
+    }
+    rc = 0;
+    if (opts.durable) {
+        rq->ctx->deferred = d;      /* answered when the SSD says how it went */
+        goto out;
+    }
+    rpc_reply_head(rq);
+    msgpack_pack_array(&rq->pk, nkeys);
+    for (uint32_t i = 0; i < nkeys; i++) {
+        msgpack_pack_int(&rq->pk, codes[i]);
+    }
+    if (d != NULL) {
+        rpc_deferred_free(rq->ctx, d);
+    } else if (codes != stack) {
+        free(codes);
+    }
+out:
+    rpc_dups_deinit(&dups);
+    return rc;
+}
+
+/* ---- spill decisions ---- */
+
+void
+rpc_spill_reset(struct rpc_spill_cursor *cur)
+{
+    memset(cur, 0, sizeof(*cur));
+}
+
+/* Parse the message prefix once: is it a put or batch_put, where are its keys? */
+static void
+rpc_spill_parse(struct rpc_spill_cursor *cur, const uint8_t *msg, size_t len)
+{
+    struct mp_reader rd;
+    uint32_t n, mlen, np;
+    uint64_t type, msgid;
+    const char *mname;
+
+    cur->state = -1;
+    mp_reader_init(&rd, msg, len);
+    if (mp_read_array(&rd, &n) != 0 || n != 4 || mp_read_uint(&rd, &type) != 0 || type != 0 ||
+        mp_read_uint(&rd, &msgid) != 0 || mp_read_str(&rd, &mname, &mlen) != 0 ||
+        mp_read_array(&rd, &np) != 0 || np < 2) {
+        return;
+    }
+    if (mp_str_eq(mname, mlen, "put")) {
+        cur->state = 1;
+        cur->key_off = (size_t)(rd.p - rd.base);
+    } else if (mp_str_eq(mname, mlen, "batch_put")) {
+        if (mp_read_array(&rd, &cur->nkeys) != 0) {
+            return;
+        }
+        cur->state = 2;
+        cur->key_idx = 0;
+        cur->key_off = (size_t)(rd.p - rd.base);
+    }
+}
+
+int
+rpc_spill_take(struct rpc_ctx *ctx, struct rpc_spill_cursor *cur, const uint8_t *msg, size_t len,
+               const struct mp_hole *holes, size_t nholes, const uint32_t *path, int depth,
+               uint64_t vlen, int is_bin, struct rpc_spill *sp)
+{
+    struct mp_reader rd;
+    const uint8_t *kp;
+    uint32_t klen;
+    struct kv_key key;
+    bool value;
+
+    if (cur->state == 0) {
+        rpc_spill_parse(cur, msg, len);
+    }
+    if (cur->state == 1) {
+        value = depth == 2 && path[0] == 3 && path[1] == 1;
+    } else if (cur->state == 2) {
+        value = depth == 3 && path[0] == 3 && path[1] == 1;
+    } else {
+        value = false;
+    }
+    sp->obj = NULL;
+    if (!value || !is_bin) {
+        if (vlen <= ctx->lim->max_key_size) {
+            return 0;
+        }
+        sp->code = KV_TOO_LARGE; /* discarded: readers see a hole (see rpc_read_key) */
+        return 1;
+    }
+
+    sp->code = KV_INVALID_ARGUMENT;
+    mp_reader_init(&rd, msg, len);
+    mp_reader_holes(&rd, holes, nholes);
+    rd.p = msg + cur->key_off;
+    if (cur->state == 2) {
+        uint32_t want = path[2];
+        if (want >= cur->nkeys || want < cur->key_idx) {
+            return 1; /* dispatch will answer the arity error */
+        }
+        while (cur->key_idx < want) {
+            if (rpc_read_key(&rd, &kp, &klen) != 0) {
+                return 1;
+            }
+            cur->key_idx++;
+            cur->key_off = (size_t)(rd.p - rd.base);
+        }
+    }
+    if (rpc_read_key(&rd, &kp, &klen) != 0) {
+        return 1;
+    }
+    if (klen > ctx->lim->max_key_size || vlen > ctx->lim->max_value_size) {
+        sp->code = KV_TOO_LARGE;
+        return 1;
+    }
+    key.tenant = ctx->tenant;
+    key.ptr = kp;
+    key.len = klen;
+    int rc = store_reserve(ctx->srv->store, &key, vlen, &sp->obj);
+    if (rc == -EAGAIN && !ctx->final_try) {
+        sp->obj = NULL;
+        sp->code = -EAGAIN;         /* the caller waits and asks again */
+        return 1;
+    }
+    if (rc != 0) {
+        sp->obj = NULL;
+        sp->code = rc == -EAGAIN ? KV_NO_SPACE : rc < 0 ? KV_INTERNAL : rc;
+    }
+    return 1;
+}
