@@ -47,7 +47,7 @@ endif
 
 # ---- sources ----
 CORE_SRC := src/kverr.c src/config.c src/log.c \
-            storage/alloc.c storage/store.c storage/store_tier.c storage/store_hash.c storage/crc32c.c storage/ssd_record.c \
+            storage/alloc.c storage/store.c storage/store_tier.c storage/store_hash.c storage/store_evict.c storage/crc32c.c storage/ssd_record.c \
             storage/ssd_index.c storage/ssd.c storage/ssd_bucket.c storage/ssd_writer.c \
             storage/copier.c storage/shmbuf.c \
             protocol/frame.c protocol/mp.c protocol/outq.c protocol/tcpopt.c protocol/rpc.c protocol/rpc_put.c protocol/rpc_shm.c protocol/rpc_direct.c protocol/rpc_rdma.c

@@ -5,8 +5,8 @@
  * The allocator owns the mapping and its own bookkeeping, which lives on the
  * heap, never inside the arena, so a stray write into the arena (a buggy
  * writer, a remote RDMA peer) can corrupt data but never the free lists. It
- * knows nothing about objects, keys or eviction; storage/store.c decides what
- * to free when the arena is full.
+ * knows nothing about objects, keys or eviction; storage/store_evict.c decides
+ * what to free when the arena is full.
  *
  * Threads: every function is safe to call from any thread at once. One mutex
  * inside the allocator guards the free lists; alloc_used_pages and

@@ -1,11 +1,13 @@
 /*
  * store: the DRAM object store behind store.h. It owns the key table (64
  * shards, each a chained hash table that doubles as it fills, its near-LRU
- * lists and its counters, all under the shard's mutex), the object metadata
- * (one heap block per object: the struct, its extents, its key) and the
- * eviction policy; the arena pages themselves belong to storage/alloc.c,
- * the SSD tier's side of the store (reports from the tier, loads, start-up
- * inserts) to storage/store_tier.c, and what both share to store_int.h.
+ * lists and its counters, all under the shard's mutex) and the object
+ * metadata (one heap block per object: the struct, its extents, its key);
+ * the arena pages themselves belong to storage/alloc.c, the eviction policy
+ * (what goes when the arena or a tenant's quota is full) to
+ * storage/store_evict.c, the SSD tier's side of the store (reports from the
+ * tier, loads, start-up inserts) to storage/store_tier.c, and what they
+ * share to store_int.h.
  * It must not block on I/O, must not hold two shard locks at once, and takes
  * the allocator's lock only after (or without) a shard lock.
  *
@@ -14,15 +16,16 @@
  * objects and soft-pinned objects; hard-pinned and reserved objects are on no
  * list. An access (get, exists, size) stamps the object and marks it
  * referenced, writing only the object's own first bytes, which the key
- * compare has just read; it does not relink the object. Eviction does the
- * relinking lazily: a referenced object met at a tail moves to the head with
- * its mark cleared (a second chance, as in CLOCK), so the tails are objects
- * not accessed since they reached the head, and the evictor takes the one
- * with the oldest stamp across shards. Moving on every access would cost
- * two cache misses on the list neighbours per read (exists measured about
- * 30% slower on a million-key table read in random order) and would make
- * every reader of a hot object write shared lines. memcached marks fetched
- * items active and relinks them lazily for the same reasons.
+ * compare has just read; it does not relink the object. Eviction
+ * (storage/store_evict.c) does the relinking lazily: a referenced object met
+ * at a tail moves to the head with its mark cleared (a second chance, as in
+ * CLOCK), so the tails are objects not accessed since they reached the head,
+ * and the evictor takes the one with the oldest stamp across shards. Moving
+ * on every access would cost two cache misses on the list neighbours per
+ * read (exists measured about 30% slower on a million-key table read in
+ * random order) and would make every reader of a hot object write shared
+ * lines. memcached marks fetched items active and relinks them lazily for
+ * the same reasons.
  *
  * Lifetime: refs counts the table's reference (while indexed) plus one per
  * writer or reader. A reference can only be gained through a lookup under
@@ -91,7 +94,7 @@ store_list_push_head(struct store_list *l, struct store_obj *o)
     l->head = o;
 }
 
-static void
+void
 store_list_unlink(struct store_list *l, struct store_obj *o)
 {
     if (o->lru_prev != NULL) {
@@ -361,19 +364,6 @@ store_drop_quota(struct store *s, uint32_t tenant)
     }
 }
 
-/*
- * store_quota_guarded: o's tenant has a quota it is within: eviction for
- * others must not take it below (its own puts stop at the quota instead).
- */
-static bool
-store_quota_guarded(struct store *s, const struct store_obj *o)
-{
-    const struct store_quota *q = store_quota_of(s, o->tenant);
-    uint64_t limit = q != NULL ? atomic_load_explicit(&q->limit, memory_order_relaxed) : 0;
-
-    return limit != 0 && atomic_load_explicit(&q->used, memory_order_relaxed) <= limit;
-}
-
 static void
 store_obj_free(struct store *s, struct store_obj *o)
 {
@@ -513,14 +503,7 @@ store_set_limits(struct store *s, const struct store_config *cfg)
     return 0;
 }
 
-/* ---- eviction ---- */
-
-int
-store_evictable_locked(const struct store_obj *o, uint64_t now)
-{
-    /* acquire: a reader's last accesses to the value happen before we reuse its pages. */
-    return atomic_load_explicit(&o->refs, memory_order_acquire) == 1 && o->lease_until <= now;
-}
+/* ---- the tier's queues and SSD shares ---- */
 
 void
 store_load_start_locked(struct store *s, struct store_shard *sh, struct store_obj *o)
@@ -585,387 +568,6 @@ store_queue_locked(struct store *s, struct store_obj *o)
     atomic_fetch_add_explicit(&s->offloading, 1, memory_order_relaxed);
     s->tier.offload(s->tier.arg, o);
     return true;
-}
-
-/*
- * store_must_offload_locked: an evictable object whose pages cannot be
- * reused yet because, in on-evict mode, it has to reach the SSD first.
- */
-static int
-store_must_offload_locked(struct store *s, const struct store_obj *o)
-{
-    return s->has_tier && atomic_load_explicit(&s->on_evict, memory_order_relaxed)
-           && !atomic_load_explicit(&s->degraded, memory_order_relaxed)
-           && atomic_load_explicit(&o->ssd, memory_order_relaxed) == STORE_SSD_NONE
-           && !store_ssd_over_quota(s, o);     /* never fits its SSD share: dropped instead */
-}
-
-/*
- * store_candidate_locked: the next object eviction should take from one
- * list, or NULL. From the tail up, a referenced object gets its second
- * chance (to the head, mark cleared) and a busy one (read in flight, leased)
- * goes to the head untouched, so later looks start past it. An object on its
- * way to the SSD (queued, and in on-evict mode queued here) stays where it
- * is: it is old and may go as soon as it is written, so the look only steps
- * past it. Bounded: after STORE_EVICT_SCAN busy objects the look gives up,
- * and after STORE_EVICT_PROMOTE second chances (a list that is all hot) the
- * next evictable object is taken, referenced or not.
- */
-static struct store_obj *
-store_candidate_locked(struct store *s, struct store_shard *sh, int cls, uint64_t now)
-{
-    struct store_list *l = &sh->lru[cls];
-    struct store_obj *o = l->tail;
-    int busy = 0;
-    int promoted = 0;
-
-    while (o != NULL) {
-        struct store_obj *prev = o->lru_prev;
-        int evictable = store_evictable_locked(o, now) && !store_quota_guarded(s, o);
-
-        if (evictable && store_must_offload_locked(s, o)) {
-            store_queue_locked(s, o);   /* written first, freed by a later look */
-            evictable = 0;
-        }
-        if (!evictable
-            && atomic_load_explicit(&o->ssd, memory_order_relaxed) == STORE_SSD_QUEUED) {
-            if (++busy > STORE_EVICT_SCAN) {
-                return NULL;
-            }
-            o = prev;
-            continue;
-        }
-        if (evictable) {
-            if (!o->referenced || promoted == STORE_EVICT_PROMOTE) {
-                return o;
-            }
-            o->referenced = 0;
-            promoted++;
-        } else if (++busy > STORE_EVICT_SCAN) {
-            return NULL;
-        }
-        if (o == l->head) {
-            /* Nothing left to move past. */
-            return o->referenced || !evictable ? NULL : o;
-        }
-        store_list_unlink(l, o);
-        store_list_push_head(l, o);
-        o = prev;
-    }
-    return NULL;
-}
-
-/* store_scan: fill cand[] with every shard's candidate stamp. Returns how many shards have one. */
-static int
-store_scan(struct store *s, int cls, uint64_t now, uint64_t *cand, uint64_t *objects)
-{
-    int found = 0;
-
-    *objects = 0;
-    for (unsigned i = 0; i < STORE_SHARDS; i++) {
-        struct store_shard *sh = &s->shard[i];
-        struct store_obj *c;
-
-        pthread_mutex_lock(&sh->lock);
-        c = store_candidate_locked(s, sh, cls, now);
-        cand[i] = c != NULL ? c->atime : STORE_NO_CANDIDATE;
-        *objects += sh->objects;
-        pthread_mutex_unlock(&sh->lock);
-        found += c != NULL;
-    }
-    return found;
-}
-
-enum store_evict_end { STORE_EVICT_DONE, STORE_EVICT_EMPTY, STORE_EVICT_GAVE_UP };
-
-/*
- * store_evict_locked: take an evictable object's pages. One with an SSD copy
- * stays indexed without them (returns 1); any other leaves the table
- * (returns 0: the caller drops the table's reference after unlocking).
- */
-static int
-store_evict_locked(struct store *s, struct store_shard *sh, struct store_obj *o)
-{
-    if (atomic_load_explicit(&o->ssd, memory_order_relaxed) != STORE_SSD_STORED) {
-        store_detach_locked(s, sh, o);
-        return 0;
-    }
-    store_list_unlink(store_list_of(sh, o), o);
-    store_charge(s, o->tenant, -(int64_t)store_ext_pages(o->ext, o->n_ext));
-    alloc_give(s->alloc, o->ext, o->n_ext);
-    o->n_ext = 0;
-    o->resident = 0;
-    sh->resident--;
-    sh->resident_bytes -= o->size;
-    return 1;
-}
-
-/*
- * store_evict_class: evict from one list class, oldest stamp first across
- * shards, until usage is at most target_pages. cand[] is a lazy view of the
- * shards' tails: a stamp goes stale when another thread touches the tail, so
- * the chosen shard is re-checked under its lock and re-ranked if its tail
- * got younger. Bounded: at most the objects counted at the first scan are
- * evicted, and STORE_EVICT_MISSES looks in a row without an eviction end it.
- */
-static enum store_evict_end
-store_evict_class(struct store *s, int cls, uint64_t target_pages, uint64_t now,
-                  uint64_t *freed_pages)
-{
-    uint64_t cand[STORE_SHARDS];
-    uint64_t budget;
-    int misses = 0;
-    int rescans = 0;
-
-    if (store_scan(s, cls, now, cand, &budget) == 0) {
-        return STORE_EVICT_EMPTY;
-    }
-    for (;;) {
-        struct store_shard *sh;
-        struct store_obj *c;
-        struct store_obj *next;
-        int best = -1;
-        int kept;
-
-        if (alloc_used_pages(s->alloc) <= target_pages) {
-            return STORE_EVICT_DONE;
-        }
-        if (budget == 0 || misses >= STORE_EVICT_MISSES) {
-            return STORE_EVICT_GAVE_UP;
-        }
-        for (unsigned i = 0; i < STORE_SHARDS; i++) {
-            if (cand[i] != STORE_NO_CANDIDATE && (best < 0 || cand[i] < cand[best])) {
-                best = (int)i;
-            }
-        }
-        if (best < 0) {
-            /* Earlier looks moved busy objects aside; look again before giving up. */
-            if (rescans++ == STORE_EVICT_RESCANS
-                || store_scan(s, cls, now, cand, &budget) == 0) {
-                return STORE_EVICT_EMPTY;
-            }
-            continue;
-        }
-
-        sh = &s->shard[best];
-        pthread_mutex_lock(&sh->lock);
-        c = store_candidate_locked(s, sh, cls, now);
-        if (c == NULL || c->atime > cand[best]) {
-            cand[best] = c != NULL ? c->atime : STORE_NO_CANDIDATE;
-            pthread_mutex_unlock(&sh->lock);
-            misses++;
-            continue;
-        }
-        kept = store_evict_locked(s, sh, c);
-        next = store_candidate_locked(s, sh, cls, now);
-        cand[best] = next != NULL ? next->atime : STORE_NO_CANDIDATE;
-        pthread_mutex_unlock(&sh->lock);
-
-        atomic_fetch_add_explicit(&s->evictions, 1, memory_order_relaxed);
-        atomic_fetch_add_explicit(&s->evicted_bytes, c->size, memory_order_relaxed);
-        *freed_pages += store_pages(c->size);
-        if (!kept) {
-            store_obj_unref(s, c);  /* the table's reference was the only one */
-        }
-        budget--;
-        misses = 0;
-    }
-}
-
-uint64_t
-store_evict(struct store *s, uint64_t target)
-{
-    uint64_t target_pages = target / STORE_PAGE_SIZE;
-    uint64_t freed = 0;
-    uint64_t now = store_now_ms();
-
-    if (alloc_used_pages(s->alloc) <= target_pages) {
-        return 0;
-    }
-    /* Soft-pinned objects go only when no normal object can. */
-    if (store_evict_class(s, STORE_LRU_NORMAL, target_pages, now, &freed) == STORE_EVICT_EMPTY) {
-        (void)store_evict_class(s, STORE_LRU_SOFT, target_pages, now, &freed);
-    }
-    return freed * STORE_PAGE_SIZE;
-}
-
-/*
- * store_own_candidate_locked: the object of tenant in sh that its own
- * eviction takes next, or NULL: the oldest (by access stamp) evictable one
- * among the STORE_OWN_SCAN nearest each list's tail, a normal one before a
- * soft-pinned one. In on-evict mode one that has to reach the SSD first is
- * queued (*queued) and passed over. *rank orders candidates across shards.
- */
-static struct store_obj *
-store_own_candidate_locked(struct store *s, struct store_shard *sh, uint32_t tenant,
-                           uint64_t now, bool *queued, uint64_t *rank)
-{
-    for (int cls = STORE_LRU_NORMAL; cls < STORE_LRU_CLASSES; cls++) {
-        struct store_obj *best = NULL;
-        struct store_obj *o = sh->lru[cls].tail;
-
-        for (int seen = 0; o != NULL && seen < STORE_OWN_SCAN; seen++, o = o->lru_prev) {
-            if (o->tenant != tenant || !store_evictable_locked(o, now)) {
-                continue;
-            }
-            if (store_must_offload_locked(s, o)) {
-                *queued |= store_queue_locked(s, o);    /* freed once written */
-            } else if (best == NULL || o->atime < best->atime) {
-                best = o;
-            }
-        }
-        if (best != NULL) {
-            *rank = (best->atime & (UINT64_MAX >> 2)) | ((uint64_t)cls << 62);
-            return best;
-        }
-    }
-    *rank = STORE_NO_CANDIDATE;
-    return NULL;
-}
-
-/*
- * store_evict_own: a put of tenant would take it past its DRAM quota by
- * `excess` bytes: make the room from its own objects, the least recently
- * used first across shards (near the tails: see store_own_candidate_locked).
- * Returns 0 when the room is there; -EAGAIN when objects it needs to evict
- * were first queued for the SSD (on-evict mode: the room comes when they are
- * written); KV_QUOTA_EXCEEDED when none of the tenant's objects can go (all
- * pinned, leased, being read, or beyond the look).
- */
-static int
-store_evict_own(struct store *s, uint32_t tenant, uint64_t excess)
-{
-    uint64_t cand[STORE_SHARDS];
-    uint64_t want = store_pages(excess);
-    uint64_t freed = 0;
-    uint64_t now = store_now_ms();
-    bool queued = false;
-
-    for (unsigned i = 0; i < STORE_SHARDS; i++) {
-        struct store_shard *sh = &s->shard[i];
-
-        pthread_mutex_lock(&sh->lock);
-        (void)store_own_candidate_locked(s, sh, tenant, now, &queued, &cand[i]);
-        pthread_mutex_unlock(&sh->lock);
-    }
-    while (freed < want) {
-        struct store_shard *sh;
-        struct store_obj *c;
-        uint64_t pages;
-        int best = -1;
-        int kept;
-
-        for (unsigned i = 0; i < STORE_SHARDS; i++) {
-            if (cand[i] != STORE_NO_CANDIDATE && (best < 0 || cand[i] < cand[best])) {
-                best = (int)i;
-            }
-        }
-        if (best < 0) {
-            break;
-        }
-        sh = &s->shard[best];
-        pthread_mutex_lock(&sh->lock);
-        c = store_own_candidate_locked(s, sh, tenant, now, &queued, &cand[best]);
-        if (c == NULL) {
-            pthread_mutex_unlock(&sh->lock);
-            continue;
-        }
-        pages = store_ext_pages(c->ext, c->n_ext);
-        kept = store_evict_locked(s, sh, c);
-        atomic_fetch_add_explicit(&s->evictions, 1, memory_order_relaxed);
-        atomic_fetch_add_explicit(&s->evicted_bytes, c->size, memory_order_relaxed);
-        (void)store_own_candidate_locked(s, sh, tenant, now, &queued, &cand[best]);
-        pthread_mutex_unlock(&sh->lock);
-        if (!kept) {
-            store_obj_unref(s, c);  /* the table's reference was the only one */
-        }
-        freed += pages;
-    }
-    return freed >= want ? 0 : queued ? -EAGAIN : KV_QUOTA_EXCEEDED;
-}
-
-/*
- * store_quota_room: room within tenant's DRAM quota for `bytes` more arena
- * bytes: 0 (no quota, within it, or made from the tenant's own objects:
- * past its quota a tenant evicts its own, never others'), -EAGAIN (see
- * store_evict_own), or KV_QUOTA_EXCEEDED, counted.
- */
-static int
-store_quota_room(struct store *s, uint32_t tenant, uint64_t bytes)
-{
-    const struct store_quota *q = store_quota_of(s, tenant);
-    uint64_t limit = q != NULL ? atomic_load_explicit(&q->limit, memory_order_relaxed) : 0;
-    uint64_t after;
-    int rc;
-
-    if (limit == 0) {
-        return 0;
-    }
-    after = atomic_load_explicit(&q->used, memory_order_relaxed) + bytes;
-    if (after <= limit) {
-        return 0;
-    }
-    rc = bytes > limit ? KV_QUOTA_EXCEEDED : store_evict_own(s, tenant, after - limit);
-    if (rc == KV_QUOTA_EXCEEDED) {
-        atomic_fetch_add_explicit(&s->quota_exceeded, 1, memory_order_relaxed);
-    }
-    return rc;
-}
-
-/*
- * store_take_pages: arena pages for a new object, evicting first when the
- * reserve would pass the high watermark (down to the low watermark less the
- * new object) and once more when the allocator still says no (full, or too
- * fragmented for STORE_MAX_EXTENTS extents). Never waits for anything.
- */
-int
-store_take_pages(struct store *s, uint64_t npages, struct alloc_extent *ext, int max, int *n)
-{
-    uint64_t low = atomic_load_explicit(&s->low_pages, memory_order_relaxed);
-    uint64_t high = atomic_load_explicit(&s->high_pages, memory_order_relaxed);
-    uint64_t target = low > npages ? low - npages : 0;
-    uint64_t progress;
-    uint64_t used;
-    bool stuck;
-
-    *n = 0;
-    if (npages == 0) {
-        return 0;
-    }
-    /*
-     * An eviction that came up short while objects were on their way to the
-     * SSD cannot do better until the tier reports one (everything evictable
-     * is queued): skip the scans till then, or every put of a burst would
-     * walk all the shards for nothing.
-     */
-    progress = atomic_load_explicit(&s->tier_progress, memory_order_acquire);
-    stuck = atomic_load_explicit(&s->evict_stuck, memory_order_relaxed) == progress + 1;
-    if (!stuck && alloc_used_pages(s->alloc) + npages > high) {
-        (void)store_evict(s, target * STORE_PAGE_SIZE);
-        if (alloc_used_pages(s->alloc) > target
-            && atomic_load_explicit(&s->offloading, memory_order_relaxed) != 0) {
-            /* Short of the low watermark for want of written objects: wait for the tier. */
-            atomic_store_explicit(&s->evict_stuck, progress + 1, memory_order_relaxed);
-        }
-    }
-    if (alloc_take(s->alloc, npages, ext, max, n) == 0) {
-        return 0;
-    }
-    used = alloc_used_pages(s->alloc);
-    if (used <= target) {
-        /* Below the watermark yet refused: free at least this request's worth more. */
-        target = used > npages ? used - npages : 0;
-    }
-    if (stuck || store_evict(s, target * STORE_PAGE_SIZE) == 0
-        || alloc_take(s->alloc, npages, ext, max, n) != 0) {
-        /* Objects on their way to the SSD free their pages when written. */
-        if (atomic_load_explicit(&s->offloading, memory_order_relaxed) != 0) {
-            atomic_store_explicit(&s->evict_stuck, progress + 1, memory_order_relaxed);
-            return -EAGAIN;
-        }
-        return KV_NO_SPACE;
-    }
-    return 0;
 }
 
 /*

@@ -1,8 +1,8 @@
 /*
  * store_int: the store's internals shared by storage/store.c (the table,
- * the DRAM tier, eviction) and storage/store_tier.c (the SSD tier's side of
- * the store). Nothing outside those two files includes it; everyone else
- * uses store.h.
+ * the DRAM tier), storage/store_evict.c (eviction) and storage/store_tier.c
+ * (the SSD tier's side of the store). Nothing outside those three files
+ * includes it; everyone else uses store.h.
  *
  * Locking as in store.h: a _locked function needs its shard's lock held.
  */
@@ -233,7 +233,7 @@ store_pages(uint64_t size)
     return (size + STORE_PAGE_SIZE - 1) / STORE_PAGE_SIZE;
 }
 
-/* ---- shared by store.c and store_tier.c ---- */
+/* ---- shared by store.c, store_evict.c and store_tier.c ---- */
 
 /* store_now_ms: the recency clock (coarse monotonic milliseconds). */
 uint64_t store_now_ms(void);
@@ -258,6 +258,13 @@ void store_obj_put(struct store *s, struct store_obj *o, uint32_t n);
 struct store_list *store_list_of(struct store_shard *sh, const struct store_obj *o);
 void store_list_push_head(struct store_list *l, struct store_obj *o);
 void store_list_push_tail(struct store_list *l, struct store_obj *o);
+
+/*
+ * store_list_unlink: take o off l, the list it is on (store_list_of), and
+ * clear its links. store.c (remove, pin) and store_evict.c (second chances,
+ * evictions) call it with o's shard lock held.
+ */
+void store_list_unlink(struct store_list *l, struct store_obj *o);
 
 /* store_evictable_locked: no holder but the table, no lease running. */
 int store_evictable_locked(const struct store_obj *o, uint64_t now);
@@ -286,8 +293,23 @@ bool store_ssd_over_quota(struct store *s, const struct store_obj *o);
 /*
  * store_take_pages: npages arena pages as at most max extents, evicting as
  * needed. 0, KV_NO_SPACE, or -EAGAIN when offloads in flight will free room.
+ * Defined in store_evict.c; takes each shard's lock in turn, so the caller
+ * holds no shard lock.
  */
 int store_take_pages(struct store *s, uint64_t npages, struct alloc_extent *ext, int max, int *n);
+
+/*
+ * store_quota_room: make room within tenant's DRAM quota for `bytes` more
+ * arena bytes; past its quota a tenant evicts its own objects, the least
+ * recently used first, never others'. Returns 0 (no quota, within it, or
+ * the room was made), -EAGAIN (objects it had to evict were first queued for
+ * the SSD, in on-evict mode: the room comes when they are written), or
+ * KV_QUOTA_EXCEEDED (none of the tenant's objects could go, or bytes alone
+ * is over the quota; counted in quota_exceeded). Defined in store_evict.c,
+ * called by store_reserve before it takes pages. Takes each shard's lock in
+ * turn: the caller holds no shard lock.
+ */
+int store_quota_room(struct store *s, uint32_t tenant, uint64_t bytes);
 
 /* store_ext_cap: extents an object block makes room for (n needed now). */
 int store_ext_cap(const struct store *s, uint64_t npages, int n);

@@ -4,8 +4,9 @@
  * loaded), the objects it feeds in at start and takes out with a bucket,
  * write-ahead of cold objects, durable syncs and prefetches. The residency
  * rules themselves (what eviction may free, when a get waits) live with the
- * table in store.c; this file only moves objects between those states under
- * the shard locks, and calls the tier's hooks only to queue.
+ * table in store.c and store_evict.c; this file only moves objects between
+ * those states under the shard locks, and calls the tier's hooks only to
+ * queue.
  */
 #include "store_int.h"
 
