@@ -30,6 +30,10 @@
  * the kvstash_wire_req_* functions are borrowed until kvstash_wire_req_send
  * (or kvstash_wire_call) returns: values over 8 KiB are not copied but sent
  * from the caller's memory.
+ *
+ * Files: kvstash_wire.c has the socket, the requests and connecting;
+ * kvstash_reply.c the reply reader (kvstash_wire_reply, _call, _salvage,
+ * _skip and the kvstash_wire_read_* calls).
  */
 #ifndef KVSTASH_WIRE_H
 #define KVSTASH_WIRE_H
@@ -37,12 +41,14 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "kvstash.h"
 
 #define KVSTASH_WIRE_ERRLEN 256              /* c->err, with its NUL */
 #define KVSTASH_WIRE_SMALL_REPLY (1u << 20)  /* reply budget of hello, ping, counts */
 #define KVSTASH_WIRE_NOTICE_MAX (64u * 1024) /* budget of an error triple or notification */
+#define KVSTASH_WIRE_RBUF_SIZE (64u * 1024)  /* reply buffer; big bodies bypass it */
 
 struct iovec;
 struct kvstash_rdma;
@@ -140,6 +146,23 @@ void kvstash_wire_errf(struct kvstash *c, const char *fmt, ...)
  * to the text of rc unless it already holds a reason, and return rc.
  */
 int kvstash_wire_fail(struct kvstash *c, int rc);
+
+/* ---- socket I/O ---- */
+
+/*
+ * kvstash_wire_recv: receive up to len (> 0) bytes of the reply stream into
+ * buf: over TLS when c->ssl is set; on a Unix socket, a descriptor that
+ * comes along is kept for kvstash_wire_take_fd. With all set and no timeout
+ * a plain socket waits for all len bytes (MSG_WAITALL), though fewer may
+ * still come; otherwise it returns what has arrived. With c->timeout_ms > 0
+ * it waits at most that long without progress. Returns the bytes received
+ * (> 0); -ECONNRESET when the server closed the connection, -ETIMEDOUT, or
+ * -EPROTO for a TLS failure (c->err says why for these three); or another
+ * negative errno. Does not break the connection. buf is borrowed for the
+ * call. Only the reply reader (kvstash_reply.c) calls it, and it owns
+ * c->rbuf's contents.
+ */
+ssize_t kvstash_wire_recv(struct kvstash *c, void *buf, size_t len, bool all);
 
 /* ---- requests ---- */
 
