@@ -1,9 +1,11 @@
 /*
- * bench_util: helpers shared by the load generators (see bench_util.h). Owns no state.
+ * bench_util: helpers shared by the load generators (see bench_util.h). Owns no state
+ * beyond the pattern objects its callers create; it never changes signal dispositions.
  */
 #include "bench_util.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <netdb.h>
@@ -12,7 +14,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <sys/un.h>
@@ -214,15 +218,16 @@ bench_connect(const char *addr, const char *default_port, int unix_ok, int *fdp)
     return rc;
 }
 
-int
-bench_send_all(int fd, struct iovec *iov, size_t n)
+/* bench_sendmsg_all: send iov[0..n) completely with sendmsg flags (consumes the array). */
+static int
+bench_sendmsg_all(int fd, struct iovec *iov, size_t n, int flags)
 {
     while (n > 0) {
         struct msghdr mh;
         memset(&mh, 0, sizeof(mh));
         mh.msg_iov = iov;
         mh.msg_iovlen = n < IOV_MAX ? n : IOV_MAX;
-        ssize_t w = sendmsg(fd, &mh, MSG_NOSIGNAL);
+        ssize_t w = sendmsg(fd, &mh, flags);
         if (w < 0) {
             if (errno == EINTR) {
                 continue;
@@ -239,6 +244,190 @@ bench_send_all(int fd, struct iovec *iov, size_t n)
             iov->iov_base = (uint8_t *)iov->iov_base + left;
             iov->iov_len -= left;
         }
+    }
+    return 0;
+}
+
+int
+bench_send_all(int fd, struct iovec *iov, size_t n)
+{
+    return bench_sendmsg_all(fd, iov, n, MSG_NOSIGNAL);
+}
+
+struct bench_pattern {
+    uint8_t *data;             /* the read-only mapping, or the malloc'd copy */
+    size_t len;
+    int fd;                    /* the sealed memfd; -1 when values are copied */
+};
+
+/* bench_pattern_seal: fill a new sealed memfd of len bytes and map it read-only into p. An
+ * error's text in why; p->fd is set only on success. 0 or -errno. */
+static int
+bench_pattern_seal(struct bench_pattern *p, size_t len, bench_fill_fn fill, const char **why)
+{
+    int fd = memfd_create("bench-pattern", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    void *w, *r;
+    int rc;
+
+    if (fd < 0) {
+        *why = "memfd_create";
+        return -errno;
+    }
+    if (ftruncate(fd, (off_t)len) != 0) {
+        *why = "ftruncate";
+        goto fail;
+    }
+    /* filled through a writable mapping that is gone before F_SEAL_WRITE, which refuses
+     * (EBUSY) while any shared mapping could still write, read-only ones included */
+    w = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (w == MAP_FAILED) {
+        *why = "mmap";
+        goto fail;
+    }
+    fill(w, len);
+    (void)munmap(w, len);
+    if (fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+        *why = "sealing the memfd";
+        goto fail;
+    }
+    /* kernels before 6.7 refuse a shared mapping of a write-sealed memfd (EPERM); a private
+     * read-only one maps the same page-cache pages and can never copy them */
+    r = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0);
+    if (r == MAP_FAILED && errno == EPERM) {
+        r = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
+    }
+    if (r == MAP_FAILED) {
+        *why = "mmap of the sealed memfd";
+        goto fail;
+    }
+    p->data = r;
+    p->fd = fd;
+    return 0;
+fail:
+    rc = -errno;
+    close(fd);
+    return rc;
+}
+
+void
+bench_value_fill(uint8_t *buf, size_t len)
+{
+    for (size_t i = 0; i < len; i++) {
+        buf[i] = (uint8_t)(i * 131 + (i >> 12) + 7);
+    }
+}
+
+int
+bench_pattern_create(size_t len, bool by_ref, bench_fill_fn fill, const char *prog,
+                     struct bench_pattern **out)
+{
+    struct bench_pattern *p = calloc(1, sizeof(*p));
+
+    if (p == NULL) {
+        return -ENOMEM;
+    }
+    p->len = len;
+    p->fd = -1;
+    if (by_ref && len > 0) {
+        const char *why = "";
+        int rc = bench_pattern_seal(p, len, fill, &why);
+        if (rc == 0) {
+            *out = p;
+            return 0;
+        }
+        fprintf(stderr, "%s: %s: %s; sending values by copying instead\n", prog, why,
+                strerror(-rc));
+    }
+    p->data = malloc(len > 0 ? len : 1);
+    if (p->data == NULL) {
+        free(p);
+        return -ENOMEM;
+    }
+    fill(p->data, len);
+    *out = p;
+    return 0;
+}
+
+void
+bench_pattern_destroy(struct bench_pattern *p)
+{
+    if (p == NULL) {
+        return;
+    }
+    if (p->fd >= 0) {
+        munmap(p->data, p->len);
+        close(p->fd);
+    } else {
+        free(p->data);
+    }
+    free(p);
+}
+
+const uint8_t *
+bench_pattern_bytes(const struct bench_pattern *p)
+{
+    return p->data;
+}
+
+/* bench_pattern_holds: whether iov's bytes lie wholly inside p's mapping (the offset is
+ * where). Addresses compared as integers: the iovec may point anywhere. */
+static bool
+bench_pattern_holds(const struct bench_pattern *p, const struct iovec *iov, size_t *offset)
+{
+    uintptr_t base = (uintptr_t)p->data, at = (uintptr_t)iov->iov_base;
+
+    if (iov->iov_len == 0 || at < base || at - base > p->len ||
+        iov->iov_len > p->len - (at - base)) {
+        return false;
+    }
+    *offset = at - base;
+    return true;
+}
+
+/* bench_sendfile_all: len bytes of p's memfd from offset, completely. 0 or -errno. */
+static int
+bench_sendfile_all(int fd, const struct bench_pattern *p, size_t offset, size_t len)
+{
+    off_t off = (off_t)offset; /* sendfile moves this, not the shared file position */
+
+    while (len > 0) {
+        ssize_t w = sendfile(fd, p->fd, &off, len);
+        if (w > 0) {
+            len -= (size_t)w;
+        } else if (w == 0) {
+            return -EIO; /* end of file: cannot happen, the memfd is sealed against shrinking */
+        } else if (errno != EINTR) {
+            return -errno;
+        }
+    }
+    return 0;
+}
+
+int
+bench_send_pattern(int fd, struct iovec *iov, size_t n, const struct bench_pattern *p)
+{
+    if (p->fd < 0) {
+        return bench_send_all(fd, iov, n);
+    }
+    while (n > 0) {
+        size_t offset = 0, k = 0;
+        int rc;
+
+        while (k < n && !bench_pattern_holds(p, &iov[k], &offset)) {
+            k++;
+        }
+        if (k > 0) {
+            /* the headers up to the next value: held back (MSG_MORE) to go out with it */
+            rc = bench_sendmsg_all(fd, iov, k, MSG_NOSIGNAL | (k < n ? MSG_MORE : 0));
+        } else {
+            rc = bench_sendfile_all(fd, p, offset, iov->iov_len);
+            k = 1;
+        }
+        if (rc != 0) {
+            return rc;
+        }
+        iov += k;
+        n -= k;
     }
     return 0;
 }

@@ -1,12 +1,14 @@
 /*
- * bench_util: the pieces both load generators share (kvstash-bench for kvstashd,
- * mc-bench for memcached): a monotonic clock, a fixed log-linear latency histogram,
- * size parsing, CPU accounting from /proc, key counters, connecting and sending a whole
- * iovec. No allocation, no threads of its own; every function is safe from any thread.
+ * bench_util: the pieces the load generators share (kvstash-bench for kvstashd, mc-bench
+ * for memcached, raw-bench for bare loopback TCP): a monotonic clock, a fixed log-linear
+ * latency histogram, size parsing, CPU accounting from /proc, key counters, connecting,
+ * sending a whole iovec, and the value pattern put requests send by reference. The pattern
+ * is the only allocation; no threads of its own; every function is safe from any thread.
  */
 #ifndef BENCH_UTIL_H
 #define BENCH_UTIL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -49,6 +51,48 @@ int bench_connect(const char *addr, const char *default_port, int unix_ok, int *
  * copy). No SIGPIPE. 0 or -errno.
  */
 int bench_send_all(int fd, struct iovec *iov, size_t n);
+
+/*
+ * The value pattern: the bytes every put value repeats. Sent by reference, it lives in a
+ * memfd sealed against writing, shrinking and growing, mapped read-only: sendfile hands
+ * the socket references to its pages instead of copying them, which is safe only because
+ * those bytes can never change while a reference is queued. Sent by copying (-C in the
+ * tools, or when memfd_create or sealing fails), it is plain memory and goes with sendmsg.
+ */
+struct bench_pattern;
+
+/* bench_fill_fn: write the pattern's len bytes into buf (called once, at creation). */
+typedef void (*bench_fill_fn)(uint8_t *buf, size_t len);
+
+/* bench_value_fill: the bytes kvstash-bench's and mc-bench's values repeat (a bench_fill_fn). */
+void bench_value_fill(uint8_t *buf, size_t len);
+
+/*
+ * bench_pattern_create: a pattern of len bytes filled by fill. by_ref asks for the sealed
+ * memfd; when that cannot be had (or len is 0) the pattern is copied instead, and a
+ * failure is said once on stderr as "prog: ...". 0 and *out (release it with
+ * bench_pattern_destroy), or -ENOMEM.
+ */
+int bench_pattern_create(size_t len, bool by_ref, bench_fill_fn fill, const char *prog,
+                         struct bench_pattern **out);
+
+/* bench_pattern_destroy: unmap and close p, or free its copy. Accepts NULL. No thread may
+ * still be in bench_send_pattern with p; data already queued on a socket holds its own
+ * references to the pages and stays intact. */
+void bench_pattern_destroy(struct bench_pattern *p);
+
+/* bench_pattern_bytes: p's len bytes, read-only, valid until bench_pattern_destroy. */
+const uint8_t *bench_pattern_bytes(const struct bench_pattern *p);
+
+/*
+ * bench_send_pattern: bench_send_all, except that when p is sent by reference every iovec
+ * lying wholly inside bench_pattern_bytes(p) goes with sendfile from p's memfd, and the
+ * iovecs between (headers) with sendmsg, MSG_MORE when a pattern piece follows so a header
+ * leaves in the same packets as its value. fd must be a blocking stream socket. sendfile
+ * has no MSG_NOSIGNAL: the caller ignores SIGPIPE. The array is consumed (pass a scratch
+ * copy); p is borrowed and may be shared by every thread. 0 or -errno.
+ */
+int bench_send_pattern(int fd, struct iovec *iov, size_t n, const struct bench_pattern *p);
 
 /* What one run measured, summed over its connections. */
 struct bench_totals {

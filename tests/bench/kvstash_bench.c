@@ -4,8 +4,9 @@
  * N threads each own one connection and keep `depth` batch requests of B
  * keys in flight (batch_put, batch_get or batch_is_exist). The hot path
  * allocates nothing: every request is pre-built once per slot and only its
- * key counters are rewritten in place; put values are sent with sendmsg
- * straight from one shared pattern buffer; get replies are parsed by a small
+ * key counters are rewritten in place; put values go by reference (sendfile)
+ * from one shared pattern held in a sealed memfd, headers with sendmsg (-C:
+ * values copied with sendmsg, as before); get replies are parsed by a small
  * streaming reader whose bin bodies go from the socket straight into a
  * per-thread sink (the reply buffer only ever holds headers and the odd
  * fragment). Latency per request lands in a fixed log-linear histogram.
@@ -33,6 +34,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -85,8 +87,10 @@ struct bench_cfg {
     bool reset;                   /* remove_all before the run */
     bool no_preload;              /* get/exists: the keys are already there (-N) */
     bool quiet;
+    bool copy;                    /* -C: put values copied (sendmsg), not sendfile */
     char runid[9];
-    uint8_t *pattern;             /* vsize bytes, shared by every value */
+    struct bench_pattern *values; /* put: sent by reference; the rest only read it */
+    const uint8_t *pattern;       /* its vsize bytes, shared by every value */
     uint8_t vhdr[8];              /* put: the bin header every value shares */
     size_t vhdrlen;
 };
@@ -167,7 +171,7 @@ static int
 bench_send(struct bench_thread *t, const struct bench_slot *s)
 {
     memcpy(t->scratch, s->iov, s->niov * sizeof(*s->iov));
-    int rc = bench_send_all(t->fd, t->scratch, s->niov);
+    int rc = bench_send_pattern(t->fd, t->scratch, s->niov, t->cfg->values);
     return rc != 0 ? bench_fail(t, rc, "send") : 0;
 }
 
@@ -561,7 +565,7 @@ bench_slot_build(struct bench_thread *t, int s)
     sl->iov[0] = (struct iovec){ .iov_base = sl->hdr, .iov_len = sl->hdrlen };
     if (cfg->mode == MODE_PUT) {
         for (uint32_t i = 0; i < cfg->batch; i++) {
-            sl->iov[1 + 2 * i] = (struct iovec){ .iov_base = cfg->pattern,
+            sl->iov[1 + 2 * i] = (struct iovec){ .iov_base = (void *)cfg->pattern,
                                                  .iov_len = cfg->vsize };
             if (i + 1 < cfg->batch) {
                 sl->iov[2 + 2 * i] = (struct iovec){ .iov_base = (void *)cfg->vhdr,
@@ -949,7 +953,7 @@ bench_thread_free(struct bench_thread *t)
 static const char bench_usage_text[] =
     "usage: kvstash-bench [-H host:port | -S socket] [-m MODE] [-c conns]\n"
     "                     [-d depth] [-b batch] [-s size] [-t seconds] [-n requests]\n"
-    "                     [-k keys] [-i id] [-N] [-p pid] [-R] [-q]\n"
+    "                     [-k keys] [-i id] [-N] [-p pid] [-R] [-C] [-q]\n"
     "  -m MODE     put, get, exists: batch_put, batch_get, batch_is_exist (default get);\n"
     "              put_from, get_into: batch_put_from, batch_get_into through one\n"
     "              registered shared-memory buffer of batch x depth x size bytes per\n"
@@ -970,6 +974,8 @@ static const char bench_usage_text[] =
     "  -N          get/get_into/exists: no preload, the keys are already stored (with -i)\n"
     "  -p PID      charge the daemon's CPU time (/proc/PID/stat) to the bytes moved\n"
     "  -R          remove_all (forced) before the run\n"
+    "  -C          put: send values by copying (sendmsg), as before, instead of by\n"
+    "              reference (sendfile from a sealed memfd)\n"
     "  -q          print only the result line\n"
     "Target: -H/-S, else $KVSTASH_ADDR, else 127.0.0.1:7431.\n"
     "Output: mode size batch conns depth secs GB/s keys/s req/s p50_us p99_us misses errors\n";
@@ -1029,7 +1035,7 @@ main(int argc, char **argv)
     int opt;
 
     cfg.addr = env && env[0] ? env : "127.0.0.1:7431";
-    while ((opt = getopt(argc, argv, "H:S:m:c:d:b:s:t:n:k:i:p:NRqh")) != -1) {
+    while ((opt = getopt(argc, argv, "H:S:m:c:d:b:s:t:n:k:i:p:NRCqh")) != -1) {
         long long v = 0;
         if (strchr("cdbnkp", opt) != NULL && bench_opt_count(optarg, &v) != 0) {
             return bench_usage("numeric option expected");
@@ -1085,6 +1091,7 @@ main(int argc, char **argv)
             break;
         case 'N': cfg.no_preload = true; break;
         case 'R': cfg.reset = true; break;
+        case 'C': cfg.copy = true; break;
         case 'q': cfg.quiet = true; break;
         case 'h':
             fputs(bench_usage_text, stdout);
@@ -1145,14 +1152,13 @@ main(int argc, char **argv)
         snprintf(cfg.runid, sizeof(cfg.runid), "%08x",
                  (unsigned)(bench_now_ns() ^ ((uint64_t)getpid() << 16)));
     }
-    cfg.pattern = malloc(cfg.vsize ? cfg.vsize : 1);
-    if (cfg.pattern == NULL) {
+    if (bench_pattern_create(cfg.vsize, cfg.mode == MODE_PUT && !cfg.copy, bench_value_fill,
+                             "kvstash-bench", &cfg.values) != 0) {
         fputs("kvstash-bench: out of memory\n", stderr);
         return 3;
     }
-    for (size_t i = 0; i < cfg.vsize; i++) {
-        cfg.pattern[i] = (uint8_t)(i * 131 + (i >> 12) + 7);
-    }
+    cfg.pattern = bench_pattern_bytes(cfg.values);
+    signal(SIGPIPE, SIG_IGN); /* sendfile has no MSG_NOSIGNAL */
 
     /* the bin header every value shares */
     msgpack_sbuffer vsb;
@@ -1232,6 +1238,6 @@ main(int argc, char **argv)
     }
     pthread_barrier_destroy(&barrier);
     free(th);
-    free(cfg.pattern);
+    bench_pattern_destroy(cfg.values);
     return failed ? 3 : (tot.errors ? 1 : 0);
 }

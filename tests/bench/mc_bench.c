@@ -7,10 +7,12 @@
  * N threads each own one connection and keep `depth` requests in flight: a multi-key
  * `get k1 .. kB` (mode get) or B plain `set`s whose STORED replies are read (mode set).
  * The hot path allocates nothing: every request is pre-built once per slot and only its
- * key counters are rewritten in place; set values go out with writev straight from one
- * shared pattern buffer; get replies are parsed incrementally from a fixed read buffer
- * with bounded line lengths, and value bodies are received straight into a per-thread
- * sink. The first value each thread gets is checked byte-exact against the pattern.
+ * key counters are rewritten in place; set values (the get preload's too) go by reference
+ * (sendfile) from one shared pattern held in a sealed memfd, the command lines with sendmsg
+ * (-C: values copied with sendmsg, as before); get replies are parsed incrementally from a
+ * fixed read buffer with bounded line lengths, and value bodies are received straight into
+ * a per-thread sink. The first value each thread gets is checked byte-exact against the
+ * pattern.
  * It links nothing beyond libc and pthreads and must stay bounded: every run ends by time
  * (-t) or count (-n), the get preload is capped in keys and time, and a thread whose
  * connection fails stops and reports why. It owns no server: it never starts, flushes or
@@ -65,8 +67,10 @@ struct mc_cfg {
     uint64_t keys;                    /* get working set per connection */
     int pid;                          /* server to charge CPU to; 0 = none */
     bool quiet;
+    bool copy;                        /* -C: values copied (sendmsg), not sendfile */
     char runid[9];
-    uint8_t *pattern;                 /* vsize bytes, shared by every value */
+    struct bench_pattern *values;     /* what every set (and get preload) sends */
+    const uint8_t *pattern;           /* its vsize bytes, shared by every value */
 };
 
 /* One pre-built request. */
@@ -140,7 +144,7 @@ static int
 mc_send(struct mc_thread *t, const struct mc_slot *s)
 {
     memcpy(t->scratch, s->iov, s->niov * sizeof(*s->iov));
-    int rc = bench_send_all(t->fd, t->scratch, s->niov);
+    int rc = bench_send_pattern(t->fd, t->scratch, s->niov, t->cfg->values);
     return rc != 0 ? mc_fail(t, rc, "send") : 0;
 }
 
@@ -449,7 +453,7 @@ mc_slot_build(struct mc_thread *t, struct mc_slot *s, enum mc_mode mode)
         p += tl;
         s->iov[n].iov_base = seg;
         s->iov[n++].iov_len = (size_t)(p - seg);
-        s->iov[n].iov_base = cfg->pattern;
+        s->iov[n].iov_base = (void *)cfg->pattern;
         s->iov[n++].iov_len = cfg->vsize;
     }
     memcpy(p, "\r\n", 2);
@@ -587,7 +591,7 @@ mc_thread_free(struct mc_thread *t)
 
 static const char mc_usage_text[] =
     "usage: mc-bench [-H host:port] [-m get|set] [-c conns] [-d depth] [-b batch]\n"
-    "                [-s size] [-t seconds] [-n requests] [-k keys] [-p pid] [-q]\n"
+    "                [-s size] [-t seconds] [-n requests] [-k keys] [-p pid] [-C] [-q]\n"
     "  -m MODE     multi-key get or set load (default get; put is an alias of set)\n"
     "  -c N        connections, one thread each (default 1, at most 1024)\n"
     "  -d N        requests in flight per connection (default 2, at most 64)\n"
@@ -597,6 +601,8 @@ static const char mc_usage_text[] =
     "  -n N        stop each connection after N requests (default: time only)\n"
     "  -k N        keys preloaded per connection for get (default: ~1 GiB in all)\n"
     "  -p PID      charge the server's CPU time (/proc/PID/stat) to the bytes moved\n"
+    "  -C          send set values (and the get preload's) by copying (sendmsg), as\n"
+    "              before, instead of by reference (sendfile from a sealed memfd)\n"
     "  -q          print only the result line\n"
     "Target: -H, else 127.0.0.1:11211 (memcached text protocol).\n"
     "Output: mode size batch conns depth secs GB/s keys/s req/s p50_us p99_us misses errors\n";
@@ -616,7 +622,7 @@ main(int argc, char **argv)
     };
     int opt;
 
-    while ((opt = getopt(argc, argv, "H:m:c:d:b:s:t:n:k:p:qh")) != -1) {
+    while ((opt = getopt(argc, argv, "H:m:c:d:b:s:t:n:k:p:Cqh")) != -1) {
         long long v = 0;
         if (strchr("cdbnkp", opt) != NULL && bench_opt_count(optarg, &v) != 0) {
             return mc_usage("numeric option expected");
@@ -650,6 +656,7 @@ main(int argc, char **argv)
                 return mc_usage("-t wants seconds in (0, 3600]");
             }
             break;
+        case 'C': cfg.copy = true; break;
         case 'q': cfg.quiet = true; break;
         case 'h':
             fputs(mc_usage_text, stdout);
@@ -673,17 +680,15 @@ main(int argc, char **argv)
         uint64_t lo = (uint64_t)cfg.batch * (uint64_t)cfg.depth;
         cfg.keys = per < lo ? lo : per > 16384 ? 16384 : per;
     }
-    signal(SIGPIPE, SIG_IGN); /* writev has no MSG_NOSIGNAL */
+    signal(SIGPIPE, SIG_IGN); /* sendfile has no MSG_NOSIGNAL */
     snprintf(cfg.runid, sizeof(cfg.runid), "%08x",
              (unsigned)(bench_now_ns() ^ ((uint64_t)getpid() << 16)));
-    cfg.pattern = malloc(cfg.vsize);
-    if (cfg.pattern == NULL) {
+    /* the get preload sends by reference too: its check then covers what set sends */
+    if (bench_pattern_create(cfg.vsize, !cfg.copy, bench_value_fill, "mc-bench", &cfg.values) != 0) {
         fputs("mc-bench: out of memory\n", stderr);
         return 3;
     }
-    for (size_t i = 0; i < cfg.vsize; i++) {
-        cfg.pattern[i] = (uint8_t)(i * 131 + (i >> 12) + 7);
-    }
+    cfg.pattern = bench_pattern_bytes(cfg.values);
 
     struct mc_thread *th = calloc((size_t)cfg.conns, sizeof(*th));
     pthread_barrier_t barrier;
@@ -761,6 +766,6 @@ main(int argc, char **argv)
     }
     pthread_barrier_destroy(&barrier);
     free(th);
-    free(cfg.pattern);
+    bench_pattern_destroy(cfg.values);
     return failed ? 3 : (tot.errors ? 1 : 0);
 }

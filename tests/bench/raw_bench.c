@@ -8,15 +8,18 @@
  *
  *   raw-bench -L PORT [-w WORKSET]      serve: one thread per connection, blocking I/O
  *   raw-bench -H HOST:PORT -m get|put -s SIZE -b BATCH -c CONNS -d DEPTH -t SECS [-p PID]
+ *             [-C]
  *
  * A request is a 16-byte header: magic, op, batch, size. For get the server answers with
  * batch x size bytes written with one sendmsg from its working set; for put the client
- * sends the header and batch x size bytes from one pattern buffer, the server receives them
- * into its working set and answers with an 8-byte acknowledgement. The server's working set
- * (default 1 GiB, like kvstash-bench's get working set; populated at start) is walked in
- * order, so a large one reads and writes memory that is not in cache, as a store does; a
- * small one (-w 8m) gives the hot-buffer ceiling. No parsing, no lookups, no allocation on
- * the hot path: whatever a store adds shows as the distance to this.
+ * sends the header, then batch x size bytes by reference (sendfile) from one sealed pattern
+ * memfd, as kvstash-bench and mc-bench do (-C: copied with sendmsg instead); the server
+ * receives them into its working set and answers with an 8-byte acknowledgement. The
+ * server's working set (default 1 GiB, like kvstash-bench's get working set; populated at
+ * start) is walked in order, so a large one reads and writes memory that is not in cache,
+ * as a store does; a small one (-w 8m) gives the hot-buffer ceiling. No parsing, no
+ * lookups, no allocation on the hot path: whatever a store adds shows as the distance to
+ * this.
  *
  * The client prints the same key=value result line as kvstash-bench (mode raw_get or
  * raw_put). Every run ends by time (-t) or count (-n); the server ends after -t seconds
@@ -67,7 +70,8 @@ struct raw_cfg {
     double secs;
     uint64_t max_reqs;
     bool quiet;
-    uint8_t *pattern;
+    bool copy;                         /* -C: put values copied (sendmsg), not sendfile */
+    struct bench_pattern *values;      /* put: the bytes every value repeats */
 };
 
 struct raw_thread {
@@ -225,11 +229,11 @@ raw_send(struct raw_thread *t)
     t->iov[0].iov_len = sizeof(h);
     if (cfg->op == RAW_OP_PUT) {
         for (uint32_t i = 0; i < cfg->batch; i++, n++) {
-            t->iov[n].iov_base = cfg->pattern;
+            t->iov[n].iov_base = (void *)bench_pattern_bytes(cfg->values);
             t->iov[n].iov_len = cfg->vsize;
         }
     }
-    int rc = bench_send_all(t->fd, t->iov, n);
+    int rc = bench_send_pattern(t->fd, t->iov, n, cfg->values);
     return rc != 0 ? raw_fail(t, rc, "send") : 0;
 }
 
@@ -302,16 +306,25 @@ raw_thread_main(void *arg)
     return NULL;
 }
 
+/* raw_fill: the put values' bytes (a bench_fill_fn). */
+static void
+raw_fill(uint8_t *buf, size_t len)
+{
+    memset(buf, 0xa5, len);
+}
+
 static const char raw_usage_text[] =
     "usage: raw-bench -L PORT [-w WORKSET] [-t SECS]\n"
     "       raw-bench -H HOST:PORT -m get|put [-s SIZE] [-b BATCH] [-c CONNS] [-d DEPTH]\n"
-    "                 [-t SECS] [-n REQS] [-p SERVER_PID] [-q]\n"
+    "                 [-t SECS] [-n REQS] [-p SERVER_PID] [-C] [-q]\n"
     "  -L  serve on 127.0.0.1:PORT for -t seconds (default 3600)\n"
     "  -w  server working set, pieces taken in order (default 1g: memory not in cache)\n"
     "  -m  get: batch x size bytes back per request; put: batch x size bytes sent\n"
     "  -s/-b/-c/-d  value size (1m), values per request (8), connections (1), depth (2)\n"
     "  -t/-n  run seconds (5), requests per connection (0: no limit)\n"
-    "  -p  charge the server's CPU (from /proc) to the bytes moved\n";
+    "  -p  charge the server's CPU (from /proc) to the bytes moved\n"
+    "  -C  send put values by copying (sendmsg), as before, instead of by reference\n"
+    "      (sendfile from a sealed memfd)\n";
 
 static int
 raw_usage(const char *why)
@@ -331,7 +344,7 @@ main(int argc, char **argv)
     bool secs_given = false;
     int opt;
 
-    while ((opt = getopt(argc, argv, "L:H:m:s:b:c:d:t:n:p:w:qh")) != -1) {
+    while ((opt = getopt(argc, argv, "L:H:m:s:b:c:d:t:n:p:w:Cqh")) != -1) {
         long long v = 0;
         if (strchr("Lbcdnp", opt) != NULL && bench_opt_count(optarg, &v) != 0) {
             return raw_usage("numeric option expected");
@@ -369,6 +382,7 @@ main(int argc, char **argv)
             }
             secs_given = true;
             break;
+        case 'C': cfg.copy = true; break;
         case 'q': cfg.quiet = true; break;
         case 'h':
             fputs(raw_usage_text, stdout);
@@ -393,13 +407,12 @@ main(int argc, char **argv)
         return raw_usage("need 1 <= conns <= 1024, 1 <= depth <= 64, 1 <= batch <= 4096, "
                          "size < 4 GiB");
     }
-    cfg.pattern = malloc(cfg.vsize);
     struct raw_thread *th = calloc((size_t)cfg.conns, sizeof(*th));
-    if (cfg.pattern == NULL || th == NULL) {
+    if (th == NULL || bench_pattern_create(cfg.vsize, cfg.op == RAW_OP_PUT && !cfg.copy,
+                                           raw_fill, "raw-bench", &cfg.values) != 0) {
         fputs("raw-bench: out of memory\n", stderr);
         return 3;
     }
-    memset(cfg.pattern, 0xa5, cfg.vsize);
     pthread_barrier_t barrier;
     pthread_barrier_init(&barrier, NULL, (unsigned)cfg.conns + 1);
     for (int i = 0; i < cfg.conns; i++) {
@@ -445,6 +458,6 @@ main(int argc, char **argv)
     bench_print_result(&run, &tot);
     pthread_barrier_destroy(&barrier);
     free(th);
-    free(cfg.pattern);
+    bench_pattern_destroy(cfg.values);
     return failed ? 3 : 0;
 }

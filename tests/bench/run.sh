@@ -28,7 +28,8 @@
 # (1; 0 skips redis/memcached), BENCH_SHM (1; 0 skips the shared-memory section),
 # BENCH_SSD (1; 0 skips the SSD section; its other settings are in ssd.sh),
 # BENCH_DAEMON_ARGS (more kvstashd flags for the matrix's daemon, e.g. --io_threads=8; the
-# SSD section has its own, BENCH_SSD_DAEMON_ARGS).
+# SSD section has its own, BENCH_SSD_DAEMON_ARGS), BENCH_COPY (0; 1 makes kvstash-bench,
+# raw-bench and mc-bench send put values by copying, -C, instead of by reference).
 set -u -o pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -41,6 +42,8 @@ RAWBENCH=${RAWBENCH:-$(dirname "$BENCH")/raw-bench}
 SECS=${BENCH_SECS:-5}
 REPS=${BENCH_REPS:-3}
 PEERS=${BENCH_PEERS:-1}
+copy_flag=()
+[ "${BENCH_COPY:-0}" = 1 ] && copy_flag=(-C)
 
 # shellcheck source=lib.sh
 . "$here/lib.sh"       # die, show, field, free_port
@@ -161,6 +164,11 @@ if [ -x "$KVSTASH_CLI" ]; then
 fi
 echo "kvstashd pid $kvd_pid on $addr, memory_size $mem, ${loops:-?} event loops; $(nproc) cores;" \
      "$REPS runs of ${SECS}s per configuration, median shown"
+if [ "${#copy_flag[@]}" -gt 0 ]; then
+    echo "put values sent by copying (BENCH_COPY=1: -C)"
+else
+    echo "put values sent by reference from a sealed memfd (sendfile); BENCH_COPY=1 copies them"
+fi
 echo
 
 # ---- the matrix ----
@@ -283,13 +291,13 @@ for row in "${matrix[@]}"; do
     args=(-H "$addr" -m "$mode" -s "$size" -b "$batch" -c "$conns" -d "$depth" -t "$SECS"
           -p "$kvd_pid" -R -q)
     if [ "$mode" = put ]; then
-        args+=(-n "$(put_bound "$conns" "$batch" "$size")")
+        args+=(-n "$(put_bound "$conns" "$batch" "$size")" "${copy_flag[@]}")
     fi
     rargs=()
     if [ -n "$rawport" ] && [ "$mode" != exists ]; then
         rargs=(-H "127.0.0.1:$rawport" -m "$mode" -s "$size" -b "$batch" -c "$conns"
                -d "$depth" -t "$SECS" -p "$raw_pid" -q)
-        [ "$mode" = put ] && rargs+=(-n "$(put_bound "$conns" "$batch" "$size")")
+        [ "$mode" = put ] && rargs+=(-n "$(put_bound "$conns" "$batch" "$size")" "${copy_flag[@]}")
     fi
     echo "== $name: batch_${mode/exists/is_exist} of $batch x $size, $conns conn(s), depth $depth"
     show "$BENCH" "${args[@]}"
@@ -567,7 +575,7 @@ mc_peer() {
             continue
         fi
         args=(-H "127.0.0.1:$mport" -m "${mode/put/set}" -s "$size" -b "$batch" -c "$conns"
-              -d "$depth" -t "$SECS" -p "$mc_pid" -q)
+              -d "$depth" -t "$SECS" -p "$mc_pid" -q "${copy_flag[@]}")
         if [ "$mode" = put ]; then
             # populate: write 1.1x the memory limit from 2 connections, then flush_all
             per=$(( mem_bytes * 11 / 10 / (2 * batch * $(size_bytes "$size")) + 1 ))
