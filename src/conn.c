@@ -1,15 +1,18 @@
 /*
- * conn: the per-connection state machine: read, frame, spill, dispatch,
- * write, backpressure, close.
+ * conn: the per-connection state machine: frame, spill, dispatch, write,
+ * backpressure, close. The reads themselves (one syscall into the buffer or
+ * straight into a put's reservation, received descriptors) are in
+ * conn_read.c; struct conn, which both files use, is in conn_int.h.
  *
  * Everything here runs on the owning worker's thread; the only shared thing
  * it calls is the store (through rpc). It owns the socket fd, its two
- * libevent events, the input buffer, the spill bookkeeping of the message
+ * libevent events, the input buffer, the spill decisions of the message
  * being received, and the outq. It must never block: sockets are
  * non-blocking, and reads per wake-up are bounded so one busy client cannot
  * starve the others on the same loop.
  */
 #include "conn.h"
+#include "conn_int.h"
 
 #include <errno.h>
 #include <event2/event.h>
@@ -22,7 +25,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
-#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -31,7 +33,6 @@
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 
-#include "copier.h"
 #include "frame.h"
 #include "kverr.h"
 #include "log.h"
@@ -44,12 +45,7 @@
 #define CONN_IBUF_MIN (64u * 1024u)
 #define CONN_READS_PER_WAKE 16
 #define CONN_SPILL_MIN (16u * 1024u)
-#define CONN_DISCARD_SIZE (256u * 1024u)
 #define CONN_IOV_MAX 256
-#define CONN_READAHEAD_IN_PUT 512
-#define CONN_BODY_CHUNK (128u * 1024u)    /* a value body read while the loop keeps up */
-#define CONN_BEHIND_QUEUED (1024u * 1024u) /* this much more queued: the loop is behind */
-#define CONN_BEHIND_READ (256u * 1024u)   /* a read this long: still behind */
 #define CONN_RETRY_US 20000         /* a waiting request is retried at least this often (the
                                        tier's wake-ups usually come first) */
 #define CONN_WAIT_MAX_MS 5000       /* then it is answered with whatever is there */
@@ -57,71 +53,10 @@
 #define CONN_PREAUTH_MAX 4096u      /* the largest message before hello {tenant, token} */
 #define CONN_MESSAGES_PER_WAKE 64   /* then other connections of the loop get their turn */
 #define CONN_TURN (512u * 1024u)    /* a turn's bytes while another connection waits */
-#define CONN_TURN_MAX (4096u * 1024u) /* the largest writev or body read (a turn's grain) */
 #define CONN_READY_PEEK 16          /* ready connections looked at per check */
 
 /* The input buffers of every connection together (conn_buffer_memory). */
 static _Atomic uint64_t conn_buffer_bytes;
-
-struct conn {
-    struct worker *w;
-    struct conn *next, *prev;
-    int fd;
-    int is_unix;
-    SSL *ssl;                        /* a TLS connection's session, or NULL */
-    bool tls_want_write;             /* an SSL_read waits for the socket to be writable */
-    bool tls_checked;                /* its first byte was a TLS handshake record's */
-    uint64_t id;
-    char peer[64];
-    char addr[INET6_ADDRSTRLEN];     /* the peer's IP address ("" on the Unix socket) */
-    uint64_t active_ms;              /* last byte read or written */
-    uint64_t progress_ms;            /* last time its unsent output moved, or was none */
-    uint64_t rx_ms;                  /* last byte read, or when reading was (re)armed */
-    bool yielded;                    /* stopped at CONN_MESSAGES_PER_WAKE: more to process */
-    bool in_ready;                   /* in its worker's ready_ep */
-    bool passed;                     /* its last flush let a waiting peer go first */
-    bool bulk;                       /* its last read turn moved CONN_TURN bytes or more */
-    size_t turn_bytes;               /* bytes read and written in this callback */
-    uint32_t auth_seen;              /* ctx.auth_failures already accounted */
-    struct event *ev_read, *ev_write;
-    bool reading;                /* ev_read is armed */
-    bool writing;                /* ev_write is armed */
-    bool paused;                 /* not reading: output or replies in flight over the limit */
-    bool closing;                /* close at the end of the current callback */
-    bool eof;                    /* peer closed its side */
-    bool rx_behind;              /* bytes queue up: read value bodies in large pieces */
-    bool waiting;                /* a request waits for the SSD tier (not reading meanwhile) */
-    bool overlap;                /* waiting for batch_get_into transfers only: more such
-                                    requests are read and started behind them */
-    bool offer_pending;          /* the spill offer in scan is to be asked again */
-    uint64_t wait_since;         /* ms, when the current request began to wait; 0: it has not */
-    struct event *ev_retry;      /* timer that retries a waiting request */
-    struct event *ev_more;       /* zero timer: go on with what a turn left buffered */
-    bool lookahead;              /* while waiting: read on and prefetch queued gets */
-    struct frame_scan la_scan;   /* the lookahead's scan of the message after la_pos */
-    size_t la_pos;               /* bytes after rpos the lookahead has passed */
-    uint64_t rx_total;           /* bytes received since the connection opened */
-    uint64_t msg_start;          /* stream offset of the message being dispatched */
-    int fdq[RPC_MAX_FDS];        /* descriptors received (Unix socket), oldest first, each */
-    uint64_t fdq_lo[RPC_MAX_FDS]; /* with the stream bytes of the read that brought it */
-    uint64_t fdq_hi[RPC_MAX_FDS];
-    int nfdq;
-
-    uint8_t *ibuf;               /* message bytes (minus spilled bodies) + read-ahead */
-    size_t icap, ilen, rpos;     /* current message starts at rpos */
-    struct frame_scan scan;
-    struct frame_limits flim;
-    struct rpc_spill_cursor sc;
-
-    struct mp_hole *holes;       /* spilled bodies of the current message */
-    struct rpc_spill *spills;    /* parallel to holes */
-    size_t nholes, capholes;
-    uint64_t spill_left;         /* body bytes of the active spill still on the wire */
-    uint64_t spill_off;          /* bytes of it already received */
-
-    struct outq out;
-    struct rpc_ctx ctx;
-};
 
 static _Atomic uint64_t conn_next_id = 1;
 
@@ -130,7 +65,6 @@ static void conn_on_more(evutil_socket_t fd, short what, void *arg);
 static uint64_t conn_now_ms(void);
 static void conn_fail(struct conn *c, int status, const char *why);
 static void conn_on_write(evutil_socket_t fd, short what, void *arg);
-static int conn_take_fd(void *arg);
 
 /* ---- lifecycle ---- */
 
@@ -725,7 +659,7 @@ conn_tls_check(struct conn *c)
 }
 
 /* conn_tls_readv: readv through TLS (into the first buffer; the next read fills the rest). */
-static ssize_t
+ssize_t
 conn_tls_readv(struct conn *c, const struct iovec *iov, int n)
 {
     (void)n;
@@ -912,130 +846,7 @@ conn_message_reset(struct conn *c)
     c->nholes = 0;
 }
 
-/* Record a spill of the current message; returns its index or -1 (no memory). */
-static int
-conn_hole_add(struct conn *c, uint64_t len)
-{
-    if (c->nholes == c->capholes) {
-        size_t cap = c->capholes ? c->capholes * 2 : 8;
-        struct mp_hole *h = realloc(c->holes, cap * sizeof(*h));
-        if (h == NULL) {
-            return -1;
-        }
-        c->holes = h;
-        struct rpc_spill *sp = realloc(c->spills, cap * sizeof(*sp));
-        if (sp == NULL) {
-            return -1;
-        }
-        c->spills = sp;
-        c->capholes = cap;
-    }
-    size_t i = c->nholes++;
-    c->holes[i].off = c->scan.pos;
-    c->holes[i].len = len;
-    c->holes[i].tag = NULL;
-    c->spills[i].obj = NULL;
-    c->spills[i].code = 0;
-    return (int)i;
-}
-
-/*
- * conn_obj_iov: the pieces of obj's reservation that hold bytes [off, off + len), into
- * iov[n..]; the new n.
- */
-static int
-conn_obj_iov(struct store_obj *obj, uint64_t off, uint64_t len, struct iovec *iov, int n)
-{
-    struct iovec ext[STORE_MAX_EXTENTS];
-    int ne = store_obj_iov(obj, ext, STORE_MAX_EXTENTS);
-
-    for (int i = 0; i < ne && len > 0; i++) {
-        if (off >= ext[i].iov_len) {
-            off -= ext[i].iov_len;
-            continue;
-        }
-        size_t k = ext[i].iov_len - off;
-        iov[n].iov_base = (uint8_t *)ext[i].iov_base + off;
-        iov[n].iov_len = k < len ? k : (size_t)len;
-        len -= iov[n].iov_len;
-        off = 0;
-        n++;
-    }
-    return n;
-}
-
-/*
- * Copy n received body bytes of the active spill into its reservation (or drop them).
- * They are the start of a body read ahead into the buffer behind the previous one; the
- * copy streams past the cache (copier_stream), as arena pages are not read back soon.
- */
-static void
-conn_spill_fill(struct conn *c, const uint8_t *p, size_t n)
-{
-    struct rpc_spill *sp = &c->spills[c->nholes - 1];
-
-    if (sp->obj != NULL && n > 0) {
-        struct iovec dst[STORE_MAX_EXTENTS];
-        int nd = conn_obj_iov(sp->obj, c->spill_off, n, dst, 0);
-        for (int i = 0; i < nd; i++) {
-            copier_stream(dst[i].iov_base, p, dst[i].iov_len);
-            p += dst[i].iov_len;
-        }
-    }
-    c->spill_off += n;
-    c->spill_left -= n;
-}
-
 /* Dispatch one complete message of scan.pos bytes at rpos. Returns 0 or -1 (close). */
-/*
- * conn_fds_expire: the message about to be dispatched starts at msg_start;
- * a descriptor whose read ended before that belongs to no request still to
- * come (nothing claimed it): close it.
- */
-static void
-conn_fds_expire(struct conn *c)
-{
-    uint64_t end = c->rx_total - (c->ilen - c->rpos - c->scan.pos);
-    int keep = 0;
-
-    c->msg_start = end - c->scan.wire_bytes;
-    for (int i = 0; i < c->nfdq; i++) {
-        if (c->fdq_hi[i] <= c->msg_start) {
-            close(c->fdq[i]);
-            continue;
-        }
-        c->fdq[keep] = c->fdq[i];
-        c->fdq_lo[keep] = c->fdq_lo[i];
-        c->fdq_hi[keep++] = c->fdq_hi[i];
-    }
-    c->nfdq = keep;
-}
-
-/*
- * conn_take_fd (ctx.take_fd): the oldest descriptor whose read holds the
- * start of the message being dispatched, now the caller's; or -1.
- */
-static int
-conn_take_fd(void *arg)
-{
-    struct conn *c = arg;
-
-    for (int i = 0; i < c->nfdq; i++) {
-        if (c->fdq_lo[i] <= c->msg_start && c->msg_start < c->fdq_hi[i]) {
-            int fd = c->fdq[i];
-
-            c->nfdq--;
-            memmove(&c->fdq[i], &c->fdq[i + 1], (size_t)(c->nfdq - i) * sizeof(c->fdq[0]));
-            memmove(&c->fdq_lo[i], &c->fdq_lo[i + 1],
-                    (size_t)(c->nfdq - i) * sizeof(c->fdq_lo[0]));
-            memmove(&c->fdq_hi[i], &c->fdq_hi[i + 1],
-                    (size_t)(c->nfdq - i) * sizeof(c->fdq_hi[0]));
-            return fd;
-        }
-    }
-    return -1;
-}
-
 static int
 conn_dispatch(struct conn *c)
 {
@@ -1233,7 +1044,7 @@ conn_process(struct conn *c)
 }
 
 /* Make room in ibuf for more of the current message. Returns 0 or -1 (no memory). */
-static int
+int
 conn_ibuf_room(struct conn *c)
 {
     if (c->ilen < c->icap) {
@@ -1280,154 +1091,6 @@ conn_ibuf_shrink(struct conn *c)
             c->icap = CONN_IBUF_MIN;
         }
     }
-}
-
-/*
- * conn_recv_fds: readv for the Unix socket, keeping the descriptors a
- * client attaches (SCM_RIGHTS, for register_buffer) in arrival order. A
- * client that sends more than RPC_MAX_FDS unclaimed ones gets the extra
- * ones closed at once.
- */
-static ssize_t
-conn_recv_fds(struct conn *c, struct iovec *iov, int n)
-{
-    union {
-        struct cmsghdr align;
-        char buf[CMSG_SPACE(sizeof(int) * RPC_MAX_FDS)];
-    } ctl;
-    struct msghdr msg;
-    ssize_t rd;
-
-    memset(&msg, 0, sizeof(msg));
-    msg.msg_iov = iov;
-    msg.msg_iovlen = (size_t)n;
-    msg.msg_control = ctl.buf;
-    msg.msg_controllen = sizeof(ctl.buf);
-    rd = recvmsg(c->fd, &msg, MSG_CMSG_CLOEXEC);
-    if (rd <= 0) {
-        return rd;
-    }
-    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm != NULL; cm = CMSG_NXTHDR(&msg, cm)) {
-        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) {
-            continue;
-        }
-        size_t nfd = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (size_t i = 0; i < nfd; i++) {
-            int fd;
-
-            memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof(fd));
-            if (c->nfdq < RPC_MAX_FDS) {
-                /*
-                 * The kernel ends a read with the bytes a descriptor was sent with, and
-                 * a sender attaches it to the first bytes of its request: the request
-                 * it belongs to starts inside this read (the last one to, see
-                 * conn_take_fd).
-                 */
-                c->fdq[c->nfdq] = fd;
-                c->fdq_lo[c->nfdq] = c->rx_total;
-                c->fdq_hi[c->nfdq++] = c->rx_total + (uint64_t)rd;
-            } else {
-                close(fd);
-            }
-        }
-    }
-    if (msg.msg_flags & MSG_CTRUNC) {
-        log_info("conn %llu %s: descriptors beyond %d dropped", (unsigned long long)c->id, c->peer,
-                 RPC_MAX_FDS);
-    }
-    return rd;
-}
-
-/*
- * One read syscall: into the active spill (and the buffer behind it) or the buffer.
- *
- * A spilled value's body is read straight into its reservation, at most CONN_BODY_CHUNK
- * bytes a read while the loop keeps up with the socket. The kernel sends the window update
- * that lets the peer send more only when a read returns, so one read of a whole megabyte
- * leaves the sender idle while it copies; reads of 128 KiB keep both sides busy. Measured
- * here with raw-bench's put on one connection (the same loop, recv of 64 KiB pieces
- * against MSG_WAITALL of 1 MiB): 4.0 against 2.9 GB/s, and kvstashd's 1 MiB puts on one
- * connection went from 2.4-2.9 to 3.0-3.3 GB/s. When a read fills its piece and at least
- * CONN_BEHIND_QUEUED more bytes wait (FIONREAD), the loop is behind: the sender is not
- * waiting, and fewer, larger reads cost less (with 8 connections, 64 KiB pieces were 5%
- * slower in raw-bench and up to 25% in kvstashd). Bodies are then read whole, until a read
- * comes back under CONN_BEHIND_READ.
- */
-static ssize_t
-conn_read_once(struct conn *c)
-{
-    struct iovec iov[STORE_MAX_EXTENTS + 1];
-    int n = 0;
-    uint64_t body = 0;
-
-    if (c->spill_left > 0) {
-        struct rpc_spill *sp = &c->spills[c->nholes - 1];
-        if (sp->obj != NULL) {
-            body = c->spill_left;
-            if (!c->rx_behind && c->ssl == NULL && body > CONN_BODY_CHUNK) {
-                body = CONN_BODY_CHUNK;
-            } else if (body > CONN_TURN_MAX) {
-                body = CONN_TURN_MAX;   /* one read stays a short turn */
-            }
-            n = conn_obj_iov(sp->obj, c->spill_off, body, iov, n);
-        } else {
-            body = c->spill_left < CONN_DISCARD_SIZE ? c->spill_left : CONN_DISCARD_SIZE;
-            iov[n].iov_base = c->w->discard;
-            iov[n].iov_len = body;
-            n++;
-        }
-    }
-    /*
-     * Read ahead into the buffer only past the end of the body. Behind, only enough for
-     * the next header: another big value probably follows, and its body too should go
-     * straight into its reservation in large reads. Otherwise take all the room there is:
-     * one read then covers several small values (their buffered starts are copied over
-     * by conn_spill_fill), and reads between spills take all the room anyway.
-     */
-    if (body == c->spill_left) {
-        if (conn_ibuf_room(c) != 0) {
-            return -ENOMEM;
-        }
-        size_t room = c->icap - c->ilen;
-        if (body > 0 && c->rx_behind && room > CONN_READAHEAD_IN_PUT) {
-            room = CONN_READAHEAD_IN_PUT;
-        }
-        iov[n].iov_base = c->ibuf + c->ilen;
-        iov[n].iov_len = room;
-        n++;
-    }
-
-    ssize_t rd = c->ssl != NULL ? conn_tls_readv(c, iov, n)
-                 : c->is_unix  ? conn_recv_fds(c, iov, n)
-                               : readv(c->fd, iov, n);
-    if (rd <= 0) {
-        return rd < 0 ? -errno : 0;
-    }
-    atomic_store_explicit(&c->w->bytes_in,
-                          atomic_load_explicit(&c->w->bytes_in, memory_order_relaxed) +
-                              (uint64_t)rd,
-                          memory_order_relaxed);
-    uint64_t got = (uint64_t)rd;
-    c->rx_total += got;
-    if (body > 0) {
-        uint64_t k = got < body ? got : body;
-        if (c->rx_behind) {
-            c->rx_behind = k >= CONN_BEHIND_READ;
-        } else if (k == CONN_BODY_CHUNK && c->ssl == NULL) {
-            int queued = 0;
-            c->rx_behind = ioctl(c->fd, FIONREAD, &queued) == 0 &&
-                           (unsigned)queued >= CONN_BEHIND_QUEUED;
-        }
-        /* Bytes went straight into the reservation: account, do not copy. */
-        c->spill_off += k;
-        c->spill_left -= k;
-        got -= k;
-        if (c->spill_left == 0) {
-            frame_scan_spilled(&c->scan);
-        }
-    }
-    c->ilen += got;
-    return rd;
 }
 
 static void

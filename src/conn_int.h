@@ -1,0 +1,159 @@
+/*
+ * conn_int: a connection's state, shared by src/conn.c (the state machine:
+ * frame, dispatch, write, backpressure, close) and src/conn_read.c (its
+ * reads). Nothing outside those two files includes it; everyone else uses
+ * conn.h.
+ *
+ * Threads: a connection, and every function here, belongs to its worker's
+ * thread (conn.h); none of them blocks, closes or frees the connection.
+ */
+#ifndef CONN_INT_H
+#define CONN_INT_H
+
+#include <netinet/in.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include <openssl/ssl.h>
+
+#include "frame.h"
+#include "outq.h"
+#include "rpc.h"
+
+struct event;
+struct iovec;
+struct worker;
+
+#define CONN_TURN_MAX (4096u * 1024u) /* the largest writev or body read (a turn's grain) */
+
+struct conn {
+    struct worker *w;
+    struct conn *next, *prev;
+    int fd;
+    int is_unix;
+    SSL *ssl;                        /* a TLS connection's session, or NULL */
+    bool tls_want_write;             /* an SSL_read waits for the socket to be writable */
+    bool tls_checked;                /* its first byte was a TLS handshake record's */
+    uint64_t id;
+    char peer[64];
+    char addr[INET6_ADDRSTRLEN];     /* the peer's IP address ("" on the Unix socket) */
+    uint64_t active_ms;              /* last byte read or written */
+    uint64_t progress_ms;            /* last time its unsent output moved, or was none */
+    uint64_t rx_ms;                  /* last byte read, or when reading was (re)armed */
+    bool yielded;                    /* stopped at CONN_MESSAGES_PER_WAKE: more to process */
+    bool in_ready;                   /* in its worker's ready_ep */
+    bool passed;                     /* its last flush let a waiting peer go first */
+    bool bulk;                       /* its last read turn moved CONN_TURN bytes or more */
+    size_t turn_bytes;               /* bytes read and written in this callback */
+    uint32_t auth_seen;              /* ctx.auth_failures already accounted */
+    struct event *ev_read, *ev_write;
+    bool reading;                /* ev_read is armed */
+    bool writing;                /* ev_write is armed */
+    bool paused;                 /* not reading: output or replies in flight over the limit */
+    bool closing;                /* close at the end of the current callback */
+    bool eof;                    /* peer closed its side */
+    bool rx_behind;              /* bytes queue up: read value bodies in large pieces */
+    bool waiting;                /* a request waits for the SSD tier (not reading meanwhile) */
+    bool overlap;                /* waiting for batch_get_into transfers only: more such
+                                    requests are read and started behind them */
+    bool offer_pending;          /* the spill offer in scan is to be asked again */
+    uint64_t wait_since;         /* ms, when the current request began to wait; 0: it has not */
+    struct event *ev_retry;      /* timer that retries a waiting request */
+    struct event *ev_more;       /* zero timer: go on with what a turn left buffered */
+    bool lookahead;              /* while waiting: read on and prefetch queued gets */
+    struct frame_scan la_scan;   /* the lookahead's scan of the message after la_pos */
+    size_t la_pos;               /* bytes after rpos the lookahead has passed */
+    uint64_t rx_total;           /* bytes received since the connection opened */
+    uint64_t msg_start;          /* stream offset of the message being dispatched */
+    int fdq[RPC_MAX_FDS];        /* descriptors received (Unix socket), oldest first, each */
+    uint64_t fdq_lo[RPC_MAX_FDS]; /* with the stream bytes of the read that brought it */
+    uint64_t fdq_hi[RPC_MAX_FDS];
+    int nfdq;
+
+    uint8_t *ibuf;               /* message bytes (minus spilled bodies) + read-ahead */
+    size_t icap, ilen, rpos;     /* current message starts at rpos */
+    struct frame_scan scan;
+    struct frame_limits flim;
+    struct rpc_spill_cursor sc;
+
+    struct mp_hole *holes;       /* spilled bodies of the current message */
+    struct rpc_spill *spills;    /* parallel to holes */
+    size_t nholes, capholes;
+    uint64_t spill_left;         /* body bytes of the active spill still on the wire */
+    uint64_t spill_off;          /* bytes of it already received */
+
+    struct outq out;
+    struct rpc_ctx ctx;
+};
+
+/* ---- conn_read.c ---- */
+
+/*
+ * conn_hole_add: record a spill of len body bytes at the current scan
+ * position of c's message: a hole in c->holes and, beside it, an empty
+ * rpc_spill in c->spills (the caller stores the reservation there). Returns
+ * its index, or -1 when out of memory (nothing recorded).
+ */
+int conn_hole_add(struct conn *c, uint64_t len);
+
+/*
+ * conn_spill_fill: n received bytes at p (borrowed; n at most spill_left)
+ * are the next bytes of the active spill's body (the last hole's): copy
+ * them into its reservation, or drop them when it has none, and account
+ * them in spill_off and spill_left.
+ */
+void conn_spill_fill(struct conn *c, const uint8_t *p, size_t n);
+
+/*
+ * conn_fds_expire: the message of scan.pos bytes at rpos is about to be
+ * dispatched: set msg_start to its stream offset and close every received
+ * descriptor whose read ended before it (no request still to come can
+ * claim it).
+ */
+void conn_fds_expire(struct conn *c);
+
+/*
+ * conn_take_fd: c's ctx.take_fd (Unix socket only; arg is the struct
+ * conn): the oldest received descriptor whose read holds the start of the
+ * message being dispatched, now owned by the caller; or -1 when there is
+ * none.
+ */
+int conn_take_fd(void *arg);
+
+/*
+ * conn_read_once: one read syscall on c (TLS, recvmsg on the Unix socket,
+ * or readv): into the active spill's reservation (or the discard buffer
+ * when it has none) as far as its body goes, and into the input buffer
+ * behind it, which it grows as needed. Advances spill_off/spill_left (and
+ * ends the spill in c->scan when its body is in), ilen, rx_total and the
+ * worker's bytes_in. Returns the bytes read, 0 at the peer's close, or
+ * -errno: -EAGAIN/-EWOULDBLOCK when the socket has nothing, -EINTR, -ENOMEM
+ * when the buffer cannot grow (out of memory, or conn_buffer_memory reached:
+ * then c has been failed with UNAVAILABLE and is closing), any other -errno
+ * of a broken connection.
+ */
+ssize_t conn_read_once(struct conn *c);
+
+/* ---- conn.c ---- */
+
+/*
+ * conn_ibuf_room: make room in c's input buffer for at least one more byte:
+ * move the current message to its front, else double the buffer within
+ * conn_buffer_memory. Returns 0, or -1: out of memory, or over
+ * conn_buffer_memory (counted in buffer_cap_closes; c has then been sent
+ * the UNAVAILABLE notification and is closing).
+ */
+int conn_ibuf_room(struct conn *c);
+
+/*
+ * conn_tls_readv: read a TLS connection's decrypted bytes into iov[0] (the
+ * other n - 1 segments are left for the next read). Returns as readv does:
+ * bytes, 0 at the peer's close, or -1 with errno (EAGAIN to wait, after
+ * arming the write event when TLS needs the socket writable; EPROTO on a TLS
+ * error, logged).
+ */
+ssize_t conn_tls_readv(struct conn *c, const struct iovec *iov, int n);
+
+#endif
