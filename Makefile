@@ -46,7 +46,7 @@ else
 endif
 
 # ---- sources ----
-CORE_SRC := src/kverr.c src/config.c src/log.c \
+CORE_SRC := src/kverr.c src/config.c src/config_value.c src/log.c \
             storage/alloc.c storage/store.c storage/store_tier.c storage/store_hash.c storage/store_evict.c storage/crc32c.c storage/ssd_record.c \
             storage/ssd_index.c storage/ssd.c storage/ssd_bucket.c storage/ssd_writer.c \
             storage/copier.c storage/shmbuf.c \
