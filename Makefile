@@ -63,7 +63,7 @@ else
 endif
 CORE_SRC += $(RDMA_SRC)
 DAEMON_SRC := src/main.c src/server.c src/conn.c src/conn_read.c src/stats.c src/tls.c
-CLIENT_SRC := protocol/kvstash.c protocol/kvstash_async.c protocol/kvstash_wire.c protocol/kvstash_reply.c protocol/kvstash_rdma.c \
+CLIENT_SRC := protocol/kvstash.c protocol/kvstash_buffer.c protocol/kvstash_async.c protocol/kvstash_wire.c protocol/kvstash_reply.c protocol/kvstash_rdma.c \
               protocol/mp.c protocol/frame.c protocol/tcpopt.c src/kverr.c $(RDMA_SRC)
 CLI_SRC := protocol/kvstash_cli.c
 BENCH_SRC := tests/bench/kvstash_bench.c tests/bench/bench_util.c

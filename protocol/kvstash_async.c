@@ -5,8 +5,9 @@
  * This module owns an async context: its connection, its worker thread, the
  * queue of submitted requests, the queue of completions and the eventfd
  * that counts them. It is built only on the public synchronous API: it must
- * not touch the socket, a msgpack byte or struct kvstash's fields (the wire
- * is kvstash_wire.c's, batching and argument checks are kvstash.c's), so a
+ * not touch the socket, a msgpack byte or struct kvstash's fields (the
+ * socket and requests are kvstash_wire.c's, reply decoding is
+ * kvstash_reply.c's, batching and argument checks are kvstash.c's), so a
  * request run here behaves exactly as the synchronous call would.
  *
  * Locks: `lock` guards the queues, the counters and the eventfd's counter

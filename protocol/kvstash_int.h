@@ -1,7 +1,8 @@
 /*
- * kvstash_int: what kvstash.c shares with the other parts of libkvstash
- * that build on its calls (kvstash_rdma.c). Internal, not installed; none of
- * it is exported by libkvstash.so.
+ * kvstash_int: what kvstash.c and kvstash_buffer.c share with each other
+ * and with the other parts of libkvstash that build on their calls
+ * (kvstash_rdma.c). Internal, not installed; none of it is exported by
+ * libkvstash.so.
  */
 #ifndef KVSTASH_INT_H
 #define KVSTASH_INT_H
@@ -38,6 +39,14 @@ int kvstash_sys_fail(struct kvstash *c, const char *call, int err);
 
 /* kvstash_buffer_link: put b on c's list (it is released with c). */
 void kvstash_buffer_link(struct kvstash *c, struct kvstash_buffer *b);
+
+/*
+ * kvstash_buffer_release: unlink b from c's list, unmap it (shared memory)
+ * or deregister its memory regions (RDMA), and free it. The server is not
+ * told: kvstash_unregister_buffer asks it first, kvstash_close closes the
+ * socket first. b must be on c's list, and is invalid once this returns.
+ */
+void kvstash_buffer_release(struct kvstash *c, struct kvstash_buffer *b);
 
 /*
  * kvstash_rdma_close: release c's RDMA side (kvstash_close): its queue pair

@@ -77,7 +77,7 @@ struct kvstash {
     uint64_t req_target;           /* request bytes aimed at when splitting */
     struct kvstash_hello hello;    /* max_value_size bounds kvstash_wire_read_value */
     char err[KVSTASH_WIRE_ERRLEN]; /* kvstash_last_error() */
-    struct kvstash_buffer *bufs;   /* registered shared-memory buffers (kvstash.c's list) */
+    struct kvstash_buffer *bufs;   /* registered buffers (kvstash_buffer.c's list) */
     uint8_t *arena;                /* the daemon's arena mapped here (kvstash_map_arena), or NULL */
     uint64_t arena_size;
     struct kvstash_rdma *rdma;     /* this end's RDMA device and queue pair (kvstash_rdma.c) */
