@@ -103,8 +103,9 @@ $(LIBCORE): $(CORE_OBJ)
 $(LIBCLIENT_A): $(CLIENT_OBJ)
 	$(call say,AR,$@)rm -f $@ && ar rcs $@ $^
 
-$(LIBCLIENT_SO): $(CLIENT_OBJ)
-	$(call say,LD,$@)$(CC) -shared $(LDFLAGS_ALL) -o $@ $^ -lmsgpackc -lssl -lcrypto $(RDMA_LIBS)
+$(LIBCLIENT_SO): $(CLIENT_OBJ) protocol/libkvstash.map
+	$(call say,LD,$@)$(CC) -shared $(LDFLAGS_ALL) -Wl,--version-script=protocol/libkvstash.map \
+	    -o $@ $(CLIENT_OBJ) -lmsgpackc -lssl -lcrypto $(RDMA_LIBS)
 
 $(KVSTASHD): $(DAEMON_OBJ) $(LIBCORE)
 	$(call say,LD,$@)$(CC) $(LDFLAGS_ALL) -o $@ $(DAEMON_OBJ) $(LIBCORE) $(LIBS_ALL)
