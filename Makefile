@@ -69,7 +69,8 @@ CLI_SRC := protocol/kvstash_cli.c
 BENCH_SRC := tests/bench/kvstash_bench.c tests/bench/bench_util.c
 MCBENCH_SRC := tests/bench/mc_bench.c tests/bench/bench_util.c protocol/tcpopt.c
 RAWBENCH_SRC := tests/bench/raw_bench.c tests/bench/bench_util.c protocol/tcpopt.c
-UNIT_SRC := $(wildcard tests/unit/test_*.c)
+# test_rpc.c and test_rpc_put.c share their environment and helpers (rpc_testlib.c)
+UNIT_SRC := $(wildcard tests/unit/test_*.c) tests/unit/rpc_testlib.c
 INTEG_SRC := $(wildcard tests/integration/test_*.c) $(wildcard tests/lib/*.c)
 
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
