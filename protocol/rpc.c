@@ -161,10 +161,20 @@ rpc_key(struct rpc_req *rq, const uint8_t *p, uint32_t len, struct kv_key *k)
 int
 rpc_keys_check(struct rpc_req *rq, uint32_t *n)
 {
-    struct mp_reader probe;
+    struct mp_reader start;
+    int rc = rpc_keys_skip(rq, n, &start);
+
+    rq->rd = start;
+    return rc;
+}
+
+int
+rpc_keys_skip(struct rpc_req *rq, uint32_t *n, struct mp_reader *keys)
+{
     const uint8_t *p;
     uint32_t len;
 
+    *keys = rq->rd;
     if (mp_read_array(&rq->rd, n) != 0) {
         return rpc_invalid(rq, "keys must be an array of bin or str");
     }
@@ -172,9 +182,9 @@ rpc_keys_check(struct rpc_req *rq, uint32_t *n)
         rq->errmsg = "batch larger than max_batch";
         return KV_TOO_LARGE;
     }
-    probe = rq->rd;
+    *keys = rq->rd;
     for (uint32_t i = 0; i < *n; i++) {
-        if (rpc_read_key(&probe, &p, &len) != 0) {
+        if (rpc_read_key(&rq->rd, &p, &len) != 0) {
             return rpc_invalid(rq, "keys must be an array of bin or str");
         }
     }
@@ -701,14 +711,10 @@ rpc_prefix_match(struct rpc_req *rq)
     int rc = rpc_arity(rq, 1, 2);
 
     if (rc == 0) {
-        rc = rpc_keys_check(rq, &n);
+        rc = rpc_keys_skip(rq, &n, &keys);
     }
     if (rc != 0) {
         return rc;
-    }
-    keys = rq->rd;
-    for (uint32_t i = 0; i < n; i++) {
-        rpc_read_key(&rq->rd, &kp, &klen);
     }
     rc = rpc_opts_read(rq, 1, &opts);
     if (rc != 0) {
@@ -837,14 +843,10 @@ rpc_batch_remove(struct rpc_req *rq)
     int rc = rpc_arity(rq, 1, 2);
 
     if (rc == 0) {
-        rc = rpc_keys_check(rq, &n);
+        rc = rpc_keys_skip(rq, &n, &keys);
     }
     if (rc != 0) {
         return rc;
-    }
-    keys = rq->rd;
-    for (uint32_t i = 0; i < n; i++) {
-        rpc_read_key(&rq->rd, &kp, &klen);
     }
     rc = rpc_opts_read(rq, 1, &opts);
     if (rc != 0) {
@@ -901,21 +903,16 @@ static int
 rpc_pin(struct rpc_req *rq)
 {
     struct mp_reader keys;
-    const uint8_t *kp;
     const char *mode;
-    uint32_t n, klen, mlen;
+    uint32_t n, mlen;
     enum store_pin pin;
     int rc = rpc_arity(rq, 2, 2);
 
     if (rc == 0) {
-        rc = rpc_keys_check(rq, &n);
+        rc = rpc_keys_skip(rq, &n, &keys);
     }
     if (rc != 0) {
         return rc;
-    }
-    keys = rq->rd;
-    for (uint32_t i = 0; i < n; i++) {
-        rpc_read_key(&rq->rd, &kp, &klen);
     }
     if (mp_read_str(&rq->rd, &mode, &mlen) != 0) {
         return rpc_invalid(rq, "pin mode must be \"soft\" or \"hard\"");

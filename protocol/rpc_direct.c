@@ -348,14 +348,10 @@ rpc_put_start(struct rpc_req *rq)
         rc = rpc_direct_check(rq, true);
     }
     if (rc == 0) {
-        rc = rpc_keys_check(rq, &nkeys);
+        rc = rpc_keys_skip(rq, &nkeys, &keys);
     }
     if (rc != 0) {
         return rc;
-    }
-    keys = rq->rd;
-    for (uint32_t i = 0; i < nkeys; i++) {
-        rpc_read_key(&rq->rd, &kp, &klen);
     }
     if (mp_read_array(&rq->rd, &nsizes) != 0 || nsizes != nkeys) {
         return rpc_invalid(rq, "sizes must be an array of unsigned integers, one per key");

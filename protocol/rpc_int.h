@@ -92,6 +92,13 @@ void rpc_key(struct rpc_req *rq, const uint8_t *p, uint32_t len, struct kv_key *
 /* rpc_keys_check: read a keys array header (<= max_batch) and check every key. */
 int rpc_keys_check(struct rpc_req *rq, uint32_t *n);
 
+/*
+ * rpc_keys_skip: rpc_keys_check for a keys param that other params follow: in
+ * one pass, *keys is left on the first key (for the handler's own pass) and
+ * the request's reader after the last one.
+ */
+int rpc_keys_skip(struct rpc_req *rq, uint32_t *n, struct mp_reader *keys);
+
 /* rpc_opts_read: the optional opts map at param idx (absent or nil: all defaults). */
 int rpc_opts_read(struct rpc_req *rq, uint32_t idx, struct rpc_opts *o);
 

@@ -359,13 +359,9 @@ rpc_batch_put(struct rpc_req *rq)
     if (rc != 0) {
         return rc;
     }
-    rc = rpc_keys_check(rq, &nkeys);
+    rc = rpc_keys_skip(rq, &nkeys, &keys);
     if (rc != 0) {
         return rc;
-    }
-    keys = rq->rd;
-    for (uint32_t i = 0; i < nkeys; i++) {
-        rpc_read_key(&rq->rd, &kp, &klen);
     }
     if (mp_read_array(&rq->rd, &nvals) != 0) {
         return rpc_invalid(rq, "values must be an array of bin");

@@ -393,17 +393,10 @@ rpc_xfer_params(struct rpc_req *rq, uint32_t max, struct mp_reader *keys, uint32
     int rc = rpc_arity(rq, 2, max);
 
     if (rc == 0) {
-        rc = rpc_keys_check(rq, nkeys);
+        rc = rpc_keys_skip(rq, nkeys, keys);
     }
     if (rc != 0) {
         return rc;
-    }
-    *keys = rq->rd;
-    for (uint32_t i = 0; i < *nkeys; i++) {
-        const uint8_t *kp;
-        uint32_t klen;
-
-        rpc_read_key(&rq->rd, &kp, &klen);
     }
     *iovs = rq->rd;
     return rpc_iovs_check(rq, *nkeys, npieces);
