@@ -17,7 +17,8 @@ CC ?= cc
 PKGS := libevent_core libevent_pthreads msgpack lmdb libssl libcrypto
 WARN := -std=c11 -Wall -Wextra -pedantic -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
         -Wformat=2 -Wpointer-arith -Wno-format-nonliteral -Werror
-CPPFLAGS_BASE := -D_GNU_SOURCE -Isrc -Iprotocol -Istorage -Irdma -MMD -MP
+CPPFLAGS_BASE := -D_GNU_SOURCE -Iutil -Iprotocol -Istorage -Irdma -Iclient -Isrc -Isrc/rpc \
+                 -MMD -MP
 
 ifeq ($(VARIANT),release)
   OPT := -O2 -g
@@ -46,13 +47,23 @@ else
 endif
 
 # ---- sources ----
-CORE_SRC := src/kverr.c src/config.c src/config_value.c src/log.c \
-            storage/alloc.c storage/store.c storage/store_tier.c storage/store_hash.c storage/store_evict.c storage/crc32c.c storage/ssd_record.c \
-            storage/ssd_index.c storage/ssd.c storage/ssd_bucket.c storage/ssd_writer.c \
-            storage/copier.c storage/shmbuf.c \
-            protocol/frame.c protocol/mp.c protocol/outq.c protocol/tcpopt.c protocol/rpc.c protocol/rpc_put.c protocol/rpc_shm.c protocol/rpc_direct.c protocol/rpc_rdma.c
-# the RDMA data port, its verbs table (or the RDMA=0 stub) and the emulation tests use
-RDMA_SRC := rdma/rdma_port.c rdma/rdma_emu.c
+# Layers, lowest first (docs/architecture.md; tests/check_layers.py keeps them):
+#   util/      leaf utilities: log, clock, version, TCP options
+#   protocol/  the wire: framing, msgpack cursor, status codes
+#   storage/   the store and its tiers;  rdma/  the RDMA data port
+#   client/    libkvstash and the kvstash CLI
+#   src/       the daemon; src/rpc/ its request layer
+UTIL_SRC := util/log.c util/tcpopt.c
+PROTO_SRC := protocol/kverr.c protocol/frame.c protocol/mp.c
+STORAGE_SRC := storage/alloc.c storage/store.c storage/store_tier.c storage/store_hash.c \
+               storage/store_evict.c storage/crc32c.c storage/ssd_record.c storage/ssd_index.c \
+               storage/ssd.c storage/ssd_bucket.c storage/ssd_writer.c storage/copier.c \
+               storage/shmbuf.c
+RPC_SRC := $(wildcard src/rpc/*.c)
+CORE_SRC := $(UTIL_SRC) $(PROTO_SRC) $(STORAGE_SRC) src/config.c src/config_value.c $(RPC_SRC)
+# the RDMA data port and its verbs table (or the RDMA=0 stub); the emulation (rdma_emu.c), a
+# test double, is linked into the tests only
+RDMA_SRC := rdma/rdma_port.c
 ifeq ($(RDMA),1)
   RDMA_SRC += rdma/rdma_verbs.c
   PKGS += libibverbs
@@ -63,12 +74,13 @@ else
 endif
 CORE_SRC += $(RDMA_SRC)
 DAEMON_SRC := src/main.c src/server.c src/conn.c src/conn_read.c src/stats.c src/tls.c
-CLIENT_SRC := protocol/kvstash.c protocol/kvstash_buffer.c protocol/kvstash_async.c protocol/kvstash_wire.c protocol/kvstash_reply.c protocol/kvstash_rdma.c \
-              protocol/mp.c protocol/frame.c protocol/tcpopt.c src/kverr.c $(RDMA_SRC)
-CLI_SRC := protocol/kvstash_cli.c
+CLIENT_SRC := client/kvstash.c client/kvstash_buffer.c client/kvstash_async.c client/kvstash_wire.c \
+              client/kvstash_reply.c client/kvstash_rdma.c $(UTIL_SRC) $(PROTO_SRC) $(RDMA_SRC)
+CLI_SRC := client/kvstash_cli.c
+EMU_SRC := rdma/rdma_emu.c
 BENCH_SRC := tests/bench/kvstash_bench.c tests/bench/bench_util.c
-MCBENCH_SRC := tests/bench/mc_bench.c tests/bench/bench_util.c protocol/tcpopt.c
-RAWBENCH_SRC := tests/bench/raw_bench.c tests/bench/bench_util.c protocol/tcpopt.c
+MCBENCH_SRC := tests/bench/mc_bench.c tests/bench/bench_util.c util/tcpopt.c
+RAWBENCH_SRC := tests/bench/raw_bench.c tests/bench/bench_util.c util/tcpopt.c
 # test_rpc.c and test_rpc_put.c share their environment and helpers (rpc_testlib.c)
 UNIT_SRC := $(wildcard tests/unit/test_*.c) tests/unit/rpc_testlib.c
 INTEG_SRC := $(wildcard tests/integration/test_*.c) $(wildcard tests/lib/*.c)
@@ -90,7 +102,7 @@ UNIT := $(BUILD)/unit-tests
 INTEG := $(BUILD)/integration-tests
 
 .PHONY: all run test deps bench-deps asan fuzz bench soak install uninstall format clean help \
-        test-unit test-integration test-python test-fuzz check-deps
+        test-layers test-unit test-integration test-python test-fuzz check-deps
 
 all: $(KVSTASHD) $(KVSTASH) $(BENCH) $(LIBCLIENT_A) $(LIBCLIENT_SO)
 
@@ -104,8 +116,8 @@ $(LIBCORE): $(CORE_OBJ)
 $(LIBCLIENT_A): $(CLIENT_OBJ)
 	$(call say,AR,$@)rm -f $@ && ar rcs $@ $^
 
-$(LIBCLIENT_SO): $(CLIENT_OBJ) protocol/libkvstash.map
-	$(call say,LD,$@)$(CC) -shared $(LDFLAGS_ALL) -Wl,--version-script=protocol/libkvstash.map \
+$(LIBCLIENT_SO): $(CLIENT_OBJ) client/libkvstash.map
+	$(call say,LD,$@)$(CC) -shared $(LDFLAGS_ALL) -Wl,--version-script=client/libkvstash.map \
 	    -o $@ $(CLIENT_OBJ) -lmsgpackc -lssl -lcrypto $(RDMA_LIBS)
 
 $(KVSTASHD): $(DAEMON_OBJ) $(LIBCORE)
@@ -125,11 +137,11 @@ $(MCBENCH): $(call obj,$(MCBENCH_SRC))
 $(RAWBENCH): $(call obj,$(RAWBENCH_SRC))
 	$(call say,LD,$@)$(CC) $(LDFLAGS_ALL) -o $@ $^ -lpthread
 
-$(UNIT): $(call obj,$(UNIT_SRC)) $(LIBCORE)
+$(UNIT): $(call obj,$(UNIT_SRC) $(EMU_SRC)) $(LIBCORE)
 	$(call say,LD,$@)$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIBS_ALL) -lcriterion
 
 # the daemon's objects but main: the RDMA path test runs a server in-process
-$(INTEG): $(call obj,$(INTEG_SRC)) $(call obj,$(filter-out src/main.c,$(DAEMON_SRC))) \
+$(INTEG): $(call obj,$(INTEG_SRC) $(EMU_SRC)) $(call obj,$(filter-out src/main.c,$(DAEMON_SRC))) \
           $(LIBCLIENT_A) $(LIBCORE)
 	$(call say,LD,$@)$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIBS_ALL) -lcriterion
 
@@ -171,7 +183,7 @@ TEST_JOBS ?= 2
 
 test: deps
 	$(Q)$(MAKE) --no-print-directory all $(UNIT) $(INTEG)
-	$(Q)$(MAKE) --no-print-directory test-unit test-integration test-python test-fuzz
+	$(Q)$(MAKE) --no-print-directory test-layers test-unit test-integration test-python test-fuzz
 
 # make asan's sanitizer settings; a variable set in the environment is used instead
 SAN_ASAN_OPTIONS := abort_on_error=0:detect_leaks=1
@@ -206,6 +218,10 @@ endef
 else
   criterion_run = $(2)
 endif
+
+# the include lines keep the layers of docs/architecture.md
+test-layers:
+	/usr/bin/python3 tests/check_layers.py
 
 test-unit: $(UNIT)
 	$(call criterion_run,unit,$(UNIT) --jobs $(TEST_JOBS))
@@ -282,7 +298,7 @@ install: all
 	install -m 0755 $(KVSTASHD) $(KVSTASH) $(DESTDIR)$(PREFIX)/bin/
 	install -m 0644 $(LIBCLIENT_A) $(DESTDIR)$(PREFIX)/lib/
 	install -m 0755 $(LIBCLIENT_SO) $(DESTDIR)$(PREFIX)/lib/
-	install -m 0644 protocol/kvstash.h $(DESTDIR)$(PREFIX)/include/
+	install -m 0644 client/kvstash.h $(DESTDIR)$(PREFIX)/include/
 
 uninstall:
 	rm -f $(DESTDIR)$(PREFIX)/bin/kvstashd $(DESTDIR)$(PREFIX)/bin/kvstash \
@@ -290,8 +306,8 @@ uninstall:
 	      $(DESTDIR)$(PREFIX)/include/kvstash.h
 
 format:
-	clang-format -i $(wildcard src/*.[ch] protocol/*.[ch] storage/*.[ch] rdma/*.[ch] \
-	    tests/*/*.[ch])
+	clang-format -i $(wildcard util/*.[ch] protocol/*.[ch] storage/*.[ch] rdma/*.[ch] \
+	    client/*.[ch] src/*.[ch] src/rpc/*.[ch] tests/*/*.[ch])
 
 clean:
 	rm -rf build

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "kverr.h"
+#include "log.h"
 
 #define CONF_LINE_MAX 4096     /* longest line a config file may have, newline excluded */
 #define CONF_QUOTE_MAX 96      /* how much of an offending line an error message quotes */

@@ -22,7 +22,6 @@
 #define CONF_OPTIONS_MAX 96            /* room in kv_config.where (config.c checks the table) */
 #define CONF_WHERE_MAX 64              /* "file:line" or "--flag" a key was last set by */
 
-enum conf_log_level { LOG_LEVEL_ERROR = 0, LOG_LEVEL_WARN, LOG_LEVEL_INFO, LOG_LEVEL_DEBUG };
 
 /* ssd_eviction: which bucket goes first when the SSD tier is full. */
 enum conf_ssd_eviction { CONF_SSD_FIFO = 0, CONF_SSD_LRU = 1 };
@@ -88,7 +87,7 @@ struct kv_config {
     char rdma_device[CONF_STR_MAX];   /* "" = the first device found */
     uint64_t rdma_port;               /* device port; default 1 */
     uint64_t rdma_gid_index;          /* GID table index; default 0 */
-    int log_level;                    /* enum conf_log_level; default info */
+    int log_level;                    /* enum log_level (log.h); default info */
     char log_file[CONF_STR_MAX];      /* "" = stderr */
     int require_auth;                 /* 1: hello {tenant, token} before anything but ping */
     int allow_unauthenticated_remote; /* 1: a non-loopback listen may go without require_auth */

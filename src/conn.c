@@ -12,6 +12,7 @@
  * starve the others on the same loop.
  */
 #include "conn.h"
+#include "clock.h"
 #include "conn_int.h"
 
 #include <errno.h>
@@ -62,7 +63,6 @@ static _Atomic uint64_t conn_next_id = 1;
 
 static void conn_on_read(evutil_socket_t fd, short what, void *arg);
 static void conn_on_more(evutil_socket_t fd, short what, void *arg);
-static uint64_t conn_now_ms(void);
 static void conn_fail(struct conn *c, int status, const char *why);
 static void conn_on_write(evutil_socket_t fd, short what, void *arg);
 
@@ -235,7 +235,7 @@ static struct {
 static bool
 conn_auth_check(const char *addr, bool failed)
 {
-    uint64_t now = conn_now_ms();
+    uint64_t now = clock_ms();
     size_t slot = 0;
     bool blocked;
 
@@ -332,7 +332,7 @@ conn_adopt(struct worker *w, int fd, int kind)
     if (c->ibuf != NULL) {
         atomic_fetch_add_explicit(&conn_buffer_bytes, c->icap, memory_order_relaxed);
     }
-    c->active_ms = c->progress_ms = c->rx_ms = conn_now_ms();
+    c->active_ms = c->progress_ms = c->rx_ms = clock_ms();
     c->ev_read = event_new(w->base, fd, EV_READ | EV_PERSIST, conn_on_read, c);
     c->ev_write = event_new(w->base, fd, EV_WRITE | EV_PERSIST, conn_on_write, c);
     c->next = w->conns;
@@ -364,7 +364,7 @@ conn_set_reading(struct conn *c, bool on)
     }
     if (on) {
         event_add(c->ev_read, NULL);
-        c->rx_ms = conn_now_ms();    /* not reading was this side's doing (conn_timeouts) */
+        c->rx_ms = clock_ms();    /* not reading was this side's doing (conn_timeouts) */
         if (c->ssl != NULL && SSL_pending(c->ssl) > 0) {
             event_active(c->ev_read, EV_READ, 0);   /* decrypted bytes the socket will not signal */
         }
@@ -394,15 +394,6 @@ conn_idle(const struct conn *c)
 {
     return c->ilen == c->rpos && c->spill_left == 0 && c->nholes == 0 && !c->waiting &&
            outq_pending(&c->out) == 0;
-}
-
-static uint64_t
-conn_now_ms(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
 static void conn_on_retry(evutil_socket_t fd, short what, void *arg);
@@ -549,7 +540,7 @@ conn_wait(struct conn *c)
         c->w->waiting++;
     }
     if (c->wait_since == 0) {
-        c->wait_since = conn_now_ms();  /* kept across retries: the deadline is per request */
+        c->wait_since = clock_ms();  /* kept across retries: the deadline is per request */
     }
     if (c->ev_retry == NULL) {
         c->ev_retry = evtimer_new(c->w->base, conn_on_retry, c);
@@ -798,7 +789,7 @@ conn_flush(struct conn *c)
             outq_fd_sent(&c->out);
         }
         if (wr > 0) {
-            c->active_ms = c->progress_ms = conn_now_ms();
+            c->active_ms = c->progress_ms = clock_ms();
         }
         outq_consume(&c->out, (size_t)wr);
         c->turn_bytes += (size_t)wr;
@@ -1142,7 +1133,7 @@ conn_on_read(evutil_socket_t fd, short what, void *arg)
             c->closing = true;
             break;
         }
-        c->active_ms = c->rx_ms = conn_now_ms();
+        c->active_ms = c->rx_ms = clock_ms();
         c->turn_bytes += (size_t)rd;
         if (c->waiting && !c->overlap) {
             conn_lookahead(c);
@@ -1256,7 +1247,7 @@ conn_on_more(evutil_socket_t fd, short what, void *arg)
 static void
 conn_retry(struct conn *c)
 {
-    bool final = conn_now_ms() - c->wait_since >= CONN_WAIT_MAX_MS;
+    bool final = clock_ms() - c->wait_since >= CONN_WAIT_MAX_MS;
 
     int rc;
 
@@ -1347,7 +1338,7 @@ void
 conn_expire_all(struct worker *w)
 {
     uint64_t before = atomic_load_explicit(&w->ctr.puts_expired, memory_order_relaxed);
-    uint64_t now = conn_now_ms();
+    uint64_t now = clock_ms();
 
     conn_refresh_limits(w);
     for (struct conn *c = w->conns, *next; c != NULL; c = next) {

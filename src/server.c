@@ -1,12 +1,13 @@
 /*
  * server: process-wide plumbing: data dir and node id, listeners, accept and
  * hand-off to worker threads, signals (reload, log reopen, drain), config
- * snapshots. The request path itself lives in conn.c and protocol/rpc.c.
+ * snapshots. The request path itself lives in conn.c and src/rpc/rpc.c.
  *
  * The main thread runs its own event_base for listeners, signals and
  * timers; it never touches a connection after handing its fd to a worker.
  */
 #include "server.h"
+#include "clock.h"
 
 #include <errno.h>
 #include <event2/event.h>
@@ -278,7 +279,6 @@ static bool
 server_refuse_no_fd(struct server *s, int lfd, int err)
 {
     bool refused = false;
-    struct timespec ts;
 
     if (s->spare_fd >= 0 && (err == EMFILE || err == ENFILE)) {
         close(s->spare_fd);
@@ -291,8 +291,7 @@ server_refuse_no_fd(struct server *s, int lfd, int err)
         }
         s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     }
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    uint64_t now = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+    uint64_t now = clock_ms();
     if (s->fd_warned_ms == 0 || now - s->fd_warned_ms >= 10000) {
         log_warn("accept: %s (max_connections %llu); %llu client(s) refused with an error "
                  "since the last report", strerror(err),
@@ -1047,7 +1046,6 @@ static void
 server_on_drain_tick(evutil_socket_t fd, short what, void *arg)
 {
     struct server *s = arg;
-    struct timespec now;
     (void)fd;
     (void)what;
 
@@ -1056,9 +1054,7 @@ server_on_drain_tick(evutil_socket_t fd, short what, void *arg)
         event_base_loopbreak(s->base);
         return;
     }
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    if (now.tv_sec > s->drain_deadline.tv_sec ||
-        (now.tv_sec == s->drain_deadline.tv_sec && now.tv_nsec >= s->drain_deadline.tv_nsec)) {
+    if (clock_ms() >= s->drain_deadline_ms) {
         log_warn("shutdown: drain deadline passed; closing the remaining connections");
         for (int i = 0; i < s->nworkers; i++) {
             event_base_loopbreak(s->workers[i].base);
@@ -1098,13 +1094,7 @@ server_begin_drain(struct server *s)
         s->unix_fd = -1;
         unlink(s->unix_path);
     }
-    clock_gettime(CLOCK_MONOTONIC, &s->drain_deadline);
-    s->drain_deadline.tv_sec += (time_t)(conf->shutdown_timeout_ms / 1000);
-    s->drain_deadline.tv_nsec += (long)(conf->shutdown_timeout_ms % 1000) * 1000000L;
-    if (s->drain_deadline.tv_nsec >= 1000000000L) {
-        s->drain_deadline.tv_sec++;
-        s->drain_deadline.tv_nsec -= 1000000000L;
-    }
+    s->drain_deadline_ms = clock_ms() + conf->shutdown_timeout_ms;
     for (int i = 0; i < s->nworkers; i++) {
         /* The flag is what counts: a byte lost to a full pipe still finds a wake pending. */
         atomic_store_explicit(&s->workers[i].drain_asked, true, memory_order_release);

@@ -118,7 +118,7 @@ struct server {
     uint64_t fd_warned_ms;           /* when that was last logged */
     struct event *sig_ev[4];
     struct event *drain_timer;
-    struct timespec drain_deadline;
+    uint64_t drain_deadline_ms;      /* clock_ms() when the drain gives up */
     int draining;
     time_t started;
     _Atomic uint64_t connections;

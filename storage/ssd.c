@@ -9,6 +9,7 @@
  * event loop and never holds its own locks while calling the store.
  */
 #include "ssd_int.h"
+#include "clock.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -31,24 +32,6 @@
 #include "log.h"
 #include "ssd_index.h"
 #include "ssd_record.h"
-
-uint64_t
-ssd_now_ms(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
-uint64_t
-ssd_wall_ms(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
 
 void
 ssd_wake(struct ssd *t)
@@ -120,21 +103,12 @@ ssd_hook_offload(void *arg, struct store_obj *o)
     CTR_ADD(t, queue_bytes, store_obj_size(o));
 }
 
-static uint64_t
-ssd_wall_coarse_ms(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_REALTIME_COARSE, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
 static void
 ssd_hook_touch(void *arg, uint32_t bucket)
 {
     struct ssd *t = arg;
     _Atomic uint64_t *slot = &t->stamps[bucket % SSD_STAMP_SLOTS];
-    uint64_t now = ssd_wall_coarse_ms();
+    uint64_t now = clock_wall_coarse_ms();
 
     if (atomic_load_explicit(slot, memory_order_relaxed) < now) {
         atomic_store_explicit(slot, now, memory_order_relaxed);
@@ -638,7 +612,7 @@ static int
 ssd_load_index(struct ssd *t, char *err, size_t errlen)
 {
     struct ssd_load_ctx c = {t, NULL, 0, 0};
-    uint64_t t0 = ssd_now_ms();
+    uint64_t t0 = clock_ms();
     uint64_t v;
     int rc;
 
@@ -694,7 +668,7 @@ ssd_load_index(struct ssd *t, char *err, size_t errlen)
         }
     }
     t->start_objects = c.loaded;
-    t->start_ms = ssd_now_ms() - t0;
+    t->start_ms = clock_ms() - t0;
     return 0;
 }
 

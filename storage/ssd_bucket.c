@@ -19,6 +19,7 @@
  * memcached's extstore makes the same choice for the same reason.
  */
 #include "ssd_int.h"
+#include "clock.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -118,7 +119,7 @@ ssd_bucket_unref(struct ssd *t, struct ssd_bucket *b, bool read_ok)
 {
     pthread_mutex_lock(&t->blk);
     if (read_ok) {
-        b->last_read_ms = ssd_wall_ms();
+        b->last_read_ms = clock_wall_ms();
         b->dirty = true;
     }
     if (--b->readers == 0 && b->dropping) {
@@ -237,7 +238,7 @@ ssd_bucket_create(struct ssd *t, uint32_t owner, struct ssd_bucket **out)
         free(b);
         return rc;
     }
-    b->created_ms = ssd_wall_ms();
+    b->created_ms = clock_wall_ms();
     b->last_read_ms = b->created_ms;
     if (t->nopen == SSD_OPEN_MAX) {
         ssd_unopen(t, t->open[0]);  /* cannot happen with 64 quota slots; bounded anyway */

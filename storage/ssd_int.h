@@ -157,10 +157,6 @@ struct ssd {
 
 /* ---- ssd.c ---- */
 
-/* Monotonic and wall-clock milliseconds. */
-uint64_t ssd_now_ms(void);
-uint64_t ssd_wall_ms(void);
-
 /* ssd_wake: tell the daemon that waiting requests may go on (cfg.wake). */
 void ssd_wake(struct ssd *t);
 

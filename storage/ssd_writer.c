@@ -14,6 +14,7 @@
  * pages a failed fsync reported, so a retry could "succeed" over lost data).
  */
 #include "ssd_int.h"
+#include "clock.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -113,7 +114,7 @@ ssd_fault(struct ssd *t, struct ssd_bucket *b, int rc, const char *what)
         atomic_store(&t->degraded_flag, 1);
         store_tier_degraded(t->store, true);
     }
-    t->retry_at = ssd_now_ms() + SSD_RETRY_MS;
+    t->retry_at = clock_ms() + SSD_RETRY_MS;
 }
 
 static void
@@ -620,7 +621,7 @@ ssd_writer_main(void *arg)
             CTR_SUB(t, queue_objects, 1);
             CTR_SUB(t, queue_bytes, store_obj_size(g.obj[i]));
         }
-        now = ssd_now_ms();
+        now = clock_ms();
         if (g.n > 0 && t->degraded && now < t->retry_at) {
             ssd_group_fail(t, &g, 0);       /* fail fast until the retry time */
         }

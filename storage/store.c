@@ -34,6 +34,7 @@
  * remove detach it there and drop the last reference after unlocking.
  */
 #include "store_int.h"
+#include "clock.h"
 
 #include "alloc.h"
 #include "kverr.h"
@@ -52,15 +53,6 @@
 static void store_graves_sweep(struct store *s);
 static void store_tenant_usage_pages(struct store *s, uint32_t tenant, uint64_t *objects,
                                      uint64_t *bytes, uint64_t *pages, uint64_t *stored);
-
-uint64_t
-store_now_ms(void)
-{
-    struct timespec ts;
-
-    clock_gettime(STORE_CLOCK, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
 
 static int
 store_watermarks_valid(const struct store_config *cfg)
@@ -152,7 +144,7 @@ store_list_of(struct store_shard *sh, const struct store_obj *o)
 static void
 store_touch_locked(struct store_obj *o)
 {
-    uint64_t now = store_now_ms();
+    uint64_t now = clock_coarse_ms();
 
     if (o->cold) {
         /* An SSD copy loaded without promotion has served its read: it goes first. */
@@ -715,7 +707,7 @@ store_commit(struct store *s, struct store_obj *o)
         return KV_INVALID_ARGUMENT;
     }
     o->state = STORE_OBJ_PUBLISHED;
-    o->atime = store_now_ms();
+    o->atime = clock_coarse_ms();
     store_list_push_head(&sh->lru[STORE_LRU_NORMAL], o);
     sh->reserved--;
     sh->objects++;
@@ -1018,7 +1010,7 @@ store_retire(struct store *s, struct store_obj *o, uint64_t now)
 static void
 store_graves_sweep(struct store *s)
 {
-    uint64_t now = store_now_ms();
+    uint64_t now = clock_coarse_ms();
     struct store_obj *done = NULL;
 
     if (atomic_load_explicit(&s->ngraves, memory_order_relaxed) == 0) {
@@ -1079,14 +1071,14 @@ store_remove(struct store *s, const struct kv_key *key, bool force)
         pthread_mutex_unlock(&sh->lock);
         return KV_NOT_FOUND;
     }
-    rc = store_removable_locked(o, force, store_now_ms());
+    rc = store_removable_locked(o, force, clock_coarse_ms());
     if (rc == 0) {
         store_detach_locked(s, sh, o);
     }
     pthread_mutex_unlock(&sh->lock);
     if (rc == 0) {
         store_forget(s, o);
-        store_retire(s, o, store_now_ms());
+        store_retire(s, o, clock_coarse_ms());
     }
     return rc;
 }
@@ -1094,7 +1086,7 @@ store_remove(struct store *s, const struct kv_key *key, bool force)
 uint64_t
 store_remove_all(struct store *s, uint32_t tenant, bool all_tenants, bool force)
 {
-    uint64_t now = store_now_ms();
+    uint64_t now = clock_coarse_ms();
     uint64_t count = 0;
 
     store_graves_sweep(s);      /* earlier forced removes whose leases have ended */
@@ -1139,7 +1131,7 @@ void
 store_tenant_usage(struct store *s, uint32_t tenant, uint64_t *objects, uint64_t *bytes)
 {
     struct store_quota *q = store_quota_of(s, tenant);
-    uint64_t now = store_now_ms();
+    uint64_t now = clock_coarse_ms();
     uint64_t pages, stored;
 
     if (q != NULL) {
@@ -1245,7 +1237,7 @@ store_lease(struct store *s, const struct kv_key *key, uint32_t ttl_ms, uint64_t
     pthread_mutex_lock(&sh->lock);
     o = store_find_locked(sh, hash, key);
     if (o != NULL && o->state == STORE_OBJ_PUBLISHED) {
-        uint64_t until = store_now_ms() + ttl_ms;
+        uint64_t until = clock_coarse_ms() + ttl_ms;
 
         if (until > o->lease_until) {
             o->lease_until = until;

@@ -15,6 +15,7 @@
  * told -EAGAIN), and calls the tier only to queue.
  */
 #include "store_int.h"
+#include "clock.h"
 
 #include "alloc.h"
 #include "kverr.h"
@@ -235,7 +236,7 @@ store_evict(struct store *s, uint64_t target)
 {
     uint64_t target_pages = target / STORE_PAGE_SIZE;
     uint64_t freed = 0;
-    uint64_t now = store_now_ms();
+    uint64_t now = clock_coarse_ms();
 
     if (alloc_used_pages(s->alloc) <= target_pages) {
         return 0;
@@ -296,7 +297,7 @@ store_evict_own(struct store *s, uint32_t tenant, uint64_t excess)
     uint64_t cand[STORE_SHARDS];
     uint64_t want = store_pages(excess);
     uint64_t freed = 0;
-    uint64_t now = store_now_ms();
+    uint64_t now = clock_coarse_ms();
     bool queued = false;
 
     for (unsigned i = 0; i < STORE_SHARDS; i++) {

@@ -31,12 +31,6 @@
 
 _Static_assert(STORE_PAGE_SIZE == ALLOC_PAGE_SIZE, "the store and the allocator disagree on pages");
 
-#ifdef CLOCK_MONOTONIC_COARSE
-#define STORE_CLOCK CLOCK_MONOTONIC_COARSE
-#else
-#define STORE_CLOCK CLOCK_MONOTONIC
-#endif
-
 enum store_obj_state {
     STORE_OBJ_RESERVED = 1,
     STORE_OBJ_PUBLISHED = 2,
@@ -234,9 +228,6 @@ store_pages(uint64_t size)
 }
 
 /* ---- shared by store.c, store_evict.c and store_tier.c ---- */
-
-/* store_now_ms: the recency clock (coarse monotonic milliseconds). */
-uint64_t store_now_ms(void);
 
 /* store_find_locked: the indexed object of key (any state), or NULL. */
 struct store_obj *store_find_locked(struct store_shard *sh, uint64_t hash,

@@ -9,6 +9,7 @@
  * queue.
  */
 #include "store_int.h"
+#include "clock.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -154,7 +155,7 @@ store_offload_cold(struct store *s, uint64_t bytes)
 {
     enum { PER_SHARD = 8 };
     unsigned start = atomic_fetch_add_explicit(&s->cold_cursor, 1, memory_order_relaxed);
-    uint64_t now = store_now_ms();
+    uint64_t now = clock_coarse_ms();
     uint64_t queued = 0;
 
     if (!s->has_tier
@@ -319,7 +320,7 @@ store_load_end(struct store *s, struct store_obj *o, int rc)
          * Stamped now either way, so it outlives older objects until its reader (or a
          * prefetch's) comes for it; without promotion that read stamps it oldest.
          */
-        o->atime = store_now_ms();
+        o->atime = clock_coarse_ms();
         o->referenced = 0;
         o->cold = !atomic_load_explicit(&s->promote, memory_order_relaxed);
         l = store_list_of(sh, o);

@@ -25,7 +25,7 @@
  * raw_put). Every run ends by time (-t) or count (-n); the server ends after -t seconds
  * (default an hour) or when killed. Both ends give a same-host connection the congestion
  * control kvstashd and libkvstash use (tcpopt.h), so the ceiling is measured on
- * the same footing. It links libc, pthreads and protocol/tcpopt.c only.
+ * the same footing. It links libc, pthreads and util/tcpopt.c only.
  */
 #include <errno.h>
 #include <getopt.h>

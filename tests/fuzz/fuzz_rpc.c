@@ -1,7 +1,7 @@
 /*
  * fuzz_rpc: bytes in, replies out, against a real in-process store: the
  * input is split into messages by the frame validator, as a connection does,
- * and each one is decoded and dispatched (protocol/rpc.c and the methods
+ * and each one is decoded and dispatched (src/rpc/rpc.c and the methods
  * behind it); the replies are drained. The store (16 MiB) lives across
  * inputs, so a put of one input can be read by another. Nothing may crash,
  * leak, or answer anything but one well-formed reply per request.

@@ -3,7 +3,7 @@
 The library is built from modules it shares with the daemon (frame, mp, kverr,
 tcpopt, rdma). A program that links it and has, say, its own frame_scan or
 mp_skip must not get ours instead: the shared library keeps them local
-(protocol/libkvstash.map). Read from the library's dynamic symbol table with
+(client/libkvstash.map). Read from the library's dynamic symbol table with
 nm (binutils, part of build-essential), not by loading it: an ASan build
 cannot be loaded into an uninstrumented Python.
 """

@@ -1,7 +1,7 @@
 """Integration: the congestion control kvstashd gives TCP connections from this host.
 
 local_tcp_congestion names the algorithm of connections whose client is on this host (reno
-unless set; see protocol/tcpopt.h for why); "" leaves them to the host's default. The
+unless set; see util/tcpopt.h for why); "" leaves them to the host's default. The
 daemon gives it to its listening socket, so that a connection has it from its handshake
 on: switched after accept, a bbr start would leave it paced for good. The daemon's
 sockets are read with ss (iproute2), and the tests are skipped, saying so, without it.

@@ -1,6 +1,6 @@
 /*
  * rpc_testlib: what the Criterion tests of the method handlers share
- * (test_rpc.c: protocol/rpc.c; test_rpc_put.c: protocol/rpc_put.c). T is the
+ * (test_rpc.c: src/rpc/rpc.c; test_rpc_put.c: src/rpc/rpc_put.c). T is the
  * environment of one test: a real in-process store (32 MiB arena), an rpc_ctx
  * with the limits below, an outq. Requests are packed with msgpack-c and handed
  * to rpc_dispatch as exact-size heap copies; the reply bytes are drained from

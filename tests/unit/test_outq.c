@@ -1,5 +1,5 @@
 /*
- * test_outq: a connection's reply queue (protocol/outq.c) as the socket
+ * test_outq: a connection's reply queue (src/rpc/outq.c) as the socket
  * side drives it: bytes come out in order and byte-exact across chunk
  * boundaries whatever the write and consume sizes, object values are queued
  * by reference (the iovecs point into the arena) and keep their object

@@ -1,9 +1,9 @@
 /*
- * test_rpc: the method handlers of protocol/rpc.c as a client sees them:
+ * test_rpc: the method handlers of src/rpc/rpc.c as a client sees them:
  * ping, hello and stats; get and the other reads, remove, pin; request-level
  * errors that change nothing (put and batch_put ones included); messages that
  * are not requests, and client notifications; reply marks, and logins across
- * a reload. The put path (protocol/rpc_put.c) is tested in test_rpc_put.c.
+ * a reload. The put path (src/rpc/rpc_put.c) is tested in test_rpc_put.c.
  * Both drive rpc_dispatch against a real in-process store and decode the
  * replies from the outq with the helpers of rpc_testlib.h. No network; every
  * test is a few milliseconds.

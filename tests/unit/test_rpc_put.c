@@ -1,5 +1,5 @@
 /*
- * test_rpc_put: the put path (protocol/rpc_put.c) as a client sees it: put
+ * test_rpc_put: the put path (src/rpc/rpc_put.c) as a client sees it: put
  * and batch_put with their per-key codes; spilled put values (holes) that are
  * committed or aborted on every path; the spill decisions of rpc_spill_take;
  * and a key repeated within one batch_put, whose first copy is the one stored

@@ -1,5 +1,5 @@
 /*
- * test_tcpopt: which connections protocol/tcpopt.c counts as same-host, and setting a
+ * test_tcpopt: which connections util/tcpopt.c counts as same-host, and setting a
  * congestion control. Real sockets on loopback (and on one of the host's own addresses
  * when it has one); no daemon.
  */

@@ -11,6 +11,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -24,7 +25,7 @@ volatile int log_level_ = LOG_LEVEL_INFO;
 
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 static int log_fd = STDERR_FILENO;  /* guarded by log_lock */
-static char log_path[CONF_STR_MAX]; /* guarded by log_lock; "" = stderr */
+static char log_path[PATH_MAX];   /* guarded by log_lock; "" = stderr */
 
 /* Indexed by enum conf_log_level. */
 static const char *const log_level_names[] = {"ERROR", "WARN", "INFO", "DEBUG"};

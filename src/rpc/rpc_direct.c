@@ -12,6 +12,7 @@
  * the connection closes. No byte is copied here.
  */
 #include "rpc_int.h"
+#include "clock.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -39,15 +40,6 @@ struct rpc_resv_set {
     uint32_t n;
     uint64_t earliest;              /* no deadline before this */
 };
-
-static uint64_t
-rpc_now_ms(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
 
 /* ---- the reservation table ---- */
 
@@ -166,7 +158,7 @@ void
 rpc_resv_expire(struct rpc_ctx *ctx)
 {
     struct rpc_resv_set *set = ctx->resv;
-    uint64_t now = rpc_now_ms();
+    uint64_t now = clock_ms();
     uint64_t earliest = UINT64_MAX;
 
     if (set == NULL || set->n == 0 || now < set->earliest) {
@@ -327,7 +319,7 @@ rpc_put_start_key(struct rpc_req *rq, const uint8_t *kp, uint32_t klen, uint64_t
         return rc < 0 ? KV_INTERNAL : rc;
     }
     r.hash = store_hash64(&key);
-    r.deadline = rpc_now_ms() + ctx->lim->put_timeout_ms;
+    r.deadline = clock_ms() + ctx->lim->put_timeout_ms;
     rpc_resv_place(ctx->resv, &r);
     return 0;
 }

@@ -10,7 +10,8 @@
 #ifndef LOG_H
 #define LOG_H
 
-#include "config.h"
+/* The levels, lowest first; config.h names them ("error" .. "debug"). */
+enum log_level { LOG_LEVEL_ERROR = 0, LOG_LEVEL_WARN, LOG_LEVEL_INFO, LOG_LEVEL_DEBUG };
 
 extern volatile int log_level_;
 

@@ -1,7 +1,7 @@
 /*
- * rpc_int: what the request handlers share (protocol/rpc.c: the method
- * table, dispatch and the store methods; protocol/rpc_put.c: the put path;
- * protocol/rpc_shm.c: the shared-memory buffer methods; rpc_direct.c and
+ * rpc_int: what the request handlers share (src/rpc/rpc.c: the method
+ * table, dispatch and the store methods; src/rpc/rpc_put.c: the put path;
+ * src/rpc/rpc_shm.c: the shared-memory buffer methods; rpc_direct.c and
  * rpc_rdma.c). Nothing outside those files includes it.
  */
 #ifndef RPC_INT_H

@@ -1,0 +1,102 @@
+#!/usr/bin/python3
+"""check_layers: the #include lines keep the layers of docs/architecture.md.
+
+Each folder of C code is a layer and may include only headers of the layers it
+sits on (LAYERS below); a few headers are allowed on their own (ALSO), and a
+heavy library's header stays in the one place that owns it (OWNERS). Project
+headers are included by bare name ("store.h"), so each name is found in exactly
+one folder. Prints every crossing as file:line and exits 1 when there is one.
+
+    /usr/bin/python3 tests/check_layers.py [TOP]
+"""
+import os
+import re
+import sys
+
+# folder -> the folders whose headers it may include (its own always allowed)
+LAYERS = {
+    "util": [],
+    "protocol": ["util"],
+    "storage": ["util"],
+    "rdma": ["util"],
+    "client": ["util", "protocol", "rdma"],
+    "src/rpc": ["util", "protocol", "storage", "rdma"],
+    "src": ["util", "protocol", "storage", "rdma", "src/rpc"],
+}
+
+# folder -> single headers of another layer it may include
+ALSO = {
+    "storage": ["protocol/kverr.h"],   # the status codes every layer returns
+    "rdma": ["protocol/kverr.h"],
+    "src/rpc": ["src/config.h"],        # the limits a request is checked against
+}
+
+# system header prefix -> the only files (or folders, ending in /) that may include it
+OWNERS = {
+    "lmdb.h": ["storage/ssd_index.c"],
+    "infiniband/": ["rdma/rdma_verbs.c"],
+    "event2/": ["src/server.c", "src/conn.c"],
+}
+
+INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]')
+
+
+def layer_of(path):
+    """The layer a path (relative to the top) belongs to, or None."""
+    folder = os.path.dirname(path)
+    return folder if folder in LAYERS else None
+
+
+def main():
+    top = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..")
+    os.chdir(top)
+    sources = []
+    for folder in LAYERS:
+        for name in sorted(os.listdir(folder)):
+            if name.endswith((".c", ".h")):
+                sources.append(os.path.join(folder, name))
+    where = {}
+    for path in sources:
+        if path.endswith(".h"):
+            name = os.path.basename(path)
+            if name in where:
+                print(f"{path}: header name also in {where[name]} (bare includes would be ambiguous)")
+                return 1
+            where[name] = path
+    bad = 0
+    for path in sources:
+        layer = layer_of(path)
+        allowed = set(LAYERS[layer]) | {layer}
+        with open(path, encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                m = INCLUDE.match(line)
+                if m is None:
+                    continue
+                quote, name = m.groups()
+                if quote == "<":
+                    for prefix, owners in OWNERS.items():
+                        if name.startswith(prefix) and path not in owners:
+                            print(f"{path}:{lineno}: includes <{name}>, which only "
+                                  f"{', '.join(owners)} may")
+                            bad += 1
+                    continue
+                target = where.get(os.path.basename(name))
+                if target is None:
+                    print(f"{path}:{lineno}: includes \"{name}\", found in no layer")
+                    bad += 1
+                    continue
+                if layer_of(target) in allowed or target in ALSO.get(layer, []):
+                    continue
+                below = LAYERS[layer] + ALSO.get(layer, [])
+                print(f"{path}:{lineno}: {layer}/ includes {target}: {layer}/ sits on "
+                      f"{', '.join(below) or 'nothing'} only (docs/architecture.md)")
+                bad += 1
+    if bad:
+        print(f"check_layers: {bad} include(s) cross the layers the wrong way")
+        return 1
+    print(f"check_layers: {len(sources)} files, every include points down")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
