@@ -21,7 +21,7 @@ LIB = pathlib.Path(KVSTASHD).resolve().parent / "libkvstash.so"
 
 def public_calls():
     """Every function kvstash.h declares (name followed by an argument list)."""
-    text = (ROOT / "protocol" / "kvstash.h").read_text()
+    text = (ROOT / "client" / "kvstash.h").read_text()
     text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
     return set(re.findall(r"\b(kvstash_[a-z0-9_]+)\s*\(", text))
 
