@@ -86,7 +86,7 @@ struct kvstash_stat {
  * errno (-ECONNREFUSED, ...), or a KV code the server answered to hello.
  * A TCP connection to this host uses the reno congestion control, set before
  * connecting, when the kernel lets it (the daemon's local_tcp_congestion; see
- * README "Loopback TCP"); other connections keep the host's.
+ * docs/architecture.md, "Loopback TCP"); other connections keep the host's.
  */
 int kvstash_connect(const char *addr, struct kvstash **out);
 

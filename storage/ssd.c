@@ -757,7 +757,7 @@ ssd_open(const struct ssd_config *cfg, struct store *s, struct ssd **out, char *
              crc32c_hw() ? "sse4.2" : "software");
     struct statvfs vfs;
     if (statvfs(t->dir, &vfs) == 0) {
-        /* the tier evicts for ssd_size, not for a full disk (README, "SSD tier") */
+        /* the tier evicts for ssd_size, not for a full disk (docs/architecture.md, "SSD tier") */
         uint64_t room = (uint64_t)vfs.f_bavail * vfs.f_frsize + CTR_GET(t, disk_bytes);
         if (room < cfg->size) {
             log_warn("ssd: ssd_size %" PRIu64 " is more than %s can hold (%" PRIu64

@@ -12,7 +12,7 @@
  * vanished, a client that closes with work in flight.
  *
  * The production build runs the same code over libibverbs (rdma/rdma_verbs.c);
- * this machine has no RDMA device, so only the emulation runs here (README).
+ * this machine has no RDMA device, so only the emulation runs here (docs/testing.md).
  */
 #include <criterion/criterion.h>
 #include <errno.h>
