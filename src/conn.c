@@ -13,6 +13,7 @@
  */
 #include "conn.h"
 #include "clock.h"
+#include "config.h"
 #include "conn_int.h"
 
 #include <errno.h>
@@ -21,6 +22,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <arpa/inet.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -40,7 +42,6 @@
 #include "mp.h"
 #include "outq.h"
 #include "rpc.h"
-#include "server.h"
 #include "store.h"
 
 #define CONN_IBUF_MIN (64u * 1024u)
@@ -71,7 +72,7 @@ static void conn_on_write(evutil_socket_t fd, short what, void *arg);
 static void
 conn_spills_abort(struct conn *c)
 {
-    struct store *store = c->w->srv->store;
+    struct store *store = c->w->store;
 
     for (size_t i = 0; i < c->nholes; i++) {
         if (c->spills[i].obj != NULL) {
@@ -87,7 +88,7 @@ conn_spills_abort(struct conn *c)
 static void
 conn_free(struct conn *c)
 {
-    struct worker *w = c->w;
+    struct conn_loop *w = c->w;
 
     log_debug("conn %llu %s: closed", (unsigned long long)c->id, c->peer);
     conn_spills_abort(c);
@@ -137,7 +138,7 @@ conn_free(struct conn *c)
     free(c->holes);
     free(c->spills);
     free(c);
-    atomic_fetch_sub_explicit(&w->srv->connections, 1, memory_order_relaxed);
+    atomic_fetch_sub_explicit(w->connections, 1, memory_order_relaxed);
     if (w->draining && w->conns == NULL) {
         event_base_loopbreak(w->base);
     }
@@ -173,9 +174,9 @@ conn_peer_name(struct conn *c)
 }
 
 void
-conn_refresh_limits(struct worker *w)
+conn_refresh_limits(struct conn_loop *w)
 {
-    const struct kv_config *conf = server_conf(w->srv);
+    const struct kv_config *conf = atomic_load_explicit(w->live_conf, memory_order_acquire);
 
     if (conf == w->conf) {
         return;
@@ -192,7 +193,7 @@ conn_refresh_limits(struct worker *w)
 }
 
 void
-conn_auth_recheck(struct worker *w)
+conn_auth_recheck(struct conn_loop *w)
 {
     conn_refresh_limits(w);
     if (w->auth_conf == w->conf) {
@@ -207,7 +208,7 @@ conn_auth_recheck(struct worker *w)
         if (rpc_auth_holds(&c->ctx, &why)) {
             continue;
         }
-        atomic_fetch_add_explicit(&w->auth_revoked, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&w->ctr.auth_revoked, 1, memory_order_relaxed);
         conn_fail(c, KV_UNAUTHORIZED, why);
         conn_free(c);
     }
@@ -275,7 +276,7 @@ conn_auth_account(struct conn *c)
     while (c->auth_seen < c->ctx.auth_failures) {
         c->auth_seen++;
         c->ctx.auth_blocked = conn_auth_check(c->addr, true) || c->ctx.auth_blocked;
-        atomic_fetch_add_explicit(&c->w->auth_failures, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&c->w->ctr.auth_failures, 1, memory_order_relaxed);
     }
     if (c->auth_seen >= CONN_AUTH_CONN_FAILS && !c->closing) {
         conn_fail(c, KV_UNAUTHORIZED, "too many failed hello {tenant, token}; closing");
@@ -283,14 +284,14 @@ conn_auth_account(struct conn *c)
 }
 
 int
-conn_adopt(struct worker *w, int fd, int kind)
+conn_adopt(struct conn_loop *w, int fd, int kind)
 {
     struct conn *c = calloc(1, sizeof(*c));
 
     if (c == NULL) {
         log_error("conn: out of memory adopting fd %d", fd);
         close(fd);
-        atomic_fetch_sub_explicit(&w->srv->connections, 1, memory_order_relaxed);
+        atomic_fetch_sub_explicit(w->connections, 1, memory_order_relaxed);
         return -ENOMEM;
     }
     int is_unix = kind == CONN_UNIX;
@@ -299,13 +300,13 @@ conn_adopt(struct worker *w, int fd, int kind)
     c->fd = fd;
     c->is_unix = is_unix;
     if (kind == CONN_TLS) {
-        c->ssl = server_tls_new(w->srv);
+        c->ssl = w->tls_new(w->tls_arg);
         if (c->ssl == NULL || SSL_set_fd(c->ssl, fd) != 1) {
             log_error("conn: cannot set up TLS for fd %d", fd);
             SSL_free(c->ssl);
             free(c);
             close(fd);
-            atomic_fetch_sub_explicit(&w->srv->connections, 1, memory_order_relaxed);
+            atomic_fetch_sub_explicit(w->connections, 1, memory_order_relaxed);
             return -ENOMEM;
         }
         SSL_set_accept_state(c->ssl);
@@ -314,9 +315,9 @@ conn_adopt(struct worker *w, int fd, int kind)
     conn_peer_name(c);
     c->ctx.auth_blocked = conn_auth_check(c->addr, false);
     conn_refresh_limits(w);
-    c->ctx.srv = &w->srv->rpc;
+    c->ctx.srv = w->rpc;
     c->ctx.lim = &w->lim;
-    c->ctx.ctr = &w->ctr;
+    c->ctx.ctr = &w->ctr.rpc;
     c->ctx.tenant = 0;
     c->ctx.is_unix = is_unix != 0;
     c->ctx.rdma_cq = w->rdma_cq;
@@ -324,7 +325,7 @@ conn_adopt(struct worker *w, int fd, int kind)
         c->ctx.take_fd = conn_take_fd;
         c->ctx.take_fd_arg = c;
     }
-    outq_init(&c->out, w->srv->store);
+    outq_init(&c->out, w->store);
     frame_scan_init(&c->scan);
     rpc_spill_reset(&c->sc);
     c->ibuf = malloc(CONN_IBUF_MIN);
@@ -450,7 +451,7 @@ conn_inflight_full(struct conn *c)
         return false;
     }
     if (!c->paused) {
-        atomic_fetch_add_explicit(&c->w->inflight_pauses, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&c->w->ctr.inflight_pauses, 1, memory_order_relaxed);
     }
     c->paused = true;
     return true;
@@ -636,7 +637,7 @@ conn_tls_check(struct conn *c)
          * and the notification with it. */
         while (recv(c->fd, sink, sizeof(sink), MSG_DONTWAIT) > 0) {
         }
-        outq_init(&q, c->w->srv->store);
+        outq_init(&q, c->w->store);
         if (rpc_notify_error(&q, KV_PROTOCOL_ERROR, "this port speaks TLS") == 0) {
             n = outq_peek(&q, iov, 4);
             (void)writev(c->fd, iov, n);  /* best effort, never waits */
@@ -793,8 +794,8 @@ conn_flush(struct conn *c)
         }
         outq_consume(&c->out, (size_t)wr);
         c->turn_bytes += (size_t)wr;
-        atomic_store_explicit(&c->w->bytes_out,
-                              atomic_load_explicit(&c->w->bytes_out, memory_order_relaxed) +
+        atomic_store_explicit(&c->w->ctr.bytes_out,
+                              atomic_load_explicit(&c->w->ctr.bytes_out, memory_order_relaxed) +
                                   (uint64_t)wr,
                               memory_order_relaxed);
         if (outq_pending(&c->out) > 0 && (size_t)wr == most &&
@@ -811,14 +812,15 @@ conn_flush(struct conn *c)
 static void
 conn_fail(struct conn *c, int status, const char *why)
 {
-    struct worker *w = c->w;
+    struct conn_loop *w = c->w;
 
     log_info("conn %llu %s: %s: %s; closing", (unsigned long long)c->id, c->peer,
              kv_errname(status), why);
     if (status == KV_PROTOCOL_ERROR) {
-        atomic_store_explicit(&w->protocol_errors,
-                              atomic_load_explicit(&w->protocol_errors, memory_order_relaxed) + 1,
-                              memory_order_relaxed);
+        atomic_store_explicit(
+            &w->ctr.protocol_errors,
+            atomic_load_explicit(&w->ctr.protocol_errors, memory_order_relaxed) + 1,
+            memory_order_relaxed);
     }
     conn_spills_abort(c);
     if (rpc_notify_error(&c->out, status, why) == 0) {
@@ -946,7 +948,7 @@ conn_process(struct conn *c)
             return 0;
         }
         if (outq_pending(&c->out) > c->w->conf->client_output_max) {
-            atomic_fetch_add_explicit(&c->w->output_cap_closes, 1, memory_order_relaxed);
+            atomic_fetch_add_explicit(&c->w->ctr.output_cap_closes, 1, memory_order_relaxed);
             conn_fail(c, KV_UNAVAILABLE, "more unsent output than client_output_max");
             return -1;
         }
@@ -1011,7 +1013,7 @@ conn_process(struct conn *c)
             return c->closing ? -1 : 0;
         }
         if (conn_hole_add(c, c->scan.spill_len) < 0) {
-            store_abort(c->w->srv->store, sp.obj);
+            store_abort(c->w->store, sp.obj);
             log_error("conn %llu %s: out of memory; closing", (unsigned long long)c->id, c->peer);
             c->closing = true;
             return -1;
@@ -1053,7 +1055,7 @@ conn_ibuf_room(struct conn *c)
 
     if (atomic_load_explicit(&conn_buffer_bytes, memory_order_relaxed) + (cap - c->icap)
         > c->w->conf->conn_buffer_memory) {
-        atomic_fetch_add_explicit(&c->w->buffer_cap_closes, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&c->w->ctr.buffer_cap_closes, 1, memory_order_relaxed);
         conn_fail(c, KV_UNAVAILABLE, "the connections' input buffers are full "
                                      "(conn_buffer_memory)");
         return -1;
@@ -1268,7 +1270,7 @@ conn_on_retry(evutil_socket_t fd, short what, void *arg)
 }
 
 void
-conn_retry_waiting(struct worker *w)
+conn_retry_waiting(struct conn_loop *w)
 {
     struct conn *c = w->conns;
 
@@ -1283,7 +1285,7 @@ conn_retry_waiting(struct worker *w)
 }
 
 void
-conn_drain_all(struct worker *w)
+conn_drain_all(struct conn_loop *w)
 {
     struct conn *c = w->conns;
 
@@ -1313,18 +1315,18 @@ conn_timeouts(struct conn *c, uint64_t now)
     if (outq_pending(&c->out) == 0) {
         c->progress_ms = now;
     } else if (now - c->progress_ms > conf->client_output_timeout) {
-        atomic_fetch_add_explicit(&c->w->output_stall_closes, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&c->w->ctr.output_stall_closes, 1, memory_order_relaxed);
         conn_fail(c, KV_TIMEOUT, "its unsent output has not moved for client_output_timeout");
     }
     /* a request begun and not going on, while this side reads: a stalled client's */
     bool partial = c->rpos != c->ilen || c->spill_left > 0 || c->nholes > 0;
     if (!c->closing && partial && c->reading && !c->waiting &&
         now - c->rx_ms > conf->client_input_timeout) {
-        atomic_fetch_add_explicit(&c->w->input_stall_closes, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&c->w->ctr.input_stall_closes, 1, memory_order_relaxed);
         conn_fail(c, KV_TIMEOUT, "a request has not moved for client_input_timeout");
     }
     if (!c->closing && idle && conf->idle_timeout != 0 && now - c->active_ms > conf->idle_timeout) {
-        atomic_fetch_add_explicit(&c->w->idle_closes, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&c->w->ctr.idle_closes, 1, memory_order_relaxed);
         conn_fail(c, KV_TIMEOUT, "idle for idle_timeout");
     }
     if (c->closing) {
@@ -1335,9 +1337,9 @@ conn_timeouts(struct conn *c, uint64_t now)
 }
 
 void
-conn_expire_all(struct worker *w)
+conn_expire_all(struct conn_loop *w)
 {
-    uint64_t before = atomic_load_explicit(&w->ctr.puts_expired, memory_order_relaxed);
+    uint64_t before = atomic_load_explicit(&w->ctr.rpc.puts_expired, memory_order_relaxed);
     uint64_t now = clock_ms();
 
     conn_refresh_limits(w);
@@ -1346,13 +1348,13 @@ conn_expire_all(struct worker *w)
         rpc_resv_expire(&c->ctx);
         (void)conn_timeouts(c, now);
     }
-    if (atomic_load_explicit(&w->ctr.puts_expired, memory_order_relaxed) != before) {
+    if (atomic_load_explicit(&w->ctr.rpc.puts_expired, memory_order_relaxed) != before) {
         conn_retry_waiting(w);          /* the pages they held may be what a put waits for */
     }
 }
 
 void
-conn_close_all(struct worker *w)
+conn_close_all(struct conn_loop *w)
 {
     while (w->conns != NULL) {
         conn_free(w->conns);

@@ -13,33 +13,111 @@
  * A framing violation is answered once with the error notification, then the
  * connection closes. A connection is freed only by conn_close, at the end of
  * its own event callback or by its worker, never from inside rpc code.
+ *
+ * A connection sees the worker it lives on only through struct conn_loop
+ * below (the worker owns one and passes it in): conn never includes
+ * worker.h or server.h.
  */
 #ifndef CONN_H
 #define CONN_H
 
-struct worker;
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "rpc.h"
+
+struct conn;
+struct event_base;
+struct kv_config;
+struct rdma_cq;
+struct store;
+typedef struct ssl_st SSL;
+
+#define CONN_DISCARD_SIZE (256u * 1024u) /* conn_loop.discard's bytes */
+
+/* conn_tls_new_fn: an SSL for a new TLS connection, or NULL; arg is conn_loop.tls_arg. */
+typedef SSL *(*conn_tls_new_fn)(void *arg);
 
 /*
- * conn_adopt: make a connection of an accepted non-blocking fd on worker w
- * (called on w's thread). is_unix tells the transport. On failure the fd is
- * closed and the error logged. Returns 0 or -errno.
+ * conn_counters: what the connections of one loop count. Each is written by
+ * that loop's thread only (relaxed atomics, single writer); stats_collect
+ * sums them over the loops with relaxed loads.
+ */
+struct conn_counters {
+    struct rpc_counters rpc;              /* requests: rpc_dispatch counts them */
+    _Atomic uint64_t bytes_in;
+    _Atomic uint64_t bytes_out;
+    _Atomic uint64_t protocol_errors;
+    _Atomic uint64_t auth_failures;       /* hello {tenant, token} refused */
+    _Atomic uint64_t output_cap_closes;   /* closed over client_output_max */
+    _Atomic uint64_t output_stall_closes; /* closed: output stuck for client_output_timeout */
+    _Atomic uint64_t input_stall_closes;  /* closed: a request stuck for client_input_timeout */
+    _Atomic uint64_t idle_closes;         /* closed: idle for idle_timeout */
+    _Atomic uint64_t buffer_cap_closes;   /* closed: conn_buffer_memory reached */
+    _Atomic uint64_t inflight_pauses;     /* reading paused at client_inflight_max */
+    _Atomic uint64_t auth_revoked;        /* closed: its tenant removed or token changed */
+};
+
+/*
+ * conn_loop: what a connection needs from the event loop it lives on. Its
+ * owner (a worker, worker.c) fills in the fields marked "owner" before the
+ * first conn_* call and keeps the loop alive until conn_close_all; the
+ * fields marked "conn" belong to the functions below. Everything here is
+ * used on the loop's thread only, but for the counters (stats_collect reads
+ * them) and the atomics it points to.
+ */
+struct conn_loop {
+    /* owner: set once, borrowed for the loop's life */
+    struct event_base *base;
+    int idx;                              /* the worker's number, for logs */
+    _Atomic(const struct kv_config *) *live_conf; /* the current snapshot (published by the
+                                                     main thread on reload) */
+    const struct rpc_server *rpc;         /* every connection's ctx.srv */
+    struct store *store;
+    struct rdma_cq *rdma_cq;              /* completions of its connections' RDMA work, or NULL */
+    uint8_t *discard;                     /* CONN_DISCARD_SIZE bytes of scratch for bytes read
+                                             only to be dropped */
+    int ready_ep;                         /* an epoll set of its own, empty at first: each
+                                             connection is in it for input (conn.c) */
+    _Atomic uint64_t *connections;        /* open connections: each close takes one off */
+    conn_tls_new_fn tls_new;              /* a new TLS connection's SSL (any loop's thread) */
+    void *tls_arg;
+    /* owner: set on the loop's thread */
+    bool draining;                        /* the server is stopping (then conn_drain_all) */
+    /* conn */
+    struct conn *conns;                   /* the loop's connections (list); NULL: none */
+    int waiting;                          /* connections waiting for the SSD tier */
+    const struct kv_config *conf;         /* snapshot in use (conn_refresh_limits) */
+    const struct kv_config *auth_conf;    /* snapshot its connections' logins were checked
+                                             against */
+    struct rpc_limits lim;                /* conf's, as the request layer takes them */
+    struct conn_counters ctr;
+};
+
+/*
+ * conn_adopt: make a connection of an accepted non-blocking fd on loop w
+ * (called on w's thread). kind tells the transport. On failure the fd is
+ * closed, the connection taken off *w->connections and the error logged.
+ * Returns 0 or -errno.
  */
 enum conn_kind { CONN_TCP, CONN_UNIX, CONN_TLS };
 
-int conn_adopt(struct worker *w, int fd, int kind);
+int conn_adopt(struct conn_loop *w, int fd, int kind);
 
 /*
  * conn_drain_all: the server is stopping: close idle connections of w now;
  * the others stop reading new requests once their current message is in,
- * and close as soon as their replies are sent.
+ * and close as soon as their replies are sent. Once w->draining is set, the
+ * last connection to close breaks w's event loop.
  */
-void conn_drain_all(struct worker *w);
+void conn_drain_all(struct conn_loop *w);
 
 /*
  * conn_retry_waiting: the SSD tier made progress: retry every connection of
  * w whose request waits for it (called on w's thread).
  */
-void conn_retry_waiting(struct worker *w);
+void conn_retry_waiting(struct conn_loop *w);
 
 /*
  * conn_expire_all: once a second on w's thread: reclaim the put_start
@@ -47,13 +125,16 @@ void conn_retry_waiting(struct worker *w);
  * those whose output is stuck (client_output_timeout) or that are idle
  * (idle_timeout).
  */
-void conn_expire_all(struct worker *w);
+void conn_expire_all(struct conn_loop *w);
 
 /* conn_close_all: close every connection of w at once (final teardown). */
-void conn_close_all(struct worker *w);
+void conn_close_all(struct conn_loop *w);
 
-/* conn_refresh_limits: load the current config snapshot into w's limits when it changed. */
-void conn_refresh_limits(struct worker *w);
+/*
+ * conn_refresh_limits: load the current config snapshot (*w->live_conf)
+ * into w->conf and w->lim when it changed. One atomic load when it did not.
+ */
+void conn_refresh_limits(struct conn_loop *w);
 
 /*
  * conn_auth_recheck: after a reload: close (with the error notification,
@@ -62,6 +143,6 @@ void conn_refresh_limits(struct worker *w);
  * logged in. Cheap when the snapshot is the one last checked. Call on w's
  * thread, outside any connection's callback (it frees connections).
  */
-void conn_auth_recheck(struct worker *w);
+void conn_auth_recheck(struct conn_loop *w);
 
 #endif

@@ -23,13 +23,13 @@
 #include "rpc.h"
 
 struct event;
+struct conn_loop;
 struct iovec;
-struct worker;
 
 #define CONN_TURN_MAX (4096u * 1024u) /* the largest writev or body read (a turn's grain) */
 
 struct conn {
-    struct worker *w;
+    struct conn_loop *w;             /* the loop it lives on (its worker's; conn.h) */
     struct conn *next, *prev;
     int fd;
     int is_unix;

@@ -14,6 +14,7 @@
  * conn.c's (conn_ibuf_room), as is what to do with what was read.
  */
 #include "conn_int.h"
+#include "conn.h"
 
 #include <errno.h>
 #include <stdatomic.h>
@@ -29,10 +30,8 @@
 #include "log.h"
 #include "mp.h"
 #include "rpc.h"
-#include "server.h"
 #include "store.h"
 
-#define CONN_DISCARD_SIZE (256u * 1024u)
 #define CONN_READAHEAD_IN_PUT 512
 #define CONN_BODY_CHUNK (128u * 1024u)    /* a value body read while the loop keeps up */
 #define CONN_BEHIND_QUEUED (1024u * 1024u) /* this much more queued: the loop is behind */
@@ -288,8 +287,8 @@ conn_read_once(struct conn *c)
     if (rd <= 0) {
         return rd < 0 ? -errno : 0;
     }
-    atomic_store_explicit(&c->w->bytes_in,
-                          atomic_load_explicit(&c->w->bytes_in, memory_order_relaxed) +
+    atomic_store_explicit(&c->w->ctr.bytes_in,
+                          atomic_load_explicit(&c->w->ctr.bytes_in, memory_order_relaxed) +
                               (uint64_t)rd,
                           memory_order_relaxed);
     uint64_t got = (uint64_t)rd;

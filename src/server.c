@@ -1,7 +1,9 @@
 /*
  * server: process-wide plumbing: data dir and node id, listeners, accept and
- * hand-off to worker threads, signals (reload, log reopen, drain), config
- * snapshots. The request path itself lives in conn.c and src/rpc/rpc.c.
+ * hand-off to the workers (worker.c), signals (reload, log reopen, drain),
+ * config snapshots, and the process-wide state: store, SSD tier, copy
+ * threads, RDMA device, TLS context. The event loops of the connections are
+ * worker.c's, the request path conn.c's and src/rpc/'s.
  *
  * The main thread runs its own event_base for listeners, signals and
  * timers; it never touches a connection after handing its fd to a worker.
@@ -17,19 +19,23 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/epoll.h>
 #include <sys/random.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
+#include "config.h"
 #include "conn.h"
 #include "copier.h"
 #include "kverr.h"
@@ -42,13 +48,62 @@
 #include "store.h"
 #include "tcpopt.h"
 #include "tls.h"
+#include "worker.h"
 
 #include <openssl/ssl.h>
 #include "version.h"
 
 #define SERVER_ACCEPTS_PER_WAKE 64
-#define SERVER_DISCARD_SIZE (256u * 1024u)
 #define SERVER_FD_RESERVE 256          /* descriptors besides connections (server_fd_limit) */
+
+struct server {
+    _Atomic(const struct kv_config *) conf;
+    const char *config_path;         /* NULL = defaults + flags */
+    int argc;                        /* --key=value overrides, reapplied on reload */
+    char **argv;
+    struct kv_config **old_confs;    /* retired snapshots, freed at exit */
+    int nold;
+    struct store *store;
+    struct ssd *ssd;                 /* the SSD tier, or NULL */
+    struct copier *copier;           /* copy threads of the shared-memory transfers */
+    struct rdma_dev *rdma_dev;       /* the RDMA device, or NULL (rdma off or unusable) */
+    bool congestion_warned;          /* local_tcp_congestion failed once (main thread) */
+    bool listen_congestion;          /* the TCP listeners were given an algorithm once */
+    struct rdma_region *rdma_arena;  /* the arena registered with it */
+    struct rpc_server rpc;
+    char node_id[CONF_STR_MAX];
+    const char *transports[6];
+    struct event_base *base;
+    struct worker **workers;         /* nworkers of them; NULL where not created */
+    int nworkers;                    /* workers allocated */
+    int nthreads;                    /* worker threads started */
+    int next_worker;
+    int tcp_fd, unix_fd, tls_fd;
+    SSL_CTX *tls_ctx;                /* new TLS connections' context (swapped on SIGHUP) */
+    pthread_mutex_t tls_lock;        /* guards tls_ctx */
+    char unix_path[CONF_STR_MAX];
+    struct event *tcp_ev, *unix_ev, *tls_ev, *accept_timer;
+    int spare_fd;                    /* /dev/null, given up to accept and refuse a client
+                                        when descriptors run out (server_refuse_no_fd) */
+    uint64_t fd_refused;             /* clients refused for want of a descriptor */
+    uint64_t fd_warned_ms;           /* when that was last logged */
+    struct event *sig_ev[4];
+    struct event *drain_timer;
+    uint64_t drain_deadline_ms;      /* clock_ms() when the drain gives up */
+    int draining;
+    time_t started;
+    _Atomic uint64_t connections;    /* open: accept adds, a worker's close takes off */
+    _Atomic uint64_t connections_total;
+    _Atomic uint64_t connections_rejected;
+    _Atomic uint64_t accept_errors;
+};
+
+/* server_conf: the current config snapshot (valid until server_destroy). */
+static const struct kv_config *
+server_conf(struct server *s)
+{
+    return atomic_load_explicit(&s->conf, memory_order_acquire);
+}
 
 /* ---- data dir and node id ---- */
 
@@ -482,100 +537,17 @@ server_on_accept(evutil_socket_t lfd, short what, void *arg)
             }
             server_congestion(s, fd, conf->local_tcp_congestion);
         }
-        struct worker *w = &s->workers[s->next_worker];
+        struct worker *w = s->workers[s->next_worker];
         s->next_worker = (s->next_worker + 1) % s->nworkers;
-        pthread_mutex_lock(&w->lock);
-        if (w->npending == w->cappending) {
-            int cap = w->cappending ? w->cappending * 2 : 64;
-            int *p = realloc(w->pending, (size_t)cap * sizeof(*p));
-            if (p == NULL) {
-                pthread_mutex_unlock(&w->lock);
-                atomic_fetch_sub_explicit(&s->connections, 1, memory_order_relaxed);
-                close(fd);
-                continue;
-            }
-            w->pending = p;
-            w->cappending = cap;
-        }
-        /* the sign and a high bit carry the transport */
-        w->pending[w->npending++] = is_unix ? -fd - 1 : is_tls ? fd | SERVER_TLS_FD : fd;
-        pthread_mutex_unlock(&w->lock);
-        char b = 'c';
-        if (write(w->notify_wr, &b, 1) < 0 && errno != EAGAIN) {
-            log_error("worker %d notify: %s", w->idx, strerror(errno));
+        if (worker_hand_off(w, fd, is_unix ? CONN_UNIX : is_tls ? CONN_TLS : CONN_TCP) != 0) {
+            atomic_fetch_sub_explicit(&s->connections, 1, memory_order_relaxed);
+            close(fd);
+            continue;
         }
     }
 }
 
-/* ---- workers ---- */
-
-static void
-worker_on_notify(evutil_socket_t fd, short what, void *arg)
-{
-    struct worker *w = arg;
-    char buf[64];
-    bool drain;
-    (void)what;
-
-    while (read(fd, buf, sizeof(buf)) > 0) {
-        /* the bytes only wake us: what to do is in the state they announce */
-    }
-    /* 'd': a drain is asked through the flag, so a byte lost to a full pipe loses nothing */
-    drain = atomic_load_explicit(&w->drain_asked, memory_order_acquire);
-    for (;;) {
-        int fds[64], n = 0;
-        pthread_mutex_lock(&w->lock);
-        while (n < 64 && w->npending > 0) {
-            fds[n++] = w->pending[--w->npending];
-        }
-        pthread_mutex_unlock(&w->lock);
-        if (n == 0) {
-            break;
-        }
-        for (int i = 0; i < n; i++) {
-            int f = fds[i];
-            int kind = f < 0 ? CONN_UNIX : (f & SERVER_TLS_FD) ? CONN_TLS : CONN_TCP;
-            int cfd = f < 0 ? -f - 1 : f & ~SERVER_TLS_FD;
-
-            if (w->draining || drain) {
-                close(cfd);
-                atomic_fetch_sub_explicit(&w->srv->connections, 1, memory_order_relaxed);
-                continue;
-            }
-            conn_adopt(w, cfd, kind);
-        }
-    }
-    /*
-     * 'r': a reload was published. Checked on every wake, not only on 'r', so a byte lost to
-     * a full pipe loses nothing (a full pipe wakes us anyway); cheap when nothing changed.
-     */
-    conn_auth_recheck(w);
-    if (drain && !w->draining) {
-        w->draining = 1;
-        conn_drain_all(w);
-        if (w->conns == NULL) {
-            event_base_loopbreak(w->base);
-        }
-    }
-}
-
-/* The SSD tier made progress: requests waiting for it may go on. */
-static void
-worker_on_wake(evutil_socket_t fd, short what, void *arg)
-{
-    (void)fd;
-    (void)what;
-    conn_retry_waiting(arg);
-}
-
-/* Once a second: reservations nobody finished go back. */
-static void
-worker_on_tick(evutil_socket_t fd, short what, void *arg)
-{
-    (void)fd;
-    (void)what;
-    conn_expire_all(arg);
-}
+/* ---- process-wide state: RDMA device, quotas, SSD tier, wake-ups ---- */
 
 /*
  * server_rdma_open: the rdma setting against this machine and build: open
@@ -628,19 +600,6 @@ server_rdma_open(struct server *s, const struct kv_config *c)
     return 0;
 }
 
-/* A worker's completion queue has completions: account them, then let waiting replies go. */
-static void
-worker_on_rdma(evutil_socket_t fd, short what, void *arg)
-{
-    struct worker *w = arg;
-
-    (void)fd;
-    (void)what;
-    if (rpc_rdma_cq_poll(w->rdma_cq) > 0) {
-        conn_retry_waiting(w);
-    }
-}
-
 /*
  * server_apply_quotas: the tenants' quotas of next into the store; a tenant
  * of old that next no longer has gives its slot back. old may be NULL.
@@ -672,11 +631,7 @@ server_wake(void *arg)
     struct server *s = arg;
 
     for (int i = 0; i < s->nworkers; i++) {
-        struct worker *w = &s->workers[i];
-
-        if (w->wake_ev != NULL) {
-            event_active(w->wake_ev, EV_READ, 0);
-        }
+        worker_wake(s->workers[i]);
     }
 }
 
@@ -700,113 +655,6 @@ server_ssd_config(struct server *s, const struct kv_config *c, struct ssd_config
     sc->max_value_size = c->max_value_size;
     sc->wake = server_wake;
     sc->wake_arg = s;
-}
-
-static void *
-worker_main(void *arg)
-{
-    struct worker *w = arg;
-
-    event_base_dispatch(w->base);
-    atomic_store(&w->done, 1);
-    return NULL;
-}
-
-static int
-worker_init(struct server *s, struct worker *w, int idx)
-{
-    const struct timeval tick = {1, 0};
-    int p[2];
-
-    w->srv = s;
-    w->idx = idx;
-    w->notify_rd = w->notify_wr = w->ready_ep = -1;
-    pthread_mutex_init(&w->lock, NULL);
-    w->base = event_base_new();
-    w->discard = malloc(SERVER_DISCARD_SIZE);
-    if (w->base == NULL || w->discard == NULL) {
-        return -ENOMEM;
-    }
-    w->ready_ep = epoll_create1(EPOLL_CLOEXEC);
-    if (w->ready_ep < 0) {
-        return -errno;
-    }
-    if (pipe2(p, O_NONBLOCK | O_CLOEXEC) != 0) {
-        return -errno;
-    }
-    w->notify_rd = p[0];
-    w->notify_wr = p[1];
-    w->notify_ev = event_new(w->base, w->notify_rd, EV_READ | EV_PERSIST, worker_on_notify, w);
-    if (w->notify_ev == NULL || event_add(w->notify_ev, NULL) != 0) {
-        return -ENOMEM;
-    }
-    w->wake_ev = event_new(w->base, -1, 0, worker_on_wake, w);
-    if (w->wake_ev == NULL) {
-        return -ENOMEM;
-    }
-    w->tick_ev = event_new(w->base, -1, EV_PERSIST, worker_on_tick, w);
-    if (w->tick_ev == NULL || event_add(w->tick_ev, &tick) != 0) {
-        return -ENOMEM;
-    }
-    if (s->rdma_dev != NULL) {
-        int rc = rdma_cq_create(s->rdma_dev, SERVER_RDMA_CQ_SIZE, &w->rdma_cq);
-
-        if (rc != 0) {
-            return rc < 0 ? rc : -ENOMEM;
-        }
-        w->rdma_ev = event_new(w->base, rdma_cq_fd(w->rdma_cq), EV_READ | EV_PERSIST,
-                               worker_on_rdma, w);
-        if (w->rdma_ev == NULL || event_add(w->rdma_ev, NULL) != 0) {
-            return -ENOMEM;
-        }
-    }
-    conn_refresh_limits(w);
-    w->auth_conf = w->conf;
-    return 0;
-}
-
-static void
-worker_deinit(struct worker *w)
-{
-    if (w->base != NULL) {
-        conn_close_all(w);
-    }
-    if (w->rdma_ev != NULL) {
-        event_free(w->rdma_ev);
-    }
-    if (w->rdma_cq != NULL) {
-        /* The closed connections' queue pairs flushed their work: free what waited for it. */
-        (void)rpc_rdma_cq_poll(w->rdma_cq);
-        rdma_cq_destroy(w->rdma_cq);
-    }
-    if (w->notify_ev != NULL) {
-        event_free(w->notify_ev);
-    }
-    if (w->tick_ev != NULL) {
-        event_free(w->tick_ev);
-    }
-    if (w->wake_ev != NULL) {
-        event_free(w->wake_ev);
-    }
-    if (w->base != NULL) {
-        event_base_free(w->base);
-    }
-    if (w->notify_rd >= 0) {
-        close(w->notify_rd);
-    }
-    if (w->notify_wr >= 0) {
-        close(w->notify_wr);
-    }
-    if (w->ready_ep >= 0) {
-        close(w->ready_ep);
-    }
-    for (int i = 0; i < w->npending; i++) {
-        int f = w->pending[i];
-        close(f < 0 ? -f - 1 : f);
-    }
-    free(w->pending);
-    free(w->discard);
-    pthread_mutex_destroy(&w->lock);
 }
 
 /* ---- config reload ---- */
@@ -874,20 +722,6 @@ server_log_restart_key(const char *key, bool reloadable, void *arg)
         log_warn("reload: '%s' changed but needs a restart; keeping the running value", key);
     } else {
         log_info("reload: '%s' changed", key);
-    }
-}
-
-/*
- * server_notify_workers: wake every worker with command byte b. A full pipe
- * (EAGAIN) is not an error: the worker has bytes to read and will wake.
- */
-static void
-server_notify_workers(struct server *s, char b)
-{
-    for (int i = 0; i < s->nworkers; i++) {
-        if (write(s->workers[i].notify_wr, &b, 1) < 0 && errno != EAGAIN) {
-            log_error("worker %d notify: %s", i, strerror(errno));
-        }
     }
 }
 
@@ -1009,7 +843,9 @@ server_reload(struct server *s)
     }
     atomic_store_explicit(&s->conf, next, memory_order_release);
     free(fresh);
-    server_notify_workers(s, 'r');  /* logins the new tenants revoke are closed */
+    for (int i = 0; i < s->nworkers; i++) {
+        worker_reload(s->workers[i]);   /* logins the new tenants revoke are closed */
+    }
     log_info("reload: configuration applied");
     return;
 fail:
@@ -1018,9 +854,11 @@ fail:
     free(next);
 }
 
-SSL *
-server_tls_new(struct server *s)
+/* server_tls_new: a conn_tls_new_fn (arg: the server): an SSL with the current context. */
+static SSL *
+server_tls_new(void *arg)
 {
+    struct server *s = arg;
     SSL *ssl;
 
     pthread_mutex_lock(&s->tls_lock);
@@ -1035,7 +873,7 @@ static bool
 server_workers_done(struct server *s)
 {
     for (int i = 0; i < s->nworkers; i++) {
-        if (!atomic_load(&s->workers[i].done)) {
+        if (!worker_done(s->workers[i])) {
             return false;
         }
     }
@@ -1057,7 +895,7 @@ server_on_drain_tick(evutil_socket_t fd, short what, void *arg)
     if (clock_ms() >= s->drain_deadline_ms) {
         log_warn("shutdown: drain deadline passed; closing the remaining connections");
         for (int i = 0; i < s->nworkers; i++) {
-            event_base_loopbreak(s->workers[i].base);
+            worker_break(s->workers[i]);
         }
         event_base_loopbreak(s->base);
     }
@@ -1096,10 +934,8 @@ server_begin_drain(struct server *s)
     }
     s->drain_deadline_ms = clock_ms() + conf->shutdown_timeout_ms;
     for (int i = 0; i < s->nworkers; i++) {
-        /* The flag is what counts: a byte lost to a full pipe still finds a wake pending. */
-        atomic_store_explicit(&s->workers[i].drain_asked, true, memory_order_release);
+        worker_drain(s->workers[i]);
     }
-    server_notify_workers(s, 'd');
     s->drain_timer = event_new(s->base, -1, EV_PERSIST, server_on_drain_tick, s);
     if (s->drain_timer == NULL) {
         event_base_loopbreak(s->base);
@@ -1270,8 +1106,17 @@ server_create(const struct kv_config *conf, const char *config_path, int argc, c
         log_error("out of memory");
         goto fail;
     }
+    struct worker_env env = {
+        .conf = &s->conf,
+        .rpc = &s->rpc,
+        .store = s->store,
+        .rdma_dev = s->rdma_dev,
+        .connections = &s->connections,
+        .tls_new = server_tls_new,
+        .tls_arg = s,
+    };
     for (int i = 0; i < s->nworkers; i++) {
-        rc = worker_init(s, &s->workers[i], i);
+        rc = worker_create(&env, i, &s->workers[i]);
         if (rc != 0) {
             log_error("worker %d: %s", i, kv_strerror(rc));
             goto fail;
@@ -1295,7 +1140,7 @@ server_create(const struct kv_config *conf, const char *config_path, int argc, c
         }
     }
     for (int i = 0; i < s->nworkers; i++) {
-        rc = pthread_create(&s->workers[i].thread, NULL, worker_main, &s->workers[i]);
+        rc = worker_start(s->workers[i]);
         if (rc != 0) {
             log_error("worker %d: pthread_create: %s", i, strerror(rc));
             goto fail;
@@ -1347,32 +1192,44 @@ server_run(struct server *s)
 }
 
 void
+server_stop(struct server *s)
+{
+    event_base_loopexit(s->base, NULL);
+}
+
+void
+server_stats(struct server *s, struct server_stats *out)
+{
+    out->uptime_s = (uint64_t)(time(NULL) - s->started);
+    out->connections = atomic_load_explicit(&s->connections, memory_order_relaxed);
+    out->connections_total = atomic_load_explicit(&s->connections_total, memory_order_relaxed);
+    out->connections_rejected = atomic_load_explicit(&s->connections_rejected,
+                                                     memory_order_relaxed);
+    out->accept_errors = atomic_load_explicit(&s->accept_errors, memory_order_relaxed);
+    out->nworkers = s->nworkers;
+    out->workers = s->workers;
+    out->store = s->store;
+    out->ssd = s->ssd;
+}
+
+void
 server_destroy(struct server *s)
 {
     if (s == NULL) {
         return;
     }
     for (int i = 0; i < s->nthreads; i++) {
-        if (s->workers[i].base != NULL) {
-            event_base_loopbreak(s->workers[i].base);
-            char b = 'd';
-            atomic_store_explicit(&s->workers[i].drain_asked, true, memory_order_release);
-            if (write(s->workers[i].notify_wr, &b, 1) < 0) {
-                /* the loopbreak above is enough */
-            }
-        }
+        worker_stop(s->workers[i]);
     }
     for (int i = 0; i < s->nthreads; i++) {
-        pthread_join(s->workers[i].thread, NULL);
+        worker_join(s->workers[i]);
     }
     copier_destroy(s->copier);  /* copies in flight end (and wake) before the workers go */
     s->copier = NULL;
     ssd_close(s->ssd);      /* before the workers' wake events go */
     s->ssd = NULL;
     for (int i = 0; s->workers != NULL && i < s->nworkers; i++) {
-        if (s->workers[i].srv != NULL) {
-            worker_deinit(&s->workers[i]);
-        }
+        worker_destroy(s->workers[i]);
     }
     free(s->workers);
     rdma_region_deregister(s->rdma_arena);     /* no queue pair uses it any more */

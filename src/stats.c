@@ -5,13 +5,16 @@
  */
 #include "stats.h"
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
-#include <time.h>
 
+#include "conn.h"
+#include "rpc.h"
 #include "server.h"
 #include "ssd.h"
 #include "store.h"
+#include "worker.h"
 
 static char stats_op_names[RPC_METHOD_COUNT][40];
 static pthread_once_t stats_once = PTHREAD_ONCE_INIT;
@@ -25,7 +28,7 @@ stats_names_init(void)
 }
 
 static uint64_t
-ld(_Atomic uint64_t *v)
+ld(const _Atomic uint64_t *v)
 {
     return atomic_load_explicit(v, memory_order_relaxed);
 }
@@ -33,7 +36,7 @@ ld(_Atomic uint64_t *v)
 int
 stats_collect(void *arg, const char **names, uint64_t *values, int max)
 {
-    struct server *s = arg;
+    struct server_stats sv;
     struct store_stats st;
     uint64_t ops[RPC_METHOD_COUNT] = {0};
     uint64_t hits = 0, misses = 0, errors = 0, bin = 0, bout = 0, perr = 0, expired = 0;
@@ -42,15 +45,16 @@ stats_collect(void *arg, const char **names, uint64_t *values, int max)
     int n = 0;
 
     pthread_once(&stats_once, stats_names_init);
-    for (int i = 0; i < s->nworkers; i++) {
-        struct worker *w = &s->workers[i];
+    server_stats(arg, &sv);
+    for (int i = 0; i < sv.nworkers; i++) {
+        const struct conn_counters *w = worker_counters(sv.workers[i]);
         for (int m = 0; m < RPC_METHOD_COUNT; m++) {
-            ops[m] += ld(&w->ctr.ops[m]);
+            ops[m] += ld(&w->rpc.ops[m]);
         }
-        hits += ld(&w->ctr.hits);
-        misses += ld(&w->ctr.misses);
-        errors += ld(&w->ctr.errors);
-        expired += ld(&w->ctr.puts_expired);
+        hits += ld(&w->rpc.hits);
+        misses += ld(&w->rpc.misses);
+        errors += ld(&w->rpc.errors);
+        expired += ld(&w->rpc.puts_expired);
         bin += ld(&w->bytes_in);
         bout += ld(&w->bytes_out);
         perr += ld(&w->protocol_errors);
@@ -63,7 +67,7 @@ stats_collect(void *arg, const char **names, uint64_t *values, int max)
         inflight_pauses += ld(&w->inflight_pauses);
         auth_revoked += ld(&w->auth_revoked);
     }
-    store_stats(s->store, &st);
+    store_stats(sv.store, &st);
 
 #define STAT(name, val)                                                                        \
     do {                                                                                       \
@@ -74,12 +78,12 @@ stats_collect(void *arg, const char **names, uint64_t *values, int max)
         }                                                                                      \
     } while (0)
 
-    STAT("uptime_s", (uint64_t)(time(NULL) - s->started));
-    STAT("connections", ld(&s->connections));
-    STAT("connections_total", ld(&s->connections_total));
-    STAT("connections_rejected", ld(&s->connections_rejected));
-    STAT("accept_errors", ld(&s->accept_errors));
-    STAT("io_threads", s->nworkers);
+    STAT("uptime_s", sv.uptime_s);
+    STAT("connections", sv.connections);
+    STAT("connections_total", sv.connections_total);
+    STAT("connections_rejected", sv.connections_rejected);
+    STAT("accept_errors", sv.accept_errors);
+    STAT("io_threads", sv.nworkers);
     for (int m = 0; m < RPC_METHOD_COUNT; m++) {
         STAT(stats_op_names[m], ops[m]);
     }
@@ -115,10 +119,10 @@ stats_collect(void *arg, const char **names, uint64_t *values, int max)
     STAT("loading", st.loading);
     STAT("offloading", st.offloading);
     STAT("quota_exceeded", st.quota_exceeded);
-    if (s->ssd != NULL) {
+    if (sv.ssd != NULL) {
         struct ssd_stats ss;
 
-        ssd_stats(s->ssd, &ss);
+        ssd_stats(sv.ssd, &ss);
         STAT("ssd_objects", ss.objects);
         STAT("ssd_bytes", ss.bytes);
         STAT("ssd_disk_bytes", ss.disk_bytes);

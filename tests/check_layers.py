@@ -35,7 +35,7 @@ ALSO = {
 OWNERS = {
     "lmdb.h": ["storage/ssd_index.c"],
     "infiniband/": ["rdma/rdma_verbs.c"],
-    "event2/": ["src/server.c", "src/conn.c"],
+    "event2/": ["src/server.c", "src/worker.c", "src/conn.c"],
 }
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]')

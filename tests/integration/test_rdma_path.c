@@ -16,7 +16,6 @@
  */
 #include <criterion/criterion.h>
 #include <errno.h>
-#include <event2/event.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -107,7 +106,7 @@ t_stop(void)
     if (t_srv == NULL) {
         return;
     }
-    event_base_loopexit(t_srv->base, NULL);
+    server_stop(t_srv);
     pthread_join(t_srv_thread, NULL);
     server_destroy(t_srv);          /* the emulation aborts on a leaked queue pair or region */
     t_srv = NULL;
