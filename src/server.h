@@ -6,7 +6,7 @@
  * opaque: main.c and the tests drive it with the calls below, stats_collect
  * reads it through server_stats.
  *
- * Threads and ownership (see also worker.h and README "Architecture"):
+ * Threads and ownership (see also worker.h and docs/architecture.md):
  *   - the main thread runs server_run: it owns the listeners, signals and
  *     config reload, and its own event_base for them; it accepts
  *     connections and hands each fd to one worker (round-robin,
