@@ -336,7 +336,7 @@ worker_destroy(struct worker *w)
     }
     for (int i = 0; i < w->npending; i++) {
         int f = w->pending[i];
-        close(f < 0 ? -f - 1 : f);
+        close(f < 0 ? -f - 1 : f & ~WORKER_TLS_FD);
     }
     free(w->pending);
     free(w->loop.discard);
