@@ -293,17 +293,26 @@ test-fuzz: $(FUZZ_BINS)
 	$(call fuzz_run,30)
 
 # ---- install ----
+# The Python package (client/python/kvstash, docs/python.md) goes where Debian's
+# /usr/bin/python3 looks: /usr/lib/python3/dist-packages for PREFIX=/usr, else
+# PREFIX/lib/python3.X/dist-packages (/usr/local/lib/python3.11/dist-packages on Debian 12).
+PY_PKG := $(wildcard client/python/kvstash/*.py)
+PYTHON_SITE ?= $(if $(filter /usr,$(PREFIX)),/usr/lib/python3/dist-packages,$(PREFIX)/lib/python$(shell /usr/bin/python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || echo 3)/dist-packages)
+
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include
 	install -m 0755 $(KVSTASHD) $(KVSTASH) $(DESTDIR)$(PREFIX)/bin/
 	install -m 0644 $(LIBCLIENT_A) $(DESTDIR)$(PREFIX)/lib/
 	install -m 0755 $(LIBCLIENT_SO) $(DESTDIR)$(PREFIX)/lib/
 	install -m 0644 client/kvstash.h $(DESTDIR)$(PREFIX)/include/
+	install -d $(DESTDIR)$(PYTHON_SITE)/kvstash
+	install -m 0644 $(PY_PKG) $(DESTDIR)$(PYTHON_SITE)/kvstash/
 
 uninstall:
 	rm -f $(DESTDIR)$(PREFIX)/bin/kvstashd $(DESTDIR)$(PREFIX)/bin/kvstash \
 	      $(DESTDIR)$(PREFIX)/lib/libkvstash.a $(DESTDIR)$(PREFIX)/lib/libkvstash.so \
 	      $(DESTDIR)$(PREFIX)/include/kvstash.h
+	rm -rf $(DESTDIR)$(PYTHON_SITE)/kvstash
 
 format:
 	clang-format -i $(wildcard util/*.[ch] protocol/*.[ch] storage/*.[ch] rdma/*.[ch] \

@@ -557,6 +557,9 @@ class Client:
                                 f"key {i}, piece {j}: want (buffer, offset, length)")
                 obj, off = piece[0], piece[1]
                 length = piece[2] if len(piece) == 3 else None
+                if not isinstance(off, int) or not (length is None or isinstance(length, int)):
+                    raise Error(INVALID_ARGUMENT, None,
+                                f"key {i}, piece {j}: offset and length must be ints")
                 if isinstance(obj, Buffer):
                     if obj.client is not self or obj.closed:
                         raise Error(INVALID_ARGUMENT, None,
@@ -578,8 +581,8 @@ class Client:
                         raise Error(INVALID_ARGUMENT, None,
                                     f"key {i}, piece {j}: an address needs a length")
                     length = mem.nbytes - off
-                if not isinstance(off, int) or not isinstance(length, int) or off < 0 \
-                        or length < 0 or (mem.nbytes is not None and off + length > mem.nbytes):
+                if off < 0 or length < 0 or (mem.nbytes is not None
+                                             and off + length > mem.nbytes):
                     raise Error(INVALID_ARGUMENT, None,
                                 f"key {i}, piece {j}: [{off}, {off}+{length}) is outside "
                                 f"its buffer's {mem.nbytes} bytes")
@@ -634,13 +637,13 @@ class Client:
         """Split keys into rounds whose staged bytes fit the staging buffer; assign each
         staged piece its offset there. Yields (start, end, staging or None)."""
         n = len(resolved)
+        need = [sum(p.length for p in r if isinstance(p, _Staged)) for r in resolved]
         i = 0
         while i < n or (n == 0 and i == 0):
-            need = [sum(p.length for p in r if isinstance(p, _Staged)) for r in resolved[i:]]
             cap = max(self._staging.size if self._staging else 0, self._staging_size)
             j, total = i, 0
-            while j < n and (j == i or total + need[j - i] <= cap):
-                total += need[j - i]
+            while j < n and (j == i or total + need[j] <= cap):
+                total += need[j]
                 j += 1
             staging = self._staging_for(total) if total else None
             soff = 0
