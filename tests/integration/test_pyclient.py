@@ -565,3 +565,36 @@ def test_a_daemon_that_stops_answering_times_out(kv, clients):
         os.kill(d.pid, signal.SIGCONT)
     c2 = clients(tcp_addr(d))
     assert c2.get(b"k") == b"v"
+
+
+@pytest.mark.parametrize("transport", ["tcp", "unix"])
+def test_a_daemon_killed_during_a_batch_is_connection_lost(kv, clients, transport):
+    d = kv()
+    c = clients(tcp_addr(d) if transport == "tcp" else unix_addr(d), timeout=20)
+    staged = bytearray(rnd(MIB, 51))
+    one_done = threading.Event()
+    outcome = []
+
+    def writer():
+        try:
+            for i in range(10000):      # ends by the kill below, long before this count
+                keys = [b"w%d-%d" % (i, j) for j in range(64)]
+                if transport == "tcp":
+                    codes = c.batch_put(keys, [staged] * 64)
+                else:
+                    codes = c.batch_put_from(keys, [(staged, 0, MIB)] * 64)
+                assert set(codes) <= {kvstash.OK, kvstash.NO_SPACE}, codes
+                one_done.set()
+            outcome.append("no error")
+        except BaseException as e:      # checked below
+            outcome.append(e)
+
+    t = threading.Thread(target=writer)
+    t.start()
+    assert one_done.wait(60), f"no batch finished: {outcome}"
+    d.kill9()
+    t.join(60)
+    assert not t.is_alive(), "the client hung after the daemon died"
+    e = outcome[0]
+    assert isinstance(e, kvstash.ConnectionLost), repr(e)
+    assert e.code == kvstash.UNAVAILABLE and isinstance(e, ConnectionError)

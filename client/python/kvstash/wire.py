@@ -220,6 +220,23 @@ class Conn:
         first bytes sent (of the first request)."""
         if self.broken is not None:
             raise self.broken
+        try:
+            return self._exchange(requests, window, send_fds, recv_fds)
+        except ConnectionLost:
+            raise
+        except BaseException:
+            # interrupted (KeyboardInterrupt, an error of the caller's request iterator) with
+            # requests half written or replies unread: the stream is out of step for good
+            if self.broken is None:
+                self.broken = ConnectionLost(UNAVAILABLE, None,
+                                             "a call was interrupted mid-exchange")
+                try:
+                    self.sock.close()
+                except OSError:
+                    pass
+            raise
+
+    def _exchange(self, requests, window, send_fds, recv_fds):
         sock = self.sock
         it = iter(requests)
         more = True
