@@ -148,7 +148,7 @@ $(INTEG): $(call obj,$(INTEG_SRC) $(EMU_SRC)) $(call obj,$(filter-out src/main.c
 # ---- dependencies (Debian 12 packages) ----
 DEB_PKGS := build-essential pkg-config libevent-dev libmsgpack-dev libssl-dev liblmdb-dev \
             libibverbs-dev libcriterion-dev python3 python3-msgpack python3-pytest \
-            clang libclang-rt-14-dev openssl
+            clang libclang-rt-14-dev openssl python3-numpy
 
 # tools only `make bench` uses (fio: the SSD section's device baseline)
 BENCH_PKGS := fio
