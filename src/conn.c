@@ -69,6 +69,18 @@ static void conn_on_write(evutil_socket_t fd, short what, void *arg);
 
 /* ---- lifecycle ---- */
 
+/*
+ * conn_set_state: move c's life forward to s (conn_int.h); a move back is
+ * ignored, so CONN_CLOSING is final and CONN_EOF never reopens.
+ */
+static void
+conn_set_state(struct conn *c, enum conn_state s)
+{
+    if (s > c->state) {
+        c->state = s;
+    }
+}
+
 static void
 conn_spills_abort(struct conn *c)
 {
@@ -102,7 +114,7 @@ conn_free(struct conn *c)
     if (c->ev_retry != NULL) {
         event_free(c->ev_retry);
     }
-    if (c->waiting) {
+    if (c->wait != CONN_WAIT_NONE) {
         w->waiting--;
     }
     outq_deinit(&c->out);
@@ -278,7 +290,7 @@ conn_auth_account(struct conn *c)
         c->ctx.auth_blocked = conn_auth_check(c->addr, true) || c->ctx.auth_blocked;
         atomic_fetch_add_explicit(&c->w->ctr.auth_failures, 1, memory_order_relaxed);
     }
-    if (c->auth_seen >= CONN_AUTH_CONN_FAILS && !c->closing) {
+    if (c->auth_seen >= CONN_AUTH_CONN_FAILS && c->state != CONN_CLOSING) {
         conn_fail(c, KV_UNAUTHORIZED, "too many failed hello {tenant, token}; closing");
     }
 }
@@ -393,7 +405,8 @@ conn_set_writing(struct conn *c, bool on)
 static bool
 conn_idle(const struct conn *c)
 {
-    return c->ilen == c->rpos && c->spill_left == 0 && c->nholes == 0 && !c->waiting &&
+    return c->ilen == c->rpos && c->spill_left == 0 && c->nholes == 0 &&
+           c->wait == CONN_WAIT_NONE &&
            outq_pending(&c->out) == 0;
 }
 
@@ -504,7 +517,7 @@ conn_yield(struct conn *c)
 static int
 conn_resume(struct conn *c)
 {
-    if (!c->paused || c->waiting || !conn_drained(c)) {
+    if (!c->paused || c->wait != CONN_WAIT_NONE || !conn_drained(c)) {
         return 0;
     }
     c->paused = false;
@@ -519,10 +532,11 @@ conn_resume(struct conn *c)
 static bool
 conn_reading_wanted(const struct conn *c)
 {
-    if (c->paused || c->eof || c->w->draining || c->yielded) {
+    if (c->state != CONN_OPEN || c->paused || c->w->draining || c->yielded) {
         return false;               /* (yielded: the backlog goes first) */
     }
-    return !c->waiting || c->overlap || (c->lookahead && c->ilen - c->rpos < CONN_LOOKAHEAD_MAX);
+    return c->wait != CONN_WAIT_TIER
+           || (c->lookahead && c->ilen - c->rpos < CONN_LOOKAHEAD_MAX);
 }
 
 /*
@@ -536,8 +550,8 @@ conn_wait(struct conn *c)
 {
     static const struct timeval tv = {0, CONN_RETRY_US};
 
-    if (!c->waiting) {
-        c->waiting = true;
+    if (c->wait == CONN_WAIT_NONE) {
+        c->wait = CONN_WAIT_TIER;
         c->w->waiting++;
     }
     if (c->wait_since == 0) {
@@ -548,7 +562,7 @@ conn_wait(struct conn *c)
     }
     if (c->ev_retry == NULL || evtimer_add(c->ev_retry, &tv) != 0) {
         log_error("conn %llu %s: cannot arm a timer; closing", (unsigned long long)c->id, c->peer);
-        c->closing = true;
+        conn_set_state(c, CONN_CLOSING);
         return;
     }
     conn_set_reading(c, false);
@@ -557,8 +571,8 @@ conn_wait(struct conn *c)
 static void
 conn_wait_end(struct conn *c)
 {
-    if (c->waiting) {
-        c->waiting = false;
+    if (c->wait != CONN_WAIT_NONE) {
+        c->wait = CONN_WAIT_NONE;
         c->w->waiting--;
         if (c->ev_retry != NULL) {
             evtimer_del(c->ev_retry);
@@ -826,7 +840,7 @@ conn_fail(struct conn *c, int status, const char *why)
     if (rpc_notify_error(&c->out, status, why) == 0) {
         (void)conn_flush(c); /* best effort: the peer may not be reading */
     }
-    c->closing = true;
+    conn_set_state(c, CONN_CLOSING);
 }
 
 /* ---- input ---- */
@@ -862,7 +876,7 @@ conn_dispatch(struct conn *c)
         if (c->lookahead && conn_reading_wanted(c)) {
             conn_set_reading(c, true);
         }
-        return c->closing ? -1 : 1;
+        return c->state == CONN_CLOSING ? -1 : 1;
     }
     c->lookahead = false;
     c->wait_since = 0;
@@ -870,7 +884,7 @@ conn_dispatch(struct conn *c)
     conn_message_reset(c);
     if (c->ctx.auth_failures != c->auth_seen) {
         conn_auth_account(c);
-        if (c->closing) {
+        if (c->state == CONN_CLOSING) {
             return -1;
         }
     }
@@ -881,43 +895,54 @@ conn_dispatch(struct conn *c)
     if (rc != 0) {
         log_error("conn %llu %s: out of memory building a reply; closing",
                   (unsigned long long)c->id, c->peer);
-        c->closing = true;
+        conn_set_state(c, CONN_CLOSING);
         return -1;
     }
     return 0;
 }
 
+/* What conn_poll_pending found. */
+enum conn_poll {
+    CONN_POLL_CLOSE,            /* the connection must close */
+    CONN_POLL_DONE,             /* no deferred reply waits any more */
+    CONN_POLL_WAIT,             /* some still wait: c waits (CONN_WAIT_TIER) */
+    CONN_POLL_OVERLAP,          /* only batch_get_into transfers wait, with room behind them:
+                                   another batch_get_into may start (CONN_WAIT_XFER) */
+};
+
 /*
  * conn_poll_pending: replies that wait (durable puts, transfers) are queued
- * once their work is done, in order. Returns 0 when nothing waits any more;
- * 1 when something still does (the connection waits); 2 when what waits is
- * batch_get_into transfers with room behind them, so a batch_get_into may
- * still be started (c->overlap); -1 when the connection must close.
+ * once their work is done, in order. A connection in CONN_WAIT_XFER is back
+ * in CONN_WAIT_TIER until this poll says the transfers still leave room.
  */
-static int
+static enum conn_poll
 conn_poll_pending(struct conn *c)
 {
     int rc;
 
-    c->overlap = false;
+    if (c->wait == CONN_WAIT_XFER) {
+        c->wait = CONN_WAIT_TIER;
+    }
     if (!rpc_pending(&c->ctx)) {
-        return 0;
+        return CONN_POLL_DONE;
     }
     rc = rpc_deferred_poll(&c->ctx, &c->out);
     if (rc == -EINPROGRESS) {
         conn_wait(c);
-        c->overlap = rpc_xfer_room(&c->ctx);
-        if (c->overlap) {
+        if (rpc_xfer_room(&c->ctx)) {
+            c->wait = CONN_WAIT_XFER;
             conn_set_reading(c, conn_reading_wanted(c));
         }
-        return c->closing ? -1 : c->overlap ? 2 : 1;
+        return c->state == CONN_CLOSING     ? CONN_POLL_CLOSE
+               : c->wait == CONN_WAIT_XFER ? CONN_POLL_OVERLAP
+                                           : CONN_POLL_WAIT;
     }
     if (rc != 0) {
-        c->closing = true;
-        return -1;
+        conn_set_state(c, CONN_CLOSING);
+        return CONN_POLL_CLOSE;
     }
     c->wait_since = 0;
-    return 0;
+    return CONN_POLL_DONE;
 }
 
 /*
@@ -939,12 +964,12 @@ conn_process(struct conn *c)
     c->flim.spill_min = CONN_SPILL_MIN;
 
     while (c->spill_left == 0 && c->rpos < c->ilen) {
-        int prc = conn_poll_pending(c);
+        enum conn_poll prc = conn_poll_pending(c);
 
-        if (prc < 0) {
+        if (prc == CONN_POLL_CLOSE) {
             return -1;
         }
-        if (prc == 1 || (prc == 0 && c->waiting)) {
+        if (prc == CONN_POLL_WAIT || (prc == CONN_POLL_DONE && c->wait != CONN_WAIT_NONE)) {
             return 0;
         }
         if (outq_pending(&c->out) > c->w->conf->client_output_max) {
@@ -975,8 +1000,9 @@ conn_process(struct conn *c)
         if (st == FRAME_DONE) {
             int d;
 
-            if (prc == 2 && !rpc_overlaps(&c->ctx, c->ibuf + c->rpos, c->scan.pos)) {
-                c->overlap = false;     /* it waits for the transfers before it */
+            if (prc == CONN_POLL_OVERLAP
+                && !rpc_overlaps(&c->ctx, c->ibuf + c->rpos, c->scan.pos)) {
+                c->wait = CONN_WAIT_TIER;   /* it waits for the transfers before it */
                 conn_set_reading(c, conn_reading_wanted(c));
                 return 0;
             }
@@ -994,9 +1020,9 @@ conn_process(struct conn *c)
             return -1;
         }
         /* FRAME_SPILL */
-        if (prc == 2) {
+        if (prc == CONN_POLL_OVERLAP) {
             c->offer_pending = true;    /* a put: it waits for the transfers before it */
-            c->overlap = false;
+            c->wait = CONN_WAIT_TIER;
             conn_set_reading(c, conn_reading_wanted(c));
             return 0;
         }
@@ -1010,12 +1036,12 @@ conn_process(struct conn *c)
         if (sp.obj == NULL && sp.code == -EAGAIN) {
             c->offer_pending = true;    /* leave the value on the wire until there is room */
             conn_wait(c);
-            return c->closing ? -1 : 0;
+            return c->state == CONN_CLOSING ? -1 : 0;
         }
         if (conn_hole_add(c, c->scan.spill_len) < 0) {
             store_abort(c->w->store, sp.obj);
             log_error("conn %llu %s: out of memory; closing", (unsigned long long)c->id, c->peer);
-            c->closing = true;
+            conn_set_state(c, CONN_CLOSING);
             return -1;
         }
         c->spills[c->nholes - 1] = sp;
@@ -1027,7 +1053,7 @@ conn_process(struct conn *c)
         c->ilen = at; /* the buffered part of the body now lives in the store */
     }
     /* The last buffered message may have left a reply waiting. */
-    if (conn_poll_pending(c) < 0) {
+    if (conn_poll_pending(c) == CONN_POLL_CLOSE) {
         return -1;
     }
     if (c->rpos == c->ilen) {
@@ -1089,9 +1115,9 @@ conn_ibuf_shrink(struct conn *c)
 static void
 conn_maybe_finish_drain(struct conn *c)
 {
-    if (c->w->draining && !c->closing) {
+    if (c->w->draining && c->state != CONN_CLOSING) {
         if (conn_idle(c)) {
-            c->closing = true;
+            conn_set_state(c, CONN_CLOSING);
         } else if (c->ilen == c->rpos && c->spill_left == 0 && c->nholes == 0) {
             conn_set_reading(c, false); /* every received request is answered: read no more */
         }
@@ -1115,10 +1141,10 @@ conn_on_read(evutil_socket_t fd, short what, void *arg)
 
     c->turn_bytes = 0;
 
-    for (int i = 0; i < CONN_READS_PER_WAKE && !c->closing && !c->yielded; i++) {
+    for (int i = 0; i < CONN_READS_PER_WAKE && c->state != CONN_CLOSING && !c->yielded; i++) {
         ssize_t rd = conn_read_once(c);
         if (rd == 0) {
-            c->eof = true;
+            conn_set_state(c, CONN_EOF);
             break;
         }
         if (rd < 0) {
@@ -1132,19 +1158,19 @@ conn_on_read(evutil_socket_t fd, short what, void *arg)
                 log_info("conn %llu %s: read: %s", (unsigned long long)c->id, c->peer,
                          kv_strerror((int)rd));
             }
-            c->closing = true;
+            conn_set_state(c, CONN_CLOSING);
             break;
         }
         c->active_ms = c->rx_ms = clock_ms();
         c->turn_bytes += (size_t)rd;
-        if (c->waiting && !c->overlap) {
+        if (c->wait == CONN_WAIT_TIER) {
             conn_lookahead(c);
             if (!conn_reading_wanted(c)) {
                 break;
             }
             continue;
         }
-        if (conn_process(c) != 0 || c->paused || (c->waiting && !c->overlap)) {
+        if (conn_process(c) != 0 || c->paused || c->wait == CONN_WAIT_TIER) {
             break;
         }
         if (c->turn_bytes >= check_at) {
@@ -1154,28 +1180,28 @@ conn_on_read(evutil_socket_t fd, short what, void *arg)
             check_at = c->turn_bytes + CONN_TURN;
         }
     }
-    if (!c->closing && (conn_flush(c) != 0 || conn_resume(c) != 0)) {
-        c->closing = true;
+    if (c->state != CONN_CLOSING && (conn_flush(c) != 0 || conn_resume(c) != 0)) {
+        conn_set_state(c, CONN_CLOSING);
     }
     c->bulk = c->turn_bytes >= CONN_TURN;
-    if (!c->closing && (c->paused || c->waiting)) {
+    if (c->state != CONN_CLOSING && (c->paused || c->wait != CONN_WAIT_NONE)) {
         conn_set_reading(c, conn_reading_wanted(c));
     }
-    if (!c->closing && c->ssl != NULL && c->reading && SSL_pending(c->ssl) > 0) {
+    if (c->state != CONN_CLOSING && c->ssl != NULL && c->reading && SSL_pending(c->ssl) > 0) {
         event_active(c->ev_read, EV_READ, 0);   /* TLS holds decrypted bytes the socket does
                                                    not signal: come back for them */
     }
-    if (!c->closing && c->eof && !c->waiting) {
+    if (c->state == CONN_EOF && c->wait == CONN_WAIT_NONE) {
         /* Peer is done sending: answer what it sent, then close. */
         conn_set_reading(c, false);
         if (c->rpos != c->ilen || c->spill_left > 0 || c->nholes > 0) {
-            c->closing = true; /* a message cut short: nothing of it is kept */
+            conn_set_state(c, CONN_CLOSING); /* a message cut short: nothing of it is kept */
         } else if (outq_pending(&c->out) == 0) {
-            c->closing = true;
+            conn_set_state(c, CONN_CLOSING);
         }
     }
     conn_maybe_finish_drain(c);
-    if (c->closing) {
+    if (c->state == CONN_CLOSING) {
         conn_free(c);
     } else {
         conn_ibuf_shrink(c);
@@ -1189,11 +1215,11 @@ conn_on_read(evutil_socket_t fd, short what, void *arg)
 static void
 conn_settle(struct conn *c)
 {
-    if (c->eof && !c->waiting && outq_pending(&c->out) == 0) {
-        c->closing = true;
+    if (c->state == CONN_EOF && c->wait == CONN_WAIT_NONE && outq_pending(&c->out) == 0) {
+        conn_set_state(c, CONN_CLOSING);
     }
     conn_maybe_finish_drain(c);
-    if (c->closing) {
+    if (c->state == CONN_CLOSING) {
         conn_free(c);
     }
 }
@@ -1277,7 +1303,7 @@ conn_retry_waiting(struct conn_loop *w)
     while (c != NULL && w->waiting > 0) {
         struct conn *next = c->next;
 
-        if (c->waiting) {
+        if (c->wait != CONN_WAIT_NONE) {
             conn_retry(c);
         }
         c = next;
@@ -1292,7 +1318,7 @@ conn_drain_all(struct conn_loop *w)
     while (c != NULL) {
         struct conn *next = c->next;
         conn_maybe_finish_drain(c);
-        if (c->closing) {
+        if (c->state == CONN_CLOSING) {
             conn_free(c);
         }
         c = next;
@@ -1309,7 +1335,7 @@ static bool
 conn_timeouts(struct conn *c, uint64_t now)
 {
     const struct kv_config *conf = c->w->conf;
-    bool idle = outq_pending(&c->out) == 0 && !c->waiting && c->rpos == c->ilen
+    bool idle = outq_pending(&c->out) == 0 && c->wait == CONN_WAIT_NONE && c->rpos == c->ilen
                 && c->spill_left == 0 && c->nholes == 0 && !rpc_pending(&c->ctx);
 
     if (outq_pending(&c->out) == 0) {
@@ -1320,16 +1346,17 @@ conn_timeouts(struct conn *c, uint64_t now)
     }
     /* a request begun and not going on, while this side reads: a stalled client's */
     bool partial = c->rpos != c->ilen || c->spill_left > 0 || c->nholes > 0;
-    if (!c->closing && partial && c->reading && !c->waiting &&
+    if (c->state != CONN_CLOSING && partial && c->reading && c->wait == CONN_WAIT_NONE &&
         now - c->rx_ms > conf->client_input_timeout) {
         atomic_fetch_add_explicit(&c->w->ctr.input_stall_closes, 1, memory_order_relaxed);
         conn_fail(c, KV_TIMEOUT, "a request has not moved for client_input_timeout");
     }
-    if (!c->closing && idle && conf->idle_timeout != 0 && now - c->active_ms > conf->idle_timeout) {
+    if (c->state != CONN_CLOSING && idle && conf->idle_timeout != 0
+        && now - c->active_ms > conf->idle_timeout) {
         atomic_fetch_add_explicit(&c->w->ctr.idle_closes, 1, memory_order_relaxed);
         conn_fail(c, KV_TIMEOUT, "idle for idle_timeout");
     }
-    if (c->closing) {
+    if (c->state == CONN_CLOSING) {
         conn_free(c);
         return true;
     }

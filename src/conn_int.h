@@ -28,6 +28,46 @@ struct iovec;
 
 #define CONN_TURN_MAX (4096u * 1024u) /* the largest writev or body read (a turn's grain) */
 
+/*
+ * A connection's life (c->state). It only moves forward (conn_set_state), so
+ * a closing connection cannot come back to life:
+ *
+ *   CONN_OPEN ----- a read returns 0 -----> CONN_EOF
+ *       |                                       |  every request it sent answered
+ *       |  an error, a framing violation,       |  (or one of them cut short)
+ *       |  a timeout, a drain, a revoked login  |
+ *       +-------------------+-------------------+
+ *                           v
+ *                     CONN_CLOSING ---> conn_free at the end of the current
+ *                                       callback (never inside rpc code)
+ */
+enum conn_state {
+    CONN_OPEN,                   /* reading and answering requests */
+    CONN_EOF,                    /* the peer closed its side: answer what it sent, then close */
+    CONN_CLOSING,                /* freed at the end of the current callback */
+};
+
+/*
+ * What the connection's requests wait for (c->wait). Beside the life, not in
+ * it: the peer may close its side, or the connection fail, while a request
+ * waits. The worker's count of waiting connections follows it.
+ *
+ *   CONN_WAIT_NONE --conn_wait--> CONN_WAIT_TIER <-----> CONN_WAIT_XFER
+ *         ^                            |                       |
+ *         +-------- conn_wait_end -----+-----------------------+
+ *
+ * conn_wait: a request or a spill offer needs the SSD tier (-EAGAIN), or
+ * deferred replies are not done. conn_wait_end: the retry timer or the
+ * tier's wake-up looks again. TIER to XFER (conn_poll_pending): only
+ * batch_get_into transfers wait, with room behind them. XFER to TIER: the
+ * next message cannot start behind them, or the next conn_poll_pending.
+ */
+enum conn_wait {
+    CONN_WAIT_NONE,              /* nothing waits */
+    CONN_WAIT_TIER,              /* not read (except for the lookahead), nothing dispatched */
+    CONN_WAIT_XFER,              /* read on: more batch_get_into requests start behind */
+};
+
 struct conn {
     struct conn_loop *w;             /* the loop it lives on (its worker's; conn.h) */
     struct conn *next, *prev;
@@ -42,27 +82,39 @@ struct conn {
     uint64_t active_ms;              /* last byte read or written */
     uint64_t progress_ms;            /* last time its unsent output moved, or was none */
     uint64_t rx_ms;                  /* last byte read, or when reading was (re)armed */
-    bool yielded;                    /* stopped at CONN_MESSAGES_PER_WAKE: more to process */
+    enum conn_state state;           /* its life (above) */
+    enum conn_wait wait;             /* what its requests wait for (above) */
+    /*
+     * Backpressure: not reading while its unsent output or its replies in flight are over
+     * their limits, until both drain to half. Not a state of the life or of the wait: a
+     * connection over its limits may wait for the tier too, and reads again only when
+     * neither holds it; it may be paused when its peer has closed its side.
+     */
+    bool paused;
+    /*
+     * Scheduling marks, independent of the life: they say how this connection shares its
+     * worker's loop with the others, whatever it is doing.
+     */
+    bool yielded;                    /* stopped at CONN_MESSAGES_PER_WAKE: ev_more armed */
     bool in_ready;                   /* in its worker's ready_ep */
     bool passed;                     /* its last flush let a waiting peer go first */
     bool bulk;                       /* its last read turn moved CONN_TURN bytes or more */
     size_t turn_bytes;               /* bytes read and written in this callback */
     uint32_t auth_seen;              /* ctx.auth_failures already accounted */
     struct event *ev_read, *ev_write;
-    bool reading;                /* ev_read is armed */
+    bool reading;                /* ev_read is armed (what the loop is asked to do, whatever
+                                    the state: conn_reading_wanted decides) */
     bool writing;                /* ev_write is armed */
-    bool paused;                 /* not reading: output or replies in flight over the limit */
-    bool closing;                /* close at the end of the current callback */
-    bool eof;                    /* peer closed its side */
-    bool rx_behind;              /* bytes queue up: read value bodies in large pieces */
-    bool waiting;                /* a request waits for the SSD tier (not reading meanwhile) */
-    bool overlap;                /* waiting for batch_get_into transfers only: more such
-                                    requests are read and started behind them */
-    bool offer_pending;          /* the spill offer in scan is to be asked again */
+    bool rx_behind;              /* bytes queue up: read value bodies in large pieces (a
+                                    sizing hint for conn_read_once only) */
+    bool offer_pending;          /* the spill offer in scan is to be asked again (where the
+                                    scan of the message at rpos stands: it outlives a wait) */
     uint64_t wait_since;         /* ms, when the current request began to wait; 0: it has not */
     struct event *ev_retry;      /* timer that retries a waiting request */
     struct event *ev_more;       /* zero timer: go on with what a turn left buffered */
-    bool lookahead;              /* while waiting: read on and prefetch queued gets */
+    bool lookahead;              /* while the request at rpos waits: read on and prefetch
+                                    queued gets (kept until that request is dispatched, so
+                                    la_pos survives the wait's retries) */
     struct frame_scan la_scan;   /* the lookahead's scan of the message after la_pos */
     size_t la_pos;               /* bytes after rpos the lookahead has passed */
     uint64_t rx_total;           /* bytes received since the connection opened */
