@@ -2,7 +2,9 @@
  * conn: the per-connection state machine: frame, spill, dispatch, write,
  * backpressure, close. The reads themselves (one syscall into the buffer or
  * straight into a put's reservation, received descriptors) are in
- * conn_read.c; struct conn, which both files use, is in conn_int.h.
+ * conn_read.c; the bytes on the socket are its transport's (transport.h:
+ * TCP, Unix, TLS), which it calls through c->tp and never asks which;
+ * struct conn, which they all use, is in conn_int.h.
  *
  * Everything here runs on the owning worker's thread; the only shared thing
  * it calls is the store (through rpc). It owns the socket fd, its two
@@ -33,9 +35,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <openssl/err.h>
-#include <openssl/ssl.h>
-
 #include "frame.h"
 #include "kverr.h"
 #include "log.h"
@@ -43,6 +42,7 @@
 #include "outq.h"
 #include "rpc.h"
 #include "store.h"
+#include "transport.h"
 
 #define CONN_IBUF_MIN (64u * 1024u)
 #define CONN_READS_PER_WAKE 16
@@ -127,10 +127,8 @@ conn_free(struct conn *c)
     if (c->ev_write != NULL) {
         event_free(c->ev_write);
     }
-    if (c->ssl != NULL) {
-        (void)SSL_shutdown(c->ssl);     /* a close_notify, best effort: never waits */
-        SSL_free(c->ssl);
-        ERR_clear_error();
+    if (c->tp->close != NULL) {
+        c->tp->close(c);                /* a TLS close_notify, say */
     }
     if (c->in_ready) {
         (void)epoll_ctl(w->ready_ep, EPOLL_CTL_DEL, c->fd, NULL);
@@ -162,7 +160,7 @@ conn_peer_name(struct conn *c)
     struct sockaddr_storage ss;
     socklen_t len = sizeof(ss);
 
-    if (c->is_unix) {
+    if (c->tp == &transport_unix) {
         snprintf(c->peer, sizeof(c->peer), "unix");
         return;
     }
@@ -310,18 +308,16 @@ conn_adopt(struct conn_loop *w, int fd, int kind)
 
     c->w = w;
     c->fd = fd;
-    c->is_unix = is_unix;
+    c->tp = kind == CONN_TLS ? &transport_tls : is_unix ? &transport_unix : &transport_tcp;
+    c->tp_ready = c->tp->start == NULL;
     if (kind == CONN_TLS) {
-        c->ssl = w->tls_new(w->tls_arg);
-        if (c->ssl == NULL || SSL_set_fd(c->ssl, fd) != 1) {
+        if (transport_tls_open(c, w->tls_new(w->tls_arg)) != 0) {
             log_error("conn: cannot set up TLS for fd %d", fd);
-            SSL_free(c->ssl);
             free(c);
             close(fd);
             atomic_fetch_sub_explicit(w->connections, 1, memory_order_relaxed);
             return -ENOMEM;
         }
-        SSL_set_accept_state(c->ssl);
     }
     c->id = atomic_fetch_add_explicit(&conn_next_id, 1, memory_order_relaxed);
     conn_peer_name(c);
@@ -378,7 +374,7 @@ conn_set_reading(struct conn *c, bool on)
     if (on) {
         event_add(c->ev_read, NULL);
         c->rx_ms = clock_ms();    /* not reading was this side's doing (conn_timeouts) */
-        if (c->ssl != NULL && SSL_pending(c->ssl) > 0) {
+        if (c->tp->pending != NULL && c->tp->pending(c)) {
             event_active(c->ev_read, EV_READ, 0);   /* decrypted bytes the socket will not signal */
         }
     } else {
@@ -582,143 +578,24 @@ conn_wait_end(struct conn *c)
 
 /* ---- output ---- */
 
-/*
- * conn_tls_result: an SSL_read/SSL_write result as read/write would give it:
- * bytes, 0 at the peer's close, or -1 with errno (EAGAIN to wait, after
- * arming the write event when TLS needs the socket writable).
- */
-static ssize_t
-conn_tls_result(struct conn *c, int r)
+/* conn_refuse: see conn_int.h (a transport's start calls it). */
+void
+conn_refuse(struct conn *c, int status, const char *why)
 {
-    char why[160];
+    struct outq q;
+    struct iovec iov[4];
+    int n;
+    uint8_t sink[4096];
 
-    if (r > 0) {
-        return r;
+    while (recv(c->fd, sink, sizeof(sink), MSG_DONTWAIT) > 0) {
     }
-    switch (SSL_get_error(c->ssl, r)) {
-    case SSL_ERROR_WANT_READ:
-        errno = EAGAIN;
-        return -1;
-    case SSL_ERROR_WANT_WRITE:
-        c->tls_want_write = true;
-        conn_set_writing(c, true);
-        errno = EAGAIN;
-        return -1;
-    case SSL_ERROR_ZERO_RETURN:
-        return 0;
-    case SSL_ERROR_SYSCALL:
-        if (errno == 0) {
-            return 0;               /* closed without a close_notify */
-        }
-        return -1;
-    default:
-        log_info("conn %llu %s: TLS: %s", (unsigned long long)c->id, c->peer,
-                 ERR_error_string(ERR_get_error(), why));
-        ERR_clear_error();
-        errno = EPROTO;
-        return -1;
+    outq_init(&q, c->w->store);
+    if (rpc_notify_error(&q, status, why) == 0) {
+        n = outq_peek(&q, iov, 4);
+        (void)writev(c->fd, iov, n);  /* best effort, never waits */
     }
-}
-
-/*
- * conn_tls_check: a TLS connection's first byte must start a handshake
- * record (0x16). A client speaking plain msgpack-rpc to the TLS port gets
- * an error notification in plain text, and the connection closes at once
- * (OpenSSL would take its first bytes for an SSLv2 header and wait for
- * kilobytes). Returns 0 to go on (or wait for the byte), -1 to close.
- */
-static int
-conn_tls_check(struct conn *c)
-{
-    uint8_t b;
-    ssize_t r = recv(c->fd, &b, 1, MSG_PEEK);
-
-    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
-        return 0;
-    }
-    if (r == 1 && b == 0x16) {
-        c->tls_checked = true;
-        return 0;
-    }
-    if (r == 1) {
-        struct outq q;
-        struct iovec iov[4];
-        int n;
-
-        uint8_t sink[4096];
-
-        /* What it sent is read first: closing on unread bytes would reset the connection,
-         * and the notification with it. */
-        while (recv(c->fd, sink, sizeof(sink), MSG_DONTWAIT) > 0) {
-        }
-        outq_init(&q, c->w->store);
-        if (rpc_notify_error(&q, KV_PROTOCOL_ERROR, "this port speaks TLS") == 0) {
-            n = outq_peek(&q, iov, 4);
-            (void)writev(c->fd, iov, n);  /* best effort, never waits */
-        }
-        outq_deinit(&q);
-        (void)shutdown(c->fd, SHUT_WR);
-        log_info("conn %llu %s: not TLS on the TLS port; closing", (unsigned long long)c->id,
-                 c->peer);
-    }
-    return -1;                      /* or the peer went away */
-}
-
-/* conn_tls_readv: readv through TLS (into the first buffer; the next read fills the rest). */
-ssize_t
-conn_tls_readv(struct conn *c, const struct iovec *iov, int n)
-{
-    (void)n;
-    errno = 0;
-    return conn_tls_result(c, SSL_read(c->ssl, iov[0].iov_base,
-                                       iov[0].iov_len > INT32_MAX ? INT32_MAX
-                                                                  : (int)iov[0].iov_len));
-}
-
-/* conn_tls_writev: writev through TLS, segment after segment, as far as the socket takes. */
-static ssize_t
-conn_tls_writev(struct conn *c, const struct iovec *iov, int n)
-{
-    ssize_t done = 0;
-
-    for (int i = 0; i < n; i++) {
-        size_t off = 0;
-
-        while (off < iov[i].iov_len) {
-            size_t len = iov[i].iov_len - off;
-            ssize_t w;
-
-            errno = 0;
-            w = conn_tls_result(c, SSL_write(c->ssl, (const uint8_t *)iov[i].iov_base + off,
-                                             len > INT32_MAX ? INT32_MAX : (int)len));
-            if (w <= 0) {
-                return done > 0 ? done : w == 0 ? -1 : w;
-            }
-            off += (size_t)w;
-            done += w;
-        }
-    }
-    return done;
-}
-
-/* conn_send_fd: writev with descriptor fd attached to the first byte (SCM_RIGHTS). */
-static ssize_t
-conn_send_fd(int sock, struct iovec *iov, int n, int fd)
-{
-    union {
-        struct cmsghdr h;
-        char buf[CMSG_SPACE(sizeof(int))];
-    } u;
-    struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n,
-                        .msg_control = u.buf, .msg_controllen = sizeof(u.buf)};
-    struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
-
-    memset(&u, 0, sizeof(u));
-    cm->cmsg_level = SOL_SOCKET;
-    cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(cm), &fd, sizeof(int));
-    return sendmsg(sock, &mh, MSG_NOSIGNAL);
+    outq_deinit(&q);
+    (void)shutdown(c->fd, SHUT_WR);
 }
 
 /*
@@ -784,9 +661,7 @@ conn_flush(struct conn *c)
     while (outq_pending(&c->out) > 0) {
         int n = conn_iov_clip(iov, outq_peek(&c->out, iov, CONN_IOV_MAX), most);
         int fd = outq_head_fd(&c->out);
-        ssize_t wr = c->ssl != NULL ? conn_tls_writev(c, iov, n)
-                     : fd < 0     ? writev(c->fd, iov, n)
-                                  : conn_send_fd(c->fd, iov, n, fd);
+        ssize_t wr = c->tp->writev(c, iov, n, fd);
         if (wr < 0) {
             if (errno == EAGAIN || errno == EWOULDBLOCK) {
                 break;
@@ -818,7 +693,7 @@ conn_flush(struct conn *c)
             return 0;
         }
     }
-    conn_set_writing(c, outq_pending(&c->out) > 0 || c->tls_want_write);
+    conn_set_writing(c, outq_pending(&c->out) > 0 || c->tp_want_write); /* (or a read waits) */
     return 0;
 }
 
@@ -1133,7 +1008,7 @@ conn_on_read(evutil_socket_t fd, short what, void *arg)
 
     conn_refresh_limits(c->w);
     c->yielded = false;
-    if (c->ssl != NULL && !c->tls_checked && conn_tls_check(c) != 0) {
+    if (!c->tp_ready && c->tp->start(c) != 0) {
         conn_free(c);
         return;
     }
@@ -1187,7 +1062,7 @@ conn_on_read(evutil_socket_t fd, short what, void *arg)
     if (c->state != CONN_CLOSING && (c->paused || c->wait != CONN_WAIT_NONE)) {
         conn_set_reading(c, conn_reading_wanted(c));
     }
-    if (c->state != CONN_CLOSING && c->ssl != NULL && c->reading && SSL_pending(c->ssl) > 0) {
+    if (c->state != CONN_CLOSING && c->reading && c->tp->pending != NULL && c->tp->pending(c)) {
         event_active(c->ev_read, EV_READ, 0);   /* TLS holds decrypted bytes the socket does
                                                    not signal: come back for them */
     }
@@ -1248,9 +1123,10 @@ conn_on_write(evutil_socket_t fd, short what, void *arg)
     (void)what;
 
     conn_refresh_limits(c->w);
-    if (c->tls_want_write) {
-        /* A TLS read (the handshake, say) waited for this: read again; that flushes too. */
-        c->tls_want_write = false;
+    if (c->tp_want_write) {
+        /* A transport's read (a TLS handshake, say) waited for this: read again; that
+           flushes too. */
+        c->tp_want_write = false;
         conn_set_writing(c, false);
         conn_on_read(fd, EV_READ, c);
         return;

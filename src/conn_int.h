@@ -1,8 +1,8 @@
 /*
  * conn_int: a connection's state, shared by src/conn.c (the state machine:
- * frame, dispatch, write, backpressure, close) and src/conn_read.c (its
- * reads). Nothing outside those two files includes it; everyone else uses
- * conn.h.
+ * frame, dispatch, write, backpressure, close), src/conn_read.c (its reads)
+ * and its transports (transport.c, transport_tls.c: the bytes on its
+ * socket). Nothing else includes it; everyone else uses conn.h.
  *
  * Threads: a connection, and every function here, belongs to its worker's
  * thread (conn.h); none of them blocks, closes or frees the connection.
@@ -16,12 +16,11 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include <openssl/ssl.h>
-
 #include "frame.h"
 #include "outq.h"
 #include "rpc.h"
 
+struct conn_transport;
 struct event;
 struct conn_loop;
 struct iovec;
@@ -72,10 +71,10 @@ struct conn {
     struct conn_loop *w;             /* the loop it lives on (its worker's; conn.h) */
     struct conn *next, *prev;
     int fd;
-    int is_unix;
-    SSL *ssl;                        /* a TLS connection's session, or NULL */
-    bool tls_want_write;             /* an SSL_read waits for the socket to be writable */
-    bool tls_checked;                /* its first byte was a TLS handshake record's */
+    const struct conn_transport *tp; /* TCP, Unix or TLS: how its bytes cross fd */
+    void *tp_data;                   /* the transport's own (TLS: its session), or NULL */
+    bool tp_ready;                   /* tp->start has accepted the peer (or has none) */
+    bool tp_want_write;              /* a tp->readv waits for the socket to be writable */
     uint64_t id;
     char peer[64];
     char addr[INET6_ADDRSTRLEN];     /* the peer's IP address ("" on the Unix socket) */
@@ -175,10 +174,10 @@ void conn_fds_expire(struct conn *c);
 int conn_take_fd(void *arg);
 
 /*
- * conn_read_once: one read syscall on c (TLS, recvmsg on the Unix socket,
- * or readv): into the active spill's reservation (or the discard buffer
- * when it has none) as far as its body goes, and into the input buffer
- * behind it, which it grows as needed. Advances spill_off/spill_left (and
+ * conn_read_once: one read syscall on c (its transport's readv): into the
+ * active spill's reservation (or the discard buffer when it has none) as
+ * far as its body goes, and into the input buffer behind it, which it
+ * grows as needed. Advances spill_off/spill_left (and
  * ends the spill in c->scan when its body is in), ilen, rx_total and the
  * worker's bytes_in. Returns the bytes read, 0 at the peer's close, or
  * -errno: -EAGAIN/-EWOULDBLOCK when the socket has nothing, -EINTR, -ENOMEM
@@ -200,12 +199,13 @@ ssize_t conn_read_once(struct conn *c);
 int conn_ibuf_room(struct conn *c);
 
 /*
- * conn_tls_readv: read a TLS connection's decrypted bytes into iov[0] (the
- * other n - 1 segments are left for the next read). Returns as readv does:
- * bytes, 0 at the peer's close, or -1 with errno (EAGAIN to wait, after
- * arming the write event when TLS needs the socket writable; EPROTO on a TLS
- * error, logged).
+ * conn_refuse: c's peer speaks another protocol than c's port (a
+ * transport's start found out): read and drop what it sent (closing on
+ * unread bytes would reset the connection, and the notification with it),
+ * send it the error notification of status and why in plain bytes straight
+ * to the socket (best effort, never waits), and shut the socket's sending
+ * side. The caller then has c closed.
  */
-ssize_t conn_tls_readv(struct conn *c, const struct iovec *iov, int n);
+void conn_refuse(struct conn *c, int status, const char *why);
 
 #endif

@@ -1,12 +1,12 @@
 /*
- * conn_read: a connection's reads. One read syscall at a time (TLS through
- * conn_tls_readv, recvmsg on the Unix socket with the descriptors it
- * carries, readv otherwise) puts each byte where it belongs: the body of a
+ * conn_read: a connection's reads. One read syscall at a time (through its
+ * transport, c->tp->readv) puts each byte where it belongs: the body of a
  * put value being spilled straight into its store reservation (or dropped
  * when it has none), in reads sized to keep the sender busy; the rest into
  * the input buffer behind it. Also the spill bookkeeping of the message
- * being received (its holes) and the queue of received descriptors, until a
- * request claims one or the message it came with is passed.
+ * being received (its holes) and the queue of received descriptors (the Unix
+ * transport fills it), until a request claims one or the message it came
+ * with is passed.
  *
  * It runs on the connection's worker thread and never blocks: one
  * non-blocking read per call. It does not scan messages, dispatch, write,
@@ -21,16 +21,15 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
-#include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
 #include "copier.h"
 #include "frame.h"
-#include "log.h"
 #include "mp.h"
 #include "rpc.h"
 #include "store.h"
+#include "transport.h"
 
 #define CONN_READAHEAD_IN_PUT 512
 #define CONN_BODY_CHUNK (128u * 1024u)    /* a value body read while the loop keeps up */
@@ -167,62 +166,6 @@ conn_take_fd(void *arg)
 /* ---- reads ---- */
 
 /*
- * conn_recv_fds: readv for the Unix socket, keeping the descriptors a
- * client attaches (SCM_RIGHTS, for register_buffer) in arrival order. A
- * client that sends more than RPC_MAX_FDS unclaimed ones gets the extra
- * ones closed at once.
- */
-static ssize_t
-conn_recv_fds(struct conn *c, struct iovec *iov, int n)
-{
-    union {
-        struct cmsghdr align;
-        char buf[CMSG_SPACE(sizeof(int) * RPC_MAX_FDS)];
-    } ctl;
-    struct msghdr msg;
-    ssize_t rd;
-
-    memset(&msg, 0, sizeof(msg));
-    msg.msg_iov = iov;
-    msg.msg_iovlen = (size_t)n;
-    msg.msg_control = ctl.buf;
-    msg.msg_controllen = sizeof(ctl.buf);
-    rd = recvmsg(c->fd, &msg, MSG_CMSG_CLOEXEC);
-    if (rd <= 0) {
-        return rd;
-    }
-    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm != NULL; cm = CMSG_NXTHDR(&msg, cm)) {
-        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) {
-            continue;
-        }
-        size_t nfd = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (size_t i = 0; i < nfd; i++) {
-            int fd;
-
-            memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof(fd));
-            if (c->nfdq < RPC_MAX_FDS) {
-                /*
-                 * The kernel ends a read with the bytes a descriptor was sent with, and
-                 * a sender attaches it to the first bytes of its request: the request
-                 * it belongs to starts inside this read (the last one to, see
-                 * conn_take_fd).
-                 */
-                c->fdq[c->nfdq] = fd;
-                c->fdq_lo[c->nfdq] = c->rx_total;
-                c->fdq_hi[c->nfdq++] = c->rx_total + (uint64_t)rd;
-            } else {
-                close(fd);
-            }
-        }
-    }
-    if (msg.msg_flags & MSG_CTRUNC) {
-        log_info("conn %llu %s: descriptors beyond %d dropped", (unsigned long long)c->id, c->peer,
-                 RPC_MAX_FDS);
-    }
-    return rd;
-}
-
-/*
  * One read syscall: into the active spill (and the buffer behind it) or the buffer.
  *
  * A spilled value's body is read straight into its reservation, at most CONN_BODY_CHUNK
@@ -248,7 +191,7 @@ conn_read_once(struct conn *c)
         struct rpc_spill *sp = &c->spills[c->nholes - 1];
         if (sp->obj != NULL) {
             body = c->spill_left;
-            if (!c->rx_behind && c->ssl == NULL && body > CONN_BODY_CHUNK) {
+            if (!c->rx_behind && c->tp->raw && body > CONN_BODY_CHUNK) {
                 body = CONN_BODY_CHUNK;
             } else if (body > CONN_TURN_MAX) {
                 body = CONN_TURN_MAX;   /* one read stays a short turn */
@@ -281,9 +224,7 @@ conn_read_once(struct conn *c)
         n++;
     }
 
-    ssize_t rd = c->ssl != NULL ? conn_tls_readv(c, iov, n)
-                 : c->is_unix  ? conn_recv_fds(c, iov, n)
-                               : readv(c->fd, iov, n);
+    ssize_t rd = c->tp->readv(c, iov, n);
     if (rd <= 0) {
         return rd < 0 ? -errno : 0;
     }
@@ -297,7 +238,7 @@ conn_read_once(struct conn *c)
         uint64_t k = got < body ? got : body;
         if (c->rx_behind) {
             c->rx_behind = k >= CONN_BEHIND_READ;
-        } else if (k == CONN_BODY_CHUNK && c->ssl == NULL) {
+        } else if (k == CONN_BODY_CHUNK && c->tp->raw) {
             int queued = 0;
             c->rx_behind = ioctl(c->fd, FIONREAD, &queued) == 0 &&
                            (unsigned)queued >= CONN_BEHIND_QUEUED;
