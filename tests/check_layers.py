@@ -31,11 +31,19 @@ ALSO = {
     "src/rpc": ["src/config.h"],        # the limits a request is checked against
 }
 
+# OpenSSL's TLS: the daemon's contexts (tls.c), its TLS transport, the server that makes each
+# connection's session, and the client's TLS. A connection reaches TLS only through its
+# transport table (transport.h). (OpenSSL's hashes, openssl/sha.h and crypto.h, are not TLS.)
+TLS_OWNERS = ["src/tls.c", "src/transport_tls.c", "src/server.c", "client/kvstash_wire.c"]
+
 # system header prefix -> the only files (or folders, ending in /) that may include it
 OWNERS = {
     "lmdb.h": ["storage/ssd_index.c"],
     "infiniband/": ["rdma/rdma_verbs.c"],
     "event2/": ["src/server.c", "src/worker.c", "src/conn.c"],
+    "openssl/ssl.h": TLS_OWNERS,
+    "openssl/err.h": TLS_OWNERS,
+    "openssl/x509": TLS_OWNERS,
 }
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]')
