@@ -7,115 +7,13 @@
 #ifndef RPC_INT_H
 #define RPC_INT_H
 
-#include <msgpack.h>
-#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "mp.h"
 #include "rpc.h"
+#include "rpc_req.h"
 
-struct kv_key;
 struct store_obj;
-
-/* One request being handled. */
-struct rpc_req {
-    struct rpc_ctx *ctx;
-    struct mp_reader rd;        /* positioned at the first param */
-    uint32_t nparams;
-    uint64_t msgid;
-    msgpack_packer pk;
-    struct outq *out;
-    const char *errmsg;         /* optional text for a request-level error */
-    bool replied;               /* a reply was started (rpc_reply_head, rpc_reply_error) */
-};
-
-typedef int rpc_handler_fn(struct rpc_req *rq);
-
-static inline void
-ctr_add(_Atomic uint64_t *c, uint64_t n)
-{
-    /* single writer: a plain load/store pair, no locked instruction */
-    atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + n,
-                          memory_order_relaxed);
-}
-
-/* An optional trailing opts map: the keys known now. */
-struct rpc_opts {
-    bool force;
-    bool durable;
-    bool has_size;
-    uint64_t group_size;
-    uint64_t size;                  /* register_buffer */
-    bool rdma;                      /* register_buffer: transport "rdma" (else "shm") */
-    bool has_addr;
-    bool has_rkey;
-    uint64_t addr;                  /* register_buffer over rdma: the client's region */
-    uint32_t rkey;
-    const uint8_t *qp;              /* register_buffer over rdma: the client's queue-pair info */
-    uint32_t qp_len;
-    bool want_qp;                   /* hello {"rdma": true}: make the connection's queue pair */
-    const char *tenant;             /* hello: the tenant to authenticate as, or NULL */
-    uint32_t tenant_len;
-    const uint8_t *token;           /* hello: its token */
-    uint32_t token_len;
-};
-
-/*
- * rpc_shared_view: the connection may see what is beyond its namespace
- * (the whole arena, every tenant's counters): no tenants are configured, or
- * it authenticated as the admin tenant.
- */
-bool rpc_shared_view(const struct rpc_ctx *ctx);
-
-/* rpc_reply_head: start the success reply [1, msgid, nil, ...]; the result follows. */
-void rpc_reply_head(struct rpc_req *rq);
-
-/* rpc_pack_head: the same for a reply built later (a deferred one), on pk. */
-void rpc_pack_head(msgpack_packer *pk, uint64_t msgid);
-
-/* rpc_reply_error: the whole error reply [1, msgid, [code, name, msg], nil]. */
-void rpc_reply_error(struct rpc_req *rq, int status, const char *msg);
-
-/* rpc_invalid: note why and return KV_INVALID_ARGUMENT (a request-level error). */
-int rpc_invalid(struct rpc_req *rq, const char *why);
-
-/*
- * rpc_read_key: read a bin or str key (a key too long to buffer reads back
- * with length UINT32_MAX, see rpc.c). 0 or -1.
- */
-int rpc_read_key(struct mp_reader *rd, const uint8_t **p, uint32_t *len);
-
-/* rpc_key: the store key of bytes p[0..len) in the connection's tenant. */
-void rpc_key(struct rpc_req *rq, const uint8_t *p, uint32_t len, struct kv_key *k);
-
-/* rpc_keys_check: read a keys array header (<= max_batch) and check every key. */
-int rpc_keys_check(struct rpc_req *rq, uint32_t *n);
-
-/*
- * rpc_keys_skip: rpc_keys_check for a keys param that other params follow: in
- * one pass, *keys is left on the first key (for the handler's own pass) and
- * the request's reader after the last one.
- */
-int rpc_keys_skip(struct rpc_req *rq, uint32_t *n, struct mp_reader *keys);
-
-/* rpc_opts_read: the optional opts map at param idx (absent or nil: all defaults). */
-int rpc_opts_read(struct rpc_req *rq, uint32_t idx, struct rpc_opts *o);
-
-/* rpc_put_opts_read: rpc_opts_read for a put; a durable put needs the SSD tier. */
-int rpc_put_opts_read(struct rpc_req *rq, uint32_t idx, struct rpc_opts *o);
-
-/* rpc_arity: the request has between min and max params, else a request error. */
-int rpc_arity(struct rpc_req *rq, uint32_t min, uint32_t max);
-
-/*
- * rpc_get_refs: references on the n objects of keys (NULL for a miss), or
- * -EAGAIN (nothing held) while some are being loaded from the SSD tier.
- * Keys with skip[i] set (skip may be NULL) are neither looked up nor
- * loaded, and objs[i] is left as it is for them.
- */
-int rpc_get_refs(struct rpc_req *rq, struct mp_reader keys, uint32_t n, struct store_obj **objs,
-                 const uint8_t *skip);
 
 /*
  * A reply that waits for durable puts: the per-key codes so far and a

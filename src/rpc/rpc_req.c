@@ -1,0 +1,328 @@
+/*
+ * rpc_req: the request at hand: the reply and param helpers every method
+ * uses (reply heads and errors, keys, opts, arity) and the key lookups of
+ * the methods that read objects (rpc_get_refs). It calls no other rpc
+ * module, so any of them may call it; it never touches sockets or the event
+ * loop, and reaches objects only through storage/store.h.
+ */
+#include "rpc_req.h"
+
+#include <errno.h>
+#include <msgpack.h>
+#include <stdbool.h>
+#include <string.h>
+
+#include "config.h"
+#include "kverr.h"
+#include "mp.h"
+#include "store.h"
+
+/* ---- reply helpers ---- */
+
+void
+rpc_reply_head(struct rpc_req *rq)
+{
+    rq->replied = true;
+    rpc_pack_head(&rq->pk, rq->msgid);
+}
+
+void
+rpc_pack_head(msgpack_packer *pk, uint64_t msgid)
+{
+    msgpack_pack_array(pk, 4);
+    msgpack_pack_uint8(pk, 1);
+    msgpack_pack_uint64(pk, msgid);
+    msgpack_pack_nil(pk);
+}
+
+void
+rpc_reply_error(struct rpc_req *rq, int status, const char *msg)
+{
+    rq->replied = true;
+    msgpack_pack_array(&rq->pk, 4);
+    msgpack_pack_uint8(&rq->pk, 1);
+    msgpack_pack_uint64(&rq->pk, rq->msgid);
+    mp_pack_error(&rq->pk, status, msg);
+    msgpack_pack_nil(&rq->pk);
+}
+
+int
+rpc_invalid(struct rpc_req *rq, const char *why)
+{
+    rq->errmsg = why;
+    return KV_INVALID_ARGUMENT;
+}
+
+/* ---- param helpers ---- */
+
+/*
+ * Read a key that may have been spilled: a key longer than any max_key_size is
+ * received into a discarding hole, never into the buffer, and reads back here
+ * with a length of UINT32_MAX, so every method answers it per key exactly as
+ * it answers any other key over max_key_size.
+ */
+int
+rpc_read_key(struct mp_reader *rd, const uint8_t **p, uint32_t *len)
+{
+    const struct mp_hole *hole;
+    uint64_t n;
+
+    *p = NULL;
+    *len = 0;
+    if (mp_read_key_ref(rd, p, &n, &hole) != 0) {
+        return -1;
+    }
+    *len = (hole != NULL || n > UINT32_MAX) ? UINT32_MAX : (uint32_t)n;
+    return 0;
+}
+
+void
+rpc_key(struct rpc_req *rq, const uint8_t *p, uint32_t len, struct kv_key *k)
+{
+    k->tenant = rq->ctx->tenant;
+    k->ptr = p;
+    k->len = len;
+}
+
+/*
+ * Check that the next param is an array of keys within max_batch; leave the
+ * reader on the first key and return the count through *n. A key over
+ * max_key_size is not an error here: each method answers it per key.
+ */
+int
+rpc_keys_check(struct rpc_req *rq, uint32_t *n)
+{
+    struct mp_reader start;
+    int rc = rpc_keys_skip(rq, n, &start);
+
+    rq->rd = start;
+    return rc;
+}
+
+int
+rpc_keys_skip(struct rpc_req *rq, uint32_t *n, struct mp_reader *keys)
+{
+    const uint8_t *p;
+    uint32_t len;
+
+    *keys = rq->rd;
+    if (mp_read_array(&rq->rd, n) != 0) {
+        return rpc_invalid(rq, "keys must be an array of bin or str");
+    }
+    if (*n > rq->ctx->lim->max_batch) {
+        rq->errmsg = "batch larger than max_batch";
+        return KV_TOO_LARGE;
+    }
+    *keys = rq->rd;
+    for (uint32_t i = 0; i < *n; i++) {
+        if (rpc_read_key(&rq->rd, &p, &len) != 0) {
+            return rpc_invalid(rq, "keys must be an array of bin or str");
+        }
+    }
+    return 0;
+}
+
+int
+rpc_opts_read(struct rpc_req *rq, uint32_t idx, struct rpc_opts *o)
+{
+    uint32_t n;
+
+    memset(o, 0, sizeof(*o));
+    if (rq->nparams <= idx) {
+        return 0;
+    }
+    if (mp_peek(&rq->rd) == MP_NIL) {
+        mp_read_nil(&rq->rd);
+        return 0;
+    }
+    if (mp_read_map(&rq->rd, &n) != 0) {
+        return rpc_invalid(rq, "opts must be a map");
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        const uint8_t *np;
+        uint64_t nl;
+        const struct mp_hole *nh;
+        /* a name too long to buffer was dropped on arrival: an unknown option, as inline */
+        if (mp_peek(&rq->rd) != MP_STR || mp_read_key_ref(&rq->rd, &np, &nl, &nh) != 0) {
+            return rpc_invalid(rq, "opts keys must be strings");
+        }
+        const char *name = nh != NULL ? "" : (const char *)np;
+        uint32_t nlen = nh != NULL ? 0 : (uint32_t)nl;
+        if (mp_str_eq(name, nlen, "force")) {
+            if (mp_read_bool(&rq->rd, &o->force) != 0) {
+                return rpc_invalid(rq, "opts.force must be a bool");
+            }
+        } else if (mp_str_eq(name, nlen, "durable")) {
+            if (mp_read_bool(&rq->rd, &o->durable) != 0) {
+                return rpc_invalid(rq, "opts.durable must be a bool");
+            }
+        } else if (mp_str_eq(name, nlen, "size")) {
+            if (mp_read_uint(&rq->rd, &o->size) != 0) {
+                return rpc_invalid(rq, "opts.size must be an unsigned integer");
+            }
+            o->has_size = true;
+        } else if (mp_str_eq(name, nlen, "transport")) {
+            const char *t;
+            uint32_t tl;
+
+            if (mp_read_str(&rq->rd, &t, &tl) != 0
+                || (!mp_str_eq(t, tl, "rdma") && !mp_str_eq(t, tl, "shm"))) {
+                return rpc_invalid(rq, "opts.transport must be \"shm\" or \"rdma\"");
+            }
+            o->rdma = mp_str_eq(t, tl, "rdma");
+        } else if (mp_str_eq(name, nlen, "tenant") || mp_str_eq(name, nlen, "token")) {
+            /* Longer than max_key_size: dropped on arrival if it was not buffered, so refused
+             * either way (SPEC.md, section 7) */
+            bool tenant = name[1] == 'e';
+            const struct mp_hole *th;
+            const uint8_t *tp;
+            uint64_t tl;
+
+            if ((tenant && mp_peek(&rq->rd) != MP_STR) ||
+                mp_read_key_ref(&rq->rd, &tp, &tl, &th) != 0 || th != NULL ||
+                tl > rq->ctx->lim->max_key_size) {
+                return rpc_invalid(rq, tenant ? "opts.tenant must be a str of at most "
+                                                "max_key_size bytes"
+                                              : "opts.token must be a str or bin of at most "
+                                                "max_key_size bytes");
+            }
+            if (tenant) {
+                o->tenant = (const char *)tp;
+                o->tenant_len = (uint32_t)tl;
+            } else {
+                o->token = tp;
+                o->token_len = (uint32_t)tl;
+            }
+        } else if (mp_str_eq(name, nlen, "rdma")) {
+            if (mp_read_bool(&rq->rd, &o->want_qp) != 0) {
+                return rpc_invalid(rq, "opts.rdma must be a bool");
+            }
+        } else if (mp_str_eq(name, nlen, "qp")) {
+            const struct mp_hole *qh;
+            uint64_t ql;
+
+            if (mp_read_bin_ref(&rq->rd, &o->qp, &ql, &qh) != 0 || qh != NULL || ql > 64) {
+                return rpc_invalid(rq, "opts.qp must be the queue-pair info (bin)");
+            }
+            o->qp_len = (uint32_t)ql;
+        } else if (mp_str_eq(name, nlen, "addr")) {
+            if (mp_read_uint(&rq->rd, &o->addr) != 0) {
+                return rpc_invalid(rq, "opts.addr must be an unsigned integer");
+            }
+            o->has_addr = true;
+        } else if (mp_str_eq(name, nlen, "rkey")) {
+            uint64_t v;
+
+            if (mp_read_uint(&rq->rd, &v) != 0 || v > UINT32_MAX) {
+                return rpc_invalid(rq, "opts.rkey must be a 32-bit unsigned integer");
+            }
+            o->rkey = (uint32_t)v;
+            o->has_rkey = true;
+        } else if (mp_str_eq(name, nlen, "group_size")) {
+            if (mp_read_uint(&rq->rd, &o->group_size) != 0 || o->group_size == 0) {
+                return rpc_invalid(rq, "opts.group_size must be a positive integer");
+            }
+        } else if (mp_skip(&rq->rd) != 0) {
+            return rpc_invalid(rq, "malformed opts");
+        }
+    }
+    return 0;
+}
+
+int
+rpc_put_opts_read(struct rpc_req *rq, uint32_t idx, struct rpc_opts *o)
+{
+    int rc = rpc_opts_read(rq, idx, o);
+
+    if (rc == 0 && o->durable && !store_has_tier(rq->ctx->srv->store)) {
+        rq->errmsg = "durable puts need the SSD tier (ssd_dir)";
+        return KV_UNSUPPORTED;
+    }
+    return rc;
+}
+
+int
+rpc_arity(struct rpc_req *rq, uint32_t min, uint32_t max)
+{
+    if (rq->nparams < min || rq->nparams > max) {
+        return rpc_invalid(rq, "wrong number of params");
+    }
+    return 0;
+}
+
+
+
+bool
+rpc_shared_view(const struct rpc_ctx *ctx)
+{
+    return ctx->lim->tenants == NULL || ctx->lim->tenants->n == 0 || ctx->admin;
+}
+
+/* ---- lookups ---- */
+
+/*
+ * Look up the n keys of a get or batch_get, a reference on each one found
+ * in objs (NULL for a miss). Returns 0, or -EAGAIN when some are on the SSD
+ * tier only: their loads have started (all of them at once), nothing is
+ * held, and the connection retries the message once they are in.
+ */
+int
+rpc_get_refs(struct rpc_req *rq, struct mp_reader keys, uint32_t n, struct store_obj **objs,
+             const uint8_t *skip)
+{
+    struct store *st = rq->ctx->srv->store;
+    struct mp_reader probe = keys;
+    int rc = 0;
+
+    /*
+     * With an SSD tier, first start every load without touching anything: a key
+     * found resident is not stamped (nor, for an unpromoted copy, used up) by a
+     * try that waits. Without one nothing can wait, and one pass is enough.
+     */
+    for (uint32_t i = 0; i < n && !rq->ctx->final_try && store_has_tier(st); i++) {
+        const uint8_t *kp;
+        uint32_t klen;
+        struct kv_key key;
+
+        rpc_read_key(&probe, &kp, &klen);
+        if (klen > rq->ctx->lim->max_key_size || (skip != NULL && skip[i])) {
+            continue;
+        }
+        rpc_key(rq, kp, klen, &key);
+        if (store_prefetch(st, &key)) {
+            rc = -EAGAIN;
+        }
+    }
+    if (rc != 0) {
+        return rc;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        const uint8_t *kp;
+        uint32_t klen;
+        struct kv_key key;
+        int r;
+
+        rpc_read_key(&keys, &kp, &klen);
+        if (skip != NULL && skip[i]) {
+            continue;
+        }
+        objs[i] = NULL;
+        if (klen > rq->ctx->lim->max_key_size) {
+            continue;
+        }
+        rpc_key(rq, kp, klen, &key);
+        r = store_get(st, &key, &objs[i]);
+        if (r == -EAGAIN && !rq->ctx->final_try) {
+            rc = -EAGAIN;
+        }
+    }
+    if (rc != 0) {
+        for (uint32_t i = 0; i < n; i++) {
+            if (skip == NULL || !skip[i]) {
+                store_obj_unref(st, objs[i]);
+                objs[i] = NULL;
+            }
+        }
+    }
+    return rc;
+}
