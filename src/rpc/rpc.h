@@ -21,56 +21,15 @@
 #include <stdint.h>
 
 #include "rpc_ctx.h"
+#include "rpc_spill.h"
 
 struct mp_hole;
 struct outq;
 struct rdma_cq;
 struct store_obj;
 
-/*
- * A put value received straight into the store: its reservation, or why none.
- * rpc_dispatch may abort the reservation itself (a batch_put key repeated
- * after an inline copy: the first copy is the one stored) and set code to a
- * value of its own; the caller keeps the struct unchanged across -EAGAIN.
- */
-struct rpc_spill {
-    struct store_obj *obj;   /* RESERVED object holding the value, or NULL */
-    int code;                /* when obj is NULL: the key's outcome (EXISTS, BUSY, ...) */
-};
-
-/* Where the spill decision has got to within one message (reset per message). */
-struct rpc_spill_cursor {
-    int state;               /* 0 = not parsed yet, 1 = put, 2 = batch_put, -1 = decline all */
-    uint32_t nkeys;
-    uint32_t key_idx;        /* index of the key at key_off */
-    size_t key_off;          /* message offset of key number key_idx */
-};
-
 /* rpc_method_name: the wire name of a method id. */
 const char *rpc_method_name(int method);
-
-/* rpc_spill_reset: start a new message. */
-void rpc_spill_reset(struct rpc_spill_cursor *cur);
-
-/*
- * rpc_spill_take: a str/bin (is_bin) of vlen bytes at path[0..depth) of the
- * message whose first len bytes are msg (with the holes spilled so far) is
- * about to arrive. Returns 1 and fills *sp when its bytes must not go to the
- * connection buffer:
- *   - the value of a put or batch_put: sp->obj is a reservation to receive
- *     it into, or NULL with sp->code saying why the key cannot be stored
- *     (the bytes are then discarded); sp->code -EAGAIN means the key must
- *     wait for DRAM room the SSD tier is freeing: the caller leaves the
- *     value on the wire and asks again later with the same arguments;
- *   - anything else longer than max_key_size: sp->obj is NULL and the bytes
- *     are discarded; a key there reads as one over max_key_size (answered
- *     per key as usual), anything else as a bad parameter. Memory stays flat
- *     whatever a client declares.
- * Otherwise returns 0: buffer it like any other bytes.
- */
-int rpc_spill_take(struct rpc_ctx *ctx, struct rpc_spill_cursor *cur, const uint8_t *msg,
-                   size_t len, const struct mp_hole *holes, size_t nholes, const uint32_t *path,
-                   int depth, uint64_t vlen, int is_bin, struct rpc_spill *sp);
 
 /*
  * rpc_dispatch: handle one complete message msg[0..len) whose spilled put
