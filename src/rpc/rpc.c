@@ -221,19 +221,6 @@ rpc_hello(struct rpc_req *rq)
     return 0;
 }
 
-bool
-rpc_pending(const struct rpc_ctx *ctx)
-{
-    return ctx->deferred != NULL || ctx->xfer != NULL;
-}
-
-uint32_t
-rpc_pending_replies(const struct rpc_ctx *ctx)
-{
-    /* A durable batch_put_from leaves the transfer queue as it becomes the deferred reply. */
-    return ctx->nxfer + (ctx->deferred != NULL);
-}
-
 void
 rpc_ctx_release(struct rpc_ctx *ctx)
 {

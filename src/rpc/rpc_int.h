@@ -11,37 +11,10 @@
 #include <stdint.h>
 
 #include "rpc.h"
+#include "rpc_defer.h"
 #include "rpc_req.h"
 
 struct store_obj;
-
-/*
- * A reply that waits for durable puts: the per-key codes so far and a
- * reference on each object stored, until the SSD tier says how it went
- * (rpc_deferred_poll). Also what a batch that waits for room did so far
- * (ctx->resume: the keys before `next` are done).
- */
-struct rpc_deferred {
-    uint64_t msgid;
-    bool batch;
-    uint32_t n;
-    uint32_t next;
-    int *codes;
-    struct store_obj **objs;
-};
-
-/* rpc_deferred_new: the reply to msgid, codes and objs for n keys all 0/NULL; NULL if no memory. */
-struct rpc_deferred *rpc_deferred_new(uint64_t msgid, uint32_t n, bool batch);
-
-/* rpc_deferred_free: unref what it holds and free it. Accepts NULL. */
-void rpc_deferred_free(struct rpc_ctx *ctx, struct rpc_deferred *d);
-
-/* rpc_deferred_track: key i was stored: ask the SSD tier for it and remember it in d. */
-void rpc_deferred_track(struct rpc_req *rq, struct rpc_deferred *d, uint32_t i, const uint8_t *kp,
-                        uint32_t klen);
-
-/* rpc_deferred_hold: the same for a published object o, whose reference becomes d's. */
-void rpc_deferred_hold(struct rpc_ctx *ctx, struct rpc_deferred *d, uint32_t i, struct store_obj *o);
 
 /*
  * The put path (rpc_put.c): the put and batch_put handlers, called by

@@ -2,10 +2,10 @@
  * rpc_put: the put path. put and batch_put, storing each value from
  * inline bytes or from the reservation it was received into while still on
  * the wire (rpc_spill.c made it); a key repeated within one batch_put (the
- * first copy is the one stored, however the bytes arrived);
- * and the deferred replies of durable puts and of batches that wait for
- * DRAM room (struct rpc_deferred, also used by rpc_shm.c and rpc_direct.c),
- * answered by rpc_deferred_poll once the SSD tier says how it went.
+ * first copy is the one stored, however the bytes arrived). A durable put
+ * leaves its reply to rpc_defer.c (struct rpc_deferred), which answers once
+ * the SSD tier says how it went; a batch that waits for DRAM room keeps what
+ * it did in ctx->resume (a struct rpc_deferred too).
  *
  * A reservation rpc_spill_take makes is committed when its put is handled,
  * or aborted when an earlier copy of its key takes the key back
@@ -24,7 +24,6 @@
 
 #include "kverr.h"
 #include "mp.h"
-#include "outq.h"
 #include "store.h"
 
 #define RPC_DUPS_STACK 64               /* rpc_dups slots kept on the stack (32 reservations) */
@@ -65,126 +64,6 @@ rpc_store_value(struct rpc_req *rq, const uint8_t *kp, uint32_t klen, const uint
         return rq->ctx->final_try ? KV_NO_SPACE : -EAGAIN;
     }
     return rc < 0 ? KV_INTERNAL : rc;
-}
-
-void
-rpc_deferred_free(struct rpc_ctx *ctx, struct rpc_deferred *d)
-{
-    if (d == NULL) {
-        return;
-    }
-    for (uint32_t i = 0; i < d->n; i++) {
-        store_obj_unref(ctx->srv->store, d->objs[i]);
-    }
-    free(d->codes);
-    free(d->objs);
-    free(d);
-}
-
-struct rpc_deferred *
-rpc_deferred_new(uint64_t msgid, uint32_t n, bool batch)
-{
-    struct rpc_deferred *d = calloc(1, sizeof(*d));
-
-    if (d == NULL) {
-        return NULL;
-    }
-    d->codes = calloc(n ? n : 1, sizeof(*d->codes));
-    d->objs = calloc(n ? n : 1, sizeof(*d->objs));
-    if (d->codes == NULL || d->objs == NULL) {
-        free(d->codes);
-        free(d->objs);
-        free(d);
-        return NULL;
-    }
-    d->msgid = msgid;
-    d->batch = batch;
-    d->n = n;
-    return d;
-}
-
-void
-rpc_deferred_track(struct rpc_req *rq, struct rpc_deferred *d, uint32_t i, const uint8_t *kp,
-                   uint32_t klen)
-{
-    struct store *st = rq->ctx->srv->store;
-    struct store_obj *o = NULL;
-    struct kv_key key;
-    int rc;
-
-    rpc_key(rq, kp, klen, &key);
-    rc = klen == UINT32_MAX ? KV_NOT_FOUND : store_get(st, &key, &o);
-    if (rc == -EAGAIN) {
-        d->codes[i] = 0;                /* already left DRAM, which it only does once on SSD */
-        return;
-    }
-    if (rc != 0) {
-        d->codes[i] = KV_NO_SPACE;      /* gone already (removed): not on SSD either */
-        return;
-    }
-    rpc_deferred_hold(rq->ctx, d, i, o);
-}
-
-void
-rpc_deferred_hold(struct rpc_ctx *ctx, struct rpc_deferred *d, uint32_t i, struct store_obj *o)
-{
-    int rc = store_sync(ctx->srv->store, o);
-
-    if (rc != 0) {
-        store_obj_unref(ctx->srv->store, o);
-        d->codes[i] = rc;           /* UNSUPPORTED, or QUOTA_EXCEEDED: in DRAM only, not durable */
-        return;
-    }
-    d->objs[i] = o;
-}
-
-int
-rpc_deferred_poll(struct rpc_ctx *ctx, struct outq *out)
-{
-    struct rpc_deferred *d = ctx->deferred;
-    msgpack_packer pk;
-
-    if (ctx->xfer != NULL) {
-        return rpc_xfer_poll(ctx, out);
-    }
-    if (d == NULL) {
-        return 0;
-    }
-    for (uint32_t i = 0; i < d->n; i++) {
-        if (d->objs[i] != NULL && store_obj_ssd_state(d->objs[i]) == STORE_SSD_QUEUED) {
-            return -EINPROGRESS;
-        }
-    }
-    for (uint32_t i = 0; i < d->n; i++) {
-        struct store_obj *o = d->objs[i];
-
-        if (o == NULL) {
-            continue;
-        }
-        if (store_obj_ssd_state(o) != STORE_SSD_STORED) {
-            /* Not durable, so not stored: take it back (unless someone reads it now). */
-            struct kv_key key;
-
-            store_obj_key(o, &key);
-            d->codes[i] = KV_NO_SPACE;
-            d->objs[i] = NULL;
-            store_obj_unref(ctx->srv->store, o);
-            (void)store_remove(ctx->srv->store, &key, true);
-            continue;
-        }
-    }
-    msgpack_packer_init(&pk, out, outq_pack_write);
-    rpc_pack_head(&pk, d->msgid);
-    if (d->batch) {
-        msgpack_pack_array(&pk, d->n);
-    }
-    for (uint32_t i = 0; i < d->n; i++) {
-        msgpack_pack_int(&pk, d->codes[i]);
-    }
-    outq_reply_end(out);
-    ctx->deferred = NULL;
-    rpc_deferred_free(ctx, d);
-    return out->failed ? -ENOMEM : 0;
 }
 
 int

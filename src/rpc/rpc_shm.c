@@ -3,84 +3,42 @@
  * buffers"): register_buffer, unregister_buffer, batch_put_from and
  * batch_get_into. A transfer is validated and set up here, on the event
  * loop (keys, pieces against their buffers, reservations or references,
- * one copy segment per contiguous run), then copied by the copy threads
- * (storage/copier.h); its reply is built when the copies are done
- * (rpc_xfer_poll), so the loop never does a big memcpy.
+ * one copy segment per contiguous run), then handed to rpc_defer.c, which
+ * has the copy threads (storage/copier.h) run it and answers when the
+ * copies are done, so the loop never does a big memcpy. Keys of a
+ * batch_get_into that are on the SSD only and whose pieces suit O_DIRECT
+ * are read from the disk straight into the client's pieces.
  *
- * A transfer holds everything it touches until it ends: the reservations
- * of a put (committed at the end, aborted if the connection went away),
- * the references of a get, and a reference on every buffer a piece names
- * (so an unregister or a close never unmaps memory being copied).
- *
- * Pieces may name RDMA buffers instead (rpc_rdma.c): such a transfer is a
- * list of RDMA READs (put) or WRITEs (get) between the arena and the
- * client's memory, posted on the connection's queue pair from the event
- * loop (posting copies nothing) at most RPC_RDMA_QP_WR at a time, and
- * accounted by rpc_rdma_cq_poll as they complete. A transfer whose
- * connection closes with work posted is freed by its last completion
- * (destroying the queue pair flushes them all). One request's pieces all
- * name buffers of one kind.
+ * Buffers come as descriptors with the request (ctx->take_fd, over the Unix
+ * socket); the connection's set of them (ctx->bufs) is made here on demand
+ * and mapped by storage/shmbuf.h. Pieces may name RDMA buffers instead
+ * (rpc_rdma.c): such a transfer is a list of RDMA READs (put) or WRITEs
+ * (get) between the arena and the client's memory. One request's pieces all
+ * name buffers of one kind. Like every handler file it calls only the
+ * shared pieces below it (rpc_defer, rpc_rdma, rpc_req) and never touches
+ * sockets or the event loop.
  */
 #include "rpc_int.h"
 
 #include <errno.h>
+#include <msgpack.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include "copier.h"
 #include "kverr.h"
-#include "outq.h"
-#include "rdma_port.h"
+#include "mp.h"
+#include "rpc_defer.h"
+#include "rpc_req.h"
 #include "shmbuf.h"
 #include "store.h"
 
 #define RPC_MAX_PIECES 65536        /* pieces of one request */
 #define RPC_DIRECT_ALIGN 4096u      /* what O_DIRECT needs of the client's pieces */
 
-#define RPC_XFER_MAX 4              /* transfers of one connection in flight at once */
-
-struct rpc_xfer {
-    struct copy_job job;            /* first member: the copier hands it back */
-    struct rpc_xfer *qnext;         /* the connection's next transfer (ctx->xfer queue) */
-    struct store *st;
-    uint64_t msgid;
-    bool put;                       /* batch_put_from; else batch_get_into */
-    bool durable;                   /* put: answered once the objects are on the SSD tier */
-    uint32_t n;
-    int64_t *res;                   /* put: code; get: bytes or minus a code */
-    struct store_obj **objs;        /* put: reservations to commit; get: references */
-    struct shmbuf **bufs;           /* a reference per piece used */
-    uint32_t nbufs;
-    struct copy_seg *segs;
-    size_t nsegs;
-    size_t capsegs;
-    uint32_t next;                  /* a put that waits for room goes on from this key */
-    struct rpc_dread *dreads;       /* get: per key, a read from the SSD into its pieces */
-    int kind;                       /* RPC_PIECES_*: what the pieces read so far name */
-    /* RDMA transfers: */
-    struct rpc_rop *rops;
-    size_t nrops;
-    size_t caprops;
-    size_t next_rop;                /* the next to post */
-    size_t rops_left;               /* posted, not completed */
-    struct rdma_qp *qp;
-    const struct rdma_region *arena;
-    bool abandoned;                 /* its connection closed: freed by the last completion */
-};
-
 enum { RPC_PIECES_NONE, RPC_PIECES_SHM, RPC_PIECES_RDMA };
-
-/* One RDMA operation of a transfer: its wr_id is the operation's address. */
-struct rpc_rop {
-    struct rpc_xfer *x;
-    void *local;                    /* arena memory */
-    uint64_t raddr;
-    uint64_t len;
-    uint32_t rkey;
-    uint32_t key;
-};
 
 /* A get_into key read from the SSD tier straight into the client's pieces. */
 struct rpc_dread {
@@ -174,120 +132,6 @@ rpc_unregister_buffer(struct rpc_req *rq)
 }
 
 /* ---- transfers ---- */
-
-static void
-rpc_xfer_free(struct rpc_xfer *x)
-{
-    for (uint32_t i = 0; i < x->n; i++) {
-        if (x->objs[i] == NULL) {
-            continue;
-        }
-        if (x->put) {
-            store_abort(x->st, x->objs[i]);
-        } else {
-            store_obj_unref(x->st, x->objs[i]);
-        }
-    }
-    for (uint32_t i = 0; i < x->nbufs; i++) {
-        shmbuf_unref(x->bufs[i]);
-    }
-    free(x->res);
-    free(x->objs);
-    free(x->bufs);
-    free(x->dreads);
-    free(x->segs);
-    free(x->rops);
-    free(x);
-}
-
-/* The copier's hook for a transfer whose connection went away. */
-static void
-rpc_xfer_orphan(struct copy_job *job)
-{
-    rpc_xfer_free((struct rpc_xfer *)job);
-}
-
-static struct rpc_xfer *
-rpc_xfer_new(struct rpc_req *rq, uint32_t n, uint32_t npieces, bool put)
-{
-    struct rpc_xfer *x = calloc(1, sizeof(*x));
-
-    if (x == NULL) {
-        return NULL;
-    }
-    x->res = calloc(n ? n : 1, sizeof(*x->res));
-    x->objs = calloc(n ? n : 1, sizeof(*x->objs));
-    x->bufs = calloc(npieces ? npieces : 1, sizeof(*x->bufs));
-    if (x->res == NULL || x->objs == NULL || x->bufs == NULL) {
-        free(x->res);
-        free(x->objs);
-        free(x->bufs);
-        free(x);
-        return NULL;
-    }
-    x->st = rq->ctx->srv->store;
-    x->msgid = rq->msgid;
-    x->put = put;
-    x->n = n;
-    x->job.release = rpc_xfer_orphan;
-    atomic_init(&x->job.state, COPY_JOB_RUNNING);
-    return x;
-}
-
-static int
-rpc_xfer_seg(struct rpc_xfer *x, void *dst, const void *src, size_t len)
-{
-    if (x->nsegs == x->capsegs) {
-        size_t cap = x->capsegs != 0 ? x->capsegs * 2 : 64;
-        struct copy_seg *s = realloc(x->segs, cap * sizeof(*s));
-
-        if (s == NULL) {
-            return -ENOMEM;
-        }
-        x->segs = s;
-        x->capsegs = cap;
-    }
-    x->segs[x->nsegs].dst = dst;
-    x->segs[x->nsegs].src = src;
-    x->segs[x->nsegs].len = len;
-    x->segs[x->nsegs].run = NULL;
-    x->segs[x->nsegs].arg = NULL;
-    x->nsegs++;
-    return 0;
-}
-
-/* rpc_xfer_run: a segment that calls run(arg) on a copy thread. 0 or -ENOMEM. */
-static int
-rpc_xfer_run(struct rpc_xfer *x, void (*run)(void *), void *arg)
-{
-    int rc = rpc_xfer_seg(x, NULL, NULL, 0);
-
-    if (rc == 0) {
-        x->segs[x->nsegs - 1].run = run;
-        x->segs[x->nsegs - 1].arg = arg;
-    }
-    return rc;
-}
-
-/* rpc_xfer_rop: an RDMA operation between arena memory and a client piece. 0 or -ENOMEM. */
-static int
-rpc_xfer_rop(struct rpc_xfer *x, uint32_t key, void *local, uint64_t raddr, uint32_t rkey,
-             uint64_t len)
-{
-    if (x->nrops == x->caprops) {
-        size_t cap = x->caprops != 0 ? x->caprops * 2 : 16;
-        struct rpc_rop *r = realloc(x->rops, cap * sizeof(*r));
-
-        if (r == NULL) {
-            return -ENOMEM;
-        }
-        x->rops = r;
-        x->caprops = cap;
-    }
-    x->rops[x->nrops++] = (struct rpc_rop){.x = x, .local = local, .raddr = raddr,
-                                           .len = len, .rkey = rkey, .key = key};
-    return 0;
-}
 
 /*
  * rpc_xfer_map: what moves `limit` bytes between an object's extents and
@@ -464,102 +308,6 @@ rpc_pieces_read(struct rpc_req *rq, struct mp_reader *rd, struct rpc_xfer *x,
     return rc;
 }
 
-/* rpc_rop_fail: an RDMA operation of key failed with code: so does the key. */
-static void
-rpc_rop_fail(struct rpc_xfer *x, uint32_t key, int code)
-{
-    if (x->put && x->res[key] == 0) {
-        x->res[key] = code;         /* the reservation is aborted at the end */
-    } else if (!x->put && x->res[key] >= 0) {
-        x->res[key] = -(int64_t)code;
-    }
-}
-
-/*
- * rpc_xfer_pump: post the transfer's next RDMA operations while the queue
- * pair takes them (the rest goes as completions free room).
- */
-static void
-rpc_xfer_pump(struct rpc_xfer *x)
-{
-    while (x->next_rop < x->nrops) {
-        struct rpc_rop *r = &x->rops[x->next_rop];
-        int rc = x->qp == NULL ? KV_UNAVAILABLE
-                               : rdma_qp_post(x->qp, x->put ? RDMA_OP_READ : RDMA_OP_WRITE,
-                                              x->arena, r->local, r->len, r->raddr, r->rkey,
-                                              (uint64_t)(uintptr_t)r);
-
-        if (rc == -EAGAIN) {
-            return;                 /* full: some of ours are posted, their completions resume */
-        }
-        x->next_rop++;
-        if (rc != 0) {
-            rpc_rop_fail(x, r->key, rc < 0 ? KV_INTERNAL : rc);
-            continue;
-        }
-        x->rops_left++;
-    }
-}
-
-int
-rpc_rdma_cq_poll(struct rdma_cq *cq)
-{
-    struct rdma_done done[64];
-    int total = 0;
-    int n;
-
-    do {
-        n = rdma_cq_poll(cq, done, 64);
-        for (int i = 0; i < n; i++) {
-            struct rpc_rop *r = (struct rpc_rop *)(uintptr_t)done[i].wr_id;
-            struct rpc_xfer *x = r->x;
-
-            if (done[i].status != 0) {
-                rpc_rop_fail(x, r->key, done[i].status);
-            }
-            x->rops_left--;
-            if (x->abandoned) {
-                if (x->rops_left == 0) {
-                    rpc_xfer_free(x);
-                }
-                continue;
-            }
-            rpc_xfer_pump(x);
-        }
-        total += n > 0 ? n : 0;
-    } while (n == 64);
-    return total;
-}
-
-/* Hand a transfer to the copiers, or answer at once when it has nothing to copy. */
-static int
-rpc_xfer_start(struct rpc_req *rq, struct rpc_xfer *x)
-{
-    struct rpc_xfer **pp = &rq->ctx->xfer;
-    bool first = *pp == NULL;
-
-    while (*pp != NULL) {
-        pp = &(*pp)->qnext;
-    }
-    *pp = x;                        /* answered in order, after those before it */
-    rq->ctx->nxfer++;
-    if (x->nrops > 0) {
-        x->qp = rpc_rdma_qp(rq->ctx);
-        x->arena = rq->ctx->srv->rdma_arena;
-        atomic_store(&x->job.state, COPY_JOB_DONE);     /* nothing for the copy threads */
-        rpc_xfer_pump(x);
-        return 0;                   /* answered once the work completes (rpc_rdma_cq_poll) */
-    }
-    if (x->nsegs == 0) {
-        atomic_store(&x->job.state, COPY_JOB_DONE);
-        return first ? rpc_xfer_poll(rq->ctx, rq->out) : 0;
-    }
-    x->job.segs = x->segs;
-    x->job.nsegs = x->nsegs;
-    copier_submit(rq->ctx->srv->copier, &x->job);
-    return 0;
-}
-
 int
 rpc_batch_put_from(struct rpc_req *rq)
 {
@@ -647,7 +395,7 @@ rpc_batch_put_from(struct rpc_req *rq)
         x->res[i] = rc;
     }
     free(pc);
-    return rpc_xfer_start(rq, x);
+    return rpc_xfer_start(rq->ctx, x, rpc_rdma_qp(rq->ctx), rq->out);
 }
 
 /* One key's pieces within a transfer's piece array, as rpc_pieces_read found them. */
@@ -810,139 +558,5 @@ out:
         }
         return rc;
     }
-    return rpc_xfer_start(rq, x);
-}
-
-/* rpc_xfer_pop: the oldest transfer leaves the connection's queue. */
-static void
-rpc_xfer_pop(struct rpc_ctx *ctx)
-{
-    ctx->xfer = ctx->xfer->qnext;
-    ctx->nxfer--;
-}
-
-bool
-rpc_xfer_room(const struct rpc_ctx *ctx)
-{
-    if (ctx->xfer == NULL || ctx->nxfer >= RPC_XFER_MAX || ctx->deferred != NULL
-        || ctx->resume != NULL || ctx->xresume != NULL) {
-        return false;
-    }
-    for (const struct rpc_xfer *x = ctx->xfer; x != NULL; x = x->qnext) {
-        if (x->put) {
-            return false;
-        }
-    }
-    return true;
-}
-
-/*
- * rpc_xfer_durable: a durable batch_put_from whose copies are done: publish
- * its objects and hand the reply over to ctx->deferred, which answers once
- * the SSD tier has them (-EINPROGRESS: the connection waits for it).
- */
-static int
-rpc_xfer_durable(struct rpc_ctx *ctx, struct rpc_xfer *x)
-{
-    struct rpc_deferred *d = rpc_deferred_new(x->msgid, x->n, true);
-
-    if (d == NULL) {
-        return -ENOMEM;
-    }
-    for (uint32_t i = 0; i < x->n; i++) {
-        struct store_obj *o = x->objs[i];
-
-        d->codes[i] = (int)x->res[i];
-        if (o == NULL) {
-            continue;
-        }
-        x->objs[i] = NULL;
-        store_obj_ref(o);               /* ours, past the writer's, which commit gives back */
-        d->codes[i] = store_commit(x->st, o);
-        if (d->codes[i] == 0) {
-            rpc_deferred_hold(ctx, d, i, o);
-        } else {
-            store_obj_unref(x->st, o);
-        }
-    }
-    rpc_xfer_pop(ctx);              /* puts do not overlap: it was the only one */
-    rpc_xfer_free(x);
-    ctx->deferred = d;
-    return -EINPROGRESS;
-}
-
-static int rpc_xfer_answer(struct rpc_ctx *ctx, struct outq *out);
-
-int
-rpc_xfer_poll(struct rpc_ctx *ctx, struct outq *out)
-{
-    int rc = 0;
-
-    while (ctx->xfer != NULL && rc == 0) {
-        rc = rpc_xfer_answer(ctx, out);
-    }
-    return rc;
-}
-
-/* rpc_xfer_answer: reply to the oldest transfer if it is done (-EINPROGRESS if not). */
-static int
-rpc_xfer_answer(struct rpc_ctx *ctx, struct outq *out)
-{
-    struct rpc_xfer *x = ctx->xfer;
-    msgpack_packer pk;
-
-    if (!copy_job_done(&x->job) || x->rops_left > 0 || x->next_rop < x->nrops) {
-        return -EINPROGRESS;
-    }
-    for (uint32_t i = 0; x->put && i < x->n; i++) {
-        if (x->objs[i] != NULL && x->res[i] != 0) {
-            store_abort(x->st, x->objs[i]);     /* its bytes did not all arrive */
-            x->objs[i] = NULL;
-        }
-    }
-    if (x->durable) {
-        return rpc_xfer_durable(ctx, x);
-    }
-    for (uint32_t i = 0; x->put && i < x->n; i++) {
-        if (x->objs[i] != NULL) {
-            x->res[i] = store_commit(x->st, x->objs[i]);
-            x->objs[i] = NULL;
-        }
-    }
-    msgpack_packer_init(&pk, out, outq_pack_write);
-    rpc_pack_head(&pk, x->msgid);
-    msgpack_pack_array(&pk, x->n);
-    for (uint32_t i = 0; i < x->n; i++) {
-        msgpack_pack_int64(&pk, x->res[i]);
-    }
-    outq_reply_end(out);
-    rpc_xfer_pop(ctx);
-    rpc_xfer_free(x);      /* get: the references go now, after the copies */
-    return out->failed ? -ENOMEM : 0;
-}
-
-void
-rpc_xfer_resume_drop(struct rpc_ctx *ctx)
-{
-    if (ctx->xresume != NULL) {
-        rpc_xfer_free(ctx->xresume);    /* its reservations are aborted */
-        ctx->xresume = NULL;
-    }
-}
-
-void
-rpc_xfer_release(struct rpc_ctx *ctx)
-{
-    rpc_xfer_resume_drop(ctx);
-    while (ctx->xfer != NULL) {
-        struct rpc_xfer *x = ctx->xfer;
-
-        rpc_xfer_pop(ctx);
-        if (x->rops_left > 0) {
-            x->abandoned = true;    /* posted work: its last completion frees it */
-            x->nrops = x->next_rop;
-        } else if (copy_job_abandon(&x->job)) {
-            rpc_xfer_free(x);      /* it had finished: ours to free; else the copier frees it */
-        }
-    }
+    return rpc_xfer_start(rq->ctx, x, rpc_rdma_qp(rq->ctx), rq->out);
 }
