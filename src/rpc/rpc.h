@@ -22,6 +22,7 @@
 
 #include "rpc_ctx.h"
 #include "rpc_defer.h"
+#include "rpc_resv.h"
 #include "rpc_spill.h"
 
 struct mp_hole;
@@ -51,12 +52,6 @@ int rpc_dispatch(struct rpc_ctx *ctx, const uint8_t *msg, size_t len, const stru
  * the reservations, unmap the connection's buffers.
  */
 void rpc_ctx_release(struct rpc_ctx *ctx);
-
-/*
- * rpc_resv_expire: abort the connection's put_start reservations older
- * than put_timeout_ms (counted in puts_expired). Cheap when none is due.
- */
-void rpc_resv_expire(struct rpc_ctx *ctx);
 
 /*
  * rpc_overlaps: msg (a complete request) is a batch_get_into that may be

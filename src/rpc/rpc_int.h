@@ -83,6 +83,5 @@ int rpc_put_start(struct rpc_req *rq);
 int rpc_put_end(struct rpc_req *rq);
 int rpc_put_revoke(struct rpc_req *rq);
 int rpc_get_replica_list(struct rpc_req *rq);
-void rpc_resv_release(struct rpc_ctx *ctx);
 
 #endif
