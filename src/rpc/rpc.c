@@ -1,10 +1,13 @@
 /*
- * rpc: request decoding, method handlers and reply encoding. The put path
- * (put, batch_put, the spill decisions and the deferred replies of durable
- * puts) is rpc_put.c; the shared-memory, direct-access and RDMA methods are
- * rpc_shm.c, rpc_direct.c and rpc_rdma.c; the param and reply helpers they
- * all use are rpc_req.c. This file keeps the method table, dispatch and the
- * other store methods.
+ * rpc: the top of the daemon's request layer: the method table, dispatch
+ * (decode the request, check the login, call the method, answer its
+ * request-level error), the store methods (get, exists, sizes, remove, pin,
+ * stats) and hello with its login, and what the connection calls between
+ * requests (rpc_overlaps, rpc_prefetch, rpc_ctx_release). The put path is
+ * rpc_put.c; the shared-memory and direct-access methods are rpc_shm.c and
+ * rpc_direct.c; rdma_connect is rpc_rdma.c's. Calls point down only: this
+ * file calls those, they call the shared pieces (rpc_defer, rpc_resv,
+ * rpc_rdma, rpc_spill) and rpc_req, never this file (tests/check_layers.py).
  *
  * Each handler first checks the whole shape of its params (types, arity,
  * batch size) without side effects, so a bad request is answered with one
@@ -15,7 +18,7 @@
  * This module never touches sockets or the event loop, and reaches objects
  * only through storage/store.h.
  */
-#include "rpc_int.h"
+#include "rpc.h"
 
 #include <errno.h>
 #include <msgpack.h>
@@ -30,6 +33,14 @@
 #include "kverr.h"
 #include "mp.h"
 #include "outq.h"
+#include "rpc_defer.h"
+#include "rpc_direct.h"
+#include "rpc_put.h"
+#include "rpc_rdma.h"
+#include "rpc_req.h"
+#include "rpc_resv.h"
+#include "rpc_shm.h"
+#include "rpc_spill.h"
 #include "shmbuf.h"
 #include "store.h"
 

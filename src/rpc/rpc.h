@@ -1,14 +1,35 @@
 /*
- * rpc: the method table and request handlers of the msgpack-rpc protocol
- * (protocol/SPEC.md). Bytes in, bytes out: a handler reads one decoded
- * request with the mp cursor, calls the store facade, and appends exactly
- * one response to an outq. No sockets, no event loop.
+ * rpc: the daemon's request layer (protocol/SPEC.md), as the connection
+ * code (src/conn*.c, src/server.c) sees it. The connection hands it
+ * complete msgpack-rpc messages (rpc_dispatch) and the put values it
+ * received straight into the store (rpc_spill.h); the layer answers each
+ * request with exactly one reply appended to the connection's outq, now or
+ * later (rpc_defer.h: durable puts, shared-memory and RDMA transfers).
+ *
+ * What it owns, per connection (struct rpc_ctx, rpc_ctx.h): the replies
+ * that wait, transfers in flight, registered shared-memory buffers (their
+ * descriptors and mappings), put_start reservations, and the RDMA queue
+ * pair and buffers. What it may touch: the store facade (storage/store.h),
+ * the copy threads (storage/copier.h), the RDMA data port on the event
+ * loop's completion queue (ctx->rdma_cq), descriptors handed to it through
+ * ctx->take_fd (kept or closed) or queued on the outq (outq_fd). What it
+ * must not: read or write a socket, or add, change or run events of the
+ * event loop: the connection feeds it, polls it (rpc_deferred_poll,
+ * rpc_rdma_cq_poll, rpc_resv_expire) and writes out what it queued.
  *
  * Put values that were received straight into the store (spilled, see
  * frame.h) reach rpc_dispatch as holes whose tag is a struct rpc_spill;
  * rpc_spill_take is the decision made while such a value is still on the
  * wire. Every spilled reservation handed to rpc_dispatch is committed or
  * aborted before it returns, on every path.
+ *
+ * Inside, calls point one way (tests/check_layers.py): rpc.c (method
+ * table, dispatch, store methods) -> the handler files rpc_put.c, rpc_shm.c,
+ * rpc_direct.c -> the shared pieces rpc_defer.c, rpc_resv.c, rpc_rdma.c,
+ * rpc_spill.c -> rpc_req.c (params and replies) -> rpc_ctx.h. This header
+ * re-exports what the connection calls of the pieces (rpc_ctx.h,
+ * rpc_spill.h, rpc_defer.h, rpc_resv.h); no file of the layer but rpc.c
+ * includes it.
  *
  * Threads: rpc functions run on the calling event-loop thread; the store is
  * thread safe; an rpc_counters block has a single writer thread.
@@ -27,7 +48,6 @@
 
 struct mp_hole;
 struct outq;
-struct store_obj;
 
 /* rpc_method_name: the wire name of a method id. */
 const char *rpc_method_name(int method);

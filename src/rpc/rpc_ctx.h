@@ -82,8 +82,8 @@ struct rpc_server {
  * One connection's side of the request layer. The connection sets what it
  * lends (srv, lim, ctr, is_unix, take_fd, rdma_cq), final_try, and the login
  * fields it decides (tenant at the start, auth_blocked); the objects the
- * other pointers hold are the layer's and rpc_ctx_release gives them all
- * back.
+ * other pointers hold are the layer's (rpc_defer, rpc_shm, rpc_resv and
+ * rpc_rdma own them) and rpc_ctx_release gives them all back.
  */
 struct rpc_ctx {
     const struct rpc_server *srv;

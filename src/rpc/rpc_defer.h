@@ -119,7 +119,8 @@ void rpc_deferred_track(struct rpc_req *rq, struct rpc_deferred *d, uint32_t i, 
                         uint32_t klen);
 
 /* rpc_deferred_hold: the same for a published object o, whose reference becomes d's. */
-void rpc_deferred_hold(struct rpc_ctx *ctx, struct rpc_deferred *d, uint32_t i, struct store_obj *o);
+void rpc_deferred_hold(struct rpc_ctx *ctx, struct rpc_deferred *d, uint32_t i,
+                       struct store_obj *o);
 
 /* ---- transfers (set up by rpc_shm.c) ---- */
 

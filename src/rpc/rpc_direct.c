@@ -12,7 +12,7 @@
  * never touches sockets or the event loop (the memfd goes out through the
  * outq). No byte is copied here.
  */
-#include "rpc_int.h"
+#include "rpc_direct.h"
 
 #include <errno.h>
 #include <msgpack.h>
@@ -26,6 +26,7 @@
 #include "mp.h"
 #include "outq.h"
 #include "rpc_defer.h"
+#include "rpc_rdma.h"
 #include "rpc_req.h"
 #include "rpc_resv.h"
 #include "store.h"

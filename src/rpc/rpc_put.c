@@ -9,11 +9,12 @@
  *
  * A reservation rpc_spill_take makes is committed when its put is handled,
  * or aborted when an earlier copy of its key takes the key back
- * (rpc_dups_yield); what a handler leaves, rpc_dispatch aborts. Like rpc.c,
- * this module never touches sockets or the event loop, and reaches objects
- * only through storage/store.h.
+ * (rpc_dups_yield); what a handler leaves, rpc_dispatch aborts. Like every
+ * handler file it calls only the shared pieces below it (rpc_defer,
+ * rpc_spill, rpc_req), never touches sockets or the event loop, and
+ * reaches objects only through storage/store.h.
  */
-#include "rpc_int.h"
+#include "rpc_put.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -24,6 +25,9 @@
 
 #include "kverr.h"
 #include "mp.h"
+#include "rpc_defer.h"
+#include "rpc_req.h"
+#include "rpc_spill.h"
 #include "store.h"
 
 #define RPC_DUPS_STACK 64               /* rpc_dups slots kept on the stack (32 reservations) */

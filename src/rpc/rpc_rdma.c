@@ -6,18 +6,23 @@
  * address, rkey and size of a region the client registered with its own
  * device); the pieces that name them; and the (addr, length, rkey)
  * descriptors of arena memory handed out for client-driven one-sided
- * access. The transfers themselves are rpc_shm.c's, which posts RDMA READs
- * and WRITEs on the queue pair instead of copying.
+ * access. The transfers themselves are rpc_defer.c's, which posts RDMA
+ * READs and WRITEs on the queue pair instead of copying. A shared piece:
+ * it calls no handler file.
  */
-#include "rpc_int.h"
+#include "rpc_rdma.h"
 
 #include <errno.h>
+#include <msgpack.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/uio.h>
 
 #include "kverr.h"
+#include "mp.h"
 #include "rdma_port.h"
+#include "rpc_req.h"
 #include "store.h"
 
 #define RPC_RDMA_MAX_BUFS 1024      /* RDMA buffers one connection may register */

@@ -37,7 +37,7 @@ struct rpc_req {
 
 /*
  * rpc_handler_fn: a method. 0 with the reply packed (or left for the
- * deferred-reply queue), a request-level error for dispatch to
+ * deferred-reply queue: rpc_defer.h), a request-level error for dispatch to
  * answer (nothing changed), -ENOMEM, or -EAGAIN (nothing answered: the
  * message comes back later; see rpc_dispatch).
  */

@@ -27,7 +27,7 @@ struct rpc_resv {
     bool durable;                   /* put_end answers once it is on SSD */
 };
 
-/* rpc_resv_find: the slot of set (may be NULL) holding key, or NULL. Valid until the next change. */
+/* rpc_resv_find: the slot of set (may be NULL) holding key, or NULL; valid until a change. */
 struct rpc_resv *rpc_resv_find(struct rpc_resv_set *set, const struct kv_key *key);
 
 /*

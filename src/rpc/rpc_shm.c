@@ -18,7 +18,7 @@
  * shared pieces below it (rpc_defer, rpc_rdma, rpc_req) and never touches
  * sockets or the event loop.
  */
-#include "rpc_int.h"
+#include "rpc_shm.h"
 
 #include <errno.h>
 #include <msgpack.h>
@@ -31,6 +31,7 @@
 #include "kverr.h"
 #include "mp.h"
 #include "rpc_defer.h"
+#include "rpc_rdma.h"
 #include "rpc_req.h"
 #include "shmbuf.h"
 #include "store.h"
