@@ -5,7 +5,9 @@ Each folder of C code is a layer and may include only headers of the layers it
 sits on (LAYERS below); a few headers are allowed on their own (ALSO), and a
 heavy library's header stays in the one place that owns it (OWNERS). Project
 headers are included by bare name ("store.h"), so each name is found in exactly
-one folder. Prints every crossing as file:line and exits 1 when there is one.
+one folder. Inside a folder of DAGS, the modules (a .c and its own .h are one)
+include each other without a cycle, so their calls point one way too. Prints
+every crossing and every cycle as file:line and exits 1 when there is one.
 
     /usr/bin/python3 tests/check_layers.py [TOP]
 """
@@ -46,6 +48,10 @@ OWNERS = {
     "openssl/x509": TLS_OWNERS,
 }
 
+# folders whose modules must include each other as a DAG (src/rpc/rpc.h: rpc.c ->
+# the handler files -> the shared pieces -> rpc_req)
+DAGS = ["src/rpc"]
+
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]')
 
 
@@ -53,6 +59,33 @@ def layer_of(path):
     """The layer a path (relative to the top) belongs to, or None."""
     folder = os.path.dirname(path)
     return folder if folder in LAYERS else None
+
+
+def module_of(path):
+    """The module of a file: its name without .c or .h."""
+    return os.path.splitext(os.path.basename(path))[0]
+
+
+def cycles(edges):
+    """Each include that closes a cycle of edges {module: {module: (path, line)}},
+    with the cycle, found by depth-first search."""
+    found, state, stack = [], {}, []
+
+    def visit(m):
+        state[m] = "open"
+        stack.append(m)
+        for n, where in sorted(edges.get(m, {}).items()):
+            if state.get(n) == "open":
+                found.append((where, stack[stack.index(n):] + [n]))
+            elif n not in state:
+                visit(n)
+        stack.pop()
+        state[m] = "done"
+
+    for m in sorted(edges):
+        if m not in state:
+            visit(m)
+    return found
 
 
 def main():
@@ -72,6 +105,7 @@ def main():
                 return 1
             where[name] = path
     bad = 0
+    edges = {}
     for path in sources:
         layer = layer_of(path)
         allowed = set(LAYERS[layer]) | {layer}
@@ -93,16 +127,25 @@ def main():
                     print(f"{path}:{lineno}: includes \"{name}\", found in no layer")
                     bad += 1
                     continue
+                if (layer in DAGS and layer_of(target) == layer
+                        and module_of(target) != module_of(path)):
+                    edges.setdefault(module_of(path), {}).setdefault(
+                        module_of(target), (path, lineno))
                 if layer_of(target) in allowed or target in ALSO.get(layer, []):
                     continue
                 below = LAYERS[layer] + ALSO.get(layer, [])
                 print(f"{path}:{lineno}: {layer}/ includes {target}: {layer}/ sits on "
                       f"{', '.join(below) or 'nothing'} only (docs/architecture.md)")
                 bad += 1
+    for (path, lineno), loop in cycles(edges):
+        print(f"{path}:{lineno}: closes the include cycle {' -> '.join(loop)}: the modules "
+              f"of {os.path.dirname(path)}/ include down only (see DAGS)")
+        bad += 1
     if bad:
-        print(f"check_layers: {bad} include(s) cross the layers the wrong way")
+        print(f"check_layers: {bad} include(s) cross the layers the wrong way or close a cycle")
         return 1
-    print(f"check_layers: {len(sources)} files, every include points down")
+    print(f"check_layers: {len(sources)} files, every include points down, "
+          f"no include cycle in {', '.join(d + '/' for d in DAGS)}")
     return 0
 
 
