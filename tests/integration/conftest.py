@@ -1,24 +1,21 @@
 """Fixtures shared by the Python integration tests.
 
 work: a fresh directory for daemons' data, sockets and logs, removed afterwards; a test fails
-at once when there is no kvstashd to run. daemons(args, data_dir=None, unix=True, ready=True)
-starts kvstashd (kvtest.Daemon); every one started is killed at teardown and its log tail
+at once when there is no kvstashd to run. daemons(args, ready=True, **kw) starts kvstashd
+(kvtest.Daemon(work, args, **kw)); every one started is killed at teardown and its log tail
 printed, which pytest shows only for a failed test.
 """
 
-import os
 import tempfile
 
 import pytest
 
-from kvtest import Daemon
-from test_python_client import KVSTASHD
+from kvtest import Daemon, require_kvstashd
 
 
 @pytest.fixture
 def work(request):
-    if not os.access(KVSTASHD, os.X_OK):
-        pytest.fail(f"no kvstashd at {KVSTASHD} (build it, or set KVSTASHD)")
+    require_kvstashd()
     name = request.module.__name__.removeprefix("test_")
     with tempfile.TemporaryDirectory(prefix=f"kvstash-{name}-") as tmp:
         yield tmp
@@ -28,8 +25,8 @@ def work(request):
 def daemons(work):
     started = []
 
-    def start(args, data_dir=None, unix=True, ready=True):
-        d = Daemon(work, args, data_dir=data_dir, unix=unix)
+    def start(args, ready=True, **kw):
+        d = Daemon(work, args, **kw)
         started.append(d)
         return d.wait_ready() if ready else d
 

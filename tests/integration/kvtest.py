@@ -1,26 +1,119 @@
-"""kvtest: one real kvstashd process for the Python integration tests.
+"""kvtest: the Python integration tests' one harness: the daemon and a generic client.
 
-Daemon(work, args, data_dir=None, unix=True) starts kvstashd on an ephemeral loopback port
-(and, with unix, a Unix socket in the work dir), logging to a file there; wait_ready() waits
-until it answers. Clients come from test_python_client.Client. Every wait is bounded.
+Every Python test starts kvstashd through Daemon and nothing else.
+Daemon(work, args, data_dir=None, unix=True, nofile=None) starts kvstashd ($KVSTASHD, default
+build/release/kvstashd) on an ephemeral loopback port (and, with unix, a Unix socket in the
+work dir), logging to a file there; wait_ready() waits until it answers, exit_code() waits
+for one that must exit by itself (a refusal to start). Client is a generic msgpack-rpc
+client over one stream socket, built from Debian's python3-msgpack and the standard library
+only: what it can do, any msgpack-rpc client in any language can. Every wait is bounded.
 """
 
 import os
+import pathlib
+import resource
 import signal
+import socket
 import subprocess
 import time
 
+import msgpack
 import pytest
 
-from test_python_client import KVSTASHD, Client, free_port
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+KVSTASHD = os.environ.get("KVSTASHD") or str(ROOT / "build" / "release" / "kvstashd")
+TIMEOUT = 10.0  # a client's wait for one message
+
+REQUEST, RESPONSE, NOTIFY = 0, 1, 2
+
+
+def require_kvstashd():
+    """Fail the test at once when there is no kvstashd to run."""
+    if not os.access(KVSTASHD, os.X_OK):
+        pytest.fail(f"no kvstashd at {KVSTASHD} (build it, or set KVSTASHD)")
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def recv_to_eof(sock):
+    """Everything sock receives until the peer closes (bounded by sock's timeout)."""
+    data = b""
+    while True:
+        chunk = sock.recv(4096)
+        if not chunk:
+            return data
+        data += chunk
+
+
+class Client:
+    """A generic msgpack-rpc client over one stream socket."""
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.sock.settimeout(TIMEOUT)
+        self.packer = msgpack.Packer(use_bin_type=True)
+        self.unpacker = msgpack.Unpacker(raw=False, max_buffer_size=256 << 20)
+        self.next_id = 1
+
+    @classmethod
+    def tcp(cls, port):
+        return cls(socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT))
+
+    @classmethod
+    def unix(cls, path):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(TIMEOUT)
+        s.connect(path)
+        return cls(s)
+
+    def close(self):
+        self.sock.close()
+
+    def request(self, method, params, msgid=None):
+        if msgid is None:
+            msgid = self.next_id
+            self.next_id += 1
+        return msgid, self.packer.pack([REQUEST, msgid, method, list(params)])
+
+    def recv(self):
+        deadline = time.monotonic() + TIMEOUT
+        while True:
+            for msg in self.unpacker:
+                return msg
+            if time.monotonic() > deadline:
+                raise TimeoutError("no message from kvstashd")
+            data = self.sock.recv(1 << 20)
+            if not data:
+                raise ConnectionError("kvstashd closed the connection")
+            self.unpacker.feed(data)
+
+    def call_raw(self, method, *params):
+        msgid, data = self.request(method, params)
+        self.sock.sendall(data)
+        msg = self.recv()
+        assert isinstance(msg, list) and len(msg) == 4, msg
+        assert msg[0] == RESPONSE and msg[1] == msgid, msg
+        return msg[2], msg[3]
+
+    def call(self, method, *params):
+        err, result = self.call_raw(method, *params)
+        assert err is None, f"{method}: {err}"
+        return result
 
 
 class Daemon:
-    """One kvstashd process: TCP on an ephemeral port, optionally a Unix socket."""
+    """One kvstashd process: TCP on an ephemeral port, optionally a Unix socket. args come
+    after the harness's own --listen, --data_dir and --unix_socket, so they override them.
+    nofile: the process's RLIMIT_NOFILE (soft and hard), for running it out of descriptors."""
 
     seq = 0
 
-    def __init__(self, work, args, data_dir=None, unix=True):
+    def __init__(self, work, args, data_dir=None, unix=True, nofile=None):
+        require_kvstashd()
         Daemon.seq += 1
         n = Daemon.seq
         self.port = free_port()
@@ -29,9 +122,14 @@ class Daemon:
         self.log_path = os.path.join(work, f"kvstashd-{n}.log")
         self.cmd = [KVSTASHD, f"--listen=127.0.0.1:{self.port}", f"--data_dir={self.data_dir}",
                     f"--unix_socket={self.unix_path or 'none'}", *args]
+
+        def limit():
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT)
+                                         stderr=subprocess.STDOUT,
+                                         preexec_fn=limit if nofile else None)
         self.clients = []
 
     @property
@@ -76,6 +174,16 @@ class Daemon:
             if time.monotonic() > deadline:
                 pytest.fail(f"kvstashd did not accept within {timeout} s:\n" + self.tail())
             time.sleep(0.02)
+
+    def exit_code(self, timeout=30.0):
+        """A daemon that must exit by itself (a refusal to start): its exit code, once it
+        has exited; a test failure when it is still running after timeout seconds."""
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.reap()
+            pytest.fail(f"kvstashd {' '.join(self.cmd[1:])} still running after {timeout} s:\n"
+                        + self.tail())
 
     def tcp(self):
         c = Client.tcp(self.port)

@@ -18,9 +18,7 @@ import time
 
 import pytest
 
-from kvtest import Daemon
-from test_python_client import Client
-from test_shm import wait_for
+from kvtest import Client, Daemon, wait_for
 
 KIB = 1 << 10
 MIB = 1 << 20

@@ -16,8 +16,7 @@ import time
 
 import pytest
 
-from kvtest import Daemon, wait_for
-from test_python_client import Client
+from kvtest import Client, Daemon, wait_for
 
 MIB = 1 << 20
 

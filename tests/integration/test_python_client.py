@@ -1,156 +1,29 @@
 """Integration: kvstashd speaks plain msgpack-rpc to a generic client.
 
-Uses only Debian's python3-msgpack and the standard library, no project code:
-if these pass, any msgpack-rpc client in any language can talk to kvstashd.
-The daemon comes from $KVSTASHD (default build/release/kvstashd), started on
-an ephemeral loopback port with a temporary data dir.
+The client is kvtest.Client, built from Debian's python3-msgpack and the standard library
+only, no project code: if these pass, any msgpack-rpc client in any language can talk to
+kvstashd. One daemon (kvtest.Daemon) serves the whole module; each test uses keys of its own.
 """
 
 import os
-import pathlib
 import random
-import signal
-import socket
-import subprocess
 import tempfile
 import time
 
-import msgpack
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-KVSTASHD = os.environ.get("KVSTASHD") or str(ROOT / "build" / "release" / "kvstashd")
-TIMEOUT = 10.0
-
-REQUEST, RESPONSE, NOTIFY = 0, 1, 2
-
-
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def recv_to_eof(sock):
-    """Everything sock receives until the peer closes (bounded by sock's timeout)."""
-    data = b""
-    while True:
-        chunk = sock.recv(4096)
-        if not chunk:
-            return data
-        data += chunk
-
-
-class Daemon:
-    def __init__(self, tmp):
-        self.dir = tmp
-        self.port = free_port()
-        self.unix_path = os.path.join(tmp, "kvstashd.sock")
-        self.log_path = os.path.join(tmp, "kvstashd.stderr")
-        self.log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(
-            [KVSTASHD, f"--listen=127.0.0.1:{self.port}", f"--data_dir={tmp}",
-             "--memory_size=128m"],
-            stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 5.0
-        while True:
-            if self.proc.poll() is not None:
-                pytest.fail(f"kvstashd exited during startup ({self.proc.returncode}):\n"
-                            + self.output())
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1.0).close()
-                if os.path.exists(self.unix_path):
-                    return
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                self.proc.kill()
-                self.proc.wait(5)
-                pytest.fail("kvstashd did not accept within 5 s:\n" + self.output())
-            time.sleep(0.01)
-
-    def output(self):
-        with open(self.log_path, "rb") as f:
-            return f.read().decode(errors="replace")
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        self.log.close()
-
-
-class Client:
-    """A generic msgpack-rpc client over one stream socket."""
-
-    def __init__(self, sock):
-        self.sock = sock
-        self.sock.settimeout(TIMEOUT)
-        self.packer = msgpack.Packer(use_bin_type=True)
-        self.unpacker = msgpack.Unpacker(raw=False, max_buffer_size=256 << 20)
-        self.next_id = 1
-
-    @classmethod
-    def tcp(cls, port):
-        return cls(socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT))
-
-    @classmethod
-    def unix(cls, path):
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.settimeout(TIMEOUT)
-        s.connect(path)
-        return cls(s)
-
-    def close(self):
-        self.sock.close()
-
-    def request(self, method, params, msgid=None):
-        if msgid is None:
-            msgid = self.next_id
-            self.next_id += 1
-        return msgid, self.packer.pack([REQUEST, msgid, method, list(params)])
-
-    def recv(self):
-        deadline = time.monotonic() + TIMEOUT
-        while True:
-            for msg in self.unpacker:
-                return msg
-            if time.monotonic() > deadline:
-                raise TimeoutError("no message from kvstashd")
-            data = self.sock.recv(1 << 20)
-            if not data:
-                raise ConnectionError("kvstashd closed the connection")
-            self.unpacker.feed(data)
-
-    def call_raw(self, method, *params):
-        msgid, data = self.request(method, params)
-        self.sock.sendall(data)
-        msg = self.recv()
-        assert isinstance(msg, list) and len(msg) == 4, msg
-        assert msg[0] == RESPONSE and msg[1] == msgid, msg
-        return msg[2], msg[3]
-
-    def call(self, method, *params):
-        err, result = self.call_raw(method, *params)
-        assert err is None, f"{method}: {err}"
-        return result
+from kvtest import NOTIFY, RESPONSE, Client, Daemon
 
 
 @pytest.fixture(scope="module")
 def daemon():
-    if not os.access(KVSTASHD, os.X_OK):
-        pytest.fail(f"no kvstashd at {KVSTASHD} (build it, or set KVSTASHD)")
-    with tempfile.TemporaryDirectory(prefix="kvstash-py-") as tmp:
-        d = Daemon(tmp)
-        yield d
-        alive = d.proc.poll() is None
-        d.stop()
-        assert alive, "kvstashd died during the tests:\n" + d.output()
-        assert d.proc.returncode == 0, f"exit {d.proc.returncode} after SIGTERM"
+    with tempfile.TemporaryDirectory(prefix="kvstash-python_client-") as tmp:
+        d = Daemon(tmp, ["--memory_size=128m"])
+        try:
+            yield d.wait_ready()
+            d.stop()    # it must still be alive, and exit 0 on SIGTERM
+        finally:
+            d.reap()
 
 
 @pytest.fixture

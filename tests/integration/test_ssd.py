@@ -23,8 +23,7 @@ import time
 
 import pytest
 
-from kvtest import wait_for
-from test_python_client import Client
+from kvtest import Client, wait_for
 
 KIB = 1 << 10
 MIB = 1 << 20

@@ -19,8 +19,7 @@ import time
 import msgpack
 import pytest
 
-from kvtest import Daemon, wait_for
-from test_python_client import KVSTASHD, Client, free_port, recv_to_eof
+from kvtest import KVSTASHD, Client, Daemon, free_port, recv_to_eof, wait_for
 
 CLI = os.path.join(os.path.dirname(os.path.abspath(KVSTASHD)), "kvstash")
 
