@@ -32,6 +32,8 @@ def test_required_with_a_device_that_is_not_there(daemons):
     assert "nosuchdev0" in out or "no RDMA device found" in out, out
 
 
+@pytest.mark.skipif(has_rdma_device(), reason="an RDMA device is present: auto serves with "
+                    "RDMA (test_auto_with_a_device_registers_the_arena checks that)")
 def test_auto_serves_without_rdma_and_hello_does_not_list_it(daemons):
     d = daemons(("--rdma=auto", "--memory_size=16m", "--ssd_dir="))
     h = d.tcp().call("hello")
