@@ -871,18 +871,29 @@ def test_client_killed_mid_transfer_leaks_nothing(kv, bufs):
 
 # ---------------------------------------------------------------------------------------
 # 7. A 1 GiB batch_get_into does not stall another client.
+#
+# The copy runs on the copy threads, not on the event loop, so the loop keeps answering
+# other connections meanwhile. What is checked is order, not time: the copy's progress is
+# visible in the client's buffer (each MiB slot's last byte turns from the fill byte into
+# its value's), and a probe that was sent after the copy had begun and answered before it
+# had ended was served mid-copy. A loop that did the memcpy itself answers none of those.
+# With one event loop the prober and the transfer share it.
 
 BIG_KEYS = 1024
 PROBE_MAX = 200_000
+FILL = 0x77
+MID_COPY_MIN = 10   # probes served mid-copy; an unloaded run serves hundreds
 
 
 class Prober(threading.Thread):
-    """Alternates ping and batch_is_exist on its own connection, timing each."""
+    """Alternates ping and batch_is_exist on its own connection; for each probe, how many
+    slots of the transfer's buffer held their value just before it was sent and just after
+    its reply came (see copied)."""
 
-    def __init__(self, path, present):
+    def __init__(self, path, present, copied):
         super().__init__(daemon=True)
-        self.path, self.present = path, present
-        self.samples = []           # (start, end)
+        self.path, self.present, self.copied = path, present, copied
+        self.samples = []           # (slots copied before, slots copied after)
         self.stopping = threading.Event()
         self.error = None
 
@@ -898,12 +909,12 @@ class Prober(threading.Thread):
             for i in range(PROBE_MAX):
                 if self.stopping.is_set():
                     break
-                t0 = time.monotonic()
+                before = self.copied()
                 if i % 2:
                     ok = c.call("ping") == "pong"
                 else:
                     ok = c.call("batch_is_exist", probe) == want
-                self.samples.append((t0, time.monotonic()))
+                self.samples.append((before, self.copied()))
                 if not ok:
                     self.error = f"probe {i} answered wrongly"
                     break
@@ -914,7 +925,7 @@ class Prober(threading.Thread):
 
 
 def test_big_get_into_does_not_stall_other_clients(kv, bufs):
-    d = kv("--memory_size=2g", "--ssd_dir=")
+    d = kv("--memory_size=2g", "--ssd_dir=", "--io_threads=1")
     c = d.unix()
     size = BIG_KEYS * MIB
     buf = bufs(size)
@@ -925,39 +936,43 @@ def test_big_get_into_does_not_stall_other_clients(kv, bufs):
     for i in range(0, BIG_KEYS, 128):
         assert put_from(c, keys[i:i + 128], [[[bid, j * MIB, MIB]] for j in range(i, i + 128)]) \
             == [OK] * 128
-    buf.fill(0x77)
+    buf.fill(FILL)
     t = d.tcp()
     wait_for(lambda: (lambda s: s["memory_prefaulted"] >= s["memory_capacity"])(t.call("stats")),
              30, "the arena to be prefaulted")
 
-    prober = Prober(d.unix_path, keys[:3])
+    # Progress marks: the last byte of every slot whose value does not end in FILL.
+    last = [pattern(j % 256)[-1] for j in range(BIG_KEYS)]
+    marks = [j for j in range(BIG_KEYS) if last[j] != FILL]
+    ends = buf.mv[MIB - 1::MIB]
+
+    def copied():
+        now = bytes(ends)
+        return sum(1 for j in marks if now[j] == last[j])
+
+    assert copied() == 0
+    prober = Prober(d.unix_path, keys[:3], copied)
     prober.start()
     wait_for(lambda: len(prober.samples) >= 50 or not prober.is_alive(), 10,
              "the prober to get going")
     iov = [[[bid, j * MIB, MIB]] for j in range(BIG_KEYS)]
-    t0 = time.monotonic()
     res = c.call("batch_get_into", keys, iov)
-    t1 = time.monotonic()
-    time.sleep(0.02)
     prober.stopping.set()
     prober.join(15)
     assert not prober.is_alive(), "the prober is stuck"
     assert prober.error is None, prober.error
     assert res == [MIB] * BIG_KEYS, res
+    assert copied() == len(marks)
 
-    during = sorted(e - s for s, e in prober.samples if e >= t0 and s <= t1)
-    assert during, "no probe overlapped the transfer"
-    p50 = during[len(during) // 2]
-    p99 = during[min(len(during) - 1, int(len(during) * 0.99))]
-    worst = during[-1]
-    summary = (f"1 GiB batch_get_into took {1000 * (t1 - t0):.0f} ms; {len(during)} probes on "
-               f"another connection meanwhile: p50 {1000 * p50:.2f} ms, p99 {1000 * p99:.2f} ms, "
-               f"max {1000 * worst:.2f} ms")
+    mid = sum(1 for b, a in prober.samples if b > 0 and a < len(marks))
+    summary = (f"{len(prober.samples)} probes on another connection; {mid} of them sent after "
+               f"the 1 GiB batch_get_into's copy had begun and answered before it had ended")
     print(summary)
-    assert p99 < 0.050 and worst < 0.050, summary
+    assert mid >= MID_COPY_MIN, summary
 
     for j in range(BIG_KEYS):
         assert_same(buf.mv[j * MIB:(j + 1) * MIB], pattern(j % 256), f"{keys[j]} in the buffer")
+    ends.release()
     d.stop()
 
 
