@@ -638,6 +638,8 @@ Test(semantics, slow_reader_gets_exact_bytes_while_key_removed_and_store_churns)
 
     /* 40 gets of it, pipelined, and nobody reading the answers yet */
     enum { GETS = 40 };
+    uint64_t gets0 = 0, gets = 0;
+    cr_assert_eq(harness_stat(c, "ops.get", &gets0), 0);
     struct harness_conn r;
     cr_assert_eq(harness_conn_tcp(&r, h.port, 2000), 0);
     struct harness_req q;
@@ -652,7 +654,13 @@ Test(semantics, slow_reader_gets_exact_bytes_while_key_removed_and_store_churns)
     cr_assert_eq(harness_conn_send(&r, all.data, all.size, HARNESS_IO_TIMEOUT_MS), 0);
     msgpack_sbuffer_destroy(&all);
     harness_req_destroy(&q);
-    harness_sleep_ms(200);
+    /* the first gets are dispatched (their answers queued, unread) before the removal */
+    uint64_t deadline = harness_now_ms() + 10000;
+    while (harness_stat(c, "ops.get", &gets) == 0 && gets == gets0 &&
+           harness_now_ms() < deadline) {
+        harness_sleep_ms(10);
+    }
+    cr_assert_gt(gets, gets0, "none of the pipelined gets was dispatched within 10 s");
 
     /* meanwhile: force-remove the key and churn the store's memory */
     int rc = kvstash_remove(c, key, strlen(key), true);
