@@ -76,10 +76,13 @@ def test_reader_that_never_reads_is_closed_and_others_are_still_served(work):
 
 
 def test_client_stalled_mid_put_is_closed_and_its_space_returns(work):
-    d = Daemon(work, ("--memory_size=64m", "--ssd_dir=", "--client_input_timeout=1s",
+    # client_input_timeout 3 s: what must happen while the stalled put holds its space (the
+    # refused put) is done within it with room to spare on a loaded machine.
+    d = Daemon(work, ("--memory_size=64m", "--ssd_dir=", "--client_input_timeout=3s",
                       "--idle_timeout=0")).wait_ready()
     try:
         other = d.tcp()
+        second_id, second = other.request("put", [b"second", b"w" * (20 * MIB)])
         # A put declaring a 48 MiB value, 70 KB of it sent, then nothing more: the daemon
         # reserves the value's space as the header arrives.
         stalled = socket.create_connection(("127.0.0.1", d.port))
@@ -87,17 +90,18 @@ def test_client_stalled_mid_put_is_closed_and_its_space_returns(work):
         req = Client(stalled).request("put", [b"stalled", body])[1]
         stalled.sendall(req[:len(req) - len(body) + 70000])
         wait_for(lambda: other.call("stats")["reserved"] > 0, 5, "the reservation")
-        assert other.call("put", b"second", b"w" * (48 * MIB)) == 4   # NO_SPACE meanwhile
+        other.sock.sendall(second)
+        assert other.recv() == [1, second_id, None, 4]  # NO_SPACE meanwhile
         # A slow client that keeps sending is not a stalled one.
         slow = socket.create_connection(("127.0.0.1", d.port))
         sreq = Client(slow).request("put", [b"slow", b"s" * 400000])[1]
         t0 = time.monotonic()
-        for off in range(0, len(sreq), 20000):
-            slow.sendall(sreq[off:off + 20000])
-            time.sleep(0.1)                     # 2 s in all, 0.1 s between pieces
-        assert time.monotonic() - t0 > 1.5
+        for off in range(0, len(sreq), 10000):
+            slow.sendall(sreq[off:off + 10000])
+            time.sleep(0.1)                     # 4 s in all, 0.1 s between pieces
+        assert time.monotonic() - t0 > 3.5      # longer than client_input_timeout
         assert Client(slow).recv()[3] == 0      # stored
-        wait_for(lambda: other.call("stats")["closed_input_stalled"] == 1, 5,
+        wait_for(lambda: other.call("stats")["closed_input_stalled"] == 1, 10,
                  "the stalled put's close")
         stalled.settimeout(5)
         msg = Client(stalled).recv()            # the notification, then the close
