@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from test_python_client import KVSTASHD, ROOT
+from kvtest import KVSTASHD, ROOT
 
 LIB = pathlib.Path(KVSTASHD).resolve().parent / "libkvstash.so"
 
