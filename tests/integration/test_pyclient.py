@@ -445,7 +445,7 @@ def test_tls(daemons, clients, work):
     openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
             "-CAcreateserial", "-out", "server.pem", "-days", "2", "-extfile", "server.ext",
             cwd=pki)
-    from test_python_client import free_port
+    from kvtest import free_port
     port = free_port()
     daemons([*BASE_ARGS, f"--tls_listen=127.0.0.1:{port}", f"--tls_cert_file={pki}/server.pem",
              f"--tls_key_file={pki}/server.key"])
