@@ -34,7 +34,8 @@ import time
 
 from . import buffers
 from .client import Client
-from .errors import BUSY, EXISTS, INVALID_ARGUMENT, NOT_FOUND, OK, ConnectionLost, Error
+from .errors import (BUSY, EXISTS, INVALID_ARGUMENT, NOT_FOUND, OK, UNAVAILABLE, ConnectionLost,
+                     Error)
 
 from lmcache.v1.distributed.l2_adapters.base import L2AdapterInterface
 
@@ -330,7 +331,7 @@ class KvstashL2Adapter(L2AdapterInterface):
                 raise Error(INVALID_ARGUMENT, None,
                             f"store of {len(keys)} keys with {len(objects)} objects")
             if client is None:
-                raise Error(NOT_FOUND, None, "no connection to kvstashd")
+                raise Error(UNAVAILABLE, None, "no connection to kvstashd")
             skeys = self._strings(keys)
             if client.is_unix:
                 pieces = self._pieces(self._store_worker, objects)
@@ -394,7 +395,7 @@ class KvstashL2Adapter(L2AdapterInterface):
         found = [False] * n
         try:
             if client is None:
-                raise Error(NOT_FOUND, None, "no connection to kvstashd")
+                raise Error(UNAVAILABLE, None, "no connection to kvstashd")
             found = self._lookup_and_lock(client, keys)
         except ConnectionLost:
             self._fetch_worker.drop()
@@ -535,7 +536,7 @@ class KvstashL2Adapter(L2AdapterInterface):
                 raise Error(INVALID_ARGUMENT, None,
                             f"load of {n} keys into {len(objects)} objects")
             if client is None:
-                raise Error(NOT_FOUND, None, "no connection to kvstashd")
+                raise Error(UNAVAILABLE, None, "no connection to kvstashd")
             loaded = self._load(client, keys, objects)
         except ConnectionLost:
             self._fetch_worker.drop()
