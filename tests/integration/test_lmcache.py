@@ -602,3 +602,81 @@ def test_native_connector_stopped_daemon(kv, natives):
         ok, err, per_key = got[fid]
         assert ok is False and isinstance(err, str) and err
         assert per_key == [False] * 4
+
+
+def test_native_connector_threads_as_lmcache_drives_it(kv, natives):
+    """As LMCache's NativeConnectorL2Adapter uses it: a store thread and a prefetch thread
+    submit at once, one demux thread polls event_fd and drains. Every future completes
+    once; every get of a key that was set returns its bytes."""
+    d = kv()
+    conn = natives(d.unix_path, depth=8)
+    results, events, lock = {}, {}, threading.Lock()
+    stop = threading.Event()
+
+    def demux():
+        import select as sel
+        p = sel.poll()
+        p.register(conn.event_fd(), sel.POLLIN)
+        while not stop.is_set():
+            p.poll(200)
+            for fid, ok, err, per_key in conn.drain_completions():
+                with lock:
+                    assert fid not in results, f"future {fid} completed twice"
+                    results[fid] = (ok, err, list(per_key))
+                    ev = events.setdefault(fid, threading.Event())
+                ev.set()
+
+    def wait(fid):
+        with lock:
+            ev = events.setdefault(fid, threading.Event())
+        assert ev.wait(WAIT), f"future {fid} never completed"
+        with lock:
+            return results[fid]
+
+    value = {i: random.Random(i).randbytes(4 * KIB + i) for i in range(160)}
+    name = {i: f"{MODEL}@00000000@0@{i:08x}" for i in value}
+    done_upto = [0]
+    errors = []
+
+    def store():
+        try:
+            for b in range(0, 160, 8):
+                r = wait(conn.submit_batch_set([name[i] for i in range(b, b + 8)],
+                                               [bytearray(value[i]) for i in range(b, b + 8)]))
+                if r[:2] != (True, "") or r[2] != [True] * 8:
+                    errors.append(f"set {b}: {r}")
+                done_upto[0] = b + 8
+        except BaseException as e:
+            errors.append(repr(e))
+
+    def prefetch():
+        try:
+            for _ in range(2000):
+                upto = done_upto[0]
+                if upto:
+                    ids = list(range(max(0, upto - 16), upto))
+                    bufs = [bytearray(len(value[i])) for i in ids]
+                    ex = wait(conn.submit_batch_exists([name[i] for i in ids]))
+                    r = wait(conn.submit_batch_get([name[i] for i in ids], bufs))
+                    if ex[2] != [True] * len(ids) or r[2] != [True] * len(ids):
+                        errors.append(f"prefetch {ids[0]}..: {ex} {r}")
+                    for i, b in zip(ids, bufs):
+                        if bytes(b) != value[i]:
+                            errors.append(f"key {i}: wrong bytes")
+                if upto == 160:
+                    return
+        except BaseException as e:
+            errors.append(repr(e))
+
+    dm = threading.Thread(target=demux)
+    dm.start()
+    ts = [threading.Thread(target=store), threading.Thread(target=prefetch)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(120)
+    stop.set()
+    dm.join(10)
+    assert not any(t.is_alive() for t in ts + [dm]), "a thread hung"
+    assert errors == []
+    assert done_upto[0] == 160
