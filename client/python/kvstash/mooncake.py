@@ -241,11 +241,12 @@ class MooncakeDistributedStore:
     # ---- setup and life ----
 
     def setup(self, *args, **kwargs):
-        """setup(local_hostname, metadata_server, global_segment_size=16 MiB,
-        local_buffer_size=16 MiB, protocol="tcp", rdma_devices="",
-        master_server_addr="127.0.0.1:50051", engine=None, enable_ssd_offload=False,
+        """setup(local_hostname, metadata_server, global_segment_size, local_buffer_size,
+        protocol, rdma_devices, master_server_addr, engine=None, enable_ssd_offload=False,
         ssd_offload_path="", tenant_id="default", enable_client_http_server=False,
-        client_http_port=9300), or setup(config_dict). Connects to kvstashd (see
+        client_http_port=9300) (the first seven required, as in Mooncake), or
+        setup(config_dict) with the same keys (local_hostname and metadata_server required;
+        the rest default as in Mooncake; sizes may be strings such as "4GB"). Connects to kvstashd (see
         daemon_address); 0 on success, INVALID_PARAMS (-600) for bad arguments, RPC_FAIL
         (-900) when the daemon cannot be reached, ILLEGAL_CLIENT (-601) when it refuses
         the tenant."""
@@ -255,9 +256,8 @@ class MooncakeDistributedStore:
             return self._setup_dict(kwargs["config"])
         return self._setup_real(*args, **kwargs)
 
-    def _setup_real(self, local_hostname, metadata_server, global_segment_size=16 << 20,
-                    local_buffer_size=DEFAULT_LOCAL_BUFFER_SIZE, protocol="tcp",
-                    rdma_devices="", master_server_addr="127.0.0.1:50051", engine=None,
+    def _setup_real(self, local_hostname, metadata_server, global_segment_size,
+                    local_buffer_size, protocol, rdma_devices, master_server_addr, engine=None,
                     enable_ssd_offload=False, ssd_offload_path="", tenant_id="default",
                     enable_client_http_server=False,
                     client_http_port=DEFAULT_CLIENT_HTTP_PORT):
