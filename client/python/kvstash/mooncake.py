@@ -400,7 +400,7 @@ class MooncakeDistributedStore:
     def put_batch(self, keys, values, config=None):
         """Store values[i] under keys[i]: 0 when every key is stored (or existed), else the
         first key's negative code."""
-        keys = _keys(keys)
+        keys, values = _keys(keys), list(values)
         for v in values:
             memoryview(v)
         if len(keys) != len(values):
