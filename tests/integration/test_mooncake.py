@@ -552,3 +552,40 @@ def test_code_written_for_mooncake_runs_by_changing_the_import(kv, tmp_path, mon
         assert pool.read(PAGE, PAGE) == pool.read(0, PAGE)
     finally:
         s.close()
+
+
+def test_batches_larger_than_the_staging_buffer_run_in_rounds(kv, pools):
+    """Private memory is copied through a staging buffer of local_buffer_size bytes; a batch
+    of four times that still moves whole and byte-exact, also with four threads at once."""
+    d = kv()
+    s = MooncakeDistributedStore()
+    try:
+        assert s.setup("h", "m", 0, MIB, "tcp", "", f"kvstash://{d.unix_path}") == 0
+        n = 64                                       # 64 x 64 KiB = 4 MiB a batch
+        pool = pools("ctypes", 2 * n * PAGE * 4)
+        assert s.register_buffer(pool.ptr, pool.size) == 0
+        errors = []
+
+        def worker(t):
+            try:
+                base = t * 2 * n * PAGE
+                keys = [f"t{t}-{i}" for i in range(n)]
+                src = [pool.ptr + base + i * PAGE for i in range(n)]
+                dst = [pool.ptr + base + (n + i) * PAGE for i in range(n)]
+                pool.write(base, rnd(n * PAGE, t))
+                assert s.batch_put_from(keys, src, [PAGE] * n) == [0] * n
+                assert s.batch_get_into(keys, dst, [PAGE] * n) == [PAGE] * n
+                assert pool.read(base + n * PAGE, n * PAGE) == pool.read(base, n * PAGE)
+            except BaseException as e:
+                errors.append(e)
+
+        ts = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(120)
+        assert not any(t.is_alive() for t in ts), "a thread did not finish"
+        if errors:
+            raise errors[0]
+    finally:
+        s.close()

@@ -246,8 +246,8 @@ class MooncakeDistributedStore:
         ssd_offload_path="", tenant_id="default", enable_client_http_server=False,
         client_http_port=9300) (the first seven required, as in Mooncake), or
         setup(config_dict) with the same keys (local_hostname and metadata_server required;
-        the rest default as in Mooncake; sizes may be strings such as "4GB"). Connects to kvstashd (see
-        daemon_address); 0 on success, INVALID_PARAMS (-600) for bad arguments, RPC_FAIL
+        the rest default as in Mooncake; sizes may be strings such as "4GB"). Connects to
+        kvstashd (see daemon_address); 0 on success, INVALID_PARAMS (-600) for bad arguments, RPC_FAIL
         (-900) when the daemon cannot be reached, ILLEGAL_CLIENT (-601) when it refuses
         the tenant."""
         if len(args) == 1 and not kwargs and isinstance(args[0], dict):
