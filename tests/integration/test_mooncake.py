@@ -319,6 +319,13 @@ def test_every_method_and_its_return_convention(kv, stores, pools, work):
     assert s.get("a") == b""
     assert s.batch_remove(["b1", "missing", "b2"]) == [0, -704, 0]
     assert s.batch_remove([]) == []
+    # a leased object (another client read it in place): -706, and force overrides the lease
+    assert s.put("leased", b"L") == 0
+    with kvstash.Client(d.unix_path) as c:
+        assert c.get_replica_list(["leased"])[0]["size"] == 1
+        assert s.remove("leased") == mc.OBJECT_HAS_LEASE == -706
+        assert s.batch_remove(["leased"]) == [-706]
+        assert s.remove("leased", force=True) == 0
     assert s.put("c", b"c") == 0
     assert s.remove_all() == 4                       # arr, mv, parts, c (+ the warm-up: none)
     assert s.batch_is_exist(["arr", "mv", "parts", "c"]) == [0, 0, 0, 0]
