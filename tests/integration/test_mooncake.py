@@ -596,3 +596,21 @@ def test_batches_larger_than_the_staging_buffer_run_in_rounds(kv, pools):
             raise errors[0]
     finally:
         s.close()
+
+
+def test_a_full_store_is_no_available_handle(daemons, stores, pools):
+    """Hard-pinned objects (ReplicateConfig.with_hard_pin) fill a 16 MiB daemon: later puts,
+    from bytes or from raw pointers, get -200 (NO_AVAILABLE_HANDLE) and are not stored."""
+    d = daemons(["--memory_size=16m", "--ssd_dir="])
+    s = stores(d.unix_path)
+    cfg = ReplicateConfig()
+    cfg.with_hard_pin = True
+    results = [s.put(f"pinned{i}", bytes(MIB), cfg) for i in range(32)]
+    assert 0 in results and results[-1] == mc.NO_AVAILABLE_HANDLE == -200
+    assert s.is_exist(f"pinned{results.index(-200)}") == 0
+    pool = pools("sealed", 2 * MIB)
+    assert s.register_buffer(pool.ptr, pool.size) == 0
+    assert s.batch_put_from(["raw0", "raw1"], [pool.ptr, pool.ptr + MIB], [MIB, MIB]) \
+        == [-200, -200]
+    assert s.batch_is_exist(["raw0", "raw1"]) == [0, 0]
+    assert s.get("pinned0") == bytes(MIB)
