@@ -614,3 +614,47 @@ def test_a_full_store_is_no_available_handle(daemons, stores, pools):
         == [-200, -200]
     assert s.batch_is_exist(["raw0", "raw1"]) == [0, 0]
     assert s.get("pinned0") == bytes(MIB)
+
+
+@pytest.mark.parametrize("kind", ["ctypes", "sealed"])
+def test_a_daemon_killed_during_transfers(kv, stores, pools, kind):
+    """Transfers running when the daemon is killed return -900 (or their full results),
+    never an exception, and a read reported whole is byte-exact."""
+    d = kv()
+    s = stores(d.unix_path)
+    n = 32
+    pool = pools(kind, 2 * n * PAGE)
+    assert s.register_buffer(pool.ptr, pool.size) == 0
+    pool.write(0, rnd(n * PAGE, 8))
+    keys = [f"k{i}" for i in range(n)]
+    src = [pool.ptr + i * PAGE for i in range(n)]
+    dst = [pool.ptr + (n + i) * PAGE for i in range(n)]
+    assert s.batch_put_from(keys, src, [PAGE] * n) == [0] * n
+    seen, errors = [], []
+    started = threading.Event()
+
+    def reader():
+        try:
+            for _ in range(2000):
+                r = s.batch_get_into(keys, dst, [PAGE] * n)
+                started.set()
+                seen.append(r)
+                if r == [PAGE] * n:
+                    assert pool.read(n * PAGE, n * PAGE) == pool.read(0, n * PAGE)
+                else:
+                    assert r == [-900] * n, r
+                    return
+        except BaseException as e:
+            errors.append(e)
+
+    t = threading.Thread(target=reader)
+    t.start()
+    assert started.wait(30)
+    d.kill9()
+    t.join(60)
+    assert not t.is_alive()
+    if errors:
+        raise errors[0]
+    assert seen[-1] == [-900] * n                    # the reader ran into the kill
+    assert s.batch_put_from(keys[:1], src[:1], [PAGE]) == [-900]
+    assert s.health_check() == 2
