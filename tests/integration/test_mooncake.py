@@ -10,9 +10,10 @@ once. The host pool is raw memory named by integer pointers: a ctypes buffer (pr
 memory: copied through the staging buffer), a sealable memfd mapping (zero copy) and a memfd
 made with MFD_CLOEXEC alone as SGLang's shm allocator makes it (refused by today's daemon:
 copied; accepted by a later one: zero copy), and every path must give the same bytes.
-Every method's return convention, the code table, bad input (wrong sizes, pointers outside
-any registered buffer, a stopped daemon) giving negative codes and never an exception or
-wrong bytes. No wall-clock bound is asserted; every loop is bounded in count.
+Every method's return convention, the code table (a leased object, a full store), bad
+input (wrong sizes, pointers outside any registered buffer, buffers too small, a daemon
+stopped or killed during transfers) giving negative codes and never an exception or wrong
+bytes. No wall-clock bound is asserted; every loop is bounded in count.
 """
 
 import ctypes
