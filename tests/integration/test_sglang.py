@@ -21,7 +21,6 @@ stopped daemon give False / 0 / None and never raise; the generic (non-v1) inter
 No wall-clock bounds: joins and timeouts only turn a hang into a failure.
 """
 
-import os
 import pathlib
 import sys
 import threading
