@@ -157,7 +157,7 @@ def test_sglang_memfd_path_reported(kv, made, capsys):
 def test_prefetch_and_backup_threads_at_once(kv, made):
     """The backup thread writes batches while the prefetch thread queries and reads the
     batches already written and a third thread asks batch_exists: every page read is
-    byte-exact, every answer a prefix of what was written."""
+    byte-exact, every count within its batch."""
     d = kv()
     pool = mha_pool(made, "page_first", "shm_sealable")
     b = backend(made, config(unix(d)), pool)
@@ -206,8 +206,8 @@ def test_prefetch_and_backup_threads_at_once(kv, made):
             for _ in range(2000):
                 if done.is_set():
                     return
-                for i in range(nb):
-                    assert b.batch_exists(batches[i]) in (0, per)
+                for i in range(nb):     # a batch being written shows a growing prefix
+                    assert 0 <= b.batch_exists(batches[i]) <= per
         except BaseException as e:
             errors.append(e)
 
