@@ -98,6 +98,12 @@ def pages_of(pool, pages):
     return [bytes(pool.get_data_page(p * PAGE).view(np.uint8)) for p in pages]
 
 
+def moved(b):
+    """(zero-copy bytes, staged bytes) over the backend's connections."""
+    return (sum(c.zero_copy_bytes for c in b._clients),
+            sum(c.staged_bytes for c in b._clients))
+
+
 def hashes(n, tag="h"):
     return [f"{tag}{i:04d}" for i in range(n)]
 
@@ -134,10 +140,14 @@ def test_mha_round_trip_byte_exact(kv, made, memfd, layout):
     assert pages_of(pool, dst) == want
     # a page already stored counts as set
     assert b.batch_set_v1(keys[:4], pool.page_indices(dst[:4])) == [True] * 4
+    zero, staged = moved(b)
     if memfd == "sealable":
         assert b.path == "zero-copy"
     else:
         assert b.path in ("zero-copy", "staging")
+    # every byte took the path the backend reports, and none went through the socket
+    total = (16 + 16 + 4) * len(want[0])       # pages set, got, set again
+    assert (zero, staged) == ((total, 0) if b.path == "zero-copy" else (0, total))
     print(f"{memfd} memfd, {layout}: path {b.path}")
 
 
