@@ -12,8 +12,8 @@ Moves 128 pages (K and V objects each, SGLang's MHA page_first layout: 64 tokens
                      staging copy)
   raw staging        the raw client with pieces in anonymous memory (the staging copy)
 
-Each row is the median of several rounds (fresh keys per put round, the store emptied
-between rounds, untimed); rounds stop at --seconds. GB/s counts value bytes; "vs raw" is the
+Each row is the median of several rounds; a round runs every row in turn (fresh keys per
+put, the store emptied before each, untimed); rounds stop at --seconds. GB/s counts value bytes; "vs raw" is the
 row's GB/s over raw zero-copy's for the same operation (the issue's target for the adapter's
 zero-copy rows: within 10%).
 
@@ -73,33 +73,29 @@ def raw_pieces(pool, buf):
     return [[(buf, a - base, s)] for a, s in zip(ptrs, sizes)]
 
 
-class Runner:
-    def __init__(self, addr, deadline, rounds, nbytes):
-        self.addr, self.deadline, self.rounds, self.nbytes = addr, deadline, rounds, nbytes
-        self.seq = 0
-        self.admin = kvstash.Client(addr, timeout=60)
-
-    def fresh(self):
-        self.seq += 1
-        return self.seq
-
-    def median_gbs(self, put, get):
-        """put(round) and get() timed: (median put GB/s, median get GB/s, ok)."""
-        tp, tg, ok = [], [], True
-        for r in range(self.rounds):
-            if r and time.monotonic() > self.deadline:
-                break
-            self.admin.remove_all(force=True)
-            n = self.fresh()
+def measure(admin, rows, rounds, deadline, nbytes):
+    """Rounds in turn over the rows (so a load change hits all rows alike), each row's put
+    then get timed, the store emptied before each put (untimed). Returns per row
+    (median put GB/s, median get GB/s, all ok)."""
+    tp = [[] for _ in rows]
+    tg = [[] for _ in rows]
+    ok = [True] * len(rows)
+    seq = 0
+    for r in range(rounds):
+        if r and time.monotonic() > deadline:
+            break
+        for i, (_, put, get) in enumerate(rows):
+            admin.remove_all(force=True)
+            seq += 1
             t = time.perf_counter()
-            ok &= put(n)
-            tp.append(time.perf_counter() - t)
+            ok[i] &= put(seq)
+            tp[i].append(time.perf_counter() - t)
             t = time.perf_counter()
-            ok &= get(n)
-            tg.append(time.perf_counter() - t)
-        self.admin.remove_all(force=True)
-        return (self.nbytes / statistics.median(tp) / 1e9,
-                self.nbytes / statistics.median(tg) / 1e9, ok)
+            ok[i] &= get(seq)
+            tg[i].append(time.perf_counter() - t)
+    admin.remove_all(force=True)
+    return [(nbytes / statistics.median(p) / 1e9, nbytes / statistics.median(g) / 1e9, k)
+            for p, g, k in zip(tp, tg, ok)]
 
 
 def main():
@@ -121,28 +117,27 @@ def main():
         daemon = kvtest.Daemon(tmp.name, [f"--memory_size={mem}m", "--ssd_dir="])
         daemon.wait_ready()
         addr = f"unix:{daemon.unix_path}"
-    pools, backends = [], []
+    pools, backends, clients = [], [], []
     try:
-        run = Runner(addr, deadline, max(1, a.rounds), nbytes)
+        admin = kvstash.Client(addr, timeout=60)
+        clients.append(admin)
         rows = []
 
         def raw_row(name, pool, register):
             c = kvstash.Client(addr, timeout=60, auto_register=False)
-            try:
-                buf = c.register_fd(pool.allocator.fds[0]) if register else None
-                pieces = raw_pieces(pool, buf)
-                names = [f"{h}" for i in range(PAGES) for h in (f"{i}k", f"{i}v")]
+            clients.append(c)
+            buf = c.register_fd(pool.allocator.fds[0]) if register else None
+            pieces = raw_pieces(pool, buf)
+            names = [f"{h}" for i in range(PAGES) for h in (f"{i}k", f"{i}v")]
 
-                def put(n):
-                    return all(r == 0 for r in c.batch_put_from(
-                        [f"raw{n}_{k}" for k in names], pieces))
+            def put(n):
+                return all(r == 0 for r in c.batch_put_from(
+                    [f"raw{n}_{k}" for k in names], pieces))
 
-                def get(n):
-                    got = c.batch_get_into([f"raw{n}_{k}" for k in names], pieces)
-                    return all(g == p[0][2] for g, p in zip(got, pieces))
-                rows.append((name,) + run.median_gbs(put, get))
-            finally:
-                c.close()
+            def get(n):
+                got = c.batch_get_into([f"raw{n}_{k}" for k in names], pieces)
+                return all(g == p[0][2] for g, p in zip(got, pieces))
+            rows.append((name, put, get))
 
         def adapter_row(name, pool):
             b = make_backend(addr, pool)
@@ -154,7 +149,7 @@ def main():
 
             def get(n):
                 return all(b.batch_get_v1([f"a{n}_{i}" for i in range(PAGES)], idx))
-            rows.append((f"{name} [{b.path}]",) + run.median_gbs(put, get))
+            rows.append((f"{name} [{b.path}]", put, get))
 
         sealable = make_pool(a.layers, "shm_sealable")
         sglang_memfd = make_pool(a.layers, "shm")
@@ -165,6 +160,8 @@ def main():
         adapter_row("kvstash.sglang, SGLang alloc_shm memfd", sglang_memfd)
         adapter_row("kvstash.sglang, anonymous memory", anon)
         raw_row("raw staging (anonymous memory)", anon, False)
+        results = measure(admin, rows, max(1, a.rounds), deadline, nbytes)
+        rows = [(r[0],) + m for r, m in zip(rows, results)]
 
         base_put, base_get = rows[0][1], rows[0][2]
         print(f"kvstash.sglang bench: {PAGES} pages x {nbytes // PAGES >> 10} KiB "
@@ -179,6 +176,8 @@ def main():
     finally:
         for b in backends:
             b.close()
+        for c in clients:
+            c.close()
         for p in pools:
             p.close()
         if daemon is not None:

@@ -283,11 +283,13 @@ class KvstashStorage(HiCacheStorage):
         if len(host_indices) != n * pool.page_size:
             raise ValueError(f"{n} keys and {len(host_indices)} host indices "
                              f"(page size {pool.page_size})")
-        idx = host_indices.tolist() if hasattr(host_indices, "tolist") else list(host_indices)
+        if hasattr(host_indices, "min"):        # a torch tensor or numpy array
+            lo, hi = int(host_indices.min()), int(host_indices.max())
+        else:
+            lo, hi = min(host_indices), max(host_indices)
         size = getattr(pool, "size", None)
-        if min(idx) < 0 or (size is not None and max(idx) >= size):
-            raise ValueError(f"host indices [{min(idx)}, {max(idx)}] outside the pool's "
-                             f"{size} slots")
+        if lo < 0 or (size is not None and hi >= size):
+            raise ValueError(f"host indices [{lo}, {hi}] outside the pool's {size} slots")
         ptrs, sizes = pool.get_page_buffer_meta(host_indices)
         per_page = len(ptrs) // n
         if len(ptrs) != len(sizes) or per_page * n != len(ptrs) or per_page == 0 or \
