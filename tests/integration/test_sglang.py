@@ -21,6 +21,7 @@ stopped daemon give False / 0 / None and never raise; the generic (non-v1) inter
 No wall-clock bounds: joins and timeouts only turn a hang into a failure.
 """
 
+import logging
 import pathlib
 import sys
 import threading
@@ -151,14 +152,24 @@ def test_mha_round_trip_byte_exact(kv, made, memfd, layout):
     print(f"{memfd} memfd, {layout}: path {b.path}")
 
 
-def test_sglang_memfd_path_reported(kv, made, capsys):
+def test_sglang_memfd_path_reported(kv, made, capsys, caplog):
     """SGLang's own alloc_shm memfd: zero copy once the daemon accepts unsealed memfds,
-    the staging copy before; both move the same bytes (above). The path is reported."""
+    the staging copy before; both move the same bytes (above). The path is logged once,
+    however many threads connect."""
     d = kv()
     pool = mha_pool(made, "page_first", "shm")
+    caplog.set_level(logging.INFO, logger="kvstash.sglang")
     b = backend(made, config(unix(d)), pool)
     keys = hashes(4, "r")
     assert b.batch_set_v1(keys, pool.page_indices(range(4))) == [True] * 4
+    ts = [threading.Thread(target=b.batch_get_v1, args=(keys, pool.page_indices(range(8, 12))))
+          for _ in range(3)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    said = [r.getMessage() for r in caplog.records if "HiCache host pool" in r.getMessage()]
+    assert len(said) == 1 and b.path in said[0], said
     with capsys.disabled():
         print(f"\n[test_sglang] SGLang alloc_shm memfd (MFD_CLOEXEC only): {b.path}")
     assert b.path in ("zero-copy", "staging")
