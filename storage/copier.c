@@ -13,6 +13,8 @@
  */
 #include "copier.h"
 
+#include "shmbuf.h"
+
 #include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -134,10 +136,16 @@ copier_main(void *arg)
         if (atomic_load_explicit(&job->state, memory_order_acquire) != COPY_JOB_ABANDONED) {
             struct copy_seg *sg = &job->segs[i];
 
+            if (sg->guard != NULL) {
+                shmbuf_access_begin(sg->guard);     /* a client may shrink it meanwhile */
+            }
             if (sg->run != NULL) {
                 sg->run(sg->arg);
             } else {
                 copier_copy(sg->dst, sg->src, sg->len);
+            }
+            if (sg->guard != NULL) {
+                shmbuf_access_end();
             }
         }
         if (atomic_fetch_sub_explicit(&job->left, 1, memory_order_acq_rel) == 1) {

@@ -3,7 +3,9 @@
  * paths (registered client buffers <-> arena pages, or SSD -> client
  * buffers), so that no event loop ever spends its time in a big memcpy or
  * waits on a disk. It knows nothing of objects or
- * buffers: a job is a list of segments and a completion protocol. The
+ * buffers: a job is a list of segments and a completion protocol; a
+ * segment that touches a registered buffer which may shrink names it as its
+ * guard, and the copy runs inside shmbuf_access_begin/end (shmbuf.h). The
  * threads share a job segment by segment, so one big transfer uses them
  * all; jobs are started in submission order.
  *
@@ -25,11 +27,14 @@
 #include <stddef.h>
 
 struct copier;
+struct shmbuf;
 
 /*
  * A segment: copy len bytes from src to dst; or, when run is set, call
  * run(arg) instead: blocking work of the same transfer (an SSD read
  * straight into the destination), shared among the threads like a copy.
+ * guard: the guarded buffer (shmbuf_guarded) dst or src lies in, or NULL
+ * (arena memory, a sealed buffer: nothing to guard, nothing spent).
  */
 struct copy_seg {
     void *dst;
@@ -37,6 +42,7 @@ struct copy_seg {
     size_t len;
     void (*run)(void *arg);
     void *arg;
+    struct shmbuf *guard;
 };
 
 enum copy_job_state { COPY_JOB_RUNNING = 0, COPY_JOB_DONE = 1, COPY_JOB_ABANDONED = 2 };

@@ -312,7 +312,8 @@ ssd_load(struct ssd *t, struct store_obj *o)
  * ssd_hook_read: store_read_stored. The value goes straight into the
  * caller's pages; since those are a client's, a mismatch there may be the
  * client writing them meanwhile, so the copy on disk is checked again
- * through a buffer of our own before it is declared bad and dropped.
+ * through a buffer of our own before it is declared bad and dropped. Pages
+ * the client cut off (EFAULT) are not the disk's fault either.
  */
 static int
 ssd_hook_read(void *arg, struct store_obj *o, const struct iovec *iov, int n)
@@ -329,6 +330,12 @@ ssd_hook_read(void *arg, struct store_obj *o, const struct iovec *iov, int n)
         return KV_NOT_FOUND;
     }
     rc = ssd_read_value(b, &loc, &key, size, iov, n);
+    if (rc == -EFAULT) {
+        /* The caller's pages went away under the read (a client shrank its buffer): the
+         * disk is fine and the copy stays. */
+        ssd_bucket_unref(t, b, false);
+        return KV_UNAVAILABLE;
+    }
     if (rc == KV_CHECKSUM_MISMATCH) {
         uint64_t span = ssd_rec_value_span(size);
         void *tmp = NULL;

@@ -275,9 +275,11 @@ int store_get_stored(struct store *s, const struct kv_key *key, struct store_obj
  * with 4 KiB-aligned addresses and lengths (so the tier can use O_DIRECT),
  * and verify its checksum. Blocks on the disk: call it from a worker
  * thread, never from an event loop. The object stays non-resident. Returns
- * 0 (all store_obj_size(o) bytes are in iov), or KV_NOT_FOUND when the copy
+ * 0 (all store_obj_size(o) bytes are in iov), KV_NOT_FOUND when the copy
  * is gone or unreadable (a copy failing its checksum is dropped, never
- * served); the bytes in iov are then undefined.
+ * served), or KV_UNAVAILABLE when the kernel could not write into iov
+ * (EFAULT: a client's buffer shrank; the copy stays); the bytes in iov are
+ * then undefined.
  */
 int store_read_stored(struct store *s, struct store_obj *o, const struct iovec *iov, int n);
 

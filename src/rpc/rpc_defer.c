@@ -199,6 +199,7 @@ rpc_xfer_free(struct rpc_xfer *x)
     free(x->res);
     free(x->objs);
     free(x->bufs);
+    free(x->kbufs);
     free(x->dreads);
     free(x->segs);
     free(x->rops);
@@ -223,10 +224,12 @@ rpc_xfer_new(struct rpc_req *rq, uint32_t n, uint32_t npieces, bool put)
     x->res = calloc(n ? n : 1, sizeof(*x->res));
     x->objs = calloc(n ? n : 1, sizeof(*x->objs));
     x->bufs = calloc(npieces ? npieces : 1, sizeof(*x->bufs));
-    if (x->res == NULL || x->objs == NULL || x->bufs == NULL) {
+    x->kbufs = calloc(n ? n : 1, sizeof(*x->kbufs));
+    if (x->res == NULL || x->objs == NULL || x->bufs == NULL || x->kbufs == NULL) {
         free(x->res);
         free(x->objs);
         free(x->bufs);
+        free(x->kbufs);
         free(x);
         return NULL;
     }
@@ -240,7 +243,7 @@ rpc_xfer_new(struct rpc_req *rq, uint32_t n, uint32_t npieces, bool put)
 }
 
 int
-rpc_xfer_seg(struct rpc_xfer *x, void *dst, const void *src, size_t len)
+rpc_xfer_seg(struct rpc_xfer *x, void *dst, const void *src, size_t len, struct shmbuf *guard)
 {
     if (x->nsegs == x->capsegs) {
         size_t cap = x->capsegs != 0 ? x->capsegs * 2 : 64;
@@ -257,14 +260,15 @@ rpc_xfer_seg(struct rpc_xfer *x, void *dst, const void *src, size_t len)
     x->segs[x->nsegs].len = len;
     x->segs[x->nsegs].run = NULL;
     x->segs[x->nsegs].arg = NULL;
+    x->segs[x->nsegs].guard = guard;
     x->nsegs++;
     return 0;
 }
 
 int
-rpc_xfer_run(struct rpc_xfer *x, void (*run)(void *), void *arg)
+rpc_xfer_run(struct rpc_xfer *x, void (*run)(void *), void *arg, struct shmbuf *guard)
 {
-    int rc = rpc_xfer_seg(x, NULL, NULL, 0);
+    int rc = rpc_xfer_seg(x, NULL, NULL, 0, guard);
 
     if (rc == 0) {
         x->segs[x->nsegs - 1].run = run;
@@ -447,6 +451,41 @@ rpc_xfer_durable(struct rpc_ctx *ctx, struct rpc_xfer *x)
 
 static int rpc_xfer_answer(struct rpc_ctx *ctx, struct outq *out);
 
+/*
+ * rpc_xfer_shrunk: a transfer over guarded buffers, its copies done: every
+ * key with a piece in a buffer that failed (shrank under some copy, this
+ * one's or another's) fails with KV_UNAVAILABLE, whatever its copies did:
+ * what was read from such a buffer may be zeros, what was written to it
+ * may never have reached the client. The connection then drops those
+ * buffers.
+ */
+static void
+rpc_xfer_shrunk(struct rpc_ctx *ctx, struct rpc_xfer *x)
+{
+    bool any = false;
+    uint32_t b = 0;
+
+    for (uint32_t i = 0; i < x->n; i++) {
+        bool failed = false;
+
+        for (; b < x->kbufs[i]; b++) {
+            failed = failed || shmbuf_failed(x->bufs[b]);
+        }
+        if (!failed) {
+            continue;
+        }
+        any = true;
+        if (x->put && x->res[i] == 0) {
+            x->res[i] = KV_UNAVAILABLE;         /* its reservation is aborted below */
+        } else if (!x->put && x->res[i] >= 0) {
+            x->res[i] = -(int64_t)KV_UNAVAILABLE;
+        }
+    }
+    if (any) {
+        (void)shmbuf_set_drop_failed(ctx->bufs);
+    }
+}
+
 int
 rpc_xfer_poll(struct rpc_ctx *ctx, struct outq *out)
 {
@@ -467,6 +506,9 @@ rpc_xfer_answer(struct rpc_ctx *ctx, struct outq *out)
 
     if (!copy_job_done(&x->job) || x->rops_left > 0 || x->next_rop < x->nrops) {
         return -EINPROGRESS;
+    }
+    if (x->guarded) {
+        rpc_xfer_shrunk(ctx, x);
     }
     for (uint32_t i = 0; x->put && i < x->n; i++) {
         if (x->objs[i] != NULL && x->res[i] != 0) {

@@ -125,8 +125,12 @@ void rpc_deferred_hold(struct rpc_ctx *ctx, struct rpc_deferred *d, uint32_t i,
 /* ---- transfers (set up by rpc_shm.c) ---- */
 
 /*
- * One transfer. The handler that sets it up fills res, objs, bufs, durable,
- * next, kind and dreads; the rest is this module's.
+ * One transfer. The handler that sets it up fills res, objs, bufs, kbufs,
+ * guarded, durable, next, kind and dreads; the rest is this module's. A key
+ * whose pieces lie in a buffer that failed by the end of the copies (it
+ * shrank under them: shmbuf.h) fails with KV_UNAVAILABLE: a put's
+ * reservation is aborted (nothing partial is stored), a get answers -14;
+ * the failed buffers are then dropped from the connection's set.
  */
 struct rpc_xfer {
     struct copy_job job;            /* first member: the copier hands it back */
@@ -138,8 +142,10 @@ struct rpc_xfer {
     uint32_t n;
     int64_t *res;                   /* put: code; get: bytes or minus a code */
     struct store_obj **objs;        /* put: reservations to commit; get: references */
-    struct shmbuf **bufs;           /* a reference per piece used */
+    struct shmbuf **bufs;           /* a reference per piece used, in key order */
     uint32_t nbufs;
+    uint32_t *kbufs;                /* per key: nbufs once its pieces were read (its end) */
+    bool guarded;                   /* some piece is in a guarded buffer (shmbuf_guarded) */
     struct copy_seg *segs;
     size_t nsegs;
     size_t capsegs;
@@ -170,11 +176,15 @@ struct rpc_xfer *rpc_xfer_new(struct rpc_req *rq, uint32_t n, uint32_t npieces, 
  */
 void rpc_xfer_free(struct rpc_xfer *x);
 
-/* rpc_xfer_seg: a copy segment of len bytes from src to dst. 0 or -ENOMEM. */
-int rpc_xfer_seg(struct rpc_xfer *x, void *dst, const void *src, size_t len);
+/*
+ * rpc_xfer_seg: a copy segment of len bytes from src to dst; guard is the
+ * guarded buffer one of them lies in, or NULL (copy_seg). 0 or -ENOMEM.
+ */
+int rpc_xfer_seg(struct rpc_xfer *x, void *dst, const void *src, size_t len,
+                 struct shmbuf *guard);
 
-/* rpc_xfer_run: a segment that calls run(arg) on a copy thread. 0 or -ENOMEM. */
-int rpc_xfer_run(struct rpc_xfer *x, void (*run)(void *), void *arg);
+/* rpc_xfer_run: a segment that calls run(arg) on a copy thread, guarded so. 0 or -ENOMEM. */
+int rpc_xfer_run(struct rpc_xfer *x, void (*run)(void *), void *arg, struct shmbuf *guard);
 
 /*
  * rpc_xfer_rop: an RDMA operation of key's between arena memory local and

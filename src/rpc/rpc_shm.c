@@ -46,6 +46,7 @@ struct rpc_dread {
     struct store *st;
     struct store_obj *obj;          /* the transfer's reference (x->objs[i]) */
     int64_t *res;                   /* x->res[i]: bytes, or minus a code */
+    struct shmbuf *guard;           /* the guarded buffer all the pieces are in, or NULL */
     struct iovec iov[STORE_MAX_EXTENTS];
     int n;
 };
@@ -56,6 +57,7 @@ struct rpc_piece {
     uint64_t len;
     uint64_t raddr;
     uint32_t rkey;
+    struct shmbuf *guard;           /* its buffer when that is guarded (shmbuf.h), else NULL */
 };
 
 /* ---- buffers ---- */
@@ -164,8 +166,8 @@ rpc_xfer_map(struct rpc_xfer *x, uint32_t key, struct store_obj *o, const struct
         if (pc[p].ptr == NULL) {
             rc = rpc_xfer_rop(x, key, ep, pc[p].raddr + po, pc[p].rkey, chunk);
         } else {
-            rc = into_obj ? rpc_xfer_seg(x, ep, pc[p].ptr + po, (size_t)chunk)
-                          : rpc_xfer_seg(x, pc[p].ptr + po, ep, (size_t)chunk);
+            rc = into_obj ? rpc_xfer_seg(x, ep, pc[p].ptr + po, (size_t)chunk, pc[p].guard)
+                          : rpc_xfer_seg(x, pc[p].ptr + po, ep, (size_t)chunk, pc[p].guard);
         }
         if (rc != 0) {
             return rc;
@@ -286,6 +288,7 @@ rpc_pieces_read(struct rpc_req *rq, struct mp_reader *rd, struct rpc_xfer *x,
             continue;
         }
         pc[k].len = v[2];
+        pc[k].guard = NULL;
         if (kind == RPC_PIECES_RDMA) {
             pc[k].ptr = NULL;
             rc = rpc_rdma_piece(rq->ctx, v[0], v[1], v[2], &pc[k].raddr, &pc[k].rkey);
@@ -296,6 +299,10 @@ rpc_pieces_read(struct rpc_req *rq, struct mp_reader *rd, struct rpc_xfer *x,
                 continue;
             }
             x->bufs[x->nbufs++] = b;
+            if (shmbuf_guarded(b)) {
+                pc[k].guard = b;
+                x->guarded = true;
+            }
             pc[k].ptr = shmbuf_range(b, v[1], v[2]);
             rc = pc[k].ptr == NULL ? KV_INVALID_ARGUMENT : 0;
         }
@@ -363,6 +370,7 @@ rpc_batch_put_from(struct rpc_req *rq)
             continue;
         }
         rc = rpc_pieces_read(rq, &iovs, x, pc, &np, &total);
+        x->kbufs[i] = x->nbufs;
         if (rc == 0 && (klen > lim->max_key_size || total > lim->max_value_size)) {
             rc = KV_TOO_LARGE;
         }
@@ -410,7 +418,8 @@ struct rpc_key_pieces {
 /*
  * rpc_dread_fits: pieces O_DIRECT can read a whole value of size bytes
  * into: 4 KiB-aligned addresses and lengths, at most STORE_MAX_EXTENTS of
- * them for the value. Fills d->iov, d->n.
+ * them for the value, and, when one is in a guarded buffer, all in that
+ * one (a thread guards one buffer at a time). Fills d->iov, d->n, d->guard.
  */
 static bool
 rpc_dread_fits(struct rpc_dread *d, const struct rpc_piece *pc, uint32_t np, uint64_t size)
@@ -418,6 +427,7 @@ rpc_dread_fits(struct rpc_dread *d, const struct rpc_piece *pc, uint32_t np, uin
     uint64_t left = size;
 
     d->n = 0;
+    d->guard = np > 0 ? pc[0].guard : NULL;
     if (size == 0 || size % RPC_DIRECT_ALIGN != 0) {
         return false;
     }
@@ -425,7 +435,7 @@ rpc_dread_fits(struct rpc_dread *d, const struct rpc_piece *pc, uint32_t np, uin
         uint64_t len = pc[p].len < left ? pc[p].len : left;
 
         if (d->n == STORE_MAX_EXTENTS || (uintptr_t)pc[p].ptr % RPC_DIRECT_ALIGN != 0
-            || len % RPC_DIRECT_ALIGN != 0) {
+            || len % RPC_DIRECT_ALIGN != 0 || pc[p].guard != d->guard) {
             return false;
         }
         d->iov[d->n].iov_base = pc[p].ptr;
@@ -436,13 +446,20 @@ rpc_dread_fits(struct rpc_dread *d, const struct rpc_piece *pc, uint32_t np, uin
     return left == 0;
 }
 
-/* The copy threads' side of a direct read (a segment's run hook). */
+/*
+ * The copy threads' side of a direct read (a segment's run hook, guarded
+ * by d->guard). The kernel writing into pages the client cut off fails the
+ * read (EFAULT, no SIGBUS): the buffer failed, as if a copy had faulted.
+ */
 static void
 rpc_dread_run(void *arg)
 {
     struct rpc_dread *d = arg;
     int rc = store_read_stored(d->st, d->obj, d->iov, d->n);
 
+    if (rc == KV_UNAVAILABLE && d->guard != NULL) {
+        shmbuf_fail(d->guard);
+    }
     *d->res = rc == 0 ? (int64_t)store_obj_size(d->obj) : -(int64_t)rc;
 }
 
@@ -520,6 +537,7 @@ rpc_batch_get_into(struct rpc_req *rq)
     for (uint32_t i = 0; i < nkeys; i++) {
         kp[i].off = off;
         kp[i].rc = rpc_pieces_read(rq, &iovs, x, pc + off, &kp[i].np, &kp[i].cap);
+        x->kbufs[i] = x->nbufs;
         off += kp[i].np;
     }
     rc = store_has_tier(x->st) && x->kind == RPC_PIECES_SHM
@@ -539,7 +557,7 @@ rpc_batch_get_into(struct rpc_req *rq)
             continue;
         }
         if (skip[i]) {
-            rc = rpc_xfer_run(x, rpc_dread_run, &x->dreads[i]);
+            rc = rpc_xfer_run(x, rpc_dread_run, &x->dreads[i], x->dreads[i].guard);
             continue;
         }
         n = store_obj_size(x->objs[i]);
