@@ -222,19 +222,22 @@ int kvstash_register_buffer(struct kvstash *c, size_t size, struct kvstash_buffe
 
 /*
  * kvstash_register_fd: as kvstash_register_buffer, for the caller's own
- * memfd: fd must be a memfd created with MFD_ALLOW_SEALING, opened
- * read-write, at least size bytes long. The library adds F_SEAL_SHRINK to it
- * (a permanent seal: the file can never shrink again, so the daemon can
- * never fault on it), maps its first size bytes MAP_SHARED read-write and
- * sends it with the request (the daemon gets its own descriptor). fd is
+ * shared memory: fd must be a memfd or a file on tmpfs or hugetlbfs (such as
+ * one in /dev/shm), opened read-write, at least size bytes long. When it
+ * allows sealing (a memfd created with MFD_ALLOW_SEALING), the library adds
+ * F_SEAL_SHRINK to it (a permanent seal: the file can never shrink again, so
+ * the daemon has nothing to guard); otherwise it is registered as it is, and
+ * the daemon guards it (a transfer during which it shrinks fails, the buffer
+ * is dropped: protocol/SPEC.md). Either way the library maps its first size
+ * bytes MAP_SHARED read-write and sends it with the request (the daemon
+ * gets its own descriptor). fd is
  * borrowed: the caller keeps it, and may close it as soon as the call
  * returns, whatever the outcome; the library never closes it. Bytes already
  * in the file are kept and visible through kvstash_buffer_ptr, and any other
  * mapping of the file sees the same memory. Returns as
  * kvstash_register_buffer, with KVSTASH_EINVAL also for fd < 0, a descriptor
- * that is not a memfd, a memfd that does not allow sealing (created without
- * MFD_ALLOW_SEALING, or F_SEAL_SEAL set before F_SEAL_SHRINK), one shorter
- * than size, or one that cannot be mapped writable (F_SEAL_WRITE,
+ * that is not shared memory (a pipe, a socket, a file on a disk), one
+ * shorter than size, or one that cannot be mapped writable (F_SEAL_WRITE,
  * F_SEAL_FUTURE_WRITE, opened read-only); kvstash_last_error says which.
  * *out as for kvstash_register_buffer.
  */
@@ -257,7 +260,7 @@ size_t kvstash_buffer_size(const struct kvstash_buffer *b);
  * KVSTASH_EINVAL and nothing is done. Otherwise b is released whatever the
  * outcome: b and the memory of kvstash_buffer_ptr(b) are invalid once the
  * call returns, and a memfd passed to kvstash_register_fd stays open (and
- * sealed) in the caller's hands. Returns 0; KVSTASH_ENOTFOUND when the
+ * sealed, if it was) in the caller's hands. Returns 0; KVSTASH_ENOTFOUND when the
  * server did not know the buffer; another code the server answered; or a
  * negative errno of the connection (-EPIPE when c was already broken; the
  * server releases a connection's buffers when it closes).
@@ -277,7 +280,10 @@ int kvstash_unregister_buffer(struct kvstash *c, struct kvstash_buffer *b);
  * not sent, as is a key with more than 65536 pieces or more than fit in
  * max_message_size (KVSTASH_ETOOLARGE); the server checks pieces the same
  * way. Batching, pipelining and the return value are those of
- * kvstash_batch_put. Pieces may overlap, within a key and across keys.
+ * kvstash_batch_put. Pieces may overlap, within a key and across keys. A key
+ * whose buffer (one not sealed against shrinking: kvstash_register_fd)
+ * shrank during the call gets KVSTASH_EUNAVAILABLE and is not stored; the
+ * server has then dropped the buffer (later pieces naming it: KVSTASH_EINVAL).
  *
  * Buffer reuse: the daemon reads the pieces while the call runs, so they
  * must not be written until it returns; once it returns >= 0, every key has
@@ -302,7 +308,9 @@ int kvstash_batch_put_from(struct kvstash *c, size_t n, const void *const *keys,
  * -KVSTASH_EINVAL (-6) for a bad piece (as for kvstash_batch_put_from;
  * answered here and not sent, or by the server, which then touches no
  * memory), -KVSTASH_ETOOLARGE for a key that cannot be sent (over 4 GiB,
- * more than 65536 pieces or more than fit in max_message_size). A key over
+ * more than 65536 pieces or more than fit in max_message_size),
+ * -KVSTASH_EUNAVAILABLE when its buffer shrank during the call (as for
+ * kvstash_batch_put_from; its pieces hold anything). A key over
  * max_key_size reads as missing. Batching, pipelining and the return value
  * are those of kvstash_batch_put: on a request-level error the keys of that
  * request and of those not yet sent get minus that code; results[] is

@@ -4,8 +4,9 @@
  *
  * This module owns the shared-memory buffers and the list each connection
  * keeps of its registered buffers. A shared-memory buffer is a memfd, made
- * here (kvstash_register_buffer) or the caller's (kvstash_register_fd,
- * sealed against shrinking before it is measured), that is mapped
+ * here (kvstash_register_buffer) or the caller's shared memory
+ * (kvstash_register_fd: sealed against shrinking before it is measured when
+ * it allows sealing, else registered as it is and guarded by the daemon), mapped
  * read-write here and sent to the daemon once, at registration; no
  * descriptor is kept. Every registered buffer, shared memory or RDMA memory
  * (kvstash_rdma.c registers those and links them here), is on its
@@ -56,7 +57,7 @@ kvstash_buffer_begin(struct kvstash *c, size_t size, struct kvstash_buffer **out
 }
 
 /*
- * kvstash_buffer_add: map fd (sealed against shrinking, at least size bytes)
+ * kvstash_buffer_add: map fd (shared memory, at least size bytes)
  * and register it with the server. The descriptor stays the caller's.
  */
 static int
@@ -171,21 +172,18 @@ kvstash_register_fd(struct kvstash *c, int fd, size_t size, struct kvstash_buffe
         kvstash_wire_errf(c, "register_fd: bad descriptor %d", fd);
         return KVSTASH_EINVAL;
     }
+    /* seals exist on shared memory only (memfds, tmpfs, hugetlbfs) */
     seals = fcntl(fd, F_GET_SEALS);
     if (seals < 0) {
-        kvstash_wire_errf(c, "register_fd: not a memfd (F_GET_SEALS: %s)", kv_strerror(-errno));
+        kvstash_wire_errf(c, "register_fd: not shared memory (a memfd, or a file on tmpfs "
+                          "or hugetlbfs; F_GET_SEALS: %s)", kv_strerror(-errno));
         return KVSTASH_EINVAL;
     }
-    /* seal first, then measure: the file cannot shrink in between */
-    if (!(seals & F_SEAL_SHRINK)) {
-        if ((seals & F_SEAL_SEAL) || fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) != 0) {
-            if (!(seals & F_SEAL_SEAL) && errno != EPERM) {
-                return kvstash_sys_fail(c, "fcntl(F_ADD_SEALS)", errno);
-            }
-            kvstash_wire_errf(c, "register_fd: the memfd does not allow sealing "
-                              "(create it with MFD_ALLOW_SEALING)");
-            return KVSTASH_EINVAL;
-        }
+    /* seal first, then measure: the file cannot shrink in between; one that cannot be sealed
+     * goes as it is (the daemon guards it) */
+    if (!(seals & (F_SEAL_SHRINK | F_SEAL_SEAL)) && fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) != 0
+        && errno != EPERM) {
+        return kvstash_sys_fail(c, "fcntl(F_ADD_SEALS)", errno);
     }
     if (fstat(fd, &st) != 0) {
         return kvstash_sys_fail(c, "fstat", errno);

@@ -454,29 +454,26 @@ class Client:
 
     @_locked
     def register_fd(self, fd, size=None):
-        """Register the caller's file: fd, open read-write, of a memfd made with
-        MFD_ALLOW_SEALING (the client adds F_SEAL_SHRINK, permanently), size bytes of it from
-        offset 0 (default: the whole file). It is mapped here too (Buffer.memory), and any
-        other mapping of the file (an mmap, a numpy array over it) may be named in pieces.
-        fd stays the caller's. Today's kvstashd takes only memfds sealed against
-        shrinking: any other descriptor (a /dev/shm file, a memfd without
-        MFD_ALLOW_SEALING) gets Error(INVALID_ARGUMENT) saying so."""
-        sealed = buffers.seal_shrink(fd)
+        """Register the caller's shared memory: fd, open read-write, of a memfd or a file on
+        tmpfs or hugetlbfs (a /dev/shm file), size bytes of it from offset 0 (default: the
+        whole file). A memfd made with MFD_ALLOW_SEALING gets F_SEAL_SHRINK (permanently);
+        one that cannot be sealed is registered as it is, and kvstashd guards it (a transfer
+        during which the file shrinks fails, with UNAVAILABLE per key, and the daemon drops
+        the buffer). It is mapped here too (Buffer.memory), and any other mapping of the
+        file (an mmap, a numpy array over it) may be named in pieces. fd stays the caller's.
+        Anything else (a pipe, a socket, a file on a disk) gets Error(INVALID_ARGUMENT)."""
+        buffers.seal_shrink(fd)
         if size is None:
             size = os.fstat(fd).st_size
         if size <= 0:
             raise Error(INVALID_ARGUMENT, None, f"register_fd: {size} bytes")
-        hint = "" if sealed else (
-            " (today's kvstashd takes only a memfd sealed against shrinking, F_SEAL_SHRINK; "
-            "this descriptor cannot be sealed: create it with memfd_create(..., "
-            "MFD_ALLOW_SEALING), or copy through a buffer from register_buffer)")
         try:
             mm = buffers.map_fd(fd, size)
         except (OSError, ValueError) as e:
             raise Error(INVALID_ARGUMENT, None, f"register_fd: cannot map it read-write: {e}") \
                 from None
         try:
-            return self._register(fd, size, mm, hint)
+            return self._register(fd, size, mm)
         except BaseException:
             mm.close()
             raise
@@ -487,8 +484,8 @@ class Client:
         address) when it lies in a shared mapping of a file that has a descriptor (a memfd,
         a /dev/shm file): the whole file is registered, and pieces anywhere in its mappings
         then move with no copy. Raises Error(INVALID_ARGUMENT) when obj's memory is not in
-        such a mapping or no descriptor can be found, or when kvstashd refuses it (today
-        only sealable memfds; see register_fd)."""
+        such a mapping or no descriptor can be found, or when kvstashd refuses it (not
+        shared memory; see register_fd)."""
         m = buffers.memory_of(obj, False)
         try:
             mp = buffers.find_mapping(buffers.read_maps(), m.addr, m.nbytes or 1)
@@ -511,13 +508,11 @@ class Client:
         if fd is None:
             return None
         try:
-            sealed = buffers.seal_shrink(fd)
+            buffers.seal_shrink(fd)     # when it allows sealing; else kvstashd guards it
             size = os.fstat(fd).st_size
-            hint = "" if sealed else (
-                f" ({mp.path or 'the file'} cannot be sealed against shrinking, and today's "
-                "kvstashd takes only memfds so sealed; pieces there are copied through the "
-                "staging buffer instead)")
-            return self._register(fd, size, None, hint)
+            return self._register(fd, size, None,
+                                  f" ({mp.path or 'the file'}: pieces there are copied through "
+                                  "the staging buffer instead)")
         finally:
             os.close(fd)
 
