@@ -366,38 +366,48 @@ def test_a_piece_outside_its_buffer_is_refused_and_the_connection_stays(kv, clie
     assert c.ping() == "pong"
 
 
-def test_a_descriptor_the_daemon_cannot_take_is_a_clear_error(kv, clients, work):
+def test_unsealable_descriptors_are_registered_as_they_are(kv, clients, work):
+    """A memfd without MFD_ALLOW_SEALING (SGLang's shm host pool) and a /dev/shm file
+    cannot be sealed: the client registers them as they are (the daemon guards them) and
+    moves bytes with no copy; a pipe is no shared memory and gets a clear error."""
     d = kv()
     c = clients(unix_addr(d))
-    # a memfd without MFD_ALLOW_SEALING cannot be sealed against shrinking
     fd = os.memfd_create("unsealable", os.MFD_CLOEXEC)
     try:
         os.ftruncate(fd, MIB)
-        with pytest.raises(kvstash.Error) as ei:
-            c.register_fd(fd)
-        e = ei.value
-        assert e.code == kvstash.INVALID_ARGUMENT and "seal" in e.message, e
-        assert c.ping() == "pong"
-        # the same memory named in a piece: copied through staging instead, same bytes
+        buf = c.register_fd(fd)
+        buf.memory[:8] = b"unsealed"
+        assert c.batch_put_from([b"u"], [(buf, 0, 8)]) == [kvstash.OK]
+        assert c.get(b"u") == b"unsealed" and c.staged_bytes == 0
+        # the same memory named through another mapping: zero copy too
         mm = mmap.mmap(fd, MIB)
-        mm[:6] = b"sealed"
-        assert c.batch_put_from([b"u"], [(mm, 0, 6)]) == [kvstash.OK]
-        assert c.get(b"u") == b"sealed" and c.staged_bytes == 6 and c.zero_copy_bytes == 0
+        assert c.batch_get_into([b"u"], [(mm, 4096, 8)]) == [8]
+        assert mm[4096:4104] == b"unsealed" and c.staged_bytes == 0
         mm.close()
+        c.unregister_buffer(buf)
     finally:
         os.close(fd)
-    # a /dev/shm file: not a memfd, refused by today's daemon with the same clear error
     if os.access("/dev/shm", os.W_OK):
         path = f"/dev/shm/kvstash-pyclient-{os.getpid()}"
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.ftruncate(fd, MIB)
-            with pytest.raises(kvstash.Error) as ei:
-                c.register_fd(fd)
-            assert ei.value.code == kvstash.INVALID_ARGUMENT and "seal" in ei.value.message
+            buf = c.register_fd(fd)
+            buf.memory[:5] = b"shmfs"
+            assert c.batch_put_from([b"s"], [(buf, 0, 5)]) == [kvstash.OK]
+            assert c.get(b"s") == b"shmfs"
+            c.unregister_buffer(buf)
         finally:
             os.close(fd)
             os.unlink(path)
+    r, w = os.pipe()
+    try:
+        with pytest.raises(kvstash.Error) as ei:
+            c.register_fd(r, 4096)
+        assert ei.value.code == kvstash.INVALID_ARGUMENT, ei.value
+    finally:
+        os.close(r)
+        os.close(w)
     assert c.ping() == "pong"
 
 

@@ -1,7 +1,7 @@
 """Integration: shared-memory buffers over kvstashd's Unix socket.
 
-A client on the same host registers a memfd (sealed against shrinking) with
-register_buffer, passing the descriptor with SCM_RIGHTS, and then moves values
+A client on the same host registers a memfd (sealed against shrinking, or not: then
+the daemon guards it) with register_buffer, passing the descriptor with SCM_RIGHTS, and then moves values
 between that memory and the store with batch_put_from / batch_get_into instead of
 sending them through the socket (protocol/SPEC.md, "Shared-memory buffers").
 
@@ -10,7 +10,9 @@ its own temporary data_dir, an ephemeral loopback TCP port and a Unix socket in 
 temporary directory, and checks what a user of the feature relies on: bytes come back
 exactly as they were put, whatever the piece splits; a short value fills only what it
 needs; a bad piece fails only its own key and never touches memory; the descriptor
-checks at registration hold; unregistering (also with transfers in flight) and
+checks at registration hold; a client that shrinks an unsealed buffer in the middle of
+its transfers fails only those transfers, stores nothing partial, loses the buffer and
+never disturbs the daemon or other clients; unregistering (also with transfers in flight) and
 disconnecting release the daemon's mapping; a client killed mid-transfer leaks
 nothing and leaves no half objects; a big transfer does not stall other clients; and
 objects on the SSD tier come back through get_into. Only Debian's python3-msgpack,
@@ -36,7 +38,7 @@ from kvtest import Client, Daemon, wait_for
 KIB = 1 << 10
 MIB = 1 << 20
 
-OK, NOT_FOUND, EXISTS, INVALID_ARGUMENT, UNSUPPORTED = 0, 1, 2, 6, 15
+OK, NOT_FOUND, EXISTS, INVALID_ARGUMENT, UNAVAILABLE, UNSUPPORTED = 0, 1, 2, 6, 14, 15
 
 F_ADD_SEALS = getattr(fcntl, "F_ADD_SEALS", 1033)
 F_SEAL_SHRINK = getattr(fcntl, "F_SEAL_SHRINK", 0x0002)
@@ -134,6 +136,12 @@ class ShmBuffer:
         except BufferError:     # a view is still referenced (a failing test's frame)
             pass
         os.close(self.fd)
+
+
+def on_tmpfs(path):
+    """True when path lies on tmpfs (a file there is shared memory, accepted and guarded)."""
+    out = subprocess.run(["stat", "-f", "-c", "%T", path], capture_output=True, text=True)
+    return out.stdout.strip() == "tmpfs"
 
 
 def memfd_refs(pid, name):
@@ -499,6 +507,8 @@ def test_bad_pieces_fail_only_their_key(kv, bufs):
 
 
 def test_register_buffer_refusals(kv, bufs, work):
+    if on_tmpfs(work):
+        pytest.skip(f"{work} is on tmpfs: a file there is shared memory, not a refusal")
     d = kv("--memory_size=64m", "--ssd_dir=")
     good = bufs(MIB)
 
@@ -510,7 +520,6 @@ def test_register_buffer_refusals(kv, bufs, work):
     assert t.call("ping") == "pong"
 
     fds0 = len(os.listdir(f"/proc/{d.pid}/fd"))
-    unsealed = bufs(MIB, seal=False)
     path = os.path.join(work, "regular-file")
     with open(path, "wb") as f:
         f.truncate(MIB)
@@ -518,8 +527,7 @@ def test_register_buffer_refusals(kv, bufs, work):
     r, w = os.pipe()
     cases = [
         ("without a descriptor", None, MIB, None),
-        ("of a memfd not sealed with F_SEAL_SHRINK", unsealed.fd, MIB, None),
-        ("of a regular file", regular.fileno(), MIB, None),
+        ("of a file on a disk", regular.fileno(), MIB, None),
         ("of a pipe", r, 4096, None),
         ("larger than its memfd", good.fd, MIB + 1, None),
         ("much larger than its memfd", good.fd, 1 << 40, None),
@@ -543,7 +551,7 @@ def test_register_buffer_refusals(kv, bufs, work):
         os.close(w)
 
     # None of those descriptors is still held or mapped by the daemon.
-    for name in (good.name, unsealed.name):
+    for name in (good.name,):
         wait_for(lambda: memfd_refs(d.pid, name) == (0, 0), 5,
                  lambda: f"kvstashd to close the refused memfd {name} "
                          f"(maps, fds = {memfd_refs(d.pid, name)})")
@@ -1184,4 +1192,265 @@ def test_pipelined_transfers_answer_in_order(kv, bufs):
     assert got[7][3] == [4096], "a get_into sent after a put_from did not see it"
     assert_same(src.mv[20 * MIB:20 * MIB + 4096], pattern(0)[:4096], "read after write")
     assert got[8][3] == "pong" and got[9][3] == 4096
+    d.assert_alive()
+
+
+# ---------------------------------------------------------------------------------------
+# 8. Buffers not sealed against shrinking: accepted and guarded.
+
+
+class Pool:
+    """Shared memory that can never be sealed, as SGLang's shm host pool makes it (a memfd
+    with MFD_CLOEXEC alone), or a /dev/shm file (path given). Our own view of it must not
+    be touched past `alive` bytes once the file was cut (we would fault, not the daemon)."""
+
+    seq = 0
+
+    def __init__(self, size, path=None):
+        Pool.seq += 1
+        self.name = f"kvshm-pool-{os.getpid()}-{Pool.seq}"
+        self.size = self.alive = size
+        if path is None:
+            self.fd = os.memfd_create(self.name, os.MFD_CLOEXEC)
+        else:
+            self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            os.unlink(path)
+        os.ftruncate(self.fd, size)
+        self.mm = mmap.mmap(self.fd, size)
+        self.mv = memoryview(self.mm)
+
+    def cut(self, size):
+        os.ftruncate(self.fd, size)
+        self.alive = min(self.alive, size)
+
+    def close(self):
+        try:
+            self.mv.release()
+            self.mm.close()
+        except BufferError:
+            pass
+        os.close(self.fd)
+
+
+@pytest.fixture
+def pools():
+    made = []
+
+    def make(size, **kw):
+        p = Pool(size, **kw)
+        made.append(p)
+        return p
+
+    yield make
+    for p in made:
+        p.close()
+
+
+def send(c, method, *params):
+    """Send a request without waiting; its msgid."""
+    msgid, data = c.request(method, params)
+    c.sock.sendall(data)
+    return msgid
+
+
+def reply(c, msgid):
+    msg = c.recv()
+    assert isinstance(msg, list) and len(msg) == 4 and msg[1] == msgid, msg
+    assert msg[2] is None, msg
+    return msg[3]
+
+
+def test_unsealed_buffers_are_accepted_and_guarded(kv, pools):
+    d = kv("--memory_size=64m", "--ssd_dir=")
+    c = d.unix()
+    t = d.tcp()
+    kinds = [("an unsealable memfd", pools(4 * MIB))]
+    if os.path.isdir("/dev/shm") and on_tmpfs("/dev/shm"):
+        kinds.append(("a /dev/shm file", pools(4 * MIB, path=f"/dev/shm/kvshm-test-{os.getpid()}")))
+    for what, p in kinds:
+        err, bid = register(c, p.fd, p.size)
+        assert err is None, f"register_buffer of {what}: {err}"
+        p.mv[:MIB] = pattern(1)
+        keys = [f"{what}-{j}".encode() for j in range(4)]
+        assert put_from(c, keys[:1], [[[bid, 0, MIB]]]) == [OK], what
+        assert get_into(c, keys[:1], [[[bid, MIB, MIB]]]) == [MIB], what
+        assert_same(p.mv[MIB:2 * MIB], pattern(1), f"round trip through {what}")
+        # The client cuts it: a put from the lost pages fails, all of it, and stores nothing.
+        p.mv[:MIB] = pattern(2)
+        p.cut(2 * MIB)
+        codes = put_from(c, keys[1:], [[[bid, j * MIB, MIB]] for j in range(3)])
+        assert codes == [UNAVAILABLE] * 3, f"{what}: {codes}"
+        assert t.call("batch_get", keys[1:]) == [None] * 3, f"{what}: a partial put was stored"
+        # The buffer is gone: naming it fails the key as any unknown buffer does.
+        assert put_from(c, keys[1:2], [[[bid, 0, 16]]]) == [INVALID_ARGUMENT], what
+        assert get_into(c, keys[:1], [[[bid, 0, 16]]]) == [-INVALID_ARGUMENT], what
+        assert c.call("ping") == "pong"
+        if what.endswith("memfd"):
+            wait_for(lambda: memfd_refs(d.pid, p.name)[0] == 0, 5,
+                     f"kvstashd to unmap the dropped {what}")
+    assert "shrank" in d.output(), "the dropped buffer was not logged"
+    d.assert_alive()
+
+
+def test_shrinking_client_fails_only_its_own_transfers(kv, bufs, pools):
+    """A client cuts its unsealed memfd in the middle of batch_put_from and batch_get_into
+    of 64 x 1 MiB, round after round, while another client does verified round trips on
+    its own sealed buffer: the daemon stays up, the cut transfers fail or succeed whole
+    (never wrong bytes), nothing partial is stored, the other client never sees an error."""
+    n = 64
+    d = kv("--memory_size=640m", "--ssd_dir=")
+    t = d.tcp()
+    gkeys = [f"cut-get-{j}".encode() for j in range(n)]
+    seed = bufs(n * MIB)
+    cs = d.unix()
+    sbid = register_ok(cs, seed)
+    for j in range(n):
+        seed.write(j * MIB, pattern(j))
+    assert put_from(cs, gkeys, [[[sbid, j * MIB, MIB]] for j in range(n)]) == [OK] * n
+
+    stop = threading.Event()
+    other = {"rounds": 0, "error": None}
+
+    def bystander():
+        c = Client.unix(d.unix_path)
+        b = ShmBuffer(16 * MIB)
+        try:
+            bid = register_ok(c, b)
+            for r in range(100000):
+                if stop.is_set():
+                    break
+                ks = [f"other-{r}-{j}".encode() for j in range(8)]
+                for j in range(8):
+                    b.write(j * MIB, pattern(r + j))
+                codes = put_from(c, ks, [[[bid, j * MIB, MIB]] for j in range(8)])
+                assert codes == [OK] * 8, f"round {r}: put_from answered {codes}"
+                b.fill(0, 8 * MIB, 8 * MIB)
+                res = get_into(c, ks, [[[bid, (8 + j) * MIB, MIB]] for j in range(8)])
+                assert res == [MIB] * 8, f"round {r}: get_into answered {res}"
+                for j in range(8):
+                    assert same(b.mv[(8 + j) * MIB:(9 + j) * MIB], pattern(r + j)), \
+                        f"round {r}: key {j} came back wrong"
+                assert c.call("batch_remove", ks) == [OK] * 8
+                other["rounds"] += 1
+        except BaseException as e:     # reported by the main thread
+            other["error"] = e
+        finally:
+            c.close()
+            b.close()
+
+    th = threading.Thread(target=bystander, daemon=True)
+    th.start()
+    rng = random.Random(18)
+    failed = {"put": 0, "get": 0}
+    ok = {"put": 0, "get": 0}
+    deadline = time.monotonic() + 60
+    try:
+        for rnd in range(30):
+            if time.monotonic() > deadline:
+                break
+            put = rnd % 2 == 0
+            c = Client.unix(d.unix_path)
+            p = Pool(n * MIB)
+            cut = n * MIB // 2 if rnd % 4 < 2 else 0
+            try:
+                err, bid = register(c, p.fd, p.size)
+                assert err is None, err
+                keys = [f"cut-put-{rnd}-{j}".encode() for j in range(n)]
+                if put:
+                    for j in range(n):
+                        p.mv[j * MIB:(j + 1) * MIB] = pattern(rnd + j)
+                    req = ("batch_put_from", keys, [[[bid, j * MIB, MIB]] for j in range(n)])
+                else:
+                    p.mv[:n * MIB // 2] = b"\xee" * (n * MIB // 2)
+                    req = ("batch_get_into", gkeys, [[[bid, j * MIB, MIB]] for j in range(n)])
+                # The first round of each kind cuts before sending: that one must fail; the
+                # others cut somewhere in the middle of the transfer, or after its end.
+                if rnd < 2:
+                    p.cut(cut)
+                msgid = send(c, *req)
+                if rnd >= 2:
+                    time.sleep(rng.uniform(0, 0.03))
+                    p.cut(cut)
+                res = reply(c, msgid)
+                assert isinstance(res, list) and len(res) == n, res
+                kind = "put" if put else "get"
+                if put:
+                    assert set(res) <= {OK, UNAVAILABLE}, f"round {rnd}: {res}"
+                    stored = t.call("batch_get", keys)
+                    for j in range(n):
+                        if res[j] == OK:
+                            assert stored[j] is not None and same(stored[j], pattern(rnd + j)), \
+                                f"round {rnd}: {keys[j]} stored wrong bytes"
+                        else:
+                            assert stored[j] is None, f"round {rnd}: a failed key was stored"
+                    assert t.call("batch_remove", keys) == [OK if r == OK else NOT_FOUND
+                                                            for r in res]
+                    expect = [OK] * n
+                else:
+                    assert set(res) <= {MIB, -UNAVAILABLE}, f"round {rnd}: {res}"
+                    for j in range(n):
+                        if res[j] == MIB and (j + 1) * MIB <= p.alive:
+                            assert same(p.mv[j * MIB:(j + 1) * MIB], pattern(j)), \
+                                f"round {rnd}: {gkeys[j]} reported read but holds wrong bytes"
+                    expect = [MIB] * n
+                if UNAVAILABLE in res or -UNAVAILABLE in res:
+                    failed[kind] += 1
+                    # a transfer fails whole: the buffer is one, and it is dropped
+                    assert set(res) == {UNAVAILABLE if put else -UNAVAILABLE}, res
+                    assert get_into(c, gkeys[:1], [[[bid, 0, 16]]]) == [-INVALID_ARGUMENT]
+                else:
+                    ok[kind] += 1
+                    assert res == expect, res
+                if rnd < 2:
+                    assert res != expect, f"round {rnd}: a transfer from a cut buffer succeeded"
+                assert c.call("ping") == "pong"
+                d.assert_alive()
+            finally:
+                c.close()
+                p.close()
+            assert other["error"] is None, f"the other client noticed: {other['error']!r}"
+    finally:
+        stop.set()
+        th.join(30)
+    assert not th.is_alive(), "the other client hung"
+    assert other["error"] is None, f"the other client noticed: {other['error']!r}"
+    assert other["rounds"] > 0, "the other client made no round trip"
+    assert failed["put"] >= 1 and failed["get"] >= 1, (failed, ok)
+    # Every get key is still whole.
+    got = t.call("batch_get", gkeys)
+    for j in range(n):
+        assert got[j] is not None and same(got[j], pattern(j)), f"{gkeys[j]} changed"
+    print(f"cut transfers failed {failed}, succeeded {ok}; other client {other['rounds']} rounds")
+    d.assert_alive()
+
+
+def test_direct_ssd_read_into_a_cut_buffer_fails_the_transfer_not_the_disk(kv, bufs, pools):
+    d = kv("--memory_size=8m", "--ssd_bucket_size=16m")
+    c = d.unix()
+    n = 24
+    src = bufs(n * MIB + 4 * MIB)
+    for j in range(n):
+        src.write(j * MIB, pattern(j))
+    bid = register_ok(c, src)
+    keys = [f"direct-cut-{j:02d}".encode() for j in range(n)]
+    for j in range(n):
+        assert put_from(c, [keys[j]], [[[bid, j * MIB, MIB]]]) == [OK]
+    wait_for(lambda: c.call("stats")["ssd_offload_queue"] == 0, 10, "the SSD writes")
+    s0 = c.call("stats")
+    assert s0["dram_objects"] < n - 8, s0
+    p = pools(4 * MIB)
+    err, pbid = register(c, p.fd, p.size)
+    assert err is None, err
+    p.cut(0)
+    # 4 KiB-aligned pieces: the daemon reads the SSD straight into them and finds them gone
+    res = get_into(c, keys[:4], [[[pbid, j * MIB, MIB]] for j in range(4)])
+    assert res == [-UNAVAILABLE] * 4, res
+    s1 = c.call("stats")
+    assert s1["ssd_io_errors"] == s0["ssd_io_errors"], "a client's cut buffer counted as a disk error"
+    assert s1["ssd_checksum_errors"] == s0["ssd_checksum_errors"]
+    # The copies on the disk are fine and stay: the sealed buffer reads them.
+    dst = n * MIB
+    assert get_into(c, keys[:4], [[[bid, dst + j * MIB, MIB]] for j in range(4)]) == [MIB] * 4
+    for j in range(4):
+        assert_same(src.mv[dst + j * MIB:dst + (j + 1) * MIB], pattern(j), f"{keys[j]} after")
     d.assert_alive()
