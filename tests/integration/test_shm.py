@@ -1369,7 +1369,7 @@ def test_shrinking_client_fails_only_its_own_transfers(kv, bufs, pools):
                     p.cut(cut)
                 msgid = send(c, *req)
                 if rnd >= 2:
-                    time.sleep(rng.uniform(0, 0.03))
+                    time.sleep(rng.uniform(0, 0.08))
                     p.cut(cut)
                 res = reply(c, msgid)
                 assert isinstance(res, list) and len(res) == n, res
