@@ -1446,6 +1446,7 @@ def test_direct_ssd_read_into_a_cut_buffer_fails_the_transfer_not_the_disk(kv, b
     res = get_into(c, keys[:4], [[[pbid, j * MIB, MIB]] for j in range(4)])
     assert res == [-UNAVAILABLE] * 4, res
     s1 = c.call("stats")
+    assert s1["ssd_reads"] == s0["ssd_reads"] + 4 and s1["ssd_hits"] == s0["ssd_hits"], (s0, s1)
     assert s1["ssd_io_errors"] == s0["ssd_io_errors"], "a client's cut buffer counted as a disk error"
     assert s1["ssd_checksum_errors"] == s0["ssd_checksum_errors"]
     # The copies on the disk are fine and stay: the sealed buffer reads them.
