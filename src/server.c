@@ -1134,9 +1134,16 @@ server_create(const struct kv_config *conf, const char *config_path, int argc, c
 
         server_ssd_config(s, c, &ssc);
         rc = ssd_open(&ssc, s->store, &s->ssd, err, sizeof(err));
-        if (rc != 0) {
+        if (rc == KV_BUSY || rc == KV_UNSUPPORTED || rc == KV_INVALID_ARGUMENT) {
             log_error("cannot open the SSD tier: %s", err);
             goto fail;
+        }
+        if (rc != 0) {
+            /* Damage was repaired inside ssd_open; what is left (the directory can be neither
+             * used nor moved aside, no memory) must not keep DRAM from serving. */
+            log_error("cannot open the SSD tier: %s; running WITHOUT the SSD tier (ssd_state "
+                      "off) until it is fixed and kvstashd restarted", err);
+            s->ssd = NULL;
         }
     }
     for (int i = 0; i < s->nworkers; i++) {

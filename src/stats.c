@@ -148,6 +148,13 @@ stats_collect(void *arg, const char **names, uint64_t *values, int max)
         STAT("ssd_index_map_size", ss.index_map_size);
         STAT("ssd_start_objects", ss.start_objects);
         STAT("ssd_start_ms", ss.start_ms);
+        STAT("ssd_state", ss.state);
+        STAT("ssd_rebuilds", ss.rebuilds);
+        STAT("ssd_rebuild_buckets", ss.rebuild_buckets);
+        STAT("ssd_rebuild_buckets_done", ss.rebuild_buckets_done);
+        STAT("ssd_rebuild_records", ss.rebuild_records);
+        STAT("ssd_rebuild_ms", ss.rebuild_ms);
+        STAT("ssd_set_aside", ss.set_aside);
     }
 #undef STAT
     return n;

@@ -496,17 +496,28 @@ ssd_index_bucket_fn(void *arg, const struct idx_bucket *r)
         b->direct = false;
         b->fd = open(path, O_RDWR | O_CLOEXEC);
     }
-    if (b->fd < 0 || fstat(b->fd, &st) != 0 || (uint64_t)st.st_size < r->total_bytes) {
-        log_error("ssd: bucket file %s is missing or short; its entries are dropped", path);
+    if (b->fd < 0 || fstat(b->fd, &st) != 0) {
+        log_error("ssd: bucket file %s: %s; its entries are dropped", path, strerror(errno));
         if (b->fd >= 0) {
             close(b->fd);
         }
         free(b);
         return 0;               /* its objects find no bucket and become stale entries */
     }
-    if ((uint64_t)st.st_size > r->total_bytes) {
+    if ((uint64_t)st.st_size < r->total_bytes) {
+        /* Cut short: the records wholly before the cut stay (entries past it go as stale,
+         * and a damaged value fails its CRC when read). */
+        uint64_t keep = (uint64_t)st.st_size & ~(uint64_t)(SSD_REC_ALIGN - 1);
+
+        log_error("ssd: bucket file %s is %lld bytes, the index says %" PRIu64 "; keeping the "
+                  "records before the cut", path, (long long)st.st_size, r->total_bytes);
+        b->total_bytes = keep;
+        b->committed_bytes = keep;
+        b->dirty = true;
+    }
+    if ((uint64_t)st.st_size > b->total_bytes) {
         /* Records written after the last commit (a crash): never indexed, cut them off. */
-        if (ftruncate(b->fd, (off_t)r->total_bytes) != 0) {
+        if (ftruncate(b->fd, (off_t)b->total_bytes) != 0) {
             log_error("ssd: ftruncate(%s): %s", path, strerror(errno));
         }
     }
@@ -615,21 +626,103 @@ ssd_mkdirs(const char *path)
     return 0;
 }
 
+/* The validation pass: what an entry of a whole index always satisfies. */
+struct ssd_check_ctx {
+    struct ssd *t;
+    const uint64_t *files;      /* bucket file ids on disk, sorted */
+    size_t nfiles;
+    uint64_t entries;
+};
+
+static bool
+ssd_has_file(const struct ssd_check_ctx *c, uint64_t id)
+{
+    size_t lo = 0, hi = c->nfiles;
+
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+
+        if (c->files[mid] < id) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    return lo < c->nfiles && c->files[lo] == id;
+}
+
+static int
+ssd_check_obj_fn(void *arg, uint32_t tenant, const uint8_t *key, uint32_t key_len,
+                 const struct idx_loc *loc)
+{
+    struct ssd_check_ctx *c = arg;
+
+    (void)tenant;
+    (void)key;
+    c->entries++;
+    if (loc->flags != 0 || loc->offset % SSD_REC_ALIGN != 0 || loc->length > SSD_SCAN_MAX_VALUE
+        || loc->offset < ssd_rec_hdr_block(key_len) || loc->bucket > UINT32_MAX) {
+        return KV_CHECKSUM_MISMATCH;
+    }
+    /* An entry of a bucket the index does not list, though its file is there. */
+    if (ssd_bucket_find_locked(c->t, loc->bucket) == NULL && ssd_has_file(c, loc->bucket)) {
+        return KV_CHECKSUM_MISMATCH;
+    }
+    return 0;
+}
+
+/* ssd_unload_buckets: forget the bucket table a failed load built (files untouched). */
+static void
+ssd_unload_buckets(struct ssd *t)
+{
+    for (size_t i = 0; i < t->nbuckets; i++) {
+        close(t->buckets[i]->fd);
+        free(t->buckets[i]);
+    }
+    t->nbuckets = 0;
+    atomic_store(&t->disk_bytes, 0);
+    t->next_id = 1;
+}
+
+/*
+ * ssd_load_index: the index into the bucket table and the store. Returns 0;
+ * SSD_LOAD_REBUILD with the reason in err when it must be rebuilt (damaged,
+ * or missing while bucket files are there: nothing was loaded, the bucket
+ * table is empty again); or an error that stops the start.
+ */
 static int
 ssd_load_index(struct ssd *t, char *err, size_t errlen)
 {
     struct ssd_load_ctx c = {t, NULL, 0, 0};
+    struct ssd_check_ctx chk = {t, NULL, 0, 0};
     uint64_t t0 = clock_ms();
     uint64_t v;
     int rc;
 
-    if (idx_meta_get(t->idx, "format", &v) == 0 && v != SSD_REC_VERSION) {
+    rc = idx_meta_get(t->idx, "format", &v);
+    if (rc == 0 && v != SSD_REC_VERSION) {
         kv_errorf(err, errlen, "ssd_dir %s holds format %" PRIu64 ", this kvstashd reads %u", t->dir,
                 v, SSD_REC_VERSION);
         return KV_UNSUPPORTED;
     }
-    if (idx_meta_get(t->idx, "next_bucket", &v) == 0) {
+    if (rc == KV_NOT_FOUND) {
+        size_t files = ssd_count_bucket_files(t);
+
+        if (files > 0) {
+            kv_errorf(err, errlen, "the index is missing or incomplete but %zu bucket file(s) "
+                      "are there", files);
+            return SSD_LOAD_REBUILD;
+        }
+    } else if (rc != 0) {
+        kv_errorf(err, errlen, "reading the index: %s", kv_strerror(rc));
+        return SSD_LOAD_REBUILD;
+    }
+    rc = idx_meta_get(t->idx, "next_bucket", &v);
+    if (rc == 0) {
         t->next_id = v;
+    } else if (rc != KV_NOT_FOUND) {
+        kv_errorf(err, errlen, "reading the index: %s", kv_strerror(rc));
+        return SSD_LOAD_REBUILD;
     }
     if (t->next_id == 0) {
         t->next_id = 1;
@@ -638,12 +731,31 @@ ssd_load_index(struct ssd *t, char *err, size_t errlen)
     if (rc == 0) {
         rc = c.rc;
     }
-    if (rc != 0) {
+    if (rc == -ENOMEM) {
         kv_errorf(err, errlen, "ssd_dir %s: reading the bucket index: %s", t->dir, kv_strerror(rc));
         return rc;
     }
-    ssd_remove_orphans(t);
+    if (rc != 0) {
+        ssd_unload_buckets(t);
+        kv_errorf(err, errlen, "reading its bucket list: %s", kv_strerror(rc));
+        return SSD_LOAD_REBUILD;
+    }
     idx_warm(t->idx);       /* one sequential read instead of a page fault per 4 KiB */
+    /* Every entry checked before any reaches the store or an orphan file is removed. */
+    chk.files = ssd_bucket_file_ids(t, &chk.nfiles);
+    rc = idx_scan_objects(t->idx, ssd_check_obj_fn, &chk);
+    free((void *)chk.files);
+    if (rc == -ENOMEM) {
+        return rc;
+    }
+    if (rc != 0) {
+        ssd_unload_buckets(t);
+        kv_errorf(err, errlen, "%s after %" PRIu64 " good entries",
+                  rc == KV_CHECKSUM_MISMATCH ? "an entry that cannot be right" : kv_strerror(rc),
+                  chk.entries);
+        return SSD_LOAD_REBUILD;
+    }
+    ssd_remove_orphans(t);
     rc = idx_scan_objects(t->idx, ssd_index_obj_fn, &c);
     if (rc == 0) {
         rc = c.rc;
@@ -679,11 +791,131 @@ ssd_load_index(struct ssd *t, char *err, size_t errlen)
     return 0;
 }
 
+static int ssd_reset_index(struct ssd *t, const char *why, char *err, size_t errlen);
+
+/*
+ * ssd_open_dir: make, open and lock ssd_dir. A LOCK that cannot be opened is
+ * moved aside and made again; a directory that cannot be used at all (not a
+ * directory, unreadable) is moved aside and made anew, empty. A directory
+ * locked by another process is never touched (KV_BUSY).
+ */
+static int
+ssd_open_dir(struct ssd *t, char *err, size_t errlen)
+{
+    char path[SSD_PATH_MAX + 16];
+    int rc = 0;
+
+    for (int attempt = 0; attempt < 2; attempt++) {
+        rc = ssd_mkdirs(t->dir);
+        if (rc == 0) {
+            t->dir_fd = open(t->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+            rc = t->dir_fd < 0 ? -errno : 0;
+        }
+        if (rc == 0 && access(t->dir, R_OK | W_OK | X_OK) != 0) {
+            rc = -errno;
+        }
+        if (rc == 0) {
+            rc = ssd_lock_dir(t, err, errlen);
+            if (rc != 0 && rc != KV_BUSY) {
+                snprintf(path, sizeof(path), "%s/LOCK", t->dir);
+                if (ssd_set_aside(t, path, err) == 0) {
+                    rc = ssd_lock_dir(t, err, errlen);
+                }
+            }
+            if (rc == 0 || rc == KV_BUSY) {
+                return rc;
+            }
+        } else {
+            kv_errorf(err, errlen, "ssd_dir %s: %s", t->dir, strerror(-rc));
+        }
+        if (t->dir_fd >= 0) {
+            close(t->dir_fd);
+            t->dir_fd = -1;
+        }
+        if (attempt == 0) {
+            char why[600];
+
+            snprintf(why, sizeof(why), "cannot be used as the SSD tier (%s); the tier starts empty",
+                     err);
+            if (ssd_set_aside(t, t->dir, why) != 0) {
+                return rc;
+            }
+        }
+    }
+    return rc;
+}
+
+/*
+ * ssd_open_index: open <dir>/index, or when it cannot be opened, move it
+ * aside and open a new one to rebuild (t->rebuild). LMDB's lock file is
+ * removed first: we hold ssd_dir's lock, so no other process has the index
+ * open, and a stale or damaged lock.mdb would only stand in the way.
+ */
+static int
+ssd_open_index(struct ssd *t, int *stale, char *err, size_t errlen)
+{
+    char ipath[SSD_PATH_MAX + 16];
+    char lpath[SSD_PATH_MAX + 32];
+    char why[1024];
+    int rc;
+
+    snprintf(ipath, sizeof(ipath), "%s/index", t->dir);
+    snprintf(lpath, sizeof(lpath), "%s/lock.mdb", ipath);
+    if (unlink(lpath) != 0 && errno != ENOENT && errno != ENOTDIR) {
+        log_warn("ssd: unlink(%s): %s", lpath, strerror(errno));
+    }
+    rc = idx_verify(ipath, SSD_VERIFY_TIMEOUT_S, why, sizeof(why));
+    if (rc != 0) {
+        return ssd_reset_index(t, why, err, errlen);
+    }
+    rc = idx_open(ipath, SSD_MAP_INITIAL, SSD_MAP_MAX, stale, &t->idx, why, sizeof(why));
+    if (rc == 0 || rc == -ENOMEM) {
+        if (rc != 0) {
+            snprintf(err, errlen, "%s", why);
+        }
+        return rc;
+    }
+    return ssd_reset_index(t, why, err, errlen);
+}
+
+/*
+ * ssd_reset_index: the index cannot be used (why): close it, move it aside,
+ * open an empty one and mark the tier for a rebuild.
+ */
+static int
+ssd_reset_index(struct ssd *t, const char *why, char *err, size_t errlen)
+{
+    char ipath[SSD_PATH_MAX + 16];
+    char msg[1200];
+    struct stat st;
+    int rc;
+
+    idx_close(t->idx);
+    t->idx = NULL;
+    snprintf(ipath, sizeof(ipath), "%s/index", t->dir);
+    snprintf(msg, sizeof(msg), "the SSD index cannot be used (%s); it is rebuilt from the "
+             "bucket files", why);
+    if (lstat(ipath, &st) == 0) {
+        rc = ssd_set_aside(t, ipath, msg);
+        if (rc != 0) {
+            kv_errorf(err, errlen, "ssd_dir %s: the index cannot be used (%s) nor moved aside: %s",
+                      t->dir, why, strerror(-rc));
+            return rc;
+        }
+    } else {
+        log_warn("ssd: %s: %s", ipath, msg);
+    }
+    rc = idx_open(ipath, SSD_MAP_INITIAL, SSD_MAP_MAX, NULL, &t->idx, err, errlen);
+    if (rc == 0) {
+        t->rebuild = true;
+    }
+    return rc;
+}
+
 int
 ssd_open(const struct ssd_config *cfg, struct store *s, struct ssd **out, char *err, size_t errlen)
 {
     struct store_tier tier;
-    char ipath[SSD_PATH_MAX + 16];
     struct ssd *t;
     int stale = 0;
     int rc;
@@ -712,18 +944,7 @@ ssd_open(const struct ssd_config *cfg, struct store *s, struct ssd **out, char *
     pthread_mutex_init(&t->blk, NULL);
     pthread_cond_init(&t->bcond, NULL);
 
-    rc = ssd_mkdirs(t->dir);
-    if (rc != 0) {
-        kv_errorf(err, errlen, "ssd_dir %s: %s", t->dir, strerror(-rc));
-        goto fail;
-    }
-    t->dir_fd = open(t->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (t->dir_fd < 0) {
-        rc = -errno;
-        kv_errorf(err, errlen, "ssd_dir %s: %s", t->dir, strerror(errno));
-        goto fail;
-    }
-    rc = ssd_lock_dir(t, err, errlen);
+    rc = ssd_open_dir(t, err, errlen);
     if (rc != 0) {
         goto fail;
     }
@@ -733,8 +954,7 @@ ssd_open(const struct ssd_config *cfg, struct store *s, struct ssd **out, char *
         kv_errorf(err, errlen, "ssd: out of memory");
         goto fail;
     }
-    snprintf(ipath, sizeof(ipath), "%s/index", t->dir);
-    rc = idx_open(ipath, SSD_MAP_INITIAL, SSD_MAP_MAX, &stale, &t->idx, err, errlen);
+    rc = ssd_open_index(t, &stale, err, errlen);
     if (rc != 0) {
         goto fail;
     }
@@ -754,9 +974,26 @@ ssd_open(const struct ssd_config *cfg, struct store *s, struct ssd **out, char *
     tier.promote = cfg->promote;
     store_set_tier(s, &tier);
 
-    rc = ssd_load_index(t, err, errlen);
-    if (rc != 0) {
-        goto fail_detach;
+    if (!t->rebuild) {
+        char why[512];
+
+        rc = ssd_load_index(t, why, sizeof(why));
+        if (rc == SSD_LOAD_REBUILD) {
+            rc = ssd_reset_index(t, why, err, errlen);
+        } else if (rc != 0) {
+            snprintf(err, errlen, "%s", why);
+        }
+        if (rc != 0) {
+            goto fail_detach;
+        }
+    }
+    if (t->rebuild) {
+        /* Until the rebuild is done: DRAM serves alone and evicts without writing to SSD. */
+        t->rebuild_t0 = clock_ms();
+        atomic_store(&t->state, SSD_STATE_LOADING);
+        store_tier_degraded(s, true);
+    } else {
+        atomic_store(&t->state, SSD_STATE_READY);
     }
     log_info("ssd: %s: %" PRIu64 " objects in %zu buckets (%" PRIu64 " bytes) indexed in %" PRIu64
              " ms; crc32c %s",
@@ -910,5 +1147,43 @@ ssd_stats(struct ssd *t, struct ssd_stats *out)
     out->index_map_size = idx_map_size(t->idx);
     out->start_objects = t->start_objects;
     out->start_ms = t->start_ms;
+    out->state = (uint64_t)ssd_state(t);
+    out->rebuilds = t->rebuild_t0 != 0;
+    out->rebuild_buckets = atomic_load(&t->rebuild_buckets);
+    out->rebuild_buckets_done = atomic_load(&t->rebuild_buckets_done);
+    out->rebuild_records = atomic_load(&t->rebuild_records);
+    out->rebuild_ms = out->state == SSD_STATE_LOADING ? clock_ms() - t->rebuild_t0
+                                                      : atomic_load(&t->rebuild_ms);
+    out->set_aside = t->set_aside;
+}
+
+int
+ssd_state(const struct ssd *t)
+{
+    int st;
+
+    if (t == NULL) {
+        return SSD_STATE_OFF;
+    }
+    st = atomic_load(&t->state);
+    if (st == SSD_STATE_READY && atomic_load(&t->degraded_flag) != 0) {
+        st = SSD_STATE_DEGRADED;
+    }
+    return st;
+}
+
+const char *
+ssd_state_name(int state)
+{
+    switch (state) {
+    case SSD_STATE_LOADING:
+        return "loading";
+    case SSD_STATE_READY:
+        return "ready";
+    case SSD_STATE_DEGRADED:
+        return "degraded";
+    default:
+        return "off";
+    }
 }
 

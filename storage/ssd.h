@@ -76,9 +76,32 @@ struct ssd_stats {
     uint64_t load_queue;        /* loads pending */
     uint64_t degraded;          /* 1 while writes are suspended after a fault */
     uint64_t index_map_size;
-    uint64_t start_objects;     /* objects indexed at start */
+    uint64_t start_objects;     /* objects indexed at start (after a rebuild: by it) */
     uint64_t start_ms;          /* time the start-up index load took */
+    uint64_t state;             /* enum ssd_state */
+    uint64_t rebuilds;          /* 1 when this start rebuilds (or rebuilt) the index */
+    uint64_t rebuild_buckets;   /* bucket files the rebuild walks */
+    uint64_t rebuild_buckets_done;
+    uint64_t rebuild_records;   /* whole, verified records found so far */
+    uint64_t rebuild_ms;        /* time the rebuild took (so far, while loading) */
+    uint64_t set_aside;         /* indexes or directories moved aside at this start */
 };
+
+/*
+ * What the tier can do now. LOADING: the index is being rebuilt from the
+ * bucket files in the background; DRAM serves, SSD objects appear when it
+ * is done (gets of them miss until then), nothing is written to the SSD.
+ * READY: normal. DEGRADED: writes are suspended after a fault (reads go on).
+ * OFF: no tier (ssd_state(NULL)).
+ */
+enum ssd_state { SSD_STATE_OFF = 0, SSD_STATE_LOADING = 1, SSD_STATE_READY = 2,
+                 SSD_STATE_DEGRADED = 3 };
+
+/* ssd_state: the tier's enum ssd_state; any thread, no lock; t may be NULL (OFF). */
+int ssd_state(const struct ssd *t);
+
+/* ssd_state_name: "off", "loading", "ready" or "degraded". */
+const char *ssd_state_name(int state);
 
 /* One bucket as the eviction rule sees it. */
 struct ssd_bucket_view {
@@ -101,11 +124,23 @@ int ssd_pick_victim(const struct ssd_bucket_view *v, size_t n, int eviction);
 /*
  * ssd_open: lock ssd_dir (a second daemon on it is refused), open the
  * index, reconcile it with the bucket files (unindexed tails truncated,
- * orphan files removed, records of missing files dropped), index every
- * object in the store as non-resident, start the threads and attach to
- * the store. s must not be shared with other threads yet.
+ * orphan files removed, records of missing files or past a bucket's cut
+ * dropped), index every object in the store as non-resident, start the
+ * threads and attach to the store. s must not be shared with other threads
+ * yet.
+ *
+ * Damage does not stop it: an index that cannot be opened or read (LMDB
+ * reports it corrupt or invalid, a read fails, data.mdb is cut short, an
+ * entry makes no sense) is renamed <ssd_dir>/index.broken-<time> and
+ * rebuilt from the bucket files by the writer thread after ssd_open has
+ * returned (state LOADING; likewise when the index is missing and bucket
+ * files are there); an ssd_dir that cannot be used at all (not a
+ * directory, unreadable) is renamed <ssd_dir>.broken-<time> and the tier
+ * starts empty. Each is logged.
  * Returns 0 and *out, or an error with a message in err naming the path
- * and the reason (KV_BUSY: locked by another process).
+ * and the reason: KV_BUSY (locked by another process), KV_UNSUPPORTED (the
+ * index holds a format this build does not read), -ENOMEM, or an error of
+ * a directory that could be neither used nor moved aside.
  */
 int ssd_open(const struct ssd_config *cfg, struct store *s, struct ssd **out, char *err,
              size_t errlen);

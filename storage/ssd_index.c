@@ -57,7 +57,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #define IDX_FORMAT_VERSION 1u
@@ -687,6 +690,48 @@ idx_grow(struct idx *x)
     return 0;
 }
 
+/*
+ * idx_check_size: data.mdb holds every page its meta page names. A file cut
+ * short (a bad restore, a copy that stopped) would otherwise open, and the
+ * first access to a page past its end would be a SIGBUS in the map.
+ */
+static int
+idx_check_size(struct idx *x, const char *dir, char *err, size_t errlen)
+{
+    MDB_envinfo info;
+    MDB_stat st;
+    struct stat fst;
+    int fd;
+    int rc;
+
+    rc = mdb_env_info(x->env, &info);
+    if (rc == 0) {
+        rc = mdb_env_stat(x->env, &st);
+    }
+    if (rc == 0) {
+        rc = mdb_env_get_fd(x->env, &fd);
+    }
+    if (rc != 0) {
+        idx_errf(err, errlen, "mdb_env_info", dir, mdb_strerror(rc));
+        return rc;
+    }
+    if (fstat(fd, &fst) != 0) {
+        rc = errno;
+        idx_errf(err, errlen, "fstat", dir, strerror(rc));
+        return rc;
+    }
+    if ((uint64_t)fst.st_size < ((uint64_t)info.me_last_pgno + 1) * st.ms_psize) {
+        char why[160];
+
+        snprintf(why, sizeof(why), "data.mdb is %llu bytes but names pages up to %llu (%llu bytes)",
+                 (unsigned long long)fst.st_size, (unsigned long long)info.me_last_pgno,
+                 ((unsigned long long)info.me_last_pgno + 1) * st.ms_psize);
+        idx_errf(err, errlen, "idx_open", dir, why);
+        return MDB_CORRUPTED;
+    }
+    return 0;
+}
+
 /* ---- public ---- */
 
 int
@@ -758,6 +803,10 @@ idx_open(const char *dir, uint64_t map_size, uint64_t max_map, int *stale_reader
     rc = mdb_env_open(x->env, dir, MDB_NOTLS | MDB_NORDAHEAD, 0600);
     if (rc != 0) {
         idx_errf(err, errlen, "mdb_env_open", dir, mdb_strerror(rc));
+        goto fail;
+    }
+    rc = idx_check_size(x, dir, err, errlen);
+    if (rc != 0) {
         goto fail;
     }
     if (mdb_env_get_maxkeysize(x->env) < (int)IDX_MKEY_MAX) {
@@ -1137,4 +1186,144 @@ uint64_t
 idx_map_size(const struct idx *x)
 {
     return x->map_size;
+}
+
+int
+idx_set_sync(struct idx *x, int sync)
+{
+    int rc;
+
+    if (x->failed) {
+        return -EIO;
+    }
+    rc = mdb_env_set_flags(x->env, MDB_NOSYNC, sync ? 0 : 1);
+    if (rc == 0 && sync) {
+        rc = mdb_env_sync(x->env, 1);
+    }
+    return idx_status(rc);
+}
+
+/* idx_verify_db: walk one database of an open read txn to its end, decoding every value. */
+static int
+idx_verify_db(MDB_txn *txn, const char *name, int kind)
+{
+    MDB_dbi dbi;
+    MDB_cursor *cur;
+    MDB_val k, v;
+    int rc = mdb_dbi_open(txn, name, 0, &dbi);
+
+    if (rc == MDB_NOTFOUND) {
+        return 0;
+    }
+    if (rc == 0) {
+        rc = mdb_cursor_open(txn, dbi, &cur);
+    }
+    if (rc != 0) {
+        return rc;
+    }
+    for (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0;
+         rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+        struct idx_objval o;
+        struct idx_bucket b;
+
+        if (kind == 0 && (k.mv_size < 4 || idx_objval_decode(&v, &o) != 0)) {
+            rc = MDB_CORRUPTED;
+        } else if (kind == 1 && (k.mv_size != IDX_BKEY_SIZE || v.mv_size < 4)) {
+            rc = MDB_CORRUPTED;
+        } else if (kind == 2 && idx_bucket_decode(&k, &v, &b) != 0) {
+            rc = MDB_CORRUPTED;
+        } else if (kind == 3 && v.mv_size != IDX_META_VAL_SIZE) {
+            rc = MDB_CORRUPTED;
+        }
+        if (rc != 0) {
+            break;
+        }
+    }
+    mdb_cursor_close(cur);
+    return rc == MDB_NOTFOUND ? 0 : rc;
+}
+
+/* idx_verify_child: the whole walk, in the child; its exit status. */
+static int
+idx_verify_child(const char *dir)
+{
+    static const char *const names[] = {"objects", "bkeys", "buckets", "meta"};
+    char path[4096];
+    struct stat st;
+    MDB_env *env;
+    MDB_txn *txn;
+    int rc;
+
+    snprintf(path, sizeof(path), "%s/data.mdb", dir);
+    if (stat(path, &st) != 0) {
+        return 0;                       /* nothing to verify: idx_open creates it */
+    }
+    if (mdb_env_create(&env) != 0 || mdb_env_set_maxdbs(env, 4) != 0
+        || mdb_env_set_mapsize(env, (size_t)st.st_size + (1u << 20)) != 0) {
+        return 3;
+    }
+    rc = mdb_env_open(env, dir, MDB_RDONLY | MDB_NOLOCK | MDB_NOTLS, 0600);
+    if (rc == 0) {
+        MDB_envinfo info;
+        MDB_stat ms;
+
+        if (mdb_env_info(env, &info) != 0 || mdb_env_stat(env, &ms) != 0
+            || (uint64_t)st.st_size < ((uint64_t)info.me_last_pgno + 1) * ms.ms_psize) {
+            return 1;
+        }
+        rc = mdb_txn_begin(env, NULL, MDB_RDONLY, &txn);
+    }
+    for (int i = 0; rc == 0 && i < 4; i++) {
+        rc = idx_verify_db(txn, names[i], i);
+    }
+    return rc == 0 ? 0 : 1;
+}
+
+int
+idx_verify(const char *dir, unsigned timeout_s, char *err, size_t errlen)
+{
+    struct timespec ts = {0, 10 * 1000 * 1000};
+    unsigned waited_ms = 0;
+    int status = 0;
+    pid_t pid;
+
+    pid = fork();
+    if (pid < 0) {
+        return 0;       /* cannot check apart: the open goes on as before */
+    }
+    if (pid == 0) {
+        _exit(idx_verify_child(dir));
+    }
+    for (;;) {
+        pid_t r = waitpid(pid, &status, WNOHANG);
+
+        if (r == pid) {
+            break;
+        }
+        if (r < 0 && errno != EINTR) {
+            return 0;
+        }
+        if (waited_ms / 1000 >= timeout_s) {
+            kill(pid, SIGKILL);
+            (void)waitpid(pid, &status, 0);
+            idx_errf(err, errlen, "idx_verify", dir, "the walk did not finish (a loop in the tree?)");
+            return KV_INTERNAL;
+        }
+        nanosleep(&ts, NULL);
+        waited_ms += 10;
+    }
+    if (WIFSIGNALED(status)) {
+        char why[96];
+
+        snprintf(why, sizeof(why), "walking it crashed a separate process (signal %d)",
+                 WTERMSIG(status));
+        idx_errf(err, errlen, "idx_verify", dir, why);
+        return KV_INTERNAL;
+    }
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 1) {
+        idx_errf(err, errlen, "idx_verify", dir, "LMDB reports it corrupt or it holds values "
+                 "this version cannot read");
+        return KV_INTERNAL;
+    }
+    return 0;
 }

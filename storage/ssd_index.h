@@ -77,10 +77,24 @@ struct idx_op {
  * reader slots left by dead processes (mdb_reader_check) and reports how
  * many through *stale_readers (may be NULL). Returns 0 and *out, or a
  * negative errno / KV_INTERNAL with a message in err[0..errlen) naming the
- * failing call (e.g. "mdb_env_open(/x/index): Permission denied").
+ * failing call (e.g. "mdb_env_open(/x/index): Permission denied"). A data.mdb
+ * shorter than the pages its meta page names is refused (KV_INTERNAL, "data.mdb
+ * is N bytes but names pages up to P") instead of faulting later.
  */
 int idx_open(const char *dir, uint64_t map_size, uint64_t max_map, int *stale_readers,
              struct idx **out, char *err, size_t errlen);
+
+/*
+ * idx_verify: walk the whole environment in dir (every database, every value
+ * decoded) in a child process, so that pages damaged in ways LMDB does not
+ * check (it has no checksums) crash the child, not the caller. Call before
+ * idx_open, with no environment of dir open in this process. Returns 0 when
+ * the walk finished clean (or dir has no data.mdb, or no child could be
+ * made), else KV_INTERNAL with the reason in err: LMDB reported an error,
+ * a value failed to decode, the child died by a signal, or it ran past
+ * timeout_s seconds (killed).
+ */
+int idx_verify(const char *dir, unsigned timeout_s, char *err, size_t errlen);
 
 /* idx_close: close the environment. Accepts NULL. */
 void idx_close(struct idx *x);
@@ -130,6 +144,14 @@ int idx_scan_bucket_objects(struct idx *x, uint64_t id, idx_obj_fn *fn, void *ar
 
 /* idx_scan_buckets: fn for every bucket record, in id order. */
 int idx_scan_buckets(struct idx *x, idx_bucket_fn *fn, void *arg);
+
+/*
+ * idx_set_sync: sync == 0: later commits are not synced (a bulk load that
+ * is redone from scratch after a crash: the index rebuild); sync != 0:
+ * commits sync again, and everything committed so far is synced now.
+ * Returns 0 or a status (-EIO ...).
+ */
+int idx_set_sync(struct idx *x, int sync);
 
 /* idx_map_size: the current map size in bytes (grows on MDB_MAP_FULL). */
 uint64_t idx_map_size(const struct idx *x);

@@ -142,6 +142,16 @@ struct ssd {
     uint64_t start_objects;
     uint64_t start_ms;
 
+    /* start-up repair (ssd_rebuild.c) */
+    bool rebuild;               /* the writer rebuilds the index before anything else */
+    _Atomic int state;          /* enum ssd_state, but DEGRADED comes from degraded_flag */
+    _Atomic uint64_t rebuild_buckets;
+    _Atomic uint64_t rebuild_buckets_done;
+    _Atomic uint64_t rebuild_records;
+    _Atomic uint64_t rebuild_ms;
+    uint64_t rebuild_t0;        /* clock_ms when the rebuild was decided */
+    uint64_t set_aside;
+
     /*
      * Wall-clock ms of the last DRAM hit on an object of bucket id, at
      * [id % SSD_STAMP_SLOTS]; folded into the buckets' last_read_ms under blk.
@@ -238,6 +248,39 @@ int ssd_make_room(struct ssd *t, uint64_t need, uint32_t owner);
  * written by this group). 0 at once for owner 0.
  */
 int ssd_share_room(struct ssd *t, uint32_t owner, uint64_t need);
+
+/* ---- ssd_rebuild.c ---- */
+
+#define SSD_SCAN_BUF (8ull << 20)       /* the rebuild reads bucket files in pieces this big */
+#define SSD_SCAN_MAX_KEY 65536u         /* the longest key a record may hold (the writer's cap) */
+#define SSD_SCAN_MAX_VALUE (1ull << 50) /* a sanity bound only: a record must fit in its file */
+#define SSD_VERIFY_TIMEOUT_S 120       /* the index walk in a child process (idx_verify) */
+#define SSD_LOAD_REBUILD 1              /* ssd_load_index: the index must be rebuilt */
+#define SSD_REBUILD_BATCH 8192          /* index entries per rebuild transaction */
+
+/*
+ * ssd_set_aside: rename path to <path>.broken-<UTC time> (-<n> when taken)
+ * and log why. 0, or -errno (it stays where it is).
+ */
+int ssd_set_aside(struct ssd *t, const char *path, const char *why);
+
+/* ssd_count_bucket_files: bucket files in t->dir (0 when it cannot be read). */
+size_t ssd_count_bucket_files(struct ssd *t);
+
+/* ssd_bucket_file_ids: the ids of the bucket files in t->dir, sorted (*n; free() it). */
+uint64_t *ssd_bucket_file_ids(struct ssd *t, size_t *n);
+
+/*
+ * ssd_rebuild: the writer thread's first task when t->rebuild: walk every
+ * bucket file (ssd_scan.h), index the verified records in the (empty)
+ * index, newest record of a key winning, cut files back to their last whole
+ * record, then load the index into the store as at a normal start and mark
+ * the tier READY. Objects put meanwhile win over the records of their keys.
+ * Stops early (the index stays unmarked, so the next start rebuilds again)
+ * when the tier is closing. Returns 0 or an error (logged; the tier then
+ * stays empty of what it could not index).
+ */
+int ssd_rebuild(struct ssd *t);
 
 /* ---- ssd_writer.c ---- */
 

@@ -578,6 +578,9 @@ ssd_writer_main(void *arg)
     struct ssd_group g;
 
     g.n = 0;
+    if (t->rebuild && ssd_rebuild(t) == KV_UNAVAILABLE) {
+        return NULL;    /* closing mid-rebuild: its buckets must not look empty to housekeeping */
+    }
     for (;;) {
         struct ssd_forget *forgets;
         uint64_t drops[16];

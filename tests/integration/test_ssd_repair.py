@@ -1,0 +1,271 @@
+"""Integration: a damaged SSD tier never keeps kvstashd from serving.
+
+Each test fills an SSD tier through a plain msgpack-rpc client (write_through, so every
+object has a record in a bucket file and an index entry), stops the daemon, damages the
+tier as a disk fault or a bad restore would (the LMDB index's meta pages zeroed, its pages
+overwritten, data.mdb cut short, a bucket file cut short, garbage after a bucket's records,
+a bucket file gone, a stale LOCK and lock.mdb, ssd_dir not a directory), and starts it
+again. The daemon must start, answer DRAM requests at once, report the tier as loading
+while it rebuilds (stats ssd_state: 1 loading, 2 ready) and then serve every record that
+survived the damage byte-exact, checked against a table of digests; a record that did not
+survive is a miss, never wrong bytes. Every wait is bounded.
+"""
+
+import glob
+import hashlib
+import os
+import random
+
+from kvtest import wait_for
+from test_ssd import bucket_files, kv, walk_records  # noqa: F401 (kv: a fixture)
+
+KIB = 1 << 10
+ARGS = ("--memory_size=16m", "--ssd_bucket_size=2m", "--ssd_offload=write_through")
+N = 48
+LOADING, READY = 1, 2
+
+
+def value_for(key):
+    r = random.Random(key)
+    return r.randbytes(r.choice((3 * KIB, 20 * KIB, 64 * KIB, 100 * KIB)))
+
+
+def fill(kv, data):
+    """A tier of N objects on SSD, the daemon stopped cleanly. Returns {key: sha256}."""
+    d = kv(data, *ARGS)
+    c = d.client()
+    table = {}
+    for i in range(N):
+        key = f"obj-{i:03d}".encode()
+        v = value_for(key)
+        assert c.call("put", key, v) == 0
+        table[key] = hashlib.sha256(v).hexdigest()
+    wait_for(lambda: c.call("stats")["ssd_objects"] == N, 20, "every object on the SSD tier")
+    d.stop()
+    return table
+
+
+def restart(kv, data, extra=()):
+    """Start on the damaged tier; DRAM must serve at once; wait for the tier to be ready."""
+    d = kv(data, *ARGS, *extra)
+    c = d.client()
+    s = c.call("stats")
+    assert s["ssd_state"] in (LOADING, READY), s
+    fresh = f"fresh-{d.pid}".encode()
+    assert c.call("put", fresh, b"x" * 5000) == 0          # DRAM serves while it loads
+    assert c.call("get", fresh) == b"x" * 5000
+    wait_for(lambda: c.call("stats")["ssd_state"] == READY, 30, "the SSD tier to be ready")
+    return d, c
+
+
+def check(c, table):
+    """Every key: a miss or its exact bytes. Returns the keys served."""
+    served = set()
+    for key, digest in table.items():
+        got = c.call("get", key)
+        if got is not None:
+            assert hashlib.sha256(got).hexdigest() == digest, f"{key}: wrong bytes"
+            served.add(key)
+    s = c.call("stats")
+    assert s["ssd_checksum_errors"] == 0, s
+    return served
+
+
+def ssd_dir(data):
+    return os.path.join(data, "ssd")
+
+
+def data_mdb(data):
+    return os.path.join(ssd_dir(data), "index", "data.mdb")
+
+
+def keys_of(path):
+    return {k for k, _, _ in walk_records(path)}
+
+
+def biggest_bucket(data):
+    return max(bucket_files(ssd_dir(data)), key=lambda p: len(keys_of(p)))
+
+
+def assert_rebuilt(d, data):
+    out = d.output()
+    assert "rebuilt in" in out, out
+    assert glob.glob(os.path.join(ssd_dir(data), "index.broken-*")) or "missing" in out, out
+
+
+def test_zeroed_meta_pages_rebuild_everything(work, kv):
+    data = os.path.join(work, "data")
+    table = fill(kv, data)
+    with open(data_mdb(data), "r+b") as f:
+        f.write(bytes(2 * 4096))
+    d, c = restart(kv, data)
+    assert check(c, table) == set(table)
+    assert_rebuilt(d, data)
+    assert c.call("stats")["ssd_rebuilds"] == 1
+    # the rebuilt index is whole: a plain restart loads it without another rebuild
+    d.stop()
+    d, c = restart(kv, data)
+    assert "rebuilding" not in d.output()
+    assert check(c, table) == set(table)
+
+
+def test_overwritten_pages_rebuild_everything(work, kv):
+    data = os.path.join(work, "data")
+    table = fill(kv, data)
+    size = os.path.getsize(data_mdb(data))
+    rnd = random.Random(7)
+    with open(data_mdb(data), "r+b") as f:
+        for page in range(2, size // 4096):
+            f.seek(page * 4096)
+            f.write(rnd.randbytes(4096))
+    d, c = restart(kv, data)
+    assert check(c, table) == set(table)
+    assert_rebuilt(d, data)
+
+
+def test_a_few_overwritten_pages_never_serve_wrong_bytes(work, kv):
+    data = os.path.join(work, "data")
+    table = fill(kv, data)
+    size = os.path.getsize(data_mdb(data))
+    for seed in range(3):
+        rnd = random.Random(seed)
+        with open(data_mdb(data), "r+b") as f:
+            for page in rnd.sample(range(2, size // 4096), min(3, size // 4096 - 2)):
+                f.seek(page * 4096)
+                f.write(rnd.randbytes(4096))
+        d, c = restart(kv, data)
+        check(c, table)
+        d.stop()
+
+
+def test_truncated_data_mdb_rebuilds_everything(work, kv):
+    data = os.path.join(work, "data")
+    table = fill(kv, data)
+    os.truncate(data_mdb(data), os.path.getsize(data_mdb(data)) // 3 // 4096 * 4096)
+    d, c = restart(kv, data)
+    assert check(c, table) == set(table)
+    assert_rebuilt(d, data)
+
+
+def test_index_deleted_rebuilds_everything(work, kv):
+    data = os.path.join(work, "data")
+    table = fill(kv, data)
+    for p in glob.glob(os.path.join(ssd_dir(data), "index", "*")):
+        os.unlink(p)
+    d, c = restart(kv, data)
+    assert check(c, table) == set(table)
+    assert "rebuilt in" in d.output()
+
+
+def cut_bucket(data):
+    """Cut the bucket with most records to 60%; returns the keys wholly before the cut."""
+    path = biggest_bucket(data)
+    cut = os.path.getsize(path) * 6 // 10
+    before = {k for k, off, n in walk_records(path) if off + n <= cut}
+    lost = keys_of(path) - before
+    assert before and lost
+    os.truncate(path, cut)
+    return before, lost
+
+
+def test_truncated_bucket_keeps_records_before_the_cut(work, kv):
+    data = os.path.join(work, "data")
+    table = fill(kv, data)
+    before, lost = cut_bucket(data)
+    d, c = restart(kv, data)
+    served = check(c, table)
+    assert served == set(table) - lost, (sorted(lost - set()), sorted(set(table) - served))
+    assert before <= served
+
+
+def test_truncated_bucket_without_index_keeps_records_before_the_cut(work, kv):
+    data = os.path.join(work, "data")
+    table = fill(kv, data)
+    before, lost = cut_bucket(data)
+    with open(data_mdb(data), "r+b") as f:
+        f.write(bytes(2 * 4096))
+    d, c = restart(kv, data)
+    assert check(c, table) == set(table) - lost
+    assert_rebuilt(d, data)
+
+
+def test_garbage_appended_to_a_bucket(work, kv):
+    data = os.path.join(work, "data")
+    table = fill(kv, data)
+    path = biggest_bucket(data)
+    with open(path, "ab") as f:
+        f.write(random.Random(3).randbytes(3 * 4096 + 100))
+    d, c = restart(kv, data)
+    assert check(c, table) == set(table)
+    d.stop()
+    # and when the index has to be rebuilt from that bucket
+    with open(path, "ab") as f:
+        f.write(random.Random(4).randbytes(2 * 4096))
+    with open(data_mdb(data), "r+b") as f:
+        f.write(bytes(2 * 4096))
+    d, c = restart(kv, data)
+    assert check(c, table) == set(table)
+
+
+def test_damaged_header_mid_bucket_keeps_records_before_it(work, kv):
+    data = os.path.join(work, "data")
+    table = fill(kv, data)
+    path = biggest_bucket(data)
+    recs = list(walk_records(path))
+    victim = len(recs) // 2
+    key, voff, _ = recs[victim]
+    hdr_off = voff - ((48 + len(key) + 4095) // 4096 * 4096)
+    with open(path, "r+b") as f:
+        f.seek(hdr_off + 20)
+        f.write(b"\xff\xff\xff\xff")
+    with open(data_mdb(data), "r+b") as f:
+        f.write(bytes(2 * 4096))
+    d, c = restart(kv, data)
+    served = check(c, table)
+    kept = {k for k, _, _ in recs[:victim]}
+    assert served == set(table) - {k for k, _, _ in recs[victim:]}
+    assert kept <= served
+
+
+def test_bucket_missing(work, kv):
+    data = os.path.join(work, "data")
+    table = fill(kv, data)
+    path = biggest_bucket(data)
+    gone = keys_of(path)
+    os.unlink(path)
+    d, c = restart(kv, data)
+    assert check(c, table) == set(table) - gone
+    d.stop()
+    # the same without an index
+    with open(data_mdb(data), "r+b") as f:
+        f.write(bytes(2 * 4096))
+    d, c = restart(kv, data)
+    assert check(c, table) == set(table) - gone
+
+
+def test_stale_lock_files(work, kv):
+    data = os.path.join(work, "data")
+    table = fill(kv, data)
+    with open(os.path.join(ssd_dir(data), "LOCK"), "w") as f:
+        f.write("999999999\n")          # a pid that is not running
+    with open(os.path.join(ssd_dir(data), "index", "lock.mdb"), "wb") as f:
+        f.write(random.Random(5).randbytes(8192))
+    d, c = restart(kv, data)
+    assert check(c, table) == set(table)
+    assert "rebuild" not in d.output()
+
+
+def test_ssd_dir_not_a_directory_starts_empty(work, kv):
+    data = os.path.join(work, "data")
+    table = fill(kv, data)
+    os.rename(ssd_dir(data), ssd_dir(data) + ".old")
+    with open(ssd_dir(data), "wb") as f:
+        f.write(b"not a directory")
+    d, c = restart(kv, data)
+    assert check(c, table) == set()
+    assert glob.glob(ssd_dir(data) + ".broken-*"), os.listdir(data)
+    assert os.path.isdir(ssd_dir(data))
+    assert "moved aside" in d.output()
+    # the new tier works
+    assert c.call("put", b"after", b"y" * 9000) == 0
+    wait_for(lambda: c.call("stats")["ssd_objects"] >= 2, 20, "the new tier to take writes")
