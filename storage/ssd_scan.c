@@ -51,8 +51,8 @@ ssd_win_fill(struct ssd_win *w, uint64_t off)
     }
     w->start = off;
     w->len = got;
-    if (off + got < w->size) {
-        w->size = off + got;
+    if (got < want) {
+        w->size = off + got;    /* the file shrank under the walk: its end is here now */
     }
     return 0;
 }
