@@ -144,6 +144,8 @@ struct ssd {
 
     /* start-up repair (ssd_rebuild.c) */
     bool rebuild;               /* the writer rebuilds the index before anything else */
+    bool rebuild_failed;        /* it failed: the tier stays degraded and its bucket files
+                                   are kept as they are for the next start to rebuild from */
     _Atomic int state;          /* enum ssd_state, but DEGRADED comes from degraded_flag */
     _Atomic uint64_t rebuild_buckets;
     _Atomic uint64_t rebuild_buckets_done;

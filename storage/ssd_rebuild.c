@@ -367,6 +367,7 @@ ssd_rebuild(struct ssd *t)
     uint8_t *buf = NULL;
     uint64_t *ids;
     size_t n;
+    bool stopped = false;
     int rc = 0;
 
     memset(&batch, 0, sizeof(batch));
@@ -393,6 +394,7 @@ ssd_rebuild(struct ssd *t)
             log_warn("ssd: rebuild of %s stopped by shutdown after %zu of %zu buckets; the next "
                      "start rebuilds again", t->dir, i, n);
             rc = KV_UNAVAILABLE;
+            stopped = true;
             goto done;
         }
         rc = ssd_rb_bucket(t, ids[i], buf, &batch, &tot);
@@ -478,6 +480,16 @@ done:
     free(batch.ops);
     free(batch.arena);
     t->rebuild = false;
+    if (rc != 0 && !stopped) {
+        /* Its records may hold acknowledged durable puts: never let housekeeping take the
+         * bucket files for empty because the index lacks them. */
+        log_error("ssd: %s stays degraded until the next start, which rebuilds its index "
+                  "again; its bucket files are kept", t->dir);
+        t->rebuild_failed = true;
+        t->degraded = true;
+        atomic_store(&t->degraded_flag, 1);
+        store_tier_degraded(t->store, true);
+    }
     atomic_store(&t->state, SSD_STATE_READY);
     if (!t->degraded) {
         store_tier_degraded(t->store, false);

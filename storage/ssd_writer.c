@@ -550,7 +550,7 @@ ssd_housekeep(struct ssd *t, const uint64_t *drops, int ndrops)
             ssd_unopen(t, b);       /* its owner's share was taken away by a reload */
         }
     }
-    for (;;) {
+    for (; !t->rebuild_failed;) {
         struct ssd_bucket *empty = NULL;
 
         pthread_mutex_lock(&t->blk);
