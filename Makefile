@@ -103,7 +103,7 @@ LIBCLIENT_SO := $(BUILD)/libkvstash.so
 UNIT := $(BUILD)/unit-tests
 INTEG := $(BUILD)/integration-tests
 
-.PHONY: all run test deps bench-deps asan fuzz bench soak install uninstall format clean help \
+.PHONY: all run test deps bench-deps asan fuzz bench soak install uninstall man deb format clean help \
         test-layers test-unit test-integration test-python test-fuzz check-deps
 
 all: $(KVSTASHD) $(KVSTASH) $(BENCH) $(LIBCLIENT_A) $(LIBCLIENT_SO)
@@ -306,20 +306,66 @@ test-fuzz: $(FUZZ_BINS)
 PY_PKG := $(wildcard client/python/kvstash/*.py)
 PYTHON_SITE ?= $(if $(filter /usr,$(PREFIX)),/usr/lib/python3/dist-packages,$(PREFIX)/lib/python$(shell /usr/bin/python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || echo 3)/dist-packages)
 
-install: all
-	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include
+# Where the rest goes: /etc for PREFIX=/usr (the package), else PREFIX/etc; man pages
+# under PREFIX/share/man. kvstashd.conf(5) is rendered from the option table
+# (kvstashd --dump-options) and conf/kvstashd.conf's comments: see packaging/man/.
+SYSCONFDIR ?= $(if $(filter /usr,$(PREFIX)),/etc,$(PREFIX)/etc)
+MANDIR ?= $(PREFIX)/share/man
+LIBDIR ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+VERSION := $(shell sed -n 's/^\#define KVSTASH_VERSION "\(.*\)"/\1/p' util/version.h)
+MAN_PAGES := $(BUILD)/man/kvstashd.8 $(BUILD)/man/kvstash.1 $(BUILD)/man/kvstashd.conf.5
+PC_FILE := $(BUILD)/kvstash.pc
+
+$(BUILD)/man/kvstashd.conf.5: $(KVSTASHD) conf/kvstashd.conf packaging/man/gen_conf_man.py
+	@mkdir -p $(dir $@)
+	$(call say,MAN,$@)$(KVSTASHD) --dump-options >$@.tsv && \
+	    /usr/bin/python3 packaging/man/gen_conf_man.py $@.tsv conf/kvstashd.conf $(VERSION) >$@.tmp \
+	    && mv $@.tmp $@
+
+$(BUILD)/man/%: packaging/man/%
+	@mkdir -p $(dir $@)
+	$(call say,MAN,$@)sed 's/^\.TH \([A-Z.]*\) \([0-9]\) "" "kvstash"/.TH \1 \2 "" "kvstash $(VERSION)"/' $< >$@
+
+$(PC_FILE): Makefile util/version.h
+	@mkdir -p $(dir $@)
+	$(call say,GEN,$@)printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$(LIBDIR)' 'includedir=$(INCLUDEDIR)' '' \
+	    'Name: kvstash' 'Description: client library of the kvstash KV-cache block store' \
+	    'Version: $(VERSION)' 'Requires.private: msgpack libssl libcrypto' \
+	    'Libs: -L$${libdir} -lkvstash' 'Libs.private: $(RDMA_LIBS)' 'Cflags: -I$${includedir}' >$@
+
+man: $(MAN_PAGES)
+
+install: all $(MAN_PAGES) $(PC_FILE)
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(INCLUDEDIR) \
+	    $(DESTDIR)$(SYSCONFDIR)/kvstash $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man5 \
+	    $(DESTDIR)$(MANDIR)/man8
 	install -m 0755 $(KVSTASHD) $(KVSTASH) $(DESTDIR)$(PREFIX)/bin/
-	install -m 0644 $(LIBCLIENT_A) $(DESTDIR)$(PREFIX)/lib/
-	install -m 0755 $(LIBCLIENT_SO) $(DESTDIR)$(PREFIX)/lib/
-	install -m 0644 client/kvstash.h $(DESTDIR)$(PREFIX)/include/
+	install -m 0644 $(LIBCLIENT_A) $(DESTDIR)$(LIBDIR)/
+	install -m 0755 $(LIBCLIENT_SO) $(DESTDIR)$(LIBDIR)/
+	install -m 0644 client/kvstash.h $(DESTDIR)$(INCLUDEDIR)/
+	install -m 0644 $(PC_FILE) $(DESTDIR)$(LIBDIR)/pkgconfig/
 	install -d $(DESTDIR)$(PYTHON_SITE)/kvstash
 	install -m 0644 $(PY_PKG) $(DESTDIR)$(PYTHON_SITE)/kvstash/
+	@# an existing config is the operator's: never overwritten
+	test -e $(DESTDIR)$(SYSCONFDIR)/kvstash/kvstashd.conf || \
+	    install -m 0644 conf/kvstashd.conf $(DESTDIR)$(SYSCONFDIR)/kvstash/kvstashd.conf
+	install -m 0644 $(BUILD)/man/kvstash.1 $(DESTDIR)$(MANDIR)/man1/
+	install -m 0644 $(BUILD)/man/kvstashd.conf.5 $(DESTDIR)$(MANDIR)/man5/
+	install -m 0644 $(BUILD)/man/kvstashd.8 $(DESTDIR)$(MANDIR)/man8/
 
+# the config file stays unless it is the one installed (an edited one is the operator's)
 uninstall:
 	rm -f $(DESTDIR)$(PREFIX)/bin/kvstashd $(DESTDIR)$(PREFIX)/bin/kvstash \
-	      $(DESTDIR)$(PREFIX)/lib/libkvstash.a $(DESTDIR)$(PREFIX)/lib/libkvstash.so \
-	      $(DESTDIR)$(PREFIX)/include/kvstash.h
+	      $(DESTDIR)$(LIBDIR)/libkvstash.a $(DESTDIR)$(LIBDIR)/libkvstash.so \
+	      $(DESTDIR)$(LIBDIR)/pkgconfig/kvstash.pc $(DESTDIR)$(INCLUDEDIR)/kvstash.h \
+	      $(DESTDIR)$(MANDIR)/man1/kvstash.1 $(DESTDIR)$(MANDIR)/man5/kvstashd.conf.5 \
+	      $(DESTDIR)$(MANDIR)/man8/kvstashd.8
 	rm -rf $(DESTDIR)$(PYTHON_SITE)/kvstash
+	if cmp -s conf/kvstashd.conf $(DESTDIR)$(SYSCONFDIR)/kvstash/kvstashd.conf; then \
+	    rm -f $(DESTDIR)$(SYSCONFDIR)/kvstash/kvstashd.conf; \
+	    rmdir $(DESTDIR)$(SYSCONFDIR)/kvstash 2>/dev/null || true; \
+	fi
 
 format:
 	clang-format -i $(wildcard util/*.[ch] protocol/*.[ch] storage/*.[ch] rdma/*.[ch] \

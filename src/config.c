@@ -1295,3 +1295,58 @@ conf_dump(const struct kv_config *c, char *buf, size_t len)
     }
     return out.n > INT32_MAX ? INT32_MAX : (int)out.n;
 }
+
+/* ---- the table as text (kvstashd --dump-options) ---- */
+
+int
+conf_option_describe(size_t i, struct conf_option_info *out)
+{
+    static const char *const type_names[] = {
+        [CONF_T_STRING] = "string", [CONF_T_SIZE] = "size",   [CONF_T_DURATION] = "duration",
+        [CONF_T_UINT] = "count",    [CONF_T_DOUBLE] = "number", [CONF_T_ENUM] = "enum",
+        [CONF_T_BOOL] = "bool",     [CONF_T_TENANTS] = "tenant",
+    };
+    const struct conf_option *o;
+    char lo[64], hi[64];
+
+    if (i >= CONF_NOPTIONS) {
+        return -1;
+    }
+    o = &conf_options[i];
+    out->name = o->name;
+    out->type = type_names[o->type];
+    out->def = o->def;
+    out->reloadable = o->reloadable;
+    out->range[0] = '\0';
+    switch (o->type) {
+    case CONF_T_SIZE:
+    case CONF_T_DURATION:
+    case CONF_T_UINT:
+        conf_format_uint(o, o->min, lo, sizeof(lo));
+        hi[0] = '\0';
+        if (o->max != NO_MAX) {
+            conf_format_uint(o, o->max, hi, sizeof(hi));
+        }
+        snprintf(out->range, sizeof(out->range), "%s..%s", lo, hi);
+        break;
+    case CONF_T_DOUBLE:
+        conf_format_double(o->dmin, lo, sizeof(lo));
+        conf_format_double(o->dmax, hi, sizeof(hi));
+        snprintf(out->range, sizeof(out->range), "(%s, %s]", lo, hi);
+        break;
+    case CONF_T_ENUM:
+        for (uint64_t k = 0; k <= o->max; k++) {
+            size_t used = strlen(out->range);
+            snprintf(out->range + used, sizeof(out->range) - used, "%s%s", k ? "|" : "",
+                     o->names[k]);
+        }
+        break;
+    case CONF_T_BOOL:
+        snprintf(out->range, sizeof(out->range), "%s|%s", conf_bool_true[0], conf_bool_false[0]);
+        break;
+    case CONF_T_STRING:
+    case CONF_T_TENANTS:
+        break;
+    }
+    return 0;
+}

@@ -164,4 +164,23 @@ int conf_parse_duration_ms(const char *s, uint64_t *out);
 /* conf_dump: write every key and its current value as a config file to buf. */
 int conf_dump(const struct kv_config *c, char *buf, size_t len);
 
+/*
+ * One row of the option table as text, for `kvstashd --dump-options` (and so the
+ * generated kvstashd.conf(5)): every pointer is static or into the caller's struct,
+ * valid as long as it is.
+ */
+struct conf_option_info {
+    const char *name;
+    const char *type;       /* string, size, duration, count, number, enum, bool, tenant */
+    const char *def;        /* the default as written in a config file ("" for none) */
+    bool reloadable;        /* SIGHUP applies it; false: restart */
+    char range[160];        /* "1m..", "1..1000000", "(0, 1]", "fifo|lru", "on|off", "" */
+};
+
+/*
+ * conf_option_describe: row i of the option table (table order, which is conf_dump's) into
+ * *out. Returns 0, or -1 once i is past the last row. Pure; any thread.
+ */
+int conf_option_describe(size_t i, struct conf_option_info *out);
+
 #endif

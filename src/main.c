@@ -23,6 +23,23 @@ flag_name(const char *arg, const char *eq)
     return name;
 }
 
+/*
+ * dump_options: the option table, one tab-separated line a key: name, type, default, range,
+ * "reload" or "restart". packaging/gen_conf_man.py renders kvstashd.conf(5) from it.
+ */
+static int
+dump_options(void)
+{
+    struct conf_option_info info;
+
+    printf("# name\ttype\tdefault\trange\treload\n");
+    for (size_t i = 0; conf_option_describe(i, &info) == 0; i++) {
+        printf("%s\t%s\t%s\t%s\t%s\n", info.name, info.type, info.def, info.range,
+               info.reloadable ? "reload" : "restart");
+    }
+    return fflush(stdout) == 0 ? 0 : 1;
+}
+
 static void
 usage(FILE *f)
 {
@@ -34,6 +51,8 @@ usage(FILE *f)
             "  --key=value      set any config key, overriding the file (e.g. "
             "--memory_size=4g)\n"
             "  --check-config   validate the configuration and exit\n"
+            "  --dump-options   print the option table (name, type, default, range,\n"
+            "                   reload) tab-separated and exit\n"
             "  --version        print the version and exit\n"
             "\n"
             "signals: SIGHUP reloads FILE and reopens log_file, SIGUSR1 reopens log_file,\n"
@@ -66,6 +85,9 @@ main(int argc, char **argv)
             printf("kvstashd %s (protocol %d)\n", KVSTASH_VERSION, KVSTASH_PROTOCOL_VERSION);
             free(overrides);
             return 0;
+        } else if (strcmp(a, "--dump-options") == 0) {
+            free(overrides);
+            return dump_options();
         } else if (strcmp(a, "--check-config") == 0) {
             check_only = true;
         } else if (strcmp(a, "--config") == 0 || strcmp(a, "-c") == 0) {
