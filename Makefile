@@ -53,7 +53,7 @@ endif
 #   storage/   the store and its tiers;  rdma/  the RDMA data port
 #   client/    libkvstash and the kvstash CLI
 #   src/       the daemon; src/rpc/ its request layer
-UTIL_SRC := util/log.c util/tcpopt.c
+UTIL_SRC := util/log.c util/tcpopt.c util/sdnotify.c
 PROTO_SRC := protocol/kverr.c protocol/frame.c protocol/mp.c
 STORAGE_SRC := storage/alloc.c storage/store.c storage/store_tier.c storage/store_hash.c \
                storage/store_evict.c storage/crc32c.c storage/ssd_record.c storage/ssd_index.c \
@@ -100,6 +100,8 @@ RAWBENCH := $(BUILD)/raw-bench
 LIBCORE := $(BUILD)/libkvcore.a
 LIBCLIENT_A := $(BUILD)/libkvstash.a
 LIBCLIENT_SO := $(BUILD)/libkvstash.so
+# the ABI's major version (the library's SONAME libkvstash.so.N; client/libkvstash.map)
+SOVERSION := 0
 UNIT := $(BUILD)/unit-tests
 INTEG := $(BUILD)/integration-tests
 
@@ -120,6 +122,7 @@ $(LIBCLIENT_A): $(CLIENT_OBJ)
 
 $(LIBCLIENT_SO): $(CLIENT_OBJ) client/libkvstash.map
 	$(call say,LD,$@)$(CC) -shared $(LDFLAGS_ALL) -Wl,--version-script=client/libkvstash.map \
+	    -Wl,-soname,libkvstash.so.$(SOVERSION) \
 	    -o $@ $(CLIENT_OBJ) -lmsgpackc -lssl -lcrypto $(RDMA_LIBS)
 
 $(KVSTASHD): $(DAEMON_OBJ) $(LIBCORE)
@@ -237,8 +240,10 @@ test-integration: $(INTEG) $(KVSTASHD) $(KVSTASH)
 	$(call criterion_run,integration,KVSTASHD=$(abspath $(KVSTASHD)) \
 	    KVSTASH_CLI=$(abspath $(KVSTASH)) $(INTEG) --jobs 1)
 
-test-python: $(KVSTASHD)
-	KVSTASHD=$(abspath $(KVSTASHD)) /usr/bin/python3 -m pytest -q -rs tests/integration
+# test_packaging.py checks the package (KVSTASH_DEB), so it is built first
+test-python: $(KVSTASHD) $(KVSTASH) $(DEB)
+	KVSTASHD=$(abspath $(KVSTASHD)) KVSTASH_CLI=$(abspath $(KVSTASH)) KVSTASH_DEB=$(abspath $(DEB)) \
+	    /usr/bin/python3 -m pytest -q -rs tests/integration
 
 asan:
 	$(Q)ASAN_OPTIONS=$(SAN_ASAN_OPTIONS) LSAN_OPTIONS=$(SAN_LSAN_OPTIONS) \
@@ -315,7 +320,6 @@ LIBDIR ?= $(PREFIX)/lib
 INCLUDEDIR ?= $(PREFIX)/include
 VERSION := $(shell sed -n 's/^\#define KVSTASH_VERSION "\(.*\)"/\1/p' util/version.h)
 MAN_PAGES := $(BUILD)/man/kvstashd.8 $(BUILD)/man/kvstash.1 $(BUILD)/man/kvstashd.conf.5
-PC_FILE := $(BUILD)/kvstash.pc
 
 $(BUILD)/man/kvstashd.conf.5: $(KVSTASHD) conf/kvstashd.conf packaging/man/gen_conf_man.py
 	@mkdir -p $(dir $@)
@@ -327,24 +331,27 @@ $(BUILD)/man/%: packaging/man/%
 	@mkdir -p $(dir $@)
 	$(call say,MAN,$@)sed 's/^\.TH \([A-Z.]*\) \([0-9]\) "" "kvstash"/.TH \1 \2 "" "kvstash $(VERSION)"/' $< >$@
 
-$(PC_FILE): Makefile util/version.h
-	@mkdir -p $(dir $@)
-	$(call say,GEN,$@)printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$(LIBDIR)' 'includedir=$(INCLUDEDIR)' '' \
+# kvstash.pc, written at install time: its paths are those of this PREFIX
+define write_pc
+	printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$(LIBDIR)' 'includedir=$(INCLUDEDIR)' '' \
 	    'Name: kvstash' 'Description: client library of the kvstash KV-cache block store' \
 	    'Version: $(VERSION)' 'Requires.private: msgpack libssl libcrypto' \
-	    'Libs: -L$${libdir} -lkvstash' 'Libs.private: $(RDMA_LIBS)' 'Cflags: -I$${includedir}' >$@
+	    'Libs: -L$${libdir} -lkvstash' 'Libs.private: $(RDMA_LIBS)' 'Cflags: -I$${includedir}' \
+	    >$(1) && chmod 0644 $(1)
+endef
 
 man: $(MAN_PAGES)
 
-install: all $(MAN_PAGES) $(PC_FILE)
+install: all $(MAN_PAGES)
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(INCLUDEDIR) \
 	    $(DESTDIR)$(SYSCONFDIR)/kvstash $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man5 \
 	    $(DESTDIR)$(MANDIR)/man8
 	install -m 0755 $(KVSTASHD) $(KVSTASH) $(DESTDIR)$(PREFIX)/bin/
 	install -m 0644 $(LIBCLIENT_A) $(DESTDIR)$(LIBDIR)/
-	install -m 0755 $(LIBCLIENT_SO) $(DESTDIR)$(LIBDIR)/
+	install -m 0755 $(LIBCLIENT_SO) $(DESTDIR)$(LIBDIR)/libkvstash.so.$(SOVERSION)
+	ln -sf libkvstash.so.$(SOVERSION) $(DESTDIR)$(LIBDIR)/libkvstash.so
 	install -m 0644 client/kvstash.h $(DESTDIR)$(INCLUDEDIR)/
-	install -m 0644 $(PC_FILE) $(DESTDIR)$(LIBDIR)/pkgconfig/
+	$(call write_pc,$(DESTDIR)$(LIBDIR)/pkgconfig/kvstash.pc)
 	install -d $(DESTDIR)$(PYTHON_SITE)/kvstash
 	install -m 0644 $(PY_PKG) $(DESTDIR)$(PYTHON_SITE)/kvstash/
 	@# an existing config is the operator's: never overwritten
@@ -358,6 +365,7 @@ install: all $(MAN_PAGES) $(PC_FILE)
 uninstall:
 	rm -f $(DESTDIR)$(PREFIX)/bin/kvstashd $(DESTDIR)$(PREFIX)/bin/kvstash \
 	      $(DESTDIR)$(LIBDIR)/libkvstash.a $(DESTDIR)$(LIBDIR)/libkvstash.so \
+	      $(DESTDIR)$(LIBDIR)/libkvstash.so.$(SOVERSION) \
 	      $(DESTDIR)$(LIBDIR)/pkgconfig/kvstash.pc $(DESTDIR)$(INCLUDEDIR)/kvstash.h \
 	      $(DESTDIR)$(MANDIR)/man1/kvstash.1 $(DESTDIR)$(MANDIR)/man5/kvstashd.conf.5 \
 	      $(DESTDIR)$(MANDIR)/man8/kvstashd.8
@@ -366,6 +374,17 @@ uninstall:
 	    rm -f $(DESTDIR)$(SYSCONFDIR)/kvstash/kvstashd.conf; \
 	    rmdir $(DESTDIR)$(SYSCONFDIR)/kvstash 2>/dev/null || true; \
 	fi
+
+# ---- Debian package (packaging/deb/): build/deb/kvstash_VERSION_ARCH.deb ----
+DEB_DIR := build/deb
+DEB := $(DEB_DIR)/kvstash_$(VERSION)_$(shell dpkg --print-architecture 2>/dev/null).deb
+
+deb: $(DEB)
+
+$(DEB): all $(MAN_PAGES) $(wildcard packaging/deb/*) conf/kvstashd.conf
+	rm -rf $(DEB_DIR)/root
+	$(Q)$(MAKE) --no-print-directory install DESTDIR=$(abspath $(DEB_DIR)/root) PREFIX=/usr >/dev/null
+	packaging/deb/build.sh $(abspath $(DEB_DIR)/root) $(abspath $(DEB_DIR)) $(VERSION)
 
 format:
 	clang-format -i $(wildcard util/*.[ch] protocol/*.[ch] storage/*.[ch] rdma/*.[ch] \
@@ -378,4 +397,4 @@ help:
 	@echo "targets: all run test deps bench-deps asan fuzz bench soak install uninstall format clean help"
 	@echo "vars:    VARIANT=release|debug|asan  V=1 (verbose)  PREFIX=$(PREFIX)"
 
--include $(shell find build -name '*.d' 2>/dev/null)
+-include $(shell find build -name '*.d' -type f 2>/dev/null)

@@ -44,6 +44,7 @@
 #include "rdma_port.h"
 #include "rpc.h"
 #include "stats.h"
+#include "sdnotify.h"
 #include "ssd.h"
 #include "store.h"
 #include "tcpopt.h"
@@ -908,6 +909,7 @@ server_begin_drain(struct server *s)
     struct timeval tick = {0, 20 * 1000};
 
     s->draining = 1;
+    (void)sdnotify_send("STOPPING=1");
     log_info("shutdown: no longer accepting; draining connections (deadline %llu ms)",
              (unsigned long long)conf->shutdown_timeout_ms);
     if (s->tcp_ev != NULL) {
@@ -953,7 +955,9 @@ server_on_signal(evutil_socket_t sig, short what, void *arg)
     switch (sig) {
     case SIGHUP:
         log_info("SIGHUP: reloading %s", s->config_path ? s->config_path : "(no config file)");
+        (void)sdnotify_send("RELOADING=1");
         server_reload(s);
+        (void)sdnotify_send("READY=1");
         break;
     case SIGUSR1:
         if (log_reopen() != 0) {
@@ -1194,6 +1198,11 @@ fail:
 int
 server_run(struct server *s)
 {
+    /* Listeners are bound and workers run: systemd (Type=notify) may start dependants. */
+    int nrc = sdnotify_send("READY=1");
+    if (nrc < 0) {
+        log_warn("NOTIFY_SOCKET: cannot tell systemd we are ready: %s", strerror(-nrc));
+    }
     event_base_dispatch(s->base);
     return 0;
 }

@@ -108,11 +108,14 @@ class Client:
 class Daemon:
     """One kvstashd process: TCP on an ephemeral port, optionally a Unix socket. args come
     after the harness's own --listen, --data_dir and --unix_socket, so they override them.
-    nofile: the process's RLIMIT_NOFILE (soft and hard), for running it out of descriptors."""
+    nofile: the process's RLIMIT_NOFILE (soft and hard), for running it out of descriptors.
+    binary: another kvstashd than $KVSTASHD (an installed one); env: variables added to the
+    process's environment (NOTIFY_SOCKET)."""
 
     seq = 0
 
-    def __init__(self, work, args, data_dir=None, unix=True, nofile=None):
+    def __init__(self, work, args, data_dir=None, unix=True, nofile=None, binary=None,
+                 env=None):
         require_kvstashd()
         Daemon.seq += 1
         n = Daemon.seq
@@ -120,7 +123,7 @@ class Daemon:
         self.data_dir = data_dir or os.path.join(work, f"data{n}")
         self.unix_path = os.path.join(work, f"kv{n}.sock") if unix else None
         self.log_path = os.path.join(work, f"kvstashd-{n}.log")
-        self.cmd = [KVSTASHD, f"--listen=127.0.0.1:{self.port}", f"--data_dir={self.data_dir}",
+        self.cmd = [binary or KVSTASHD, f"--listen=127.0.0.1:{self.port}", f"--data_dir={self.data_dir}",
                     f"--unix_socket={self.unix_path or 'none'}", *args]
 
         def limit():
@@ -129,7 +132,8 @@ class Daemon:
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL, stdout=log,
                                          stderr=subprocess.STDOUT,
-                                         preexec_fn=limit if nofile else None)
+                                         preexec_fn=limit if nofile else None,
+                                         env={**os.environ, **env} if env else None)
         self.clients = []
 
     @property
