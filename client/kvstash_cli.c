@@ -26,6 +26,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "cli_monitor.h"
 #include "kverr.h"
 #include "kvstash.h"
 
@@ -59,7 +60,13 @@ static const char cli_usage_text[] =
     "  exists KEY...         print 'KEY 1' or 'KEY 0' for each key\n"
     "  rm [-f] KEY...        remove keys (-f: even leased ones)\n"
     "  size KEY              print the size of KEY's value in bytes\n"
-    "  stats                 print the server's counters, one 'name value' a line\n"
+    "  stats [--json|--raw]  the server's counters, grouped, in human units (--json: one\n"
+    "                        JSON object; --raw: one 'name value' a line)\n"
+    "  top [-d s] [-n count] a live view of rates, hit ratios and latency (q quits;\n"
+    "                        plain lines when stdout is not a terminal)\n"
+    "  bench [-n ops] [-s bytes] [--keep]\n"
+    "                        a quick put/get load with a progress line, then\n"
+    "                        kvstash-bench's result lines\n"
     "\n"
     "options:\n"
     "  -H host:port          TCP address ([v6]:port for IPv6)\n"
@@ -86,7 +93,7 @@ cli_usage(const char *synopsis, const char *fmt, const char *arg)
         fputs("\n", stderr);
     }
     fprintf(stderr, "usage: kvstash [-H host:port | -S socket] [-t timeout_ms] %s\n",
-            synopsis ? synopsis : "ping|hello|put|get|exists|rm|size|stats ...");
+            synopsis ? synopsis : "ping|hello|put|get|exists|rm|size|stats|top|bench ...");
     fputs("       kvstash --help for details\n", stderr);
     return CLI_USAGE;
 }
@@ -355,25 +362,6 @@ cmd_size(struct kvstash *c, const struct cli_args *a)
 }
 
 static int
-cmd_stats(struct kvstash *c, const struct cli_args *a)
-{
-    struct kvstash_stat *items = NULL;
-    size_t n = 0;
-    int rc;
-
-    (void)a;
-    rc = kvstash_stats(c, &items, &n);
-    if (rc != 0) {
-        return cli_fail(c, "stats", rc);
-    }
-    for (size_t i = 0; i < n; i++) {
-        printf("%s %" PRIu64 "\n", items[i].name, items[i].value);
-    }
-    free(items);
-    return CLI_OK;
-}
-
-static int
 cmd_hello(struct kvstash *c, const struct cli_args *a)
 {
     const struct kvstash_hello *h = kvstash_server_info(c);
@@ -408,17 +396,20 @@ struct cli_cmd {
     bool file;         /* takes FILE after the key (put) */
     const char *synopsis;
     int (*fn)(struct kvstash *c, const struct cli_args *a);
+    int (*own)(struct kvstash *c, int argc, char **argv); /* parses its own arguments */
 };
 
 static const struct cli_cmd cli_cmds[] = {
-    { "ping", "", 0, 0, false, "ping", cmd_ping },
-    { "hello", "", 0, 0, false, "hello", cmd_hello },
-    { "put", "", 1, 1, true, "put KEY FILE|-", cmd_put },
-    { "get", "o:", 1, 1, false, "get KEY [-o FILE]", cmd_get },
-    { "exists", "", 1, -1, false, "exists KEY...", cmd_exists },
-    { "rm", "f", 1, -1, false, "rm [-f] KEY...", cmd_rm },
-    { "size", "", 1, 1, false, "size KEY", cmd_size },
-    { "stats", "", 0, 0, false, "stats", cmd_stats },
+    { "ping", "", 0, 0, false, "ping", cmd_ping, NULL },
+    { "hello", "", 0, 0, false, "hello", cmd_hello, NULL },
+    { "put", "", 1, 1, true, "put KEY FILE|-", cmd_put, NULL },
+    { "get", "o:", 1, 1, false, "get KEY [-o FILE]", cmd_get, NULL },
+    { "exists", "", 1, -1, false, "exists KEY...", cmd_exists, NULL },
+    { "rm", "f", 1, -1, false, "rm [-f] KEY...", cmd_rm, NULL },
+    { "size", "", 1, 1, false, "size KEY", cmd_size, NULL },
+    { "stats", "", 0, -1, false, "stats [--json|--raw]", NULL, cli_stats },
+    { "top", "", 0, -1, false, "top [-d seconds] [-n count]", NULL, cli_top },
+    { "bench", "", 0, -1, false, "bench [-n ops] [-s bytes] [--keep]", NULL, cli_bench },
 };
 
 /* cli_parse: a command's options and operands (argv[0] is the command). 0 or CLI_USAGE. */
@@ -581,7 +572,10 @@ main(int argc, char **argv)
         return cli_usage(NULL, "unknown command '%s'", argv[optind]);
     }
     struct cli_args args;
-    if (cli_parse(cmd, argc - optind, argv + optind, &args) != 0) {
+    if (cmd->own != NULL) {
+        memset(&args, 0, sizeof(args));
+        args.fd = -1;
+    } else if (cli_parse(cmd, argc - optind, argv + optind, &args) != 0) {
         return CLI_USAGE;
     }
     if (sock != NULL) {
@@ -604,7 +598,7 @@ main(int argc, char **argv)
     if (rc != 0) {
         rc = cli_connect_failed(rc, addr, sock ? "-S" : host ? "-H" : "KVSTASH_ADDR");
     } else {
-        rc = cmd->fn(c, &args);
+        rc = cmd->own != NULL ? cmd->own(c, argc - optind, argv + optind) : cmd->fn(c, &args);
         kvstash_close(c);
     }
     if (args.fd > STDIN_FILENO) {

@@ -154,13 +154,13 @@ addr="127.0.0.1:$port"
 # first-touch page faults of a fresh mapping.
 if [ -x "$KVSTASH_CLI" ]; then
     for _ in $(seq 1 600); do
-        pre=$("$KVSTASH_CLI" -H "$addr" -t 1000 stats 2>/dev/null | awk '$1 == "memory_prefaulted" { print $2 }')
-        cap=$("$KVSTASH_CLI" -H "$addr" -t 1000 stats 2>/dev/null | awk '$1 == "memory_capacity" { print $2 }')
+        pre=$("$KVSTASH_CLI" -H "$addr" -t 1000 stats --raw 2>/dev/null | awk '$1 == "memory_prefaulted" { print $2 }')
+        cap=$("$KVSTASH_CLI" -H "$addr" -t 1000 stats --raw 2>/dev/null | awk '$1 == "memory_capacity" { print $2 }')
         [ -n "$pre" ] && [ "$pre" = "$cap" ] && break
         sleep 0.5
     done
     echo "arena populated: ${pre:-?} of ${cap:-?} bytes"
-    loops=$("$KVSTASH_CLI" -H "$addr" -t 1000 stats 2>/dev/null | awk '$1 == "io_threads" { print $2 }')
+    loops=$("$KVSTASH_CLI" -H "$addr" -t 1000 stats --raw 2>/dev/null | awk '$1 == "io_threads" { print $2 }')
 fi
 echo "kvstashd pid $kvd_pid on $addr, memory_size $mem, ${loops:-?} event loops; $(nproc) cores;" \
      "$REPS runs of ${SECS}s per configuration, median shown"

@@ -169,7 +169,7 @@ kvd_died() {
 kvd_alive() { [ -n "$kvd_pid" ] && kill -0 "$kvd_pid" 2>/dev/null; }
 
 # stats: all counters, 'name value' a line.
-stats() { "$KVSTASH_CLI" -H "127.0.0.1:$port" -t 2000 stats 2>/dev/null; }
+stats() { "$KVSTASH_CLI" -H "127.0.0.1:$port" -t 2000 stats --raw 2>/dev/null; }
 stat_of() { awk -v k="$1" '$1 == k { print $2 }' <<<"$2"; }
 
 # kvd_start: kvstashd on $kvroot with the SSD tier (ssd_size $ssd_size, extra flags kv_more);

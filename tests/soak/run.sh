@@ -90,7 +90,7 @@ start() {
 
 # counter NAME: one stats counter of the running daemon.
 counter() {
-    "$KVSTASH_CLI" -H "127.0.0.1:$port" -t 5000 stats | awk -v k="$1" '$1 == k { print $2 }'
+    "$KVSTASH_CLI" -H "127.0.0.1:$port" -t 5000 stats --raw | awk -v k="$1" '$1 == k { print $2 }'
 }
 
 # soak SECONDS SEED [--killed]: soak.py against the running daemon, bounded.
