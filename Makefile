@@ -155,8 +155,8 @@ DEB_PKGS := build-essential pkg-config libevent-dev libmsgpack-dev libssl-dev li
             libibverbs-dev libcriterion-dev python3 python3-msgpack python3-pytest \
             clang libclang-rt-14-dev openssl python3-numpy
 
-# tools only `make bench` uses (fio: the SSD section's device baseline)
-BENCH_PKGS := fio
+# tools only `make bench` uses (fio: the SSD section's device baseline; gnuplot: the chart)
+BENCH_PKGS := fio gnuplot-nox
 
 # apt_install TARGET,PACKAGES: apt-get install those of PACKAGES not installed yet
 define apt_install
@@ -251,9 +251,13 @@ asan:
 
 bench: bench-deps
 	$(Q)$(MAKE) --no-print-directory all $(MCBENCH) $(RAWBENCH)
-	KVSTASHD=$(abspath $(KVSTASHD)) BENCH=$(abspath $(BENCH)) MCBENCH=$(abspath $(MCBENCH)) \
-	    RAWBENCH=$(abspath $(RAWBENCH)) \
-	    tests/bench/run.sh
+	@mkdir -p build/bench
+	{ KVSTASHD=$(abspath $(KVSTASHD)) BENCH=$(abspath $(BENCH)) MCBENCH=$(abspath $(MCBENCH)) \
+	    RAWBENCH=$(abspath $(RAWBENCH)) tests/bench/run.sh; echo $$? >build/bench/run.rc; } \
+	    2>&1 | tee build/bench/run.log
+	@# the summary as build/bench/summary.{txt,dat,png}, even when a row failed
+	/usr/bin/python3 tests/bench/chart.py build/bench/run.log build/bench
+	@exit $$(cat build/bench/run.rc)
 
 # random concurrent traffic with every value checked, SIGHUPs and SIGKILLs (tests/soak/)
 SOAK_SECONDS ?= 60
