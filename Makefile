@@ -153,10 +153,12 @@ $(INTEG): $(call obj,$(INTEG_SRC) $(EMU_SRC)) $(call obj,$(filter-out src/main.c
 # ---- dependencies (Debian 12 packages) ----
 DEB_PKGS := build-essential pkg-config libevent-dev libmsgpack-dev libssl-dev liblmdb-dev \
             libibverbs-dev libcriterion-dev python3 python3-msgpack python3-pytest \
-            clang libclang-rt-14-dev openssl python3-numpy
+            clang libclang-rt-14-dev openssl python3-numpy \
+            lintian man-db tmux python3-yaml python3-redis redis-tools prometheus \
+            python3-prometheus-client
 
 # tools only `make bench` uses (fio: the SSD section's device baseline; gnuplot: the chart)
-BENCH_PKGS := fio gnuplot-nox
+BENCH_PKGS := fio gnuplot-nox redis-server
 
 # apt_install TARGET,PACKAGES: apt-get install those of PACKAGES not installed yet
 define apt_install
