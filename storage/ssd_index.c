@@ -1243,6 +1243,56 @@ idx_verify_db(MDB_txn *txn, const char *name, int kind)
     return rc == MDB_NOTFOUND ? 0 : rc;
 }
 
+/* idx_verify_core: walk LMDB's own free list (dbi 0) and main tree (dbi 1), which the named
+ * databases' walk does not read but every write transaction does. */
+static int
+idx_verify_core(MDB_txn *txn)
+{
+    MDB_cursor *cur;
+    MDB_val k, v;
+    int rc = 0;
+
+    for (MDB_dbi dbi = 0; rc == 0 && dbi < 2; dbi++) {
+        rc = mdb_cursor_open(txn, dbi, &cur);
+        if (rc != 0) {
+            break;
+        }
+        for (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0;
+             rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+        }
+        mdb_cursor_close(cur);
+        rc = rc == MDB_NOTFOUND ? 0 : rc;
+    }
+    return rc;
+}
+
+/*
+ * idx_verify_write: what idx_open writes (it creates the databases that are missing), in a
+ * transaction that is aborted, never committed: a damaged free list or main tree that only
+ * a write reaches strikes here, in the child, not in the daemon.
+ */
+static int
+idx_verify_write(MDB_env *env, const char *const *names)
+{
+    static const uint8_t probe[IDX_META_VAL_SIZE];
+    MDB_txn *txn;
+    MDB_dbi dbi = 0;
+    MDB_val k = {.mv_size = 12, .mv_data = (void *)"verify-probe"};
+    MDB_val v = {.mv_size = sizeof(probe), .mv_data = (void *)probe};
+    int rc = mdb_txn_begin(env, NULL, 0, &txn);
+
+    for (int i = 0; rc == 0 && i < 4; i++) {
+        rc = mdb_dbi_open(txn, names[i], MDB_CREATE, &dbi);
+    }
+    if (rc == 0) {
+        rc = mdb_put(txn, dbi, &k, &v, 0);      /* dbi: "meta", the last opened */
+    }
+    if (txn != NULL) {
+        mdb_txn_abort(txn);
+    }
+    return rc;
+}
+
 /* idx_verify_child: the whole walk, in the child; its exit status. */
 static int
 idx_verify_child(const char *dir)
@@ -1262,7 +1312,8 @@ idx_verify_child(const char *dir)
         || mdb_env_set_mapsize(env, (size_t)st.st_size + (1u << 20)) != 0) {
         return 3;
     }
-    rc = mdb_env_open(env, dir, MDB_RDONLY | MDB_NOLOCK | MDB_NOTLS, 0600);
+    /* Not MDB_RDONLY: idx_verify_write needs a write transaction (it never commits). */
+    rc = mdb_env_open(env, dir, MDB_NOLOCK | MDB_NOTLS, 0600);
     if (rc == 0) {
         MDB_envinfo info;
         MDB_stat ms;
@@ -1273,8 +1324,15 @@ idx_verify_child(const char *dir)
         }
         rc = mdb_txn_begin(env, NULL, MDB_RDONLY, &txn);
     }
+    if (rc == 0) {
+        rc = idx_verify_core(txn);
+    }
     for (int i = 0; rc == 0 && i < 4; i++) {
         rc = idx_verify_db(txn, names[i], i);
+    }
+    if (rc == 0) {
+        mdb_txn_abort(txn);
+        rc = idx_verify_write(env, names);
     }
     return rc == 0 ? 0 : 1;
 }
