@@ -14,7 +14,7 @@ PREFIX ?= /usr/local
 BUILD := build/$(VARIANT)$(if $(filter 0,$(RDMA)),-nordma)
 
 CC ?= cc
-PKGS := libevent_core libevent_pthreads msgpack lmdb libssl libcrypto
+PKGS := libevent_core libevent_extra libevent_pthreads msgpack lmdb libssl libcrypto
 WARN := -std=c11 -Wall -Wextra -pedantic -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
         -Wformat=2 -Wpointer-arith -Wno-format-nonliteral -Werror
 CPPFLAGS_BASE := -D_GNU_SOURCE -Iutil -Iprotocol -Istorage -Irdma -Iclient -Isrc -Isrc/rpc \
@@ -75,7 +75,7 @@ else
 endif
 CORE_SRC += $(RDMA_SRC)
 DAEMON_SRC := src/main.c src/server.c src/worker.c src/conn.c src/conn_read.c src/stats.c src/tls.c \
-              src/transport.c src/transport_tls.c
+              src/transport.c src/transport_tls.c src/metrics.c src/admin.c
 CLIENT_SRC := client/kvstash.c client/kvstash_buffer.c client/kvstash_async.c client/kvstash_wire.c \
               client/kvstash_reply.c client/kvstash_rdma.c $(UTIL_SRC) $(PROTO_SRC) $(RDMA_SRC)
 CLI_SRC := client/kvstash_cli.c client/cli_monitor.c

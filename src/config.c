@@ -91,6 +91,10 @@ static const char *const conf_log_level_names[] = {
     [LOG_LEVEL_INFO] = "info",
     [LOG_LEVEL_DEBUG] = "debug",
 };
+static const char *const conf_log_format_names[] = {
+    [LOG_FORMAT_TEXT] = "text",
+    [LOG_FORMAT_JSON] = "json",
+};
 static const char *const conf_ssd_eviction_names[] = {
     [CONF_SSD_FIFO] = "fifo",
     [CONF_SSD_LRU] = "lru",
@@ -204,6 +208,10 @@ static const struct conf_option conf_options[] = {
     OPT_ENUM(log_level,                 conf_log_level_names,    "log level", "info",     RELOAD),
     /*         name                     default           reload   extra check */
     OPT_STRING(log_file,                "",               RELOAD,  NULL),
+    /*       name                       value names              noun         default     reload */
+    OPT_ENUM(log_format,                conf_log_format_names,   "log format", "text",    RELOAD),
+    /*         name                     default           reload   extra check */
+    OPT_STRING(metrics_listen,          "127.0.0.1:7432", RESTART, conf_check_listen),
     /*       name                       default  reload */
     OPT_BOOL(require_auth,              "no",    RELOAD),
     OPT_BOOL(allow_unauthenticated_remote, "no", RELOAD),
@@ -1011,6 +1019,14 @@ conf_finalize_tenants(const struct kv_config *c, struct conf_tenants *out, char 
         kv_errorf(err, errlen, "tls_listen %s%s is not a loopback address: set require_auth "
                     "yes (with tenant lines), or allow_unauthenticated_remote yes", c->tls_listen,
                     conf_src(c, "tls_listen", w, sizeof(w)));
+        return -1;
+    }
+    if (!conf_listen_is_loopback(c->metrics_listen) && !c->require_auth
+        && !c->allow_unauthenticated_remote) {
+        kv_errorf(err, errlen, "metrics_listen %s%s is not a loopback address: set require_auth "
+                    "yes (scrapers then send the admin tenant's token as a bearer token), or "
+                    "allow_unauthenticated_remote yes", c->metrics_listen,
+                    conf_src(c, "metrics_listen", w, sizeof(w)));
         return -1;
     }
     if (!conf_listen_is_loopback(c->listen) && !c->require_auth

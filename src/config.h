@@ -89,6 +89,8 @@ struct kv_config {
     uint64_t rdma_gid_index;          /* GID table index; default 0 */
     int log_level;                    /* enum log_level (log.h); default info */
     char log_file[CONF_STR_MAX];      /* "" = stderr */
+    int log_format;                   /* enum log_format (log.h); default text */
+    char metrics_listen[CONF_STR_MAX]; /* host:port of the HTTP metrics and probes; "" = none */
     int require_auth;                 /* 1: hello {tenant, token} before anything but ping */
     int allow_unauthenticated_remote; /* 1: a non-loopback listen may go without require_auth */
     char token_file[CONF_STR_MAX];    /* "" or a 0600 file of more tenant lines */

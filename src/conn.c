@@ -308,6 +308,7 @@ conn_adopt(struct conn_loop *w, int fd, int kind)
 
     c->w = w;
     c->fd = fd;
+    c->kind = kind >= 0 && kind < CONN_KINDS ? kind : CONN_TCP;
     c->tp = kind == CONN_TLS ? &transport_tls : is_unix ? &transport_unix : &transport_tcp;
     c->tp_ready = c->tp->start == NULL;
     if (kind == CONN_TLS) {
@@ -687,6 +688,7 @@ conn_flush(struct conn *c)
                               atomic_load_explicit(&c->w->ctr.bytes_out, memory_order_relaxed) +
                                   (uint64_t)wr,
                               memory_order_relaxed);
+        conn_ctr_add(&c->w->ctr.kind_bytes_out[c->kind], (uint64_t)wr);
         if (outq_pending(&c->out) > 0 && (size_t)wr == most &&
             (most == CONN_TURN || conn_others_waiting(c))) {
             conn_set_writing(c, true);

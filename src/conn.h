@@ -44,10 +44,14 @@ typedef SSL *(*conn_tls_new_fn)(void *arg);
  * that loop's thread only (relaxed atomics, single writer); stats_collect
  * sums them over the loops with relaxed loads.
  */
+#define CONN_KINDS 3                      /* enum conn_kind's values */
+
 struct conn_counters {
     struct rpc_counters rpc;              /* requests: rpc_dispatch counts them */
     _Atomic uint64_t bytes_in;
     _Atomic uint64_t bytes_out;
+    _Atomic uint64_t kind_bytes_in[CONN_KINDS];  /* the same by transport (enum conn_kind) */
+    _Atomic uint64_t kind_bytes_out[CONN_KINDS];
     _Atomic uint64_t protocol_errors;
     _Atomic uint64_t auth_failures;       /* hello {tenant, token} refused */
     _Atomic uint64_t output_cap_closes;   /* closed over client_output_max */

@@ -11,6 +11,7 @@
 #define CONN_INT_H
 
 #include <netinet/in.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -72,6 +73,7 @@ struct conn {
     struct conn *next, *prev;
     int fd;
     const struct conn_transport *tp; /* TCP, Unix or TLS: how its bytes cross fd */
+    int kind;                        /* enum conn_kind (conn.h): its bytes' counters */
     void *tp_data;                   /* the transport's own (TLS: its session), or NULL */
     bool tp_ready;                   /* tp->start has accepted the peer (or has none) */
     bool tp_want_write;              /* a tp->readv waits for the socket to be writable */
@@ -207,5 +209,13 @@ int conn_ibuf_room(struct conn *c);
  * side. The caller then has c closed.
  */
 void conn_refuse(struct conn *c, int status, const char *why);
+
+/* conn_ctr_add: add n to a counter of the connection's loop (its one writer: no lock). */
+static inline void
+conn_ctr_add(_Atomic uint64_t *c, uint64_t n)
+{
+    atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + n,
+                          memory_order_relaxed);
+}
 
 #endif

@@ -232,6 +232,7 @@ conn_read_once(struct conn *c)
                           atomic_load_explicit(&c->w->ctr.bytes_in, memory_order_relaxed) +
                               (uint64_t)rd,
                           memory_order_relaxed);
+    conn_ctr_add(&c->w->ctr.kind_bytes_in[c->kind], (uint64_t)rd);
     uint64_t got = (uint64_t)rd;
     c->rx_total += got;
     if (body > 0) {

@@ -143,6 +143,7 @@ main(int argc, char **argv)
     }
 
     signal(SIGPIPE, SIG_IGN);
+    log_set_format(conf.log_format);
     int lrc = log_open(conf.log_file, conf.log_level);
     if (lrc != 0) {
         fprintf(stderr, "kvstashd: log_file '%s': cannot open: %s\n", conf.log_file,

@@ -35,6 +35,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "admin.h"
 #include "config.h"
 #include "conn.h"
 #include "copier.h"
@@ -97,6 +98,10 @@ struct server {
     _Atomic uint64_t connections_total;
     _Atomic uint64_t connections_rejected;
     _Atomic uint64_t accept_errors;
+    _Atomic uint64_t refused_no_fd;  /* of connections_rejected: out of descriptors */
+    _Atomic int phase;               /* enum server_phase: what /readyz answers */
+    int metrics_fd;                  /* metrics_listen's socket until the admin thread has it */
+    struct admin *admin;             /* the HTTP metrics and probes (admin.h), or NULL */
 };
 
 /* server_conf: the current config snapshot (valid until server_destroy). */
@@ -342,6 +347,7 @@ server_refuse_no_fd(struct server *s, int lfd, int err)
         if (fd >= 0) {
             server_reject(s, fd, "out of file descriptors");
             atomic_fetch_add_explicit(&s->connections_rejected, 1, memory_order_relaxed);
+            atomic_fetch_add_explicit(&s->refused_no_fd, 1, memory_order_relaxed);
             s->fd_refused++;
             refused = true;
         }
@@ -834,6 +840,7 @@ server_reload(struct server *s)
     server_apply_quotas(s, cur, next);
     server_swap_tls(s, &tls_ctx);
     log_set_level(next->log_level);
+    log_set_format(next->log_format);
     if (next->max_connections != cur->max_connections) {
         server_fd_limit(next->max_connections);
     }
@@ -910,6 +917,7 @@ server_begin_drain(struct server *s)
 
     s->draining = 1;
     (void)sdnotify_send("STOPPING=1");
+    atomic_store(&s->phase, SERVER_PHASE_DRAINING);
     log_info("shutdown: no longer accepting; draining connections (deadline %llu ms)",
              (unsigned long long)conf->shutdown_timeout_ms);
     if (s->tcp_ev != NULL) {
@@ -983,6 +991,42 @@ server_on_signal(evutil_socket_t sig, short what, void *arg)
     }
 }
 
+/*
+ * server_log_start: the one line that says what this process serves: version, config file,
+ * listeners, tiers with their capacities, transports.
+ */
+static void
+server_log_start(struct server *s, const struct kv_config *c)
+{
+    char tcp[80], tls[80], tiers[CONF_STR_MAX + 128], tps[64] = "";
+    const char *metrics = c->metrics_listen[0] != '\0' ? c->metrics_listen : "off";
+
+    server_bound_name(s->tcp_fd, tcp, sizeof(tcp));
+    if (s->ssd != NULL) {
+        snprintf(tiers, sizeof(tiers), "dram %llu bytes, ssd %llu bytes in %s",
+                 (unsigned long long)c->memory_size, (unsigned long long)c->ssd_size, c->ssd_dir);
+    } else {
+        snprintf(tiers, sizeof(tiers), "dram %llu bytes, no ssd",
+                 (unsigned long long)c->memory_size);
+    }
+    for (int i = 0; i < s->rpc.ntransports; i++) {
+        size_t l = strlen(tps);
+        snprintf(tps + l, sizeof(tps) - l, "%s%s", i > 0 ? "," : "", s->transports[i]);
+    }
+    if (s->rdma_dev != NULL) {
+        size_t l = strlen(tps);
+        snprintf(tps + l, sizeof(tps) - l, "%srdma", tps[0] != '\0' ? "," : "");
+    }
+    log_kv(LOG_LEVEL_INFO, "kvstashd started", LOG_STR("version", KVSTASH_VERSION),
+           LOG_STR("config", s->config_path != NULL ? s->config_path : "(none)"),
+           LOG_STR("node", s->node_id), LOG_STR("listen", s->tcp_fd >= 0 ? tcp : "off"),
+           LOG_STR("unix_socket", s->unix_fd >= 0 ? s->unix_path : "off"),
+           LOG_STR("tls_listen", s->tls_fd >= 0 ? server_bound_name(s->tls_fd, tls, sizeof(tls))
+                                                : "off"),
+           LOG_STR("metrics_listen", metrics), LOG_STR("tiers", tiers),
+           LOG_STR("transports", tps), LOG_NUM("io_threads", s->nworkers));
+}
+
 /* ---- create / run / destroy ---- */
 
 int
@@ -1005,7 +1049,8 @@ server_create(const struct kv_config *conf, const char *config_path, int argc, c
     s->config_path = config_path;
     s->argc = argc;
     s->argv = argv;
-    s->tcp_fd = s->unix_fd = s->tls_fd = -1;
+    s->tcp_fd = s->unix_fd = s->tls_fd = s->metrics_fd = -1;
+    atomic_init(&s->phase, SERVER_PHASE_STARTING);
     s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     server_fd_limit(c->max_connections);
     pthread_mutex_init(&s->tls_lock, NULL);
@@ -1092,6 +1137,19 @@ server_create(const struct kv_config *conf, const char *config_path, int argc, c
         log_error("nothing to listen on: both listen and unix_socket are disabled");
         goto fail;
     }
+    if (c->metrics_listen[0] != '\0') {
+        /* Up before the SSD index loads, so /readyz can say that it does. */
+        if (server_listen_tcp(c->metrics_listen, &s->metrics_fd) != 0) {
+            goto fail;
+        }
+        rc = admin_start(s->metrics_fd, s, &s->admin);
+        if (rc != 0) {
+            log_error("metrics_listen %s: cannot start the HTTP thread: %s", c->metrics_listen,
+                      strerror(-rc));
+            goto fail;
+        }
+        s->metrics_fd = -1;         /* the admin thread's now */
+    }
     server_listen_congestion(s, c->local_tcp_congestion);
     if (server_rdma_open(s, c) != 0) {
         goto fail;
@@ -1137,6 +1195,7 @@ server_create(const struct kv_config *conf, const char *config_path, int argc, c
         char err[1024];
 
         server_ssd_config(s, c, &ssc);
+        atomic_store(&s->phase, SERVER_PHASE_SSD_LOADING);
         rc = ssd_open(&ssc, s->store, &s->ssd, err, sizeof(err));
         if (rc == KV_BUSY || rc == KV_UNSUPPORTED || rc == KV_INVALID_ARGUMENT) {
             log_error("cannot open the SSD tier: %s", err);
@@ -1181,13 +1240,8 @@ server_create(const struct kv_config *conf, const char *config_path, int argc, c
     if (s->accept_timer == NULL) {
         goto fail;
     }
-    char tcp_name[80], tls_name[80];
-    log_info("kvstashd %s node %s: listening on %s%s%s%s%s, %d io thread(s), memory_size %llu",
-             KVSTASH_VERSION, s->node_id, server_bound_name(s->tcp_fd, tcp_name, sizeof(tcp_name)),
-             s->unix_fd >= 0 ? " and " : "", s->unix_fd >= 0 ? s->unix_path : "",
-             s->tls_fd >= 0 ? ", TLS on " : "",
-             s->tls_fd >= 0 ? server_bound_name(s->tls_fd, tls_name, sizeof(tls_name)) : "",
-             s->nworkers, (unsigned long long)c->memory_size);
+    server_log_start(s, c);
+    atomic_store(&s->phase, SERVER_PHASE_SERVING);
     *out = s;
     return 0;
 fail:
@@ -1213,6 +1267,41 @@ server_stop(struct server *s)
     event_base_loopexit(s->base, NULL);
 }
 
+const struct kv_config *
+server_config(struct server *s)
+{
+    return server_conf(s);
+}
+
+bool
+server_ready(struct server *s, char *why, size_t len)
+{
+    struct store_stats st;
+
+    switch (atomic_load(&s->phase)) {
+    case SERVER_PHASE_STARTING:
+        snprintf(why, len, "starting: the listeners are not up yet");
+        return false;
+    case SERVER_PHASE_SSD_LOADING:
+        snprintf(why, len, "starting: the SSD index is loading");
+        return false;
+    case SERVER_PHASE_DRAINING:
+        snprintf(why, len, "shutting down: draining connections");
+        return false;
+    default:
+        break;
+    }
+    store_stats(s->store, &st);
+    if (!st.memory_prefault_done) {
+        snprintf(why, len, "starting: populating the arena (%llu of %llu bytes)",
+                 (unsigned long long)st.memory_prefaulted,
+                 (unsigned long long)st.memory_capacity);
+        return false;
+    }
+    snprintf(why, len, "ready");
+    return true;
+}
+
 void
 server_stats(struct server *s, struct server_stats *out)
 {
@@ -1222,6 +1311,9 @@ server_stats(struct server *s, struct server_stats *out)
     out->connections_rejected = atomic_load_explicit(&s->connections_rejected,
                                                      memory_order_relaxed);
     out->accept_errors = atomic_load_explicit(&s->accept_errors, memory_order_relaxed);
+    out->refused_no_fd = atomic_load_explicit(&s->refused_no_fd, memory_order_relaxed);
+    out->start_time_s = (uint64_t)s->started;
+    out->phase = atomic_load(&s->phase);
     out->nworkers = s->nworkers;
     out->workers = s->workers;
     out->store = s->store;
@@ -1233,6 +1325,11 @@ server_destroy(struct server *s)
 {
     if (s == NULL) {
         return;
+    }
+    admin_stop(s->admin);       /* first: a scrape reads everything below */
+    s->admin = NULL;
+    if (s->metrics_fd >= 0) {
+        close(s->metrics_fd);
     }
     for (int i = 0; i < s->nthreads; i++) {
         worker_stop(s->workers[i]);

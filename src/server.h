@@ -28,6 +28,8 @@
 #ifndef SERVER_H
 #define SERVER_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 struct kv_config;
@@ -67,8 +69,19 @@ void server_destroy(struct server *s);
  * counters (relaxed loads: each value is exact, the set is not a snapshot)
  * and where the other counters are.
  */
+/* Where start-up is (server_stats.phase; /readyz). */
+enum server_phase {
+    SERVER_PHASE_STARTING,           /* binding listeners, creating the workers */
+    SERVER_PHASE_SSD_LOADING,        /* the SSD tier's index is being opened */
+    SERVER_PHASE_SERVING,            /* accepting; every worker running */
+    SERVER_PHASE_DRAINING,           /* SIGTERM: no longer accepting */
+};
+
 struct server_stats {
     uint64_t uptime_s;
+    uint64_t start_time_s;           /* the Unix time the process started serving */
+    uint64_t refused_no_fd;          /* of connections_rejected: out of descriptors */
+    int phase;                       /* enum server_phase */
     uint64_t connections;            /* open now */
     uint64_t connections_total;
     uint64_t connections_rejected;
@@ -78,6 +91,19 @@ struct server_stats {
     struct store *store;
     struct ssd *ssd;                 /* the SSD tier, or NULL */
 };
+
+/*
+ * server_config: the current config snapshot; valid until server_destroy
+ * (snapshots retired by a reload are kept). Any thread.
+ */
+const struct kv_config *server_config(struct server *s);
+
+/*
+ * server_ready: true when the daemon is ready to serve (SERVER_PHASE_SERVING
+ * and the arena populated); why gets a one-line reason either way ("ready").
+ * Any thread.
+ */
+bool server_ready(struct server *s, char *why, size_t len);
 
 /* server_stats: fill *out. Any thread; the pointers are valid until server_destroy. */
 void server_stats(struct server *s, struct server_stats *out);

@@ -56,6 +56,7 @@ struct alloc {
     int prefault_started;
     _Atomic int prefault_stop;
     _Atomic uint64_t prefaulted;        /* bytes populated so far */
+    _Atomic int prefault_done;          /* the thread has ended (done, stopped or failed) */
 };
 
 /* ---- hierarchical bitmap ---- */
@@ -372,6 +373,7 @@ alloc_prefault_main(void *arg)
         }
         atomic_store_explicit(&a->prefaulted, off + len, memory_order_relaxed);
     }
+    atomic_store_explicit(&a->prefault_done, 1, memory_order_release);
     return NULL;
 }
 
@@ -385,10 +387,17 @@ alloc_prefault_start(struct alloc *a)
     }
     rc = pthread_create(&a->prefault_thread, NULL, alloc_prefault_main, a);
     if (rc != 0) {
+        atomic_store_explicit(&a->prefault_done, 1, memory_order_release);
         return -rc;
     }
     a->prefault_started = 1;
     return 0;
+}
+
+bool
+alloc_prefault_done(const struct alloc *a)
+{
+    return atomic_load_explicit(&((struct alloc *)a)->prefault_done, memory_order_acquire) != 0;
 }
 
 uint64_t

@@ -17,6 +17,7 @@
 #ifndef ALLOC_H
 #define ALLOC_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 struct alloc;
@@ -66,6 +67,13 @@ int alloc_create(uint64_t size, struct alloc **out);
  * support it ends quietly. Returns 0 or -errno (no thread).
  */
 int alloc_prefault_start(struct alloc *a);
+
+/*
+ * alloc_prefault_done: the prefault thread has ended (the arena populated,
+ * or populating stopped: no kernel support, no memory, alloc_destroy) or
+ * could not start. False before alloc_prefault_start. Any thread.
+ */
+bool alloc_prefault_done(const struct alloc *a);
 
 /* alloc_prefaulted: bytes of the arena populated so far. */
 uint64_t alloc_prefaulted(const struct alloc *a);

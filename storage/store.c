@@ -1279,6 +1279,7 @@ store_stats(struct store *s, struct store_stats *out)
     out->no_space = atomic_load_explicit(&s->no_space, memory_order_relaxed);
     out->metadata_bytes = atomic_load_explicit(&s->metadata_bytes, memory_order_relaxed);
     out->memory_prefaulted = alloc_prefaulted(s->alloc);
+    out->memory_prefault_done = alloc_prefault_done(s->alloc);
     out->offloading = atomic_load_explicit(&s->offloading, memory_order_relaxed);
     out->quota_exceeded = atomic_load_explicit(&s->quota_exceeded, memory_order_relaxed);
 }

@@ -100,6 +100,7 @@ struct store_stats {
     uint64_t pinned_soft;
     uint64_t metadata_bytes;   /* heap bytes held by object metadata and the table */
     uint64_t memory_prefaulted; /* arena bytes whose pages are populated (see alloc.h) */
+    uint64_t memory_prefault_done; /* 1 once populating the arena has ended (alloc.h) */
     uint64_t resident;         /* published objects whose bytes are in the arena */
     uint64_t resident_bytes;   /* their value bytes */
     uint64_t stored;           /* published objects with a copy on the SSD tier */

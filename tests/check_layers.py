@@ -42,7 +42,7 @@ TLS_OWNERS = ["src/tls.c", "src/transport_tls.c", "src/server.c", "client/kvstas
 OWNERS = {
     "lmdb.h": ["storage/ssd_index.c"],
     "infiniband/": ["rdma/rdma_verbs.c"],
-    "event2/": ["src/server.c", "src/worker.c", "src/conn.c"],
+    "event2/": ["src/server.c", "src/worker.c", "src/conn.c", "src/admin.c"],
     "openssl/ssl.h": TLS_OWNERS,
     "openssl/err.h": TLS_OWNERS,
     "openssl/x509": TLS_OWNERS,

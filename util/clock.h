@@ -54,4 +54,14 @@ clock_wall_coarse_ms(void)
 #endif
 }
 
+/* clock_ns: monotonic nanoseconds (latency measurement). */
+static inline uint64_t
+clock_ns(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 #endif

@@ -22,6 +22,7 @@
 #define LOG_LINE_MAX 2048 /* one line, newline included; longer messages end in "..." */
 
 volatile int log_level_ = LOG_LEVEL_INFO;
+static volatile int log_format_ = LOG_FORMAT_TEXT;
 
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 static int log_fd = STDERR_FILENO;  /* guarded by log_lock */
@@ -137,51 +138,198 @@ log_emit(const char *buf, size_t len)
     pthread_mutex_unlock(&log_lock);
 }
 
-void
-log_write(int level, const char *fmt, ...)
+/*
+ * A line being built: it never grows past cap (LOG_LINE_MAX less LOG_RESERVE, kept for the
+ * closing quote, brace and newline), so the JSON stays well formed when a message is cut.
+ */
+#define LOG_RESERVE 8
+
+struct log_buf {
+    char p[LOG_LINE_MAX];
+    size_t len;
+    size_t cap;
+    int cut;
+};
+
+/* Append n bytes whole, or nothing (and mark the line cut). */
+static int
+log_put(struct log_buf *b, const char *s, size_t n)
 {
-    char line[LOG_LINE_MAX];
-    const size_t cap = sizeof(line) - 1; /* the last byte is kept for the newline */
-    int saved_errno = errno;             /* callers often log, then look at errno */
+    if (b->len + n > b->cap) {
+        b->cut = 1;
+        return -1;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    return 0;
+}
+
+/* Append s[0..n): JSON-escaped (quotes not included) when json, else with line breaks as
+ * spaces. Stops at the cap, at a character boundary of the escaping. */
+static void
+log_put_text(struct log_buf *b, const char *s, size_t n, int json)
+{
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        char esc[8];
+        size_t k = 1;
+
+        esc[0] = (char)ch;
+        if (!json) {
+            if (ch == '\n' || ch == '\r') {
+                esc[0] = ' ';
+            }
+        } else if (ch == '"' || ch == '\\') {
+            esc[0] = '\\';
+            esc[1] = (char)ch;
+            k = 2;
+        } else if (ch == '\n') {
+            memcpy(esc, "\\n", 2);
+            k = 2;
+        } else if (ch < 0x20 || ch == 0x7f) {
+            k = (size_t)snprintf(esc, sizeof(esc), "\\u%04x", ch);
+        }
+        if (log_put(b, esc, k) != 0) {
+            return;
+        }
+    }
+}
+
+static void
+log_put_str(struct log_buf *b, const char *s)
+{
+    log_put(b, s, strlen(s));
+}
+
+/* The head of a line: the text prefix, or the JSON object up to the message's value. */
+static void
+log_head(struct log_buf *b, int level, int json)
+{
+    static const char *const json_levels[] = {"error", "warn", "info", "debug"};
     struct timespec ts;
     struct tm tm;
-    size_t head, n;
-    va_list ap;
+    char tbuf[64];
     int w;
 
     clock_gettime(CLOCK_REALTIME, &ts);
     gmtime_r(&ts.tv_sec, &tm);
-    head = strftime(line, cap, "%Y-%m-%dT%H:%M:%S", &tm);
-    w = snprintf(line + head, cap - head, ".%03ldZ kvstashd[%ld] %s ", ts.tv_nsec / 1000000L,
-                 (long)getpid(), log_level_names[log_clamp(level)]);
-    head += w < 0 ? 0 : (size_t)w;
-
-    va_start(ap, fmt);
-    w = vsnprintf(line + head, cap - head, fmt, ap);
-    va_end(ap);
-    if (w < 0) {
-        w = snprintf(line + head, cap - head, "(log format error: %s)", fmt);
-    }
-    if (w < 0) {
-        w = 0;
-    }
-    if ((size_t)w >= cap - head) {
-        /* vsnprintf kept cap - head - 1 bytes; mark the cut. */
-        n = cap - 1;
-        memcpy(line + n - 3, "...", 3);
+    strftime(tbuf, sizeof(tbuf), "%Y-%m-%dT%H:%M:%S", &tm);
+    b->len = 0;
+    b->cut = 0;
+    b->cap = sizeof(b->p) - LOG_RESERVE;
+    level = log_clamp(level);
+    if (json) {
+        w = snprintf(b->p, b->cap, "{\"ts\":\"%s.%03ldZ\",\"level\":\"%s\",\"pid\":%ld,\"msg\":\"",
+                     tbuf, ts.tv_nsec / 1000000L, json_levels[level], (long)getpid());
     } else {
-        n = head + (size_t)w;
+        w = snprintf(b->p, b->cap, "%s.%03ldZ kvstashd[%ld] %s ", tbuf, ts.tv_nsec / 1000000L,
+                     (long)getpid(), log_level_names[level]);
     }
-    /* One record per line: a trailing newline is dropped, inner ones become spaces. */
-    while (n > head && (line[n - 1] == '\n' || line[n - 1] == '\r')) {
-        n--;
+    b->len = w < 0 ? 0 : (size_t)w;
+}
+
+/* The end of a line: close the message (json) or mark the cut (text), then emit it. */
+static void
+log_finish(struct log_buf *b, int json)
+{
+    if (b->cut && !json) {
+        b->cap = sizeof(b->p) - 1;
+        log_put(b, "...", 3);
     }
-    for (size_t i = head; i < n; i++) {
-        if (line[i] == '\n' || line[i] == '\r') {
-            line[i] = ' ';
+    b->cap = sizeof(b->p);
+    if (json) {
+        log_put(b, "}", 1);
+    }
+    log_put(b, "\n", 1);
+    log_emit(b->p, b->len);
+}
+
+void
+log_set_format(int format)
+{
+    log_format_ = format == LOG_FORMAT_JSON ? LOG_FORMAT_JSON : LOG_FORMAT_TEXT;
+}
+
+void
+log_fields(int level, const char *msg, const struct log_field *f, int n)
+{
+    struct log_buf b;
+    int saved_errno = errno;
+    int json = log_format_ == LOG_FORMAT_JSON;
+
+    log_head(&b, level, json);
+    log_put_text(&b, msg, strlen(msg), json);
+    if (json) {
+        b.cap += 1;                 /* the message's closing quote always fits */
+        log_put(&b, "\"", 1);
+        b.cap -= 1;
+    }
+    for (int i = 0; i < n && !b.cut; i++) {
+        char num[32];
+        size_t mark = b.len;
+
+        if (json) {
+            log_put(&b, ",\"", 2);
+            log_put_str(&b, f[i].key);
+            log_put(&b, "\":", 2);
+        } else {
+            log_put(&b, " ", 1);
+            log_put_str(&b, f[i].key);
+            log_put(&b, "=", 1);
+        }
+        if (b.cut) {
+            b.len = mark;           /* no half key */
+            break;
+        }
+        if (f[i].str == NULL) {
+            snprintf(num, sizeof(num), "%lld", f[i].num);
+            log_put_str(&b, num);
+            if (b.cut) {
+                b.len = mark;
+                break;
+            }
+            continue;
+        }
+        if (json) {
+            log_put(&b, "\"", 1);
+            log_put_text(&b, f[i].str, strlen(f[i].str), 1);
+            b.cap += 1;
+            log_put(&b, "\"", 1);
+            b.cap -= 1;
+        } else if (strpbrk(f[i].str, " \t\"") != NULL || f[i].str[0] == '\0') {
+            log_put(&b, "\"", 1);  /* quoted when it would not read as one word */
+            log_put_text(&b, f[i].str, strlen(f[i].str), 1);
+            log_put(&b, "\"", 1);
+        } else {
+            log_put_text(&b, f[i].str, strlen(f[i].str), 0);
         }
     }
-    line[n++] = '\n';
-    log_emit(line, n);
+    log_finish(&b, json);
+    errno = saved_errno;
+}
+
+void
+log_write(int level, const char *fmt, ...)
+{
+    char text[LOG_LINE_MAX];
+    int saved_errno = errno;             /* callers often log, then look at errno */
+    size_t n;
+    va_list ap;
+    int w;
+
+    va_start(ap, fmt);
+    w = vsnprintf(text, sizeof(text), fmt, ap);
+    va_end(ap);
+    if (w < 0) {
+        w = snprintf(text, sizeof(text), "(log format error: %s)", fmt);
+    }
+    n = w < 0 ? 0 : (size_t)w >= sizeof(text) ? sizeof(text) - 1 : (size_t)w;
+    /* One record per line: a trailing newline is dropped, inner ones become spaces. */
+    while (n > 0 && (text[n - 1] == '\n' || text[n - 1] == '\r')) {
+        n--;
+    }
+    text[n] = '\0';
+    errno = saved_errno;
+    log_fields(level, text, NULL, 0);
     errno = saved_errno;
 }

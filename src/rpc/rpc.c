@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "clock.h"
 #include "config.h"
 #include "kverr.h"
 #include "mp.h"
@@ -430,6 +431,8 @@ rpc_prefix_match(struct rpc_req *rq)
         }
         groups++;
     }
+    ctr_add(&rq->ctx->ctr->prefix_asked, n / g);
+    ctr_add(&rq->ctx->ctr->prefix_found, groups);
     rpc_reply_head(rq);
     msgpack_pack_uint64(&rq->pk, groups);
     return 0;
@@ -699,6 +702,31 @@ static rpc_handler_fn *const rpc_handlers[RPC_METHOD_COUNT] = {
 
 /* ---- dispatch ---- */
 
+_Static_assert(RPC_ERR_CODES == KV_CODE_MAX + 1, "RPC_ERR_CODES must cover every status");
+
+const uint64_t rpc_lat_bounds_ns[RPC_LAT_BOUNDS] = {
+    10000ull, 25000ull, 50000ull, 100000ull, 250000ull, 500000ull,
+    1000000ull, 2500000ull, 5000000ull, 10000000ull, 25000000ull, 50000000ull,
+    100000000ull, 250000000ull, 500000000ull,
+    1000000000ull, 2500000000ull, 5000000000ull, 10000000000ull,
+};
+
+/* Count a request of method m answered with code (0: success) after ns nanoseconds. */
+static void
+rpc_count_done(struct rpc_counters *ctr, int m, int code, uint64_t ns)
+{
+    int b = 0;
+
+    while (b < RPC_LAT_BOUNDS && ns > rpc_lat_bounds_ns[b]) {
+        b++;
+    }
+    ctr_add(&ctr->lat[m][b], 1);
+    ctr_add(&ctr->lat_sum_ns[m], ns);
+    if (code > 0 && code < RPC_ERR_CODES) {
+        ctr_add(&ctr->method_errors[m][code], 1);
+    }
+}
+
 /* Abort every spilled reservation a handler did not commit. */
 static void
 rpc_holes_release(struct rpc_ctx *ctx, const struct mp_hole *holes, size_t nholes)
@@ -721,6 +749,8 @@ rpc_dispatch(struct rpc_ctx *ctx, const uint8_t *msg, size_t len, const struct m
     uint64_t type;
     const char *mname;
     int rc = KV_PROTOCOL_ERROR;
+    int m = -1, code = 0;           /* the method, once known, and the error it got */
+    uint64_t t0 = clock_ns();
 
     memset(&rq, 0, sizeof(rq));
     rq.ctx = ctx;
@@ -757,7 +787,7 @@ rpc_dispatch(struct rpc_ctx *ctx, const uint8_t *msg, size_t len, const struct m
         rc = 0;
         goto done;
     }
-    int m = rpc_method_lookup(mname, mlen);
+    m = rpc_method_lookup(mname, mlen);
     if (m < 0) {
         rpc_reply_error(&rq, KV_METHOD_NOT_FOUND, "no such method");
         ctr_add(&ctx->ctr->errors, 1);
@@ -768,12 +798,14 @@ rpc_dispatch(struct rpc_ctx *ctx, const uint8_t *msg, size_t len, const struct m
     if (ctx->lim->require_auth && !ctx->authed && m != RPC_PING && m != RPC_HELLO) {
         rpc_reply_error(&rq, KV_UNAUTHORIZED, "authenticate first: hello {tenant, token}");
         ctr_add(&ctx->ctr->errors, 1);
+        code = KV_UNAUTHORIZED;
         rc = 0;
         goto done;
     }
     if (mp_read_array(&rq.rd, &rq.nparams) != 0) {
         rpc_reply_error(&rq, KV_INVALID_ARGUMENT, "params must be an array");
         ctr_add(&ctx->ctr->errors, 1);
+        code = KV_INVALID_ARGUMENT;
         rc = 0;
         goto done;
     }
@@ -797,9 +829,13 @@ rpc_dispatch(struct rpc_ctx *ctx, const uint8_t *msg, size_t len, const struct m
     if (rc != 0) {
         rpc_reply_error(&rq, rc, rq.errmsg);
         ctr_add(&ctx->ctr->errors, 1);
+        code = rc;
     }
     rc = 0;
 done:
+    if (m >= 0) {
+        rpc_count_done(ctx->ctr, m, code, clock_ns() - t0);
+    }
     rpc_holes_release(ctx, holes, nholes);
     if (out->failed) {
         return -ENOMEM;

@@ -49,6 +49,9 @@
 struct mp_hole;
 struct outq;
 
+/* The upper bounds of the latency histogram buckets (rpc_counters.lat), ascending. */
+extern const uint64_t rpc_lat_bounds_ns[RPC_LAT_BOUNDS];
+
 /* rpc_method_name: the wire name of a method id. */
 const char *rpc_method_name(int method);
 

@@ -37,6 +37,15 @@ enum rpc_method {
     RPC_RDMA_CONNECT, RPC_METHOD_COUNT
 };
 
+/*
+ * The latency histogram of a method: RPC_LAT_BOUNDS upper bounds (rpc_lat_bounds_ns in
+ * rpc.h: 10 us .. 10 s), plus one bucket past the last. Each bucket counts its own
+ * requests (not cumulative: a scrape sums them).
+ */
+#define RPC_LAT_BOUNDS 19
+#define RPC_LAT_BUCKETS (RPC_LAT_BOUNDS + 1)
+#define RPC_ERR_CODES 17            /* the wire status codes, 0..KV_CODE_MAX (kverr.h) */
+
 /* Counters of one event-loop thread: one writer, any readers (relaxed atomics). */
 struct rpc_counters {
     _Atomic uint64_t ops[RPC_METHOD_COUNT];
@@ -44,6 +53,17 @@ struct rpc_counters {
     _Atomic uint64_t misses;        /* get/batch_get keys not found */
     _Atomic uint64_t errors;        /* requests answered with a request-level error */
     _Atomic uint64_t puts_expired;  /* put_start reservations reclaimed after put_timeout_ms */
+    /* errors answered to a known method, by method and status code */
+    _Atomic uint64_t method_errors[RPC_METHOD_COUNT][RPC_ERR_CODES];
+    /* time from dispatch to the reply queued (the final try of a request that waited) */
+    _Atomic uint64_t lat[RPC_METHOD_COUNT][RPC_LAT_BUCKETS];
+    _Atomic uint64_t lat_sum_ns[RPC_METHOD_COUNT];
+    _Atomic uint64_t prefix_asked;  /* prefix_match: blocks (groups) asked */
+    _Atomic uint64_t prefix_found;  /* prefix_match: leading blocks found */
+    _Atomic uint64_t shm_bytes_in;  /* batch_put_from: value bytes copied from shared memory */
+    _Atomic uint64_t shm_bytes_out; /* batch_get_into: value bytes copied to shared memory */
+    _Atomic uint64_t rdma_bytes_in; /* the same, when the pieces are the client's over RDMA */
+    _Atomic uint64_t rdma_bytes_out;
 };
 
 /* Limits in force for one request (a config snapshot). */

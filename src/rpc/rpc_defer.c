@@ -363,6 +363,26 @@ rpc_rdma_cq_poll(struct rdma_cq *cq)
     return total;
 }
 
+/* Count the value bytes transfer x was set up to move, by transport and direction. */
+static void
+rpc_xfer_count(struct rpc_ctx *ctx, const struct rpc_xfer *x, bool rdma)
+{
+    uint64_t bytes = 0;
+
+    for (uint32_t i = 0; i < x->n; i++) {
+        if (x->put) {
+            bytes += x->objs[i] != NULL ? store_obj_size(x->objs[i]) : 0;
+        } else {
+            bytes += x->res[i] > 0 ? (uint64_t)x->res[i] : 0;
+        }
+    }
+    if (x->put) {
+        ctr_add(rdma ? &ctx->ctr->rdma_bytes_in : &ctx->ctr->shm_bytes_in, bytes);
+    } else {
+        ctr_add(rdma ? &ctx->ctr->rdma_bytes_out : &ctx->ctr->shm_bytes_out, bytes);
+    }
+}
+
 int
 rpc_xfer_start(struct rpc_ctx *ctx, struct rpc_xfer *x, struct rdma_qp *qp, struct outq *out)
 {
@@ -374,6 +394,7 @@ rpc_xfer_start(struct rpc_ctx *ctx, struct rpc_xfer *x, struct rdma_qp *qp, stru
     }
     *pp = x;                        /* answered in order, after those before it */
     ctx->nxfer++;
+    rpc_xfer_count(ctx, x, x->nrops > 0);
     if (x->nrops > 0) {
         x->qp = qp;
         x->arena = ctx->srv->rdma_arena;

@@ -123,8 +123,10 @@ class Daemon:
         self.data_dir = data_dir or os.path.join(work, f"data{n}")
         self.unix_path = os.path.join(work, f"kv{n}.sock") if unix else None
         self.log_path = os.path.join(work, f"kvstashd-{n}.log")
-        self.cmd = [binary or KVSTASHD, f"--listen=127.0.0.1:{self.port}", f"--data_dir={self.data_dir}",
-                    f"--unix_socket={self.unix_path or 'none'}", *args]
+        # metrics_listen off unless a test asks for it: its default port is one for all
+        self.cmd = [binary or KVSTASHD, f"--listen=127.0.0.1:{self.port}",
+                    f"--data_dir={self.data_dir}", f"--unix_socket={self.unix_path or 'none'}",
+                    "--metrics_listen=", *args]
 
         def limit():
             resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))

@@ -329,6 +329,7 @@ harness_write_conf(const struct harness *h, const char *text)
              "listen %s\n"
              "data_dir %s\n"
              "memory_size " HARNESS_DEFAULT_MEMORY "\n"
+             "metrics_listen \"\"\n" /* its default port is one for all the daemons */
              "%s\n",
              h->addr, h->dir, text);
     int rc = write_file(h->conf_path, buf);
@@ -432,6 +433,9 @@ harness_restart(struct harness *h, const char *conf, const char *const *args)
         argv[n++] = dir_arg;
         if (!mentions(NULL, args, "memory_size")) {
             argv[n++] = "--memory_size=" HARNESS_DEFAULT_MEMORY;
+        }
+        if (!mentions(NULL, args, "metrics_listen")) {
+            argv[n++] = "--metrics_listen=";  /* its default port is one for all daemons */
         }
     }
     for (size_t i = 0; args && args[i]; i++) {

@@ -155,6 +155,8 @@ static const char *const changed_values[][2] = {
     {"rdma_gid_index", "3"},
     {"log_level", "debug"},
     {"log_file", "/tmp/kvstash-test.log"},
+    {"log_format", "json"},
+    {"metrics_listen", "127.0.0.1:9100"},
     {"require_auth", "yes"},
     {"tls_listen", "127.0.0.1:7432"},
     {"tls_cert_file", "/tmp/kvstash-test.crt"},
@@ -168,7 +170,7 @@ static const char *const changed_values[][2] = {
 
 /* The reload rules as the public documentation states them. */
 static const char *const reloadable_keys[] = {
-    "log_level",       "log_file",         "lease_ttl_ms",        "put_timeout_ms", "max_key_size",
+    "log_level",       "log_file",  "log_format", "lease_ttl_ms",        "put_timeout_ms", "max_key_size",
     "max_value_size",  "max_batch",        "max_message_size",    "max_connections",
     "tcp_receive_window", "local_tcp_congestion",
     "client_output_limit", "shutdown_timeout_ms", "eviction_high_watermark",
@@ -777,13 +779,13 @@ Test(config, apply_reloadable_copies_only_reloadable_keys)
     conf_apply_reloadable(&running, &fresh);
 
     /* What still differs from the new config is exactly the restart-only keys... */
-    cr_expect_eq(conf_diff(&running, &fresh, diff_collect, &d), 14);
+    cr_expect_eq(conf_diff(&running, &fresh, diff_collect, &d), 15);
     for (int i = 0; i < d.n; i++) {
         cr_expect_not(d.reloadable[i], "%s should have been applied", d.keys[i]);
     }
     /* ...and what changed from before is exactly the reloadable ones. */
     d.n = 0;
-    cr_expect_eq(conf_diff(&before, &running, diff_collect, &d), 34);
+    cr_expect_eq(conf_diff(&before, &running, diff_collect, &d), 35);
     for (int i = 0; i < d.n; i++) {
         cr_expect(d.reloadable[i], "%s needs a restart but was applied", d.keys[i]);
     }
