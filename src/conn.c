@@ -102,7 +102,7 @@ conn_free(struct conn *c)
 {
     struct conn_loop *w = c->w;
 
-    log_debug("conn %llu %s: closed", (unsigned long long)c->id, c->peer);
+    log_kv(LOG_LEVEL_DEBUG, "connection closed", LOG_NUM("conn", c->id), LOG_STR("peer", c->peer));
     conn_spills_abort(c);
     rpc_ctx_release(&c->ctx);
     for (int i = 0; i < c->nfdq; i++) {
@@ -286,6 +286,9 @@ conn_auth_account(struct conn *c)
     while (c->auth_seen < c->ctx.auth_failures) {
         c->auth_seen++;
         c->ctx.auth_blocked = conn_auth_check(c->addr, true) || c->ctx.auth_blocked;
+        log_kv(LOG_LEVEL_WARN, "authentication failed", LOG_NUM("conn", c->id),
+               LOG_STR("peer", c->peer), LOG_NUM("failures", c->auth_seen),
+               LOG_STR("blocked", c->ctx.auth_blocked ? "yes" : "no"));
         atomic_fetch_add_explicit(&c->w->ctr.auth_failures, 1, memory_order_relaxed);
     }
     if (c->auth_seen >= CONN_AUTH_CONN_FAILS && c->state != CONN_CLOSING) {
@@ -360,7 +363,8 @@ conn_adopt(struct conn_loop *w, int fd, int kind)
         return -ENOMEM;
     }
     c->reading = true;
-    log_debug("conn %llu %s: open on worker %d", (unsigned long long)c->id, c->peer, w->idx);
+    log_kv(LOG_LEVEL_DEBUG, "connection open", LOG_NUM("conn", c->id), LOG_STR("peer", c->peer),
+           LOG_NUM("worker", w->idx));
     return 0;
 }
 
@@ -705,8 +709,8 @@ conn_fail(struct conn *c, int status, const char *why)
 {
     struct conn_loop *w = c->w;
 
-    log_info("conn %llu %s: %s: %s; closing", (unsigned long long)c->id, c->peer,
-             kv_errname(status), why);
+    log_kv(LOG_LEVEL_INFO, "connection closing", LOG_NUM("conn", c->id), LOG_STR("peer", c->peer),
+           LOG_STR("code", kv_errname(status)), LOG_STR("reason", why));
     if (status == KV_PROTOCOL_ERROR) {
         atomic_store_explicit(
             &w->ctr.protocol_errors,

@@ -526,8 +526,8 @@ server_on_accept(evutil_socket_t lfd, short what, void *arg)
         if (n >= conf->max_connections) {
             atomic_fetch_sub_explicit(&s->connections, 1, memory_order_relaxed);
             atomic_fetch_add_explicit(&s->connections_rejected, 1, memory_order_relaxed);
-            log_warn("connection refused: max_connections (%llu) reached",
-                     (unsigned long long)conf->max_connections);
+            log_kv(LOG_LEVEL_WARN, "connection refused", LOG_STR("reason", "max_connections"),
+                   LOG_NUM("max_connections", conf->max_connections));
             server_reject(s, fd, "max_connections reached");
             continue;
         }
@@ -771,7 +771,9 @@ server_reload(struct server *s)
         goto fail;
     }
     if (server_build_conf(s, fresh, err, sizeof(err)) != 0) {
-        log_error("reload failed, keeping the running config: %s", err);
+        log_kv(LOG_LEVEL_ERROR, "reload failed, keeping the running config",
+               LOG_STR("path", s->config_path != NULL ? s->config_path : ""),
+               LOG_STR("error", err));
         goto fail;
     }
     if (s->tls_ctx != NULL) {
@@ -854,7 +856,8 @@ server_reload(struct server *s)
     for (int i = 0; i < s->nworkers; i++) {
         worker_reload(s->workers[i]);   /* logins the new tenants revoke are closed */
     }
-    log_info("reload: configuration applied");
+    log_kv(LOG_LEVEL_INFO, "reload: configuration applied",
+           LOG_STR("path", s->config_path != NULL ? s->config_path : ""));
     return;
 fail:
     tls_ctx_free(tls_ctx);

@@ -248,14 +248,16 @@ ssd_read_failed(struct ssd *t, struct ssd_bucket *b, const struct store_loc *loc
 {
     ssd_bucket_unref(t, b, false);
     if (rc < 0) {
-        log_error("ssd: read of bucket %" PRIu64 " at %" PRIu64 ": %s", (uint64_t)loc->bucket,
-                  loc->offset, strerror(-rc));
+        log_kv(LOG_LEVEL_ERROR, "ssd: read failed", LOG_STR("path", t->dir),
+               LOG_NUM("bucket", loc->bucket), LOG_NUM("offset", loc->offset),
+               LOG_NUM("errno", -rc), LOG_STR("error", strerror(-rc)));
         CTR_ADD(t, io_errors, 1);
         ssd_request_drop(t, loc->bucket);
         return KV_NOT_FOUND;
     }
-    log_error("ssd: checksum mismatch in bucket %" PRIu64 " at %" PRIu64 " (%" PRIu64
-              " bytes): entry dropped", (uint64_t)loc->bucket, loc->offset, size);
+    log_kv(LOG_LEVEL_ERROR, "ssd: checksum mismatch, entry dropped", LOG_STR("path", t->dir),
+           LOG_NUM("bucket", loc->bucket), LOG_NUM("offset", loc->offset),
+           LOG_NUM("bytes", size));
     CTR_ADD(t, checksum_errors, 1);
     return rc;
 }
