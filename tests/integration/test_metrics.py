@@ -181,6 +181,7 @@ def test_readyz_follows_startup(work):
                 break
             time.sleep(0.002)
         assert seen and seen[-1][1] == "ready", seen
+        print("readyz seen", seen)
         phases = [p for p, _ in seen]
         assert phases == sorted(phases), f"/readyz went back: {seen}"
         d.wait_ready()
