@@ -87,7 +87,7 @@ t_start(const char *memory_size, uint64_t max_mr)
     const char *kv[][2] = {
         {"listen", listen}, {"data_dir", data}, {"unix_socket", "none"}, {"ssd_dir", ""},
         {"memory_size", memory_size}, {"rdma", "required"}, {"io_threads", "2"},
-        {"log_level", "warn"},
+        {"log_level", "warn"}, {"metrics_listen", ""},
     };
     for (size_t i = 0; i < sizeof(kv) / sizeof(kv[0]); i++) {
         cr_assert_eq(conf_set(&c, kv[i][0], kv[i][1], "test", err, sizeof(err)), 0, "%s", err);

@@ -329,9 +329,11 @@ harness_write_conf(const struct harness *h, const char *text)
              "listen %s\n"
              "data_dir %s\n"
              "memory_size " HARNESS_DEFAULT_MEMORY "\n"
-             "metrics_listen \"\"\n" /* its default port is one for all the daemons */
-             "%s\n",
-             h->addr, h->dir, text);
+             "%s\n%s",
+             h->addr, h->dir, text,
+             /* after the test's lines, which keep their line numbers: the default port of
+              * metrics_listen is one for all the daemons */
+             mentions(text, NULL, "metrics_listen") ? "" : "metrics_listen \"\"\n");
     int rc = write_file(h->conf_path, buf);
     free(buf);
     return rc;
