@@ -411,6 +411,94 @@ def test_unsealable_descriptors_are_registered_as_they_are(kv, clients, work):
     assert c.ping() == "pong"
 
 
+def test_a_buffer_the_daemon_dropped_is_registered_again(kv, clients):
+    """An engine cuts its unsealable memfd (truncate to 0) and makes it whole again (as a
+    pool freed and allocated again in the same file would): the transfer that ran into the
+    cut fails its key with UNAVAILABLE and the daemon drops that buffer. The client learns
+    it: the next transfer there registers the file again and moves the bytes with no
+    copy (it used to send the dropped id and fail with INVALID_ARGUMENT for good). A
+    Buffer the caller registered explicitly is closed instead: naming it is refused."""
+    d = kv()
+    c = clients(unix_addr(d))
+    fd = os.memfd_create("dropped", os.MFD_CLOEXEC)     # no sealing, as SGLang's pool
+    try:
+        os.ftruncate(fd, 4 * MIB)
+        mm = mmap.mmap(fd, 4 * MIB)
+        v = rnd(MIB, 41)
+        mm[:MIB] = v
+        assert c.batch_put_from([b"a"], [(mm, 0, MIB)]) == [kvstash.OK]
+        first = c.buffer_at(mm)
+        assert first is not None and not first.closed and c.staged_bytes == 0
+        for direction in ("put", "get"):
+            os.ftruncate(fd, 0)             # the daemon's next touch of the file faults
+            if direction == "put":
+                got = c.batch_put_from([b"cut"], [(mm, 0, MIB)])
+                assert got == [kvstash.UNAVAILABLE], got
+                assert not c.is_exist(b"cut"), "nothing partial is stored"
+            else:
+                got = c.batch_get_into([b"a"], [(mm, MIB, MIB)])
+                assert got == [-kvstash.UNAVAILABLE], got
+            assert first.closed and c.buffer_at(mm) is None, "the dropped buffer is forgotten"
+            os.ftruncate(fd, 4 * MIB)       # whole again (zeroed)
+            mm[:MIB] = v
+            assert c.batch_put_from([b"again-" + direction.encode()],
+                                    [(mm, 0, MIB)]) == [kvstash.OK]
+            first = c.buffer_at(mm)
+            assert first is not None and not first.closed, "registered again"
+            assert c.batch_get_into([b"a"], [(mm, 2 * MIB, MIB)]) == [MIB]
+            assert mm[2 * MIB:3 * MIB] == v
+            assert c.get(b"again-" + direction.encode()) == v
+        assert c.staged_bytes == 0, "every piece moved with no copy"
+        # an explicitly registered Buffer the daemon dropped is closed, not replaced
+        c2 = clients(unix_addr(d), auto_register=False)
+        buf = c2.register_fd(fd)
+        os.ftruncate(fd, 0)
+        assert c2.batch_put_from([b"x"], [(buf, 0, 10)]) == [kvstash.UNAVAILABLE]
+        assert buf.closed
+        os.ftruncate(fd, 4 * MIB)
+        with pytest.raises(kvstash.Error) as ei:
+            c2.batch_put_from([b"x"], [(buf, 0, 10)])
+        assert ei.value.code == kvstash.INVALID_ARGUMENT
+        # the client's own staging buffer and the connection are untouched
+        assert c2.batch_put_from([b"y"], [(bytearray(b"abc"), 0, 3)]) == [kvstash.OK]
+        assert c2.get(b"y") == b"abc" and c.ping() == "pong"
+        mm.close()
+    finally:
+        os.close(fd)
+
+
+def test_map_lookups_answer_for_the_mappings_as_they_are():
+    """The client's lookups of where memory lies (PROCMAP_QUERY, or the text of
+    /proc/self/maps where the kernel lacks it) agree, and never answer from a mapping that
+    is gone."""
+    fd = os.memfd_create("lookups", os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(fd, 2 * MIB)
+        st = os.fstat(fd)
+        caches = [kvstash.buffers.MapCache(), kvstash.buffers.MapCache(query=False)]
+        m1 = mmap.mmap(fd, MIB)
+        m2 = mmap.mmap(fd, MIB, offset=MIB)
+        private = bytearray(MIB)
+        for mc in caches:
+            for obj, file_off in ((m1, 0), (m2, MIB)):
+                a = kvstash.buffers.address_of(obj)
+                for off, n in ((0, 1), (100, 4096), (MIB - 1, 1)):
+                    mp = mc.view().find(a + off, n)
+                    assert (mp.dev, mp.ino) == (st.st_dev, st.st_ino)
+                    assert mp.offset + (a + off - mp.start) == file_off + off
+                assert mc.view().find(a + MIB - 1, 2) is None, "past the mapping's end"
+            assert mc.view().find(kvstash.buffers.address_of(private), 10) is None
+        a = kvstash.buffers.address_of(m1)
+        m1.close()
+        for mc in caches:
+            mp = mc.view().find(a, 1)
+            assert mp is None or (mp.dev, mp.ino) != (st.st_dev, st.st_ino)
+            mc.close()
+        m2.close()
+    finally:
+        os.close(fd)
+
+
 def test_direct_access_to_the_arena(kv, clients):
     d = kv()
     c = clients(unix_addr(d))

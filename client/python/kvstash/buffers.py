@@ -12,10 +12,13 @@ Addresses are only used while the object that owns the memory is held exported
 address is the caller's promise.
 """
 
+import bisect
 import ctypes
+import errno
 import fcntl
 import mmap
 import os
+import re
 import stat
 
 from .errors import INVALID_ARGUMENT, Error
@@ -127,23 +130,28 @@ class Mapping:
         self.offset, self.dev, self.ino, self.path = offset, dev, ino, path
 
 
+_MAPS_LINE = re.compile(
+    rb"^([0-9a-f]+)-([0-9a-f]+) [-r][-w][-x]s ([0-9a-f]+) ([0-9a-f]+):([0-9a-f]+) "
+    rb"0*([1-9][0-9]*)[ \t]*([^\n]*)$", re.M)
+
+
+def parse_maps(text):
+    """The shared, file-backed mappings in text (the bytes of /proc/<pid>/maps), in its
+    order (ascending addresses)."""
+    return [Mapping(int(lo, 16), int(hi, 16), True, int(off, 16),
+                    os.makedev(int(major, 16), int(minor, 16)), int(ino),
+                    name.strip().decode(errors="replace"))
+            for lo, hi, off, major, minor, ino, name in _MAPS_LINE.findall(text)]
+
+
+def _read_all(path):
+    with open(path, "rb", buffering=0) as f:
+        return f.read()
+
+
 def read_maps(path="/proc/self/maps"):
     """This process's mappings that are shared and backed by a file, sorted by start."""
-    out = []
-    with open(path, "rb") as f:
-        for line in f:
-            parts = line.split(None, 5)
-            if len(parts) < 5 or len(parts[1]) < 4 or parts[1][3:4] != b"s":
-                continue
-            ino = int(parts[4])
-            if ino == 0:
-                continue
-            lo, hi = parts[0].split(b"-")
-            major, minor = parts[3].split(b":")
-            name = parts[5].strip().decode(errors="replace") if len(parts) > 5 else ""
-            out.append(Mapping(int(lo, 16), int(hi, 16), True, int(parts[2], 16),
-                               os.makedev(int(major, 16), int(minor, 16)), ino, name))
-    return out
+    return parse_maps(_read_all(path))
 
 
 def find_mapping(maps, addr, n):
@@ -152,6 +160,138 @@ def find_mapping(maps, addr, n):
         if m.start <= addr < m.end:
             return m if addr + n <= m.end else None
     return None
+
+
+class _ProcmapQuery(ctypes.Structure):
+    """struct procmap_query of <linux/fs.h> (Linux 6.11+): one mapping by address."""
+    _fields_ = ([(f, ctypes.c_uint64) for f in (
+        "size", "query_flags", "query_addr", "vma_start", "vma_end", "vma_flags",
+        "vma_page_size", "vma_offset", "inode")]
+        + [(f, ctypes.c_uint32) for f in (
+            "dev_major", "dev_minor", "vma_name_size", "build_id_size")]
+        + [(f, ctypes.c_uint64) for f in ("vma_name_addr", "build_id_addr")])
+
+
+_PROCMAP_QUERY = 0xC0686611         # _IOWR('f', 17, struct procmap_query)
+_PROCMAP_QUERY_VMA_SHARED = 0x08
+
+
+class MapCache:
+    """This process's shared file mappings, for many lookups. Every view() answers from
+    the mappings as they are when it looks, never from a copy that may be stale (an engine
+    may unmap a region and map something else there between two calls): where the kernel
+    has the PROCMAP_QUERY ioctl (Linux 6.11), each address is one ioctl on
+    /proc/self/maps; elsewhere the view reads the text of /proc/self/maps once and parses
+    it again only when it changed since the last view. Not thread-safe: one per Client,
+    used under its lock."""
+
+    def __init__(self, path="/proc/self/maps", query=True):
+        """query=False: always read the text (the fallback; for tests)."""
+        self.path = path
+        self._text = None
+        self._maps = []
+        self._starts = []
+        self._stale = True
+        self._fd = None
+        self._query = None
+        self._name = None
+        if not query:
+            return
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return
+        q = _ProcmapQuery(size=ctypes.sizeof(_ProcmapQuery))
+        try:
+            fcntl.ioctl(fd, _PROCMAP_QUERY, q)     # address 0: ENOENT where it exists
+        except OSError as e:
+            if e.errno == errno.ENOENT:
+                self._fd, self._query = fd, q
+                self._name = ctypes.create_string_buffer(4096)
+                return
+        os.close(fd)
+
+    def close(self):
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def view(self):
+        """A MapView: lookups for one transfer."""
+        self._stale = True
+        return MapView(self)
+
+    def _region_text(self, addr):
+        if self._stale:
+            text = _read_all(self.path)
+            if text != self._text:
+                self._maps = parse_maps(text)
+                self._starts = [m.start for m in self._maps]
+                self._text = text
+            self._stale = False
+        i = bisect.bisect_right(self._starts, addr) - 1
+        if i >= 0 and addr < self._maps[i].end:
+            m = self._maps[i]
+            return m.start, m.end, m
+        lo = self._maps[i].end if i >= 0 else 0
+        hi = self._starts[i + 1] if i + 1 < len(self._starts) else 1 << 64
+        return lo, hi, None
+
+    def _region(self, addr):
+        """(start, end, Mapping or None) of the mapping at addr: None when it is not a
+        shared mapping of a file (private or anonymous memory, or nothing)."""
+        if self._fd is None:
+            return self._region_text(addr)
+        q = self._query
+        q.query_flags, q.query_addr = 0, addr
+        q.vma_name_size, q.vma_name_addr = len(self._name), ctypes.addressof(self._name)
+        q.build_id_size = q.build_id_addr = 0
+        try:
+            fcntl.ioctl(self._fd, _PROCMAP_QUERY, q)
+        except OSError as e:
+            if e.errno == errno.ENOENT:
+                return addr, addr + 1, None
+            raise
+        if not q.vma_flags & _PROCMAP_QUERY_VMA_SHARED or q.inode == 0:
+            return q.vma_start, q.vma_end, None
+        name = self._name.value.decode(errors="replace") if q.vma_name_size else ""
+        return q.vma_start, q.vma_end, Mapping(
+            q.vma_start, q.vma_end, True, q.vma_offset,
+            os.makedev(q.dev_major, q.dev_minor), q.inode, name)
+
+
+class MapView:
+    """Lookups of a MapCache for one transfer: a mapping found once answers for every
+    later address in it during this view."""
+
+    __slots__ = ("cache", "starts", "regions")
+
+    def __init__(self, cache):
+        self.cache = cache
+        self.starts = []            # sorted; regions never overlap
+        self.regions = []
+
+    def region(self, addr):
+        """(start, end, Mapping or None) of the mapping holding addr (see MapCache)."""
+        i = bisect.bisect_right(self.starts, addr) - 1
+        if i >= 0 and addr < self.regions[i][1]:
+            return self.regions[i]
+        r = self.cache._region(addr)
+        j = bisect.bisect_right(self.starts, r[0])
+        self.starts.insert(j, r[0])
+        self.regions.insert(j, r)
+        return r
+
+    def find(self, addr, n):
+        """The shared file mapping that holds [addr, addr + n) whole, or None."""
+        start, end, m = self.region(addr)
+        return m if m is not None and addr + n <= end else None
 
 
 def find_descriptor(m):
@@ -258,7 +398,10 @@ class Buffer:
     def _release(self):
         self.closed = True
         if self.memory is not None:
-            self.memory.release()
+            try:
+                self.memory.release()
+            except BufferError:
+                pass        # exported (a view of it is held): freed with the last view
             self.memory = None
         if self.mmap is not None:
             try:

@@ -16,7 +16,8 @@ import threading
 
 from . import buffers
 from .buffers import Buffer
-from .errors import INVALID_ARGUMENT, NOT_FOUND, OK, PROTOCOL_ERROR, UNSUPPORTED, Error
+from .errors import (INVALID_ARGUMENT, NOT_FOUND, OK, PROTOCOL_ERROR, UNAVAILABLE, UNSUPPORTED,
+                     Error)
 from .wire import Conn
 
 MIB = 1 << 20
@@ -24,6 +25,7 @@ MAX_PIECES = 65536          # per request (protocol/SPEC.md, "Shared-memory buff
 PUT_REQUEST_BYTES = 16 * MIB
 GET_REQUEST_KEYS = 1024
 DEFAULT_STAGING = 64 * MIB
+PROBE_KEY = b"\0kvstash-client-probe"     # never stored; read into zero-length pieces
 
 _RAISE = object()
 
@@ -90,6 +92,29 @@ class _Staged:
         self.addr, self.length, self.soff = addr, length, 0
 
 
+class _Runs:
+    """The staging copies of one round, pieces that follow each other on both sides
+    merged into one memmove (a batch of adjacent pages in one arena is one copy)."""
+    __slots__ = ("runs",)
+
+    def __init__(self):
+        self.runs = []
+
+    def add(self, dst, src, n):
+        if n <= 0:
+            return
+        if self.runs:
+            last = self.runs[-1]
+            if last[0] + last[2] == dst and last[1] + last[2] == src:
+                last[2] += n
+                return
+        self.runs.append([dst, src, n])
+
+    def copy(self):
+        for dst, src, n in self.runs:
+            buffers.copy(dst, src, n)
+
+
 class Client:
     """A connection to kvstashd.
 
@@ -123,6 +148,7 @@ class Client:
         self._buffers = {}          # id -> Buffer
         self._by_file = {}          # (dev, ino) -> Buffer, the newest registered of that file
         self._refused = set()       # (dev, ino) auto registration could not take
+        self._maps = buffers.MapCache()
         self._arena = None
         self.zero_copy_bytes = 0    # piece bytes the daemon moved straight from/to the caller
         self.staged_bytes = 0       # piece bytes copied through the staging buffer
@@ -172,6 +198,7 @@ class Client:
         self._buffers.clear()
         self._by_file.clear()
         self._staging = None
+        self._maps.close()
         if self._arena is not None:
             try:
                 self._arena.close()
@@ -488,7 +515,7 @@ class Client:
         shared memory; see register_fd)."""
         m = buffers.memory_of(obj, False)
         try:
-            mp = buffers.find_mapping(buffers.read_maps(), m.addr, m.nbytes or 1)
+            mp = self._maps.view().find(m.addr, m.nbytes or 1)
         finally:
             m.release()
         if mp is None:
@@ -524,25 +551,67 @@ class Client:
             raise Error(INVALID_ARGUMENT, None, "not a buffer registered on this client")
         if buf.closed:
             return
+        self._forget(buf)
+        code = self._call("unregister_buffer", [buf.id])
+        if code != OK:
+            raise Error(code, None, f"unregister_buffer {buf.id}")
+
+    def _forget(self, buf):
+        """Drop our record of buf and release our mapping of it (the daemon's side is the
+        caller's business)."""
         self._buffers.pop(buf.id, None)
         if self._by_file.get((buf.dev, buf.ino)) is buf:
             del self._by_file[(buf.dev, buf.ino)]
         if self._staging is buf:
             self._staging = None
         buf._release()
-        code = self._call("unregister_buffer", [buf.id])
-        if code != OK:
-            raise Error(code, None, f"unregister_buffer {buf.id}")
+
+    def _find_dropped(self, resolved, results, staging, get, dropped):
+        """After a transfer: when a key failed with UNAVAILABLE (its buffer shrank during the
+        transfer, and the daemon dropped it) or INVALID_ARGUMENT (a piece the daemon refused:
+        our pieces are checked against their buffers before sending, so the buffer is
+        likely unknown to it, dropped by an earlier transfer), ask the daemon which of those
+        keys' buffers it still has, and forget the others: a file registered automatically
+        is registered again at its next use, and a Buffer the caller holds is closed
+        (naming it raises INVALID_ARGUMENT, as after unregister_buffer). The question is
+        one batch_get_into of a zero-length piece per buffer (a key that is never stored):
+        -INVALID_ARGUMENT means the id is gone; it writes nothing. The buffers gone are
+        appended to dropped, for the caller to _forget once the transfer's memory is
+        released."""
+        bad = (-UNAVAILABLE, -INVALID_ARGUMENT) if get else (UNAVAILABLE, INVALID_ARGUMENT)
+        ids = []
+        for r, res in zip(resolved, results):
+            if res in bad:
+                for p in r:
+                    bid = staging.id if isinstance(p, _Staged) else p[1]
+                    if bid in self._buffers and bid not in ids:
+                        ids.append(bid)
+        if not ids:
+            return
+        req = self._conn.request("batch_get_into", [[PROBE_KEY] * len(ids),
+                                                    [[[bid, 0, 0]] for bid in ids]])
+        try:
+            (err, res), = self._conn.exchange([req])
+        except Error:
+            return          # the connection is gone: so is every buffer, at the next call
+        if err is not None or not isinstance(res, list):
+            return
+        for bid, r in zip(ids, res):
+            if r == -INVALID_ARGUMENT and bid in self._buffers:
+                dropped.append(self._buffers[bid])
 
     # ---- transfers through registered memory ----
 
     def _resolve(self, pieces_list, n, writable, held):
         """Per key, a list of ("z", id, offset, length) or _Staged, for the pieces of
         batch_put_from / batch_get_into. Memory objects are appended to held (released by
-        the caller once the transfer is over)."""
+        the caller once the transfer is over). Each object is exported, and where it lies
+        looked up, once per call, however many pieces name it."""
         if len(pieces_list) != n:
             raise Error(INVALID_ARGUMENT, None, f"{n} keys and {len(pieces_list)} piece lists")
-        maps = None
+        view = None
+        based = [b for b in self._buffers.values() if b.base is not None]
+        objs = {}       # id(obj) -> (obj, Memory, where): obj kept, so its id stays its own
         out = []
         for i, p in enumerate(pieces_list):
             res = []
@@ -569,8 +638,15 @@ class Client:
                             res.append(("z", obj.id, off, length))
                         continue
                     obj = obj.memory
-                mem = buffers.memory_of(obj, writable)
-                held.append(mem)
+                if isinstance(obj, int):
+                    mem, where = buffers.memory_of(obj, writable), None
+                else:
+                    known = objs.get(id(obj))
+                    if known is None or known[0] is not obj:
+                        mem = buffers.memory_of(obj, writable)
+                        held.append(mem)
+                        known = objs[id(obj)] = [obj, mem, False]
+                    mem, where = known[1], known[2]
                 if length is None:
                     if mem.nbytes is None:
                         raise Error(INVALID_ARGUMENT, None,
@@ -583,24 +659,52 @@ class Client:
                                 f"its buffer's {mem.nbytes} bytes")
                 if length == 0:
                     continue
+                if where is False:
+                    # the first piece of this object: where does all of it lie?
+                    if view is None:
+                        view = self._maps.view()
+                    where = known[2] = self._where(based, view, mem.addr, mem.nbytes)
+                if where == "s":
+                    res.append(_Staged(mem.addr + off, length))
+                    continue
+                if where is not None:
+                    res.append(("z", where[0], where[1] + off, length))
+                    continue
                 addr = mem.addr + off
-                z = self._zero_copy(addr, length)
+                z = self._zero_copy(based, addr, length)
                 if z is None:
-                    if maps is None:
-                        maps = buffers.read_maps()
-                    z = self._zero_copy_mapped(maps, addr, length)
+                    if view is None:
+                        view = self._maps.view()
+                    z = self._zero_copy_mapped(view, addr, length)
                 res.append(z if z is not None else _Staged(addr, length))
             out.append(res)
         return out
 
-    def _zero_copy(self, addr, length):
-        for b in self._buffers.values():
-            if b.base is not None and b.base <= addr and addr + length <= b.base + b.size:
+    def _where(self, based, view, addr, nbytes):
+        """Where all of an object's nbytes at addr lie: (buffer id, offset there of addr)
+        when in one registered file; "s" when in memory that is no shared file mapping
+        (staged); None when neither holds all of it (then each piece is looked up)."""
+        if not nbytes:
+            return None
+        z = self._zero_copy(based, addr, nbytes)
+        if z is None:
+            start, end, mp = view.region(addr)
+            if addr + nbytes > end:
+                return None
+            if mp is None:
+                return "s"
+            z = self._zero_copy_mapped(view, addr, nbytes)
+        return (z[1], z[2]) if z is not None else None
+
+    @staticmethod
+    def _zero_copy(based, addr, length):
+        for b in based:
+            if b.base <= addr and addr + length <= b.base + b.size:
                 return ("z", b.id, addr - b.base, length)
         return None
 
-    def _zero_copy_mapped(self, maps, addr, length):
-        mp = buffers.find_mapping(maps, addr, length)
+    def _zero_copy_mapped(self, view, addr, length):
+        mp = view.find(addr, length)
         if mp is None:
             return None
         fid = (mp.dev, mp.ino)
@@ -618,6 +722,28 @@ class Client:
         if off + length > b.size:
             return None
         return ("z", b.id, off, length)
+
+    @_locked
+    def buffer_at(self, addr, length=1):
+        """The registered Buffer of this client that holds [addr, addr + length) of this
+        process's memory (addr an int address or any object memory_of takes; its own
+        mapping, or any mapping of its file), or None. Registers nothing."""
+        mem = buffers.memory_of(addr, False)
+        try:
+            a = mem.addr
+        finally:
+            mem.release()
+        based = [b for b in self._buffers.values() if b.base is not None]
+        z = self._zero_copy(based, a, length)
+        if z is None:
+            mp = self._maps.view().find(a, length)
+            if mp is None:
+                return None
+            b = self._by_file.get((mp.dev, mp.ino))
+            if b is None or b.closed or mp.offset + (a - mp.start) + length > b.size:
+                return None
+            return b
+        return self._buffers.get(z[1])
 
     def _staging_for(self, need):
         if self._staging is None or self._staging.size < need:
@@ -706,24 +832,31 @@ class Client:
         Error(INVALID_ARGUMENT) before anything is sent. Unix socket only."""
         keys = _keys(keys)
         opts = _opts(durable=durable)
-        held = []
+        held, dropped = [], []
         try:
             resolved = self._resolve(pieces, len(keys), False, held)
             self._count(resolved)
             out = []
             for i, j, staging in self._rounds(resolved):
-                for r in resolved[i:j]:
-                    for p in r:
-                        if isinstance(p, _Staged):
-                            buffers.copy(staging.base + p.soff, p.addr, p.length)
+                if staging is not None:
+                    runs = _Runs()
+                    for r in resolved[i:j]:
+                        for p in r:
+                            if isinstance(p, _Staged):
+                                runs.add(staging.base + p.soff, p.addr, p.length)
+                    runs.copy()
                 iovs = [self._iovs(r, staging) for r in resolved[i:j]]
-                out += self._batch(self._transfer_requests(
+                res = self._batch(self._transfer_requests(
                     "batch_put_from", keys[i:j], iovs, [opts] if opts else []),
                     self._list_of())
+                self._find_dropped(resolved[i:j], res, staging, False, dropped)
+                out += res
             return out
         finally:
             for m in held:
                 m.release()
+            for b in dropped:
+                self._forget(b)
 
     @_locked
     def batch_get_into(self, keys, pieces):
@@ -736,7 +869,7 @@ class Client:
         wrote. A piece outside its object raises Error(INVALID_ARGUMENT) before anything is
         sent. Pieces must not overlap."""
         keys = _keys(keys)
-        held = []
+        held, dropped = [], []
         try:
             resolved = self._resolve(pieces, len(keys), True, held)
             self._count(resolved)
@@ -746,23 +879,31 @@ class Client:
                 res = self._batch(self._transfer_requests("batch_get_into", keys[i:j], iovs,
                                                           []), self._list_of())
                 if staging is not None:
+                    runs = _Runs()
                     for r, got in zip(resolved[i:j], res):
                         if not isinstance(got, int) or got <= 0:
                             continue
                         done = 0
                         for p in r:
-                            length = p.length if isinstance(p, _Staged) else p[3]
                             if isinstance(p, _Staged):
-                                buffers.copy(p.addr, staging.base + p.soff,
-                                             min(length, max(0, got - done)))
-                            done += length
+                                length = p.length
+                                if got - done < length:
+                                    length = got - done
+                                runs.add(p.addr, staging.base + p.soff, length)
+                                done += p.length
+                            else:
+                                done += p[3]
                             if done >= got:
                                 break
+                    runs.copy()
+                self._find_dropped(resolved[i:j], res, staging, True, dropped)
                 out += res
             return out
         finally:
             for m in held:
                 m.release()
+            for b in dropped:
+                self._forget(b)
 
     # ---- direct access to the daemon's arena (Unix socket) ----
 
