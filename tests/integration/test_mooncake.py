@@ -342,7 +342,9 @@ def test_every_method_and_its_return_convention(kv, stores, pools, work):
     assert s.get_into("p", pool.ptr + 100, 50) == 12  # a larger buffer: bytes read
     assert pool.read(100, 12) == b"payload-1234"
     assert s.get_into("missing", pool.ptr + 200, 50) == -704
+    assert any(c.buffer_at(pool.ptr) is not None for c in s._clients), "zero copy"
     assert s.unregister_buffer(pool.ptr) == 0
+    assert all(c.buffer_at(pool.ptr) is None for c in s._clients), "the daemon let it go"
     assert s.put_from("q", pool.ptr, 12) == mc.INVALID_PARAMS  # no longer registered
 
     # ReplicateConfig: the fields Mooncake has; hard pin maps to kvstash's hard pin

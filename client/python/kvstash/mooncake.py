@@ -33,7 +33,6 @@ import re
 import threading
 import weakref
 
-from . import buffers
 from .client import Client
 from .errors import (BUSY, CHECKSUM_MISMATCH, EXISTS, FORBIDDEN, INTERNAL, INVALID_ARGUMENT,
                      METHOD_NOT_FOUND, NO_SPACE, NOT_FOUND, OK, PROTOCOL_ERROR, QUOTA_EXCEEDED,
@@ -511,9 +510,7 @@ class MooncakeDistributedStore:
         try:
             c = self._client()
             if c.is_unix:
-                mp = buffers.find_mapping(buffers.read_maps(), ptr, size)
-                if mp is not None:
-                    c.register_memory(ptr)
+                c.register_memory(ptr)
         except Exception as e:
             # not shareable, or refused by this daemon: pieces there are staged
             log.debug("register_buffer %#x+%d: copying through the staging buffer (%s)",
@@ -533,15 +530,10 @@ class MooncakeDistributedStore:
             left = self._ranges
             clients = list(self._clients)
         try:
-            maps = buffers.read_maps()
-            mp = buffers.find_mapping(maps, ptr, 1)
-            if mp is not None and not any(
-                    (m := buffers.find_mapping(maps, s, 1)) is not None
-                    and (m.dev, m.ino) == (mp.dev, mp.ino) for s, _ in left):
-                for c in clients:
-                    b = c._by_file.get((mp.dev, mp.ino))
-                    if b is not None and not b.closed:
-                        c.unregister_buffer(b)
+            for c in clients:
+                b = c.buffer_at(ptr)
+                if b is not None and not any(c.buffer_at(s) is b for s, _ in left):
+                    c.unregister_buffer(b)
         except Exception as e:
             log.debug("unregister_buffer %#x: %s", ptr, e)
         return 0
@@ -603,8 +595,11 @@ class MooncakeDistributedStore:
             c = self._client()
             tk = [keys[i] for i in todo]
             if c.is_unix:
-                # a value longer than its pieces fails whole (Mooncake writes nothing then):
-                # sizes first, so only values that fit are read
+                # A value longer than its pieces fails whole (Mooncake writes nothing then):
+                # sizes first, so only values that fit are read. kvstashd's batch_get_into
+                # would cut such a value at the pieces' end and answer their total
+                # (protocol/SPEC.md, a short read is legal; src/rpc/rpc_shm.c), which is also
+                # what an exact fit answers, so this round trip cannot be saved.
                 have = c.batch_get_size(tk)
                 ready = []
                 for i, sz in zip(todo, have):
