@@ -624,29 +624,31 @@ class Client:
                 if not isinstance(off, int) or not (length is None or isinstance(length, int)):
                     raise Error(INVALID_ARGUMENT, None,
                                 f"key {i}, piece {j}: offset and length must be ints")
-                if isinstance(obj, Buffer):
-                    if obj.client is not self or obj.closed:
-                        raise Error(INVALID_ARGUMENT, None,
-                                    f"key {i}, piece {j}: {obj!r} is not registered here")
-                    if obj.memory is None:
-                        length = obj.size - off if length is None else length
-                        if off < 0 or length < 0 or off + length > obj.size:
-                            raise Error(INVALID_ARGUMENT, None,
-                                        f"key {i}, piece {j}: [{off}, {off}+{length}) is "
-                                        f"outside the buffer's {obj.size} bytes")
-                        if length:
-                            res.append(("z", obj.id, off, length))
-                        continue
-                    obj = obj.memory
-                if isinstance(obj, int):
+                known = objs.get(id(obj))
+                if known is not None and known[0] is obj:
+                    mem, where = known[1], known[2]
+                elif isinstance(obj, int):
                     mem, where = buffers.memory_of(obj, writable), None
                 else:
-                    known = objs.get(id(obj))
-                    if known is None or known[0] is not obj:
+                    if isinstance(obj, Buffer):
+                        if obj.client is not self or obj.closed:
+                            raise Error(INVALID_ARGUMENT, None,
+                                        f"key {i}, piece {j}: {obj!r} is not registered here")
+                        if obj.memory is None:
+                            length = obj.size - off if length is None else length
+                            if off < 0 or length < 0 or off + length > obj.size:
+                                raise Error(INVALID_ARGUMENT, None,
+                                            f"key {i}, piece {j}: [{off}, {off}+{length}) is "
+                                            f"outside the buffer's {obj.size} bytes")
+                            if length:
+                                res.append(("z", obj.id, off, length))
+                            continue
+                        mem = buffers.memory_of(obj.memory, writable)
+                    else:
                         mem = buffers.memory_of(obj, writable)
-                        held.append(mem)
-                        known = objs[id(obj)] = [obj, mem, False]
-                    mem, where = known[1], known[2]
+                    held.append(mem)
+                    known = objs[id(obj)] = [obj, mem, False]
+                    where = False
                 if length is None:
                     if mem.nbytes is None:
                         raise Error(INVALID_ARGUMENT, None,
@@ -666,17 +668,16 @@ class Client:
                     where = known[2] = self._where(based, view, mem.addr, mem.nbytes)
                 if where == "s":
                     res.append(_Staged(mem.addr + off, length))
-                    continue
-                if where is not None:
+                elif where is not None:
                     res.append(("z", where[0], where[1] + off, length))
-                    continue
-                addr = mem.addr + off
-                z = self._zero_copy(based, addr, length)
-                if z is None:
-                    if view is None:
-                        view = self._maps.view()
-                    z = self._zero_copy_mapped(view, addr, length)
-                res.append(z if z is not None else _Staged(addr, length))
+                else:
+                    addr = mem.addr + off
+                    z = self._zero_copy(based, addr, length)
+                    if z is None:
+                        if view is None:
+                            view = self._maps.view()
+                        z = self._zero_copy_mapped(view, addr, length)
+                    res.append(z if z is not None else _Staged(addr, length))
             out.append(res)
         return out
 
