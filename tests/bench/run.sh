@@ -10,7 +10,10 @@
 # machine. Then the shared-memory section: single-thread memcpy of 1 MiB
 # blocks from cold memory, and batch_get_into / batch_put_from of 1 MiB objects over the
 # Unix socket, with their ratios to that memcpy and to the same run's TCP rows (get-1m-*,
-# put-1m-*). Then the peers: redis-server with
+# put-1m-*). Then the engines: the SGLang HiCache backend (tests/bench/bench_sglang.py) and
+# the LMCache L2 adapter (tests/bench/bench_lmcache.py) against the raw client's
+# batch_put_from / batch_get_into over the same Unix socket, zero copy and through the
+# staging copy. Then the peers: redis-server with
 # redis-benchmark on the same shapes when it is installed, and memcached with mc-bench (our
 # own text-protocol load generator, tests/bench/mc_bench.c) when memcached is installed; a
 # peer that is missing or fails is reported and skipped. A summary puts each row next to
@@ -25,7 +28,10 @@
 # Environment: KVSTASHD, BENCH, MCBENCH, RAWBENCH (binaries; set by make bench),
 # KVSTASH_CLI (default: kvstash next to BENCH), BENCH_SECS (5), BENCH_REPS (3),
 # BENCH_MEMORY (default: a third of available RAM, 1g..8g), BENCH_PEERS
-# (1; 0 skips redis/memcached), BENCH_SHM (1; 0 skips the shared-memory section),
+# (1; 0 skips redis/memcached), BENCH_MATRIX (1; 0 skips the TCP matrix, its raw TCP
+# ceiling and the probes under load), BENCH_SHM (1; 0 skips the shared-memory section),
+# BENCH_ENGINES (1; 0 skips the engines section), BENCH_ENGINE_SECS (30: the time bound of
+# each engine script: rounds until then, medians), PYTHON (/usr/bin/python3, with python3-msgpack and python3-numpy),
 # BENCH_SSD (1; 0 skips the SSD section; its other settings are in ssd.sh),
 # BENCH_DAEMON_ARGS (more kvstashd flags for the matrix's daemon, e.g. --io_threads=8; the
 # SSD section has its own, BENCH_SSD_DAEMON_ARGS), BENCH_COPY (0; 1 makes kvstash-bench,
@@ -260,7 +266,11 @@ bench_once() {
 # then shown as a fraction of it. The server's lifetime is bounded by its -t; it is killed
 # when the matrix ends.
 rawport=""
-if [ ! -x "$RAWBENCH" ]; then
+if [ "${BENCH_MATRIX:-1}" = 0 ]; then
+    echo "== the TCP matrix, its raw TCP ceiling and the probes: skipped (BENCH_MATRIX=0)"
+    echo
+    matrix=()
+elif [ ! -x "$RAWBENCH" ]; then
     echo "== raw TCP: skipped: no raw-bench at $RAWBENCH (make bench builds it)"
     echo
 else
@@ -327,6 +337,7 @@ fi
 # (and a get load's keys) stored; the probe starts a second into the load and ends
 # before it does. The median by p99 is kept.
 probe_rows=("probe-under-get get" "probe-under-put put")
+[ "${BENCH_MATRIX:-1}" = 0 ] && probe_rows=()
 for row in "${probe_rows[@]}"; do
     read -r name mode <<<"$row"
     pargs=(-H "$addr" -m exists -b 128 -c 1 -d 1 -t "$SECS" -N -i kvprobe -k 4096 -q)
@@ -429,6 +440,116 @@ else
     done
     shm_table+=("memcpy-1m         ${row_summary[memcpy-1m]:-} (single thread, cold source)")
     printf '%s\n' "${shm_table[@]}"
+    echo
+fi
+
+# ---- engines ----
+# The engine adapters against the raw client, on this daemon's Unix socket, each script
+# bounded by BENCH_ENGINE_SECS (rounds until then, the median of each row kept; it starts
+# no round after that; timeout kills it at 4x + 120 s). bench_sglang.py: the SGLang HiCache backend's batch_set_v1 / batch_get_v1 of 128
+# pages (K and V objects each, 1 MiB at 4 layers) from a host pool in a sealable memfd, in
+# SGLang's own alloc_shm memfd (unsealable: the daemon guards it) and in anonymous memory
+# (the staging copy), next to the raw client's batch_put_from / batch_get_into of the same
+# pieces in a registered memfd and in anonymous memory. bench_lmcache.py: the LMCache L2
+# adapter's store / load of 128 chunks of 512 KiB with its L1 arena in a memfd (no copy)
+# and in private memory (the staging copy), next to the raw client. Issue target: a
+# zero-copy adapter row within 10% of the raw row (vs raw >= 0.90); the staging rows are
+# reported the same way, with no target.
+PYTHON=${PYTHON:-/usr/bin/python3}
+ENGINE_SECS=${BENCH_ENGINE_SECS:-30}
+case "$ENGINE_SECS" in ''|*[!0-9]*) die "BENCH_ENGINE_SECS must be whole seconds" ;; esac
+
+# engine_run NAME ARGS...: run PYTHON ARGS (bounded); its output in $tmp/NAME.out, printed.
+# 1 (printed and counted as a failure) when it fails. Stops the script if kvstashd died.
+engine_run() {
+    local name=$1 rc
+    shift
+    show "$PYTHON" "$@"
+    timeout $(( ENGINE_SECS * 4 + 120 )) "$PYTHON" "$@" >"$tmp/$name.out" 2>"$tmp/$name.err"
+    rc=$?
+    kvd_alive || { cat "$tmp/$name.err" >&2; kvd_died; }
+    sed 's/^/   /' "$tmp/$name.out"
+    if [ "$rc" -ne 0 ]; then
+        echo "   $name FAILED (exit $rc): $(tail -n 5 "$tmp/$name.err" | tr '\n' ' ')"
+        failures=$(( failures + 1 ))
+        return 1
+    fi
+}
+
+# engine_line ROW PUT PUTVS GET GETVS TARGET: one line of the engines table; TARGET
+# "zero-copy" judges both ratios against 0.90, anything else is printed as it is.
+engine_line() {
+    local judged=$6
+    if [ "$6" = zero-copy ]; then
+        judged="$(verdict "$3" 0.9), $(verdict "$5" 0.9)"
+    fi
+    printf '%-58s %9s %7s %9s %7s  %s' "$1" "$2" "$3" "$4" "$5" "$judged"
+}
+
+engine_table=()
+if [ "${BENCH_ENGINES:-1}" = 0 ]; then
+    echo "== engines: skipped (BENCH_ENGINES=0)"
+    echo
+elif [ ! -S "$sock" ]; then
+    echo "== engines: skipped: no Unix socket at $sock"
+    echo
+elif ! "$PYTHON" -c 'import msgpack, numpy' 2>/dev/null; then
+    echo "== engines: skipped: $PYTHON lacks msgpack or numpy (python3-msgpack," \
+         "python3-numpy)"
+    echo
+else
+    echo "== engines: the SGLang HiCache backend and the LMCache L2 adapter against the raw" \
+         "client over $sock, ${ENGINE_SECS}s each"
+    echo
+    engine_table+=("$(printf '%-58s %9s %7s %9s %7s  %s' "engine row" "put GB/s" "vs raw" \
+                   "get GB/s" "vs raw" "target: zero copy >= 0.90 raw")")
+    echo "== sglang"
+    if engine_run sglang "$here/bench_sglang.py" --addr "unix:$sock" \
+           --seconds "$ENGINE_SECS" --rounds 1000; then
+        # rows: name... set vs get vs ok (the last five fields)
+        while IFS=$'\t' read -r row p pv g gv ok; do
+            case "$row" in
+                raw\ zero-copy*) target="(the raw row)" ;;
+                *"[zero-copy]"*) target=zero-copy ;;
+                *) target="reported" ;;
+            esac
+            [ "$ok" = yes ] || target="NOT met: a transfer failed or bytes differed"
+            engine_table+=("$(engine_line "sglang $row" "$p" "$pv" "$g" "$gv" "$target")")
+        done < <(awk 'NF >= 6 && $NF ~ /^(yes|NO)$/ && $(NF-1) ~ /^[0-9.]+$/ {
+                          row = $1; for (i = 2; i <= NF - 5; i++) row = row " " $i
+                          sub(/^kvstash\.sglang, /, "adapter, ", row)
+                          printf "%s\t%s\t%s\t%s\t%s\t%s\n", row, $(NF-4), $(NF-3),
+                                 $(NF-2), $(NF-1), $NF }' "$tmp/sglang.out")
+    else
+        engine_table+=("$(printf '%-58s %s' "sglang" "failed")")
+    fi
+    echo
+    echo "== lmcache"
+    if engine_run lmcache "$here/bench_lmcache.py" --addr "unix:$sock" \
+           --secs "$ENGINE_SECS" --max-reps 1000; then
+        # rows: "<label> GB/s vs-raw", store rows then load rows, paired by path
+        for path in "raw batch_put_from" "adapter submit_store_task, shm L1" \
+                    "adapter submit_store_task, staging"; do
+            case "$path" in
+                raw*) lpath="raw batch_get_into"; name="lmcache raw (registered memfd)"
+                      target="(the raw row)" ;;
+                *shm*) lpath="adapter submit_load_task, shm L1"
+                       name="lmcache adapter store / load, shm L1 [zero-copy]"
+                       target=zero-copy ;;
+                *) lpath="adapter submit_load_task, staging"
+                   name="lmcache adapter store / load, private L1 [staging]"
+                   target=reported ;;
+            esac
+            read -r p pv < <(grep -F "$path" "$tmp/lmcache.out" | awk '{ print $(NF-1), $NF }')
+            read -r g gv < <(grep -F "$lpath" "$tmp/lmcache.out" | awk '{ print $(NF-1), $NF }')
+            engine_table+=("$(engine_line "$name" "${p:--}" "${pv:--}" "${g:--}" "${gv:--}" \
+                             "$target")")
+        done
+    else
+        engine_table+=("$(printf '%-58s %s' "lmcache" "failed")")
+    fi
+    echo
+    printf '%s\n' "${engine_table[@]}"
     echo
 fi
 
@@ -704,6 +825,10 @@ done
 if [ "${#shm_table[@]}" -gt 0 ]; then
     echo
     printf '%s\n' "${shm_table[@]}"
+fi
+if [ "${#engine_table[@]}" -gt 0 ]; then
+    echo
+    printf '%s\n' "${engine_table[@]}"
 fi
 kvd_alive || kvd_died
 
