@@ -260,6 +260,33 @@ def test_store_lookup_load_128_chunks(kv, adapters, raw, kind):
     assert c.stats()["pinned_soft"] == 0
 
 
+def test_an_arena_the_daemon_dropped_is_registered_again(kv, adapters, raw):
+    """An unsealed L1 arena cut (truncated) under a store and made whole again: that store
+    fails and stores nothing, the daemon drops the arena's buffer, and the next store
+    registers it again: no copy, byte-exact."""
+    n = 8
+    d = kv()
+    arena = Arena("unsealed", 2 * n * CHUNK)
+    drv = adapters(d.unix_path, arena.desc())
+    arena.fill(0, n, seed=5)
+    assert drv.store([key(i) for i in range(n)], arena.objects(0, n)).is_successful()
+    if drv.a.report_status()["l1_path"] != "shm":
+        pytest.skip("this daemon does not take unsealed memfds")
+    cut = [key(100 + i) for i in range(n)]
+    os.ftruncate(arena.fd, 0)           # the arena must not be touched until it is whole
+    assert not drv.store(cut, arena.objects(0, n)).is_successful()
+    os.ftruncate(arena.fd, arena.nbytes)
+    c = raw(d.unix_path)
+    assert c.batch_is_exist([object_key_to_string(k) for k in cut]) == [False] * n
+    data = arena.fill(0, n, seed=6)
+    assert drv.store(cut, arena.objects(0, n)).is_successful()
+    bm = drv.load(cut, arena.objects(n, n))
+    assert bits(bm, n) == [True] * n
+    assert [arena.chunk(n + i) for i in range(n)] == data
+    st = drv.a.report_status()
+    assert st["l1_path"] == "shm" and st["staged_bytes"] == 0
+
+
 def test_tcp_address_round_trip(kv, adapters):
     """Over TCP the values go through the socket; same results."""
     d = kv()

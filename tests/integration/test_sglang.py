@@ -22,6 +22,7 @@ No wall-clock bounds: joins and timeouts only turn a hang into a failure.
 """
 
 import logging
+import os
 import pathlib
 import sys
 import threading
@@ -150,6 +151,30 @@ def test_mha_round_trip_byte_exact(kv, made, memfd, layout):
     total = (16 + 16 + 4) * len(want[0])       # pages set, got, set again
     assert (zero, staged) == ((total, 0) if b.path == "zero-copy" else (0, total))
     print(f"{memfd} memfd, {layout}: path {b.path}")
+
+
+def test_a_pool_the_daemon_dropped_is_registered_again(kv, made):
+    """SGLang's memfd cut (truncated) under a backup and made whole again: that
+    batch_set_v1 is all False and stores nothing, the daemon drops the pool's buffer, and
+    the next calls register the pool again and move pages with no copy, byte-exact."""
+    d = kv()
+    pool = mha_pool(made, "page_first", ALLOCATORS["sglang"])
+    b = backend(made, config(unix(d)), pool)
+    assert b.path == "zero-copy"
+    fd = pool.allocator.fds[0]
+    size = os.fstat(fd).st_size
+    keys = hashes(8, "cut")
+    os.ftruncate(fd, 0)                 # the pool must not be touched until it is whole
+    assert b.batch_set_v1(keys, pool.page_indices(range(8))) == [False] * 8
+    os.ftruncate(fd, size)
+    assert b.batch_exists(keys) == 0, "nothing partial is stored"
+    pool.fill_random(9)
+    want = pages_of(pool, range(8))
+    assert b.batch_set_v1(keys, pool.page_indices(range(8))) == [True] * 8
+    dst = list(range(20, 28))
+    assert b.batch_get_v1(keys, pool.page_indices(dst)) == [True] * 8
+    assert pages_of(pool, dst) == want
+    assert moved(b)[1] == 0, "no page went through the staging copy"
 
 
 def test_sglang_memfd_path_reported(kv, made, capsys, caplog):

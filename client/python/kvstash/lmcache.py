@@ -298,6 +298,10 @@ class KvstashL2Adapter(L2AdapterInterface):
         """Per object, one piece naming its bytes: in the registered L1 arena (zero copy),
         else its raw address (copied through the staging buffer)."""
         d = self.l1_memory_desc
+        if worker.l1 is not None and worker.l1[0].closed:
+            # kvstashd dropped the arena's buffer (its file shrank under a transfer; the
+            # client closed our Buffer): register it again
+            worker.l1 = self._register_l1(worker.client, worker.name)
         out = []
         for obj in objects:
             ptr, size = _obj_piece(obj)

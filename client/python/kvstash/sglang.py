@@ -137,6 +137,18 @@ class KvstashStorage(HiCacheStorage):
     def _client(self):
         c = getattr(self._local, "client", None)
         if c is not None and not c.closed:
+            bufs = self._local.bufs
+            if bufs and any(b.closed for b in bufs):
+                # kvstashd dropped a pool buffer (its file shrank under a transfer; the
+                # client closed our Buffer): register the pool again
+                for b in bufs:
+                    if not b.closed:
+                        try:
+                            c.unregister_buffer(b)
+                        except Exception:
+                            pass
+                self._local.bufs = []
+                self._register_pool(c)
             return c
         if c is not None:
             self._drop(c)
