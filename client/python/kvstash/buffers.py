@@ -3,9 +3,9 @@
 This module owns what the client knows about memory: the Buffer objects of registered
 memfds, the address of any object a caller names in a piece (buffer protocol, a torch-like
 tensor, or a raw address), which shared file mapping (a memfd, a /dev/shm file) an address
-lies in (from /proc/self/maps) and a descriptor for that file, and the one copy a piece
-takes when its memory is not shared (ctypes.memmove). It never touches the socket or a
-msgpack byte: client.py sends the requests.
+lies in (the PROCMAP_QUERY ioctl on /proc/self/maps, or its text) and a descriptor for
+that file, and the one copy a piece takes when its memory is not shared (ctypes.memmove).
+It never touches the socket or a msgpack byte: client.py sends the requests.
 
 Addresses are only used while the object that owns the memory is held exported
 (PyObject_GetBuffer), so the memory cannot move or go away during a call. A raw integer
@@ -193,23 +193,30 @@ class MapCache:
         self._starts = []
         self._stale = True
         self._fd = None
-        self._query = None
-        self._name = None
-        if not query:
+        self._pid = None
+        self._query = _ProcmapQuery(size=ctypes.sizeof(_ProcmapQuery)) if query else None
+        self._name = ctypes.create_string_buffer(4096) if query else None
+        self._open()
+
+    def _open(self):
+        """Open path for PROCMAP_QUERY when the kernel has it (else lookups read the text).
+        The descriptor names this process: a child after fork() opens its own."""
+        self.close()
+        self._pid = os.getpid()
+        if self._query is None:
             return
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             return
-        q = _ProcmapQuery(size=ctypes.sizeof(_ProcmapQuery))
         try:
-            fcntl.ioctl(fd, _PROCMAP_QUERY, q)     # address 0: ENOENT where it exists
+            self._query.query_addr = 0
+            fcntl.ioctl(fd, _PROCMAP_QUERY, self._query)
         except OSError as e:
-            if e.errno == errno.ENOENT:
-                self._fd, self._query = fd, q
-                self._name = ctypes.create_string_buffer(4096)
+            if e.errno != errno.ENOENT:     # ENOTTY, EINVAL: no PROCMAP_QUERY here
+                os.close(fd)
                 return
-        os.close(fd)
+        self._fd = fd
 
     def close(self):
         if self._fd is not None:
@@ -225,6 +232,8 @@ class MapCache:
     def view(self):
         """A MapView: lookups for one transfer."""
         self._stale = True
+        if self._pid != os.getpid():
+            self._open()
         return MapView(self)
 
     def _region_text(self, addr):
@@ -257,7 +266,8 @@ class MapCache:
         except OSError as e:
             if e.errno == errno.ENOENT:
                 return addr, addr + 1, None
-            raise
+            self.close()                    # unexpected: read the text from now on
+            return self._region_text(addr)
         if not q.vma_flags & _PROCMAP_QUERY_VMA_SHARED or q.inode == 0:
             return q.vma_start, q.vma_end, None
         name = self._name.value.decode(errors="replace") if q.vma_name_size else ""
