@@ -54,7 +54,7 @@ endif
 #   client/    libkvstash and the kvstash CLI
 #   src/       the daemon; src/rpc/ its request layer
 UTIL_SRC := util/log.c util/tcpopt.c util/sdnotify.c
-PROTO_SRC := protocol/kverr.c protocol/frame.c protocol/mp.c
+PROTO_SRC := protocol/kverr.c protocol/frame.c protocol/mp.c protocol/resp.c
 STORAGE_SRC := storage/alloc.c storage/store.c storage/store_tier.c storage/store_hash.c \
                storage/store_evict.c storage/crc32c.c storage/ssd_record.c storage/ssd_index.c \
                storage/ssd.c storage/ssd_bucket.c storage/ssd_writer.c storage/ssd_scan.c \

@@ -22,8 +22,6 @@
 
 #include <errno.h>
 #include <msgpack.h>
-#include <openssl/crypto.h>
-#include <openssl/sha.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -119,45 +117,11 @@ rpc_pack_kv_uint(msgpack_packer *pk, const char *k, uint64_t v)
     msgpack_pack_uint64(pk, v);
 }
 
-/*
- * rpc_authenticate: hello {tenant, token}: the SHA-256 of the token against
- * the tenant's, compared in constant time (an unknown tenant costs the same
- * work, so the answer's timing tells nothing). On success the connection's
- * keys live in the tenant's namespace from now on.
- */
+/* rpc_authenticate: hello {tenant, token} (rpc_login). */
 static int
 rpc_authenticate(struct rpc_req *rq, const struct rpc_opts *o)
 {
-    static const uint8_t nobody[SHA256_DIGEST_LENGTH];
-    struct rpc_ctx *ctx = rq->ctx;
-    const struct conf_tenants *ts = ctx->lim->tenants;
-    const struct conf_tenant *t = NULL;
-    uint8_t digest[SHA256_DIGEST_LENGTH];
-    bool ok;
-
-    for (uint32_t i = 0; ts != NULL && i < ts->n; i++) {
-        if (strlen(ts->t[i].name) == o->tenant_len
-            && memcmp(ts->t[i].name, o->tenant, o->tenant_len) == 0) {
-            t = &ts->t[i];
-        }
-    }
-    SHA256(o->token != NULL ? o->token : nobody, o->token_len, digest);
-    ok = CRYPTO_memcmp(digest, t != NULL ? t->token_sha256 : nobody, sizeof(digest)) == 0
-         && t != NULL && o->token != NULL && !ctx->auth_blocked;
-    if (!ok) {
-        ctx->auth_failures++;
-        rq->errmsg = ctx->auth_blocked ? "too many failed attempts from this address: wait"
-                                       : "unknown tenant or wrong token";
-        return KV_UNAUTHORIZED;
-    }
-    if (ctx->authed && ctx->tenant != t->id) {
-        return rpc_invalid(rq, "this connection is authenticated as another tenant already");
-    }
-    ctx->tenant = t->id;
-    ctx->authed = true;
-    memcpy(ctx->auth_sha256, t->token_sha256, sizeof(ctx->auth_sha256));
-    ctx->admin = strcmp(t->name, CONF_ADMIN_TENANT) == 0;
-    return 0;
+    return rpc_login(rq->ctx, o->tenant, o->tenant_len, o->token, o->token_len, &rq->errmsg);
 }
 
 bool

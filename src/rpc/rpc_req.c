@@ -9,6 +9,8 @@
 
 #include <errno.h>
 #include <msgpack.h>
+#include <openssl/crypto.h>
+#include <openssl/sha.h>
 #include <stdbool.h>
 #include <string.h>
 
@@ -325,4 +327,45 @@ rpc_get_refs(struct rpc_req *rq, struct mp_reader keys, uint32_t n, struct store
         }
     }
     return rc;
+}
+
+/* ---- login ---- */
+
+/*
+ * The SHA-256 of the token against the tenant's, compared in constant time (an
+ * unknown tenant costs the same work, so the answer's timing tells nothing).
+ */
+int
+rpc_login(struct rpc_ctx *ctx, const char *tenant, uint32_t tenant_len, const uint8_t *token,
+          uint32_t token_len, const char **why)
+{
+    static const uint8_t nobody[SHA256_DIGEST_LENGTH];
+    const struct conf_tenants *ts = ctx->lim->tenants;
+    const struct conf_tenant *t = NULL;
+    uint8_t digest[SHA256_DIGEST_LENGTH];
+    bool ok;
+
+    for (uint32_t i = 0; ts != NULL && i < ts->n; i++) {
+        if (strlen(ts->t[i].name) == tenant_len && memcmp(ts->t[i].name, tenant, tenant_len) == 0) {
+            t = &ts->t[i];
+        }
+    }
+    SHA256(token != NULL ? token : nobody, token_len, digest);
+    ok = CRYPTO_memcmp(digest, t != NULL ? t->token_sha256 : nobody, sizeof(digest)) == 0
+         && t != NULL && token != NULL && !ctx->auth_blocked;
+    if (!ok) {
+        ctx->auth_failures++;
+        *why = ctx->auth_blocked ? "too many failed attempts from this address: wait"
+                                 : "unknown tenant or wrong token";
+        return KV_UNAUTHORIZED;
+    }
+    if (ctx->authed && ctx->tenant != t->id) {
+        *why = "this connection is authenticated as another tenant already";
+        return KV_INVALID_ARGUMENT;
+    }
+    ctx->tenant = t->id;
+    ctx->authed = true;
+    memcpy(ctx->auth_sha256, t->token_sha256, sizeof(ctx->auth_sha256));
+    ctx->admin = strcmp(t->name, CONF_ADMIN_TENANT) == 0;
+    return 0;
 }

@@ -128,4 +128,15 @@ int rpc_arity(struct rpc_req *rq, uint32_t min, uint32_t max);
 int rpc_get_refs(struct rpc_req *rq, struct mp_reader keys, uint32_t n, struct store_obj **objs,
                  const uint8_t *skip);
 
+/*
+ * rpc_login: authenticate ctx's connection as tenant[0..tenant_len) with
+ * token[0..token_len) (the msgpack hello {tenant, token} and the RESP AUTH
+ * both call it). 0: its keys live in the tenant's namespace from now on;
+ * KV_UNAUTHORIZED (an unknown tenant, a wrong token, or a peer that failed
+ * too often: counted in ctx->auth_failures); KV_INVALID_ARGUMENT when it is
+ * authenticated as another tenant already. *why is set (static) on error.
+ */
+int rpc_login(struct rpc_ctx *ctx, const char *tenant, uint32_t tenant_len, const uint8_t *token,
+              uint32_t token_len, const char **why);
+
 #endif
