@@ -74,8 +74,8 @@ else
   RDMA_LIBS :=
 endif
 CORE_SRC += $(RDMA_SRC)
-DAEMON_SRC := src/main.c src/server.c src/worker.c src/conn.c src/conn_read.c src/stats.c src/tls.c \
-              src/transport.c src/transport_tls.c src/metrics.c src/admin.c
+DAEMON_SRC := src/main.c src/server.c src/worker.c src/conn.c src/conn_read.c src/conn_proto.c \
+              src/stats.c src/tls.c src/transport.c src/transport_tls.c src/metrics.c src/admin.c
 CLIENT_SRC := client/kvstash.c client/kvstash_buffer.c client/kvstash_async.c client/kvstash_wire.c \
               client/kvstash_reply.c client/kvstash_rdma.c $(UTIL_SRC) $(PROTO_SRC) $(RDMA_SRC)
 CLI_SRC := client/kvstash_cli.c client/cli_monitor.c

@@ -391,12 +391,56 @@ resp_scan_decline(struct resp_scan *st)
     }
 }
 
+/*
+ * resp_walk: the next bulk of a multibulk command at *pos (0: the count line
+ * first) into *a, its hole taken from holes[*h..] when its body was spilled.
+ * 0, or -1 when the bytes are not that.
+ */
+static int
+resp_walk(const uint8_t *msg, size_t len, const struct mp_hole *holes, size_t nholes, size_t *pos,
+          size_t *h, struct resp_arg *a)
+{
+    size_t p = *pos, end;
+    int64_t v;
+
+    if (p == 0) {
+        if (len == 0 || msg[0] != '*' || resp_line(msg, 0, len, &end) != 1) {
+            return -1;
+        }
+        p = end + 2;
+    }
+    if (p >= len || msg[p] != '$' || resp_line(msg, p, len, &end) != 1
+        || resp_int(msg + p + 1, end - p - 1, &v) != 0 || v < 0) {
+        return -1;
+    }
+    p = end + 2;
+    a->len = (uint64_t)v;
+    if (*h < nholes && holes[*h].off == p) {
+        if (holes[*h].len != (uint64_t)v) {
+            return -1;
+        }
+        a->p = NULL;
+        a->hole = &holes[(*h)++];
+    } else {
+        if ((uint64_t)v > len - p) {
+            return -1;
+        }
+        a->p = msg + p;
+        a->hole = NULL;
+        p += (size_t)v;
+    }
+    if (len - p < 2 || msg[p] != '\r' || msg[p + 1] != '\n') {
+        return -1;
+    }
+    *pos = p + 2;
+    return 0;
+}
+
 int
 resp_args(uint8_t *msg, size_t len, int is_inline, const struct mp_hole *holes, size_t nholes,
           struct resp_arg *argv, uint32_t argc)
 {
-    size_t pos, end, h = 0;
-    int64_t v;
+    size_t pos = 0, h = 0;
     uint32_t n;
 
     if (is_inline) {
@@ -405,38 +449,24 @@ resp_args(uint8_t *msg, size_t len, int is_inline, const struct mp_hole *holes, 
         }
         return 0;
     }
-    if (argc == 0) {
-        return 0;
-    }
-    if (resp_line(msg, 0, len, &end) != 1) {
-        return -1;
-    }
-    pos = end + 2;
     for (uint32_t i = 0; i < argc; i++) {
-        if (pos >= len || msg[pos] != '$' || resp_line(msg, pos, len, &end) != 1
-            || resp_int(msg + pos + 1, end - pos - 1, &v) != 0 || v < 0) {
+        if (resp_walk(msg, len, holes, nholes, &pos, &h, &argv[i]) != 0) {
             return -1;
         }
-        pos = end + 2;
-        argv[i].len = (uint64_t)v;
-        if (h < nholes && holes[h].off == pos) {
-            if (holes[h].len != (uint64_t)v) {
-                return -1;
-            }
-            argv[i].p = NULL;
-            argv[i].hole = &holes[h++];
-        } else {
-            if ((uint64_t)v > len - pos) {
-                return -1;
-            }
-            argv[i].p = msg + pos;
-            argv[i].hole = NULL;
-            pos += (size_t)v;
-        }
-        if (len - pos < 2 || msg[pos] != '\r' || msg[pos + 1] != '\n') {
+    }
+    return 0;
+}
+
+int
+resp_arg_nth(const uint8_t *msg, size_t len, const struct mp_hole *holes, size_t nholes,
+             uint32_t i, struct resp_arg *out)
+{
+    size_t pos = 0, h = 0;
+
+    for (uint32_t k = 0; k <= i; k++) {
+        if (resp_walk(msg, len, holes, nholes, &pos, &h, out) != 0) {
             return -1;
         }
-        pos += 2;
     }
     return 0;
 }

@@ -108,4 +108,13 @@ struct resp_arg {
 int resp_args(uint8_t *msg, size_t len, int is_inline, const struct mp_hole *holes,
               size_t nholes, struct resp_arg *argv, uint32_t argc);
 
+/*
+ * resp_arg_nth: argument i of a multibulk command of which msg[0..len)
+ * holds at least the first i + 1 bulks (a prefix, as while a later bulk is
+ * still arriving), holes as for resp_args. Returns 0 and *out, or -1 when
+ * it is not there.
+ */
+int resp_arg_nth(const uint8_t *msg, size_t len, const struct mp_hole *holes, size_t nholes,
+                 uint32_t i, struct resp_arg *out);
+
 #endif

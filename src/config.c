@@ -221,6 +221,9 @@ static const struct conf_option conf_options[] = {
     OPT_STRING(tls_cert_file,           "",               RELOAD,  NULL),
     OPT_STRING(tls_key_file,            "",               RELOAD,  NULL),
     OPT_STRING(tls_ca_file,             "",               RELOAD,  NULL),
+    OPT_STRING(resp_listen,             "",               RESTART, conf_check_listen),
+    OPT_STRING(resp_unix_socket,        "",               RESTART, conf_check_unix_socket),
+    OPT_STRING(resp_tls_listen,         "",               RESTART, conf_check_listen),
     {.name = "tenant", .type = CONF_T_TENANTS, .offset = offsetof(struct kv_config, tenants),
      .def = "", .reloadable = RELOAD},
 };
@@ -1028,6 +1031,24 @@ conf_finalize_tenants(const struct kv_config *c, struct conf_tenants *out, char 
                     "allow_unauthenticated_remote yes", c->metrics_listen,
                     conf_src(c, "metrics_listen", w, sizeof(w)));
         return -1;
+    }
+    if (c->resp_tls_listen[0] != '\0'
+        && (c->tls_cert_file[0] == '\0' || c->tls_key_file[0] == '\0')) {
+        kv_errorf(err, errlen, "resp_tls_listen %s%s needs tls_cert_file and tls_key_file",
+                    c->resp_tls_listen, conf_src(c, "resp_tls_listen", w, sizeof(w)));
+        return -1;
+    }
+    const char *resp_ports[2][2] = {{"resp_listen", c->resp_listen},
+                                    {"resp_tls_listen", c->resp_tls_listen}};
+    for (int i = 0; i < 2; i++) {
+        if (!conf_listen_is_loopback(resp_ports[i][1]) && !c->require_auth
+            && !c->allow_unauthenticated_remote) {
+            kv_errorf(err, errlen, "%s %s%s is not a loopback address: set require_auth yes "
+                        "(with tenant lines), or allow_unauthenticated_remote yes",
+                        resp_ports[i][0], resp_ports[i][1],
+                        conf_src(c, resp_ports[i][0], w, sizeof(w)));
+            return -1;
+        }
     }
     if (!conf_listen_is_loopback(c->listen) && !c->require_auth
         && !c->allow_unauthenticated_remote) {

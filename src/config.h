@@ -98,6 +98,9 @@ struct kv_config {
     char tls_cert_file[CONF_STR_MAX]; /* PEM certificate chain */
     char tls_key_file[CONF_STR_MAX];  /* PEM private key */
     char tls_ca_file[CONF_STR_MAX];   /* PEM CAs of client certificates; "" = none asked */
+    char resp_listen[CONF_STR_MAX];   /* host:port of the Redis-protocol (RESP2) port; "" = off */
+    char resp_unix_socket[CONF_STR_MAX]; /* path of a RESP2 Unix socket; "" = none */
+    char resp_tls_listen[CONF_STR_MAX]; /* host:port of the RESP2 port over TLS; "" = none */
     struct conf_tenants tenants;      /* tenant lines (repeatable), then token_file's */
     char where[CONF_OPTIONS_MAX][CONF_WHERE_MAX]; /* per option: what set it, "" = default;
                                                      for the errors that involve two keys */

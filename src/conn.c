@@ -144,6 +144,9 @@ conn_free(struct conn *c)
     if (c->next != NULL) {
         c->next->prev = c->prev;
     }
+    if (c->proto != NULL && c->proto->close != NULL) {
+        c->proto->close(c);
+    }
     free(c->ibuf);
     free(c->holes);
     free(c->spills);
@@ -307,14 +310,16 @@ conn_adopt(struct conn_loop *w, int fd, int kind)
         atomic_fetch_sub_explicit(w->connections, 1, memory_order_relaxed);
         return -ENOMEM;
     }
-    int is_unix = kind == CONN_UNIX;
+    int tp_kind = kind & ~CONN_RESP;
+    int is_unix = tp_kind == CONN_UNIX;
 
     c->w = w;
     c->fd = fd;
-    c->kind = kind >= 0 && kind < CONN_KINDS ? kind : CONN_TCP;
-    c->tp = kind == CONN_TLS ? &transport_tls : is_unix ? &transport_unix : &transport_tcp;
+    c->kind = tp_kind >= 0 && tp_kind < CONN_KINDS ? tp_kind : CONN_TCP;
+    c->tp = tp_kind == CONN_TLS ? &transport_tls : is_unix ? &transport_unix : &transport_tcp;
     c->tp_ready = c->tp->start == NULL;
-    if (kind == CONN_TLS) {
+    c->proto = (kind & CONN_RESP) ? &conn_proto_resp : &conn_proto_msgpack;
+    if (tp_kind == CONN_TLS) {
         if (transport_tls_open(c, w->tls_new(w->tls_arg)) != 0) {
             log_error("conn: cannot set up TLS for fd %d", fd);
             free(c);
@@ -338,8 +343,6 @@ conn_adopt(struct conn_loop *w, int fd, int kind)
         c->ctx.take_fd_arg = c;
     }
     outq_init(&c->out, w->store);
-    frame_scan_init(&c->scan);
-    rpc_spill_reset(&c->sc);
     c->ibuf = malloc(CONN_IBUF_MIN);
     c->icap = CONN_IBUF_MIN;
     if (c->ibuf != NULL) {
@@ -356,15 +359,16 @@ conn_adopt(struct conn_loop *w, int fd, int kind)
     struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
     c->in_ready = epoll_ctl(w->ready_ep, EPOLL_CTL_ADD, fd, &ev) == 0;
     if (c->ibuf == NULL || c->ev_read == NULL || c->ev_write == NULL || !c->in_ready ||
-        event_add(c->ev_read, NULL) != 0) {
+        (c->proto->open != NULL && c->proto->open(c) != 0) || event_add(c->ev_read, NULL) != 0) {
         log_error("conn %llu %s: cannot set up (out of memory)", (unsigned long long)c->id,
                   c->peer);
         conn_free(c);
         return -ENOMEM;
     }
+    c->proto->reset(c);
     c->reading = true;
     log_kv(LOG_LEVEL_DEBUG, "connection open", LOG_NUM("conn", c->id), LOG_STR("peer", c->peer),
-           LOG_NUM("worker", w->idx));
+           LOG_NUM("worker", w->idx), LOG_STR("protocol", c->proto->name));
     return 0;
 }
 
@@ -595,7 +599,7 @@ conn_refuse(struct conn *c, int status, const char *why)
     while (recv(c->fd, sink, sizeof(sink), MSG_DONTWAIT) > 0) {
     }
     outq_init(&q, c->w->store);
-    if (rpc_notify_error(&q, status, why) == 0) {
+    if (c->proto->notify(&q, status, why) == 0) {
         n = outq_peek(&q, iov, 4);
         (void)writev(c->fd, iov, n);  /* best effort, never waits */
     }
@@ -718,7 +722,7 @@ conn_fail(struct conn *c, int status, const char *why)
             memory_order_relaxed);
     }
     conn_spills_abort(c);
-    if (rpc_notify_error(&c->out, status, why) == 0) {
+    if (c->proto->notify(&c->out, status, why) == 0) {
         (void)conn_flush(c); /* best effort: the peer may not be reading */
     }
     conn_set_state(c, CONN_CLOSING);
@@ -729,8 +733,7 @@ conn_fail(struct conn *c, int status, const char *why)
 static void
 conn_message_reset(struct conn *c)
 {
-    frame_scan_init(&c->scan);
-    rpc_spill_reset(&c->sc);
+    c->proto->reset(c);
     c->nholes = 0;
 }
 
@@ -742,12 +745,12 @@ conn_dispatch(struct conn *c)
         c->holes[i].tag = &c->spills[i];
     }
     conn_fds_expire(c);
-    int rc = rpc_dispatch(&c->ctx, c->ibuf + c->rpos, c->scan.pos, c->holes, c->nholes, &c->out);
+    int rc = c->proto->dispatch(c);
     if (rc == -EAGAIN) {
         bool first = !c->lookahead;
 
         conn_wait(c);           /* the same message is dispatched again */
-        if (first && c->nholes == 0 && c->spill_left == 0) {
+        if (first && c->nholes == 0 && c->spill_left == 0 && c->proto->prefetch) {
             /* Nothing of it is on the wire any more: read on behind it and prefetch. */
             c->lookahead = true;
             c->la_pos = c->scan.pos;
@@ -772,6 +775,12 @@ conn_dispatch(struct conn *c)
     if (rc == KV_PROTOCOL_ERROR) {
         conn_fail(c, KV_PROTOCOL_ERROR, "not a msgpack-rpc request ([0, msgid, method, params])");
         return -1;
+    }
+    if (rc == CONN_PROTO_QUIT) {
+        /* Answered; the peer asked to close: nothing after it is read or answered. */
+        c->ilen = c->rpos;
+        conn_set_state(c, CONN_EOF);
+        return 1;
     }
     if (rc != 0) {
         log_error("conn %llu %s: out of memory building a reply; closing",
@@ -876,7 +885,7 @@ conn_process(struct conn *c)
         if (c->offer_pending) {
             c->offer_pending = false;   /* the same offer, asked again */
         } else {
-            st = frame_scan(&c->scan, c->ibuf + c->rpos, c->ilen - c->rpos, &c->flim);
+            st = c->proto->scan(c);
         }
         if (st == FRAME_DONE) {
             int d;
@@ -908,10 +917,8 @@ conn_process(struct conn *c)
             return 0;
         }
         struct rpc_spill sp;
-        if (!rpc_spill_take(&c->ctx, &c->sc, c->ibuf + c->rpos, c->scan.pos, c->holes,
-                            c->nholes, c->scan.path, c->scan.depth, c->scan.spill_len,
-                            c->scan.spill_bin, &sp)) {
-            frame_scan_decline(&c->scan);
+        if (!c->proto->take(c, &sp)) {
+            c->proto->decline(c);
             continue;
         }
         if (sp.obj == NULL && sp.code == -EAGAIN) {
@@ -1022,7 +1029,7 @@ conn_on_read(evutil_socket_t fd, short what, void *arg)
 
     c->turn_bytes = 0;
 
-    for (int i = 0; i < CONN_READS_PER_WAKE && c->state != CONN_CLOSING && !c->yielded; i++) {
+    for (int i = 0; i < CONN_READS_PER_WAKE && c->state == CONN_OPEN && !c->yielded; i++) {
         ssize_t rd = conn_read_once(c);
         if (rd == 0) {
             conn_set_state(c, CONN_EOF);

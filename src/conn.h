@@ -101,11 +101,12 @@ struct conn_loop {
 
 /*
  * conn_adopt: make a connection of an accepted non-blocking fd on loop w
- * (called on w's thread). kind tells the transport. On failure the fd is
- * closed, the connection taken off *w->connections and the error logged.
- * Returns 0 or -errno.
+ * (called on w's thread). kind tells the transport, with CONN_RESP or'ed in
+ * when the connection speaks RESP2 (a resp_listen port) instead of
+ * msgpack-rpc. On failure the fd is closed, the connection taken off
+ * *w->connections and the error logged. Returns 0 or -errno.
  */
-enum conn_kind { CONN_TCP, CONN_UNIX, CONN_TLS };
+enum conn_kind { CONN_TCP, CONN_UNIX, CONN_TLS, CONN_RESP = 8 };
 
 int conn_adopt(struct conn_loop *w, int fd, int kind);
 

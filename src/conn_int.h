@@ -21,6 +21,7 @@
 #include "outq.h"
 #include "rpc.h"
 
+struct conn_proto;
 struct conn_transport;
 struct event;
 struct conn_loop;
@@ -74,6 +75,8 @@ struct conn {
     int fd;
     const struct conn_transport *tp; /* TCP, Unix or TLS: how its bytes cross fd */
     int kind;                        /* enum conn_kind (conn.h): its bytes' counters */
+    const struct conn_proto *proto;  /* msgpack-rpc or RESP2: what its bytes mean */
+    void *proto_data;                /* the protocol's own (RESP: its scan), or NULL */
     void *tp_data;                   /* the transport's own (TLS: its session), or NULL */
     bool tp_ready;                   /* tp->start has accepted the peer (or has none) */
     bool tp_want_write;              /* a tp->readv waits for the socket to be writable */
@@ -140,6 +143,44 @@ struct conn {
     struct outq out;
     struct rpc_ctx ctx;
 };
+
+/* ---- conn_proto.c ---- */
+
+/*
+ * conn_proto: what a connection's bytes mean, as a small table beside the
+ * transport's: msgpack-rpc (protocol/frame.c, src/rpc/rpc.c) or RESP2
+ * (protocol/resp.c, src/rpc/resp_cmd.c). conn.c keeps one state machine for
+ * both and calls these at its fixed points; a scan reports in c->scan's
+ * outputs (pos, wire_bytes, error, spill_len, spill_have) and FRAME_* terms
+ * whatever the protocol, so the spill, wait and write paths are shared.
+ */
+struct conn_proto {
+    const char *name;                   /* "msgpack" or "resp" */
+    bool prefetch;                      /* rpc_prefetch and rpc_overlaps apply to it */
+    /* open: set up c->proto_data (at adoption). 0 or -ENOMEM. NULL: nothing to do. */
+    int (*open)(struct conn *c);
+    /* close: free c->proto_data. NULL: nothing to do. */
+    void (*close)(struct conn *c);
+    /* reset: a new message begins at c->rpos. */
+    void (*reset)(struct conn *c);
+    /* scan: scan on over ibuf[rpos..ilen) with c->flim: a FRAME_* status. */
+    int (*scan)(struct conn *c);
+    /* take: the FRAME_SPILL offer: 1 with *sp filled (see rpc_spill_take), 0 to decline. */
+    int (*take)(struct conn *c, struct rpc_spill *sp);
+    /* spilled, decline: the offered body was received elsewhere, or is to be buffered. */
+    void (*spilled)(struct conn *c);
+    void (*decline)(struct conn *c);
+    /* dispatch: the complete message of scan.pos bytes at rpos, holes tagged: as
+     * rpc_dispatch, or CONN_PROTO_QUIT (answered; close once it is sent). */
+    int (*dispatch)(struct conn *c);
+    /* notify: queue the error that precedes closing. 0 or -ENOMEM. */
+    int (*notify)(struct outq *out, int status, const char *why);
+};
+
+#define CONN_PROTO_QUIT 1
+
+extern const struct conn_proto conn_proto_msgpack;
+extern const struct conn_proto conn_proto_resp;
 
 /* ---- conn_read.c ---- */
 

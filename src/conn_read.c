@@ -249,7 +249,7 @@ conn_read_once(struct conn *c)
         c->spill_left -= k;
         got -= k;
         if (c->spill_left == 0) {
-            frame_scan_spilled(&c->scan);
+            c->proto->spilled(c);
         }
     }
     c->ilen += got;

@@ -56,6 +56,7 @@
 #include "version.h"
 
 #define SERVER_ACCEPTS_PER_WAKE 64
+#define SERVER_RESP_PORTS 3            /* RESP2 over TCP, the Unix socket, TLS */
 #define SERVER_FD_RESERVE 256          /* descriptors besides connections (server_fd_limit) */
 
 struct server {
@@ -85,6 +86,10 @@ struct server {
     pthread_mutex_t tls_lock;        /* guards tls_ctx */
     char unix_path[CONF_STR_MAX];
     struct event *tcp_ev, *unix_ev, *tls_ev, *accept_timer;
+    int resp_fd[SERVER_RESP_PORTS];  /* the RESP2 listeners (resp_listen, resp_unix_socket,
+                                        resp_tls_listen), or -1 */
+    struct event *resp_ev[SERVER_RESP_PORTS];
+    char resp_unix_path[CONF_STR_MAX];
     int spare_fd;                    /* /dev/null, given up to accept and refuse a client
                                         when descriptors run out (server_refuse_no_fd) */
     uint64_t fd_refused;             /* clients refused for want of a descriptor */
@@ -365,6 +370,102 @@ server_refuse_no_fd(struct server *s, int lfd, int err)
     return refused;
 }
 
+/* ---- the RESP2 listeners (resp_listen, resp_unix_socket, resp_tls_listen) ---- */
+
+/* server_resp_kind: the conn_kind of a connection accepted on lfd (0: not a RESP port). */
+static int
+server_resp_kind(const struct server *s, int lfd)
+{
+    static const int kinds[SERVER_RESP_PORTS] = {CONN_TCP, CONN_UNIX, CONN_TLS};
+
+    for (int i = 0; i < SERVER_RESP_PORTS; i++) {
+        if (lfd >= 0 && s->resp_fd[i] == lfd) {
+            return kinds[i] | CONN_RESP;
+        }
+    }
+    return 0;
+}
+
+/* server_resp_accepting: stop (on false) or go on (true) accepting on the RESP ports. */
+static void
+server_resp_accepting(struct server *s, bool on)
+{
+    for (int i = 0; i < SERVER_RESP_PORTS; i++) {
+        if (s->resp_ev[i] != NULL) {
+            if (on) {
+                event_add(s->resp_ev[i], NULL);
+            } else {
+                event_del(s->resp_ev[i]);
+            }
+        }
+    }
+}
+
+/* server_resp_close: close the RESP listeners (free: their events too). */
+static void
+server_resp_close(struct server *s, bool free_events)
+{
+    server_resp_accepting(s, false);
+    for (int i = 0; i < SERVER_RESP_PORTS; i++) {
+        if (free_events && s->resp_ev[i] != NULL) {
+            event_free(s->resp_ev[i]);
+            s->resp_ev[i] = NULL;
+        }
+        if (s->resp_fd[i] >= 0) {
+            close(s->resp_fd[i]);
+            s->resp_fd[i] = -1;
+            if (i == 1) {
+                unlink(s->resp_unix_path);
+            }
+        }
+    }
+}
+
+static void server_on_accept(evutil_socket_t lfd, short what, void *arg);
+
+/* server_resp_listen: open the RESP listeners c asks for (start). 0 or -1 (logged). */
+static int
+server_resp_listen(struct server *s, const struct kv_config *c)
+{
+    if (c->resp_listen[0] != '\0' && server_listen_tcp(c->resp_listen, &s->resp_fd[0]) != 0) {
+        return -1;
+    }
+    if (c->resp_unix_socket[0] != '\0') {
+        snprintf(s->resp_unix_path, sizeof(s->resp_unix_path), "%s", c->resp_unix_socket);
+        if (server_listen_unix(c->resp_unix_socket, &s->resp_fd[1]) != 0) {
+            return -1;
+        }
+    }
+    if (c->resp_tls_listen[0] != '\0'
+        && server_listen_tcp(c->resp_tls_listen, &s->resp_fd[2]) != 0) {
+        return -1;
+    }
+    return 0;
+}
+
+/* server_resp_events: watch the RESP listeners (start, once the workers run). 0 or -1. */
+static int
+server_resp_events(struct server *s)
+{
+    char name[80];
+
+    for (int i = 0; i < SERVER_RESP_PORTS; i++) {
+        if (s->resp_fd[i] < 0) {
+            continue;
+        }
+        s->resp_ev[i] = event_new(s->base, s->resp_fd[i], EV_READ | EV_PERSIST,
+                                  server_on_accept, s);
+        if (s->resp_ev[i] == NULL || event_add(s->resp_ev[i], NULL) != 0) {
+            return -1;
+        }
+        log_info("RESP2 (Redis protocol) on %s%s",
+                 i == 1 ? s->resp_unix_path : server_bound_name(s->resp_fd[i], name,
+                                                                sizeof(name)),
+                 i == 2 ? " over TLS" : "");
+    }
+    return 0;
+}
+
 static void
 server_accept_resume(evutil_socket_t fd, short what, void *arg)
 {
@@ -384,6 +485,7 @@ server_accept_resume(evutil_socket_t fd, short what, void *arg)
     if (s->tls_ev != NULL) {
         event_add(s->tls_ev, NULL);
     }
+    server_resp_accepting(s, true);
 }
 
 /*
@@ -487,8 +589,9 @@ static void
 server_on_accept(evutil_socket_t lfd, short what, void *arg)
 {
     struct server *s = arg;
-    int is_unix = (lfd == s->unix_fd);
-    int is_tls = (lfd == s->tls_fd);
+    int resp = server_resp_kind(s, lfd);
+    int is_unix = (lfd == s->unix_fd) || (resp & ~CONN_RESP) == CONN_UNIX;
+    int is_tls = (lfd == s->tls_fd) || (resp & ~CONN_RESP) == CONN_TLS;
     (void)what;
 
     for (int i = 0; i < SERVER_ACCEPTS_PER_WAKE; i++) {
@@ -515,6 +618,7 @@ server_on_accept(evutil_socket_t lfd, short what, void *arg)
                 if (s->tls_ev != NULL) {
                     event_del(s->tls_ev);
                 }
+                server_resp_accepting(s, false);
                 evtimer_add(s->accept_timer, &tv);
                 return;
             }
@@ -546,7 +650,8 @@ server_on_accept(evutil_socket_t lfd, short what, void *arg)
         }
         struct worker *w = s->workers[s->next_worker];
         s->next_worker = (s->next_worker + 1) % s->nworkers;
-        if (worker_hand_off(w, fd, is_unix ? CONN_UNIX : is_tls ? CONN_TLS : CONN_TCP) != 0) {
+        int kind = (is_unix ? CONN_UNIX : is_tls ? CONN_TLS : CONN_TCP) | (resp & CONN_RESP);
+        if (worker_hand_off(w, fd, kind) != 0) {
             atomic_fetch_sub_explicit(&s->connections, 1, memory_order_relaxed);
             close(fd);
             continue;
@@ -945,6 +1050,7 @@ server_begin_drain(struct server *s)
         s->unix_fd = -1;
         unlink(s->unix_path);
     }
+    server_resp_close(s, false);
     s->drain_deadline_ms = clock_ms() + conf->shutdown_timeout_ms;
     for (int i = 0; i < s->nworkers; i++) {
         worker_drain(s->workers[i]);
@@ -1054,6 +1160,9 @@ server_create(const struct kv_config *conf, const char *config_path, int argc, c
     s->argv = argv;
     s->tcp_fd = s->unix_fd = s->tls_fd = s->metrics_fd = -1;
     atomic_init(&s->phase, SERVER_PHASE_STARTING);
+    for (int i = 0; i < SERVER_RESP_PORTS; i++) {
+        s->resp_fd[i] = -1;
+    }
     s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     server_fd_limit(c->max_connections);
     pthread_mutex_init(&s->tls_lock, NULL);
@@ -1122,7 +1231,7 @@ server_create(const struct kv_config *conf, const char *config_path, int argc, c
         s->transports[s->rpc.ntransports++] = "unix";
         s->transports[s->rpc.ntransports++] = "shm";   /* registered buffers, over the socket */
     }
-    if (c->tls_listen[0] != '\0') {
+    if (c->tls_listen[0] != '\0' || c->resp_tls_listen[0] != '\0') {
         char err[512];
 
         s->tls_ctx = tls_ctx_new(c->tls_cert_file, c->tls_key_file, c->tls_ca_file, err,
@@ -1131,10 +1240,15 @@ server_create(const struct kv_config *conf, const char *config_path, int argc, c
             log_error("%s", err);
             goto fail;
         }
-        if (server_listen_tcp(c->tls_listen, &s->tls_fd) != 0) {
-            goto fail;
+        if (c->tls_listen[0] != '\0') {
+            if (server_listen_tcp(c->tls_listen, &s->tls_fd) != 0) {
+                goto fail;
+            }
+            s->transports[s->rpc.ntransports++] = "tls";
         }
-        s->transports[s->rpc.ntransports++] = "tls";
+    }
+    if (server_resp_listen(s, c) != 0) {
+        goto fail;
     }
     if (s->tcp_fd < 0 && s->unix_fd < 0 && s->tls_fd < 0) {
         log_error("nothing to listen on: both listen and unix_socket are disabled");
@@ -1238,6 +1352,9 @@ server_create(const struct kv_config *conf, const char *config_path, int argc, c
         if (s->tls_ev == NULL || event_add(s->tls_ev, NULL) != 0) {
             goto fail;
         }
+    }
+    if (server_resp_events(s) != 0) {
+        goto fail;
     }
     s->accept_timer = evtimer_new(s->base, server_accept_resume, s);
     if (s->accept_timer == NULL) {
@@ -1379,6 +1496,7 @@ server_destroy(struct server *s)
     if (s->spare_fd >= 0) {
         close(s->spare_fd);
     }
+    server_resp_close(s, true);
     tls_ctx_free(s->tls_ctx);
     pthread_mutex_destroy(&s->tls_lock);
     if (s->unix_fd >= 0) {

@@ -24,6 +24,7 @@
 #include "rpc.h"
 
 #define WORKER_TLS_FD (1 << 30)         /* marks a TLS connection's fd in the pending queue */
+#define WORKER_RESP_FD (1 << 29)        /* ... and one of a RESP2 port (CONN_RESP) */
 
 struct worker {
     struct conn_loop loop;           /* what its connections see (conn.h) */
@@ -65,8 +66,11 @@ worker_on_notify(evutil_socket_t fd, short what, void *arg)
         }
         for (int i = 0; i < n; i++) {
             int f = fds[i];
-            int kind = f < 0 ? CONN_UNIX : (f & WORKER_TLS_FD) ? CONN_TLS : CONN_TCP;
-            int cfd = f < 0 ? -f - 1 : f & ~WORKER_TLS_FD;
+            int u = f < 0 ? -f - 1 : f;
+            int kind = f < 0 ? CONN_UNIX : (u & WORKER_TLS_FD) ? CONN_TLS : CONN_TCP;
+            int cfd = u & ~(WORKER_TLS_FD | WORKER_RESP_FD);
+
+            kind |= (u & WORKER_RESP_FD) ? CONN_RESP : 0;
 
             if (w->loop.draining || drain) {
                 close(cfd);
@@ -218,9 +222,11 @@ worker_hand_off(struct worker *w, int fd, enum conn_kind kind)
         w->cappending = cap;
     }
     /* the sign and a high bit carry the transport */
-    w->pending[w->npending++] = kind == CONN_UNIX ? -fd - 1
-                                : kind == CONN_TLS ? fd | WORKER_TLS_FD
-                                                   : fd;
+    int v = fd | ((kind & CONN_RESP) ? WORKER_RESP_FD : 0);
+    int tp = kind & ~CONN_RESP;
+    w->pending[w->npending++] = tp == CONN_UNIX ? -v - 1
+                                : tp == CONN_TLS ? v | WORKER_TLS_FD
+                                                 : v;
     pthread_mutex_unlock(&w->lock);
     char b = 'c';
     if (write(w->notify_wr, &b, 1) < 0 && errno != EAGAIN) {
@@ -336,7 +342,7 @@ worker_destroy(struct worker *w)
     }
     for (int i = 0; i < w->npending; i++) {
         int f = w->pending[i];
-        close(f < 0 ? -f - 1 : f & ~WORKER_TLS_FD);
+        close((f < 0 ? -f - 1 : f) & ~(WORKER_TLS_FD | WORKER_RESP_FD));
     }
     free(w->pending);
     free(w->loop.discard);
