@@ -159,6 +159,9 @@ static const char *const changed_values[][2] = {
     {"metrics_listen", "127.0.0.1:9100"},
     {"require_auth", "yes"},
     {"tls_listen", "127.0.0.1:7432"},
+    {"resp_listen", "127.0.0.1:7433"},
+    {"resp_unix_socket", "/tmp/kvstash-resp.sock"},
+    {"resp_tls_listen", "127.0.0.1:7434"},
     {"tls_cert_file", "/tmp/kvstash-test.crt"},
     {"tls_key_file", "/tmp/kvstash-test.key"},
     {"tls_ca_file", "/tmp/kvstash-test-ca.crt"},
@@ -779,7 +782,7 @@ Test(config, apply_reloadable_copies_only_reloadable_keys)
     conf_apply_reloadable(&running, &fresh);
 
     /* What still differs from the new config is exactly the restart-only keys... */
-    cr_expect_eq(conf_diff(&running, &fresh, diff_collect, &d), 15);
+    cr_expect_eq(conf_diff(&running, &fresh, diff_collect, &d), 18);
     for (int i = 0; i < d.n; i++) {
         cr_expect_not(d.reloadable[i], "%s should have been applied", d.keys[i]);
     }
