@@ -57,6 +57,49 @@ REQUESTS = [
     msgpack.packb([2, "note", []]),
 ]
 
+def resp(*args):
+    """One RESP2 command (multibulk)."""
+    out = [b"*%d\r\n" % len(args)]
+    for a in args:
+        a = a if isinstance(a, bytes) else a.encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(a), a))
+    return b"".join(out)
+
+
+# resp/ inputs begin with one byte: the low bits pick the piece size, 0x40 offers big
+# bulks for spilling, 0x80 takes the offers into store reservations (see fuzz_resp.c).
+RESP_HOSTILE = {
+    "mbulk-huge": b"*2147483647\r\n",
+    "mbulk-over-limit": b"*1048577\r\n" + b"$1\r\nx\r\n" * 8,
+    "bulk-negative": b"*1\r\n$-2\r\n",
+    "bulk-huge": b"*1\r\n$99999999999\r\n",
+    "bulk-over-max-value": b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$4194305\r\n",
+    "inline-no-crlf": b"x" * 70000,
+    "count-no-crlf": b"*" + b"1" * 70000,
+    "bulk-count-no-crlf": b"*1\r\n$" + b"9" * 70000,
+    "unbalanced-quotes": b"set \"abc\r\n",
+    "expected-dollar": b"*1\r\nfoo\r\n",
+    "bulk-no-crlf": b"*2\r\n$3\r\nGET\r\n$1\r\nkXY",
+}
+
+RESP_COMMANDS = [
+    resp("PING"), resp("PING", "x"), resp("ECHO", "hello"), resp("AUTH", "pw"),
+    resp("AUTH", "user", "pw"), resp("HELLO", "2"), resp("HELLO", "3"),
+    resp("HELLO", "2", "SETNAME", "n"), resp("SELECT", "0"), resp("SELECT", "9"),
+    resp("CLIENT", "SETNAME", "me"), resp("CLIENT", "GETNAME"), resp("CLIENT", "ID"),
+    resp("CLIENT", "SETINFO", "lib-name", "x"), resp("INFO"), resp("INFO", "keyspace"),
+    resp("COMMAND"), resp("COMMAND", "COUNT"), resp("COMMAND", "DOCS"),
+    resp("COMMAND", "INFO", "get", "nosuch"), resp("SET", "k", "v"),
+    resp("SET", "k", "v", "NX"), resp("SET", "k", "v", "EX", "10"),
+    resp("SET", "big", b"B" * 40000), resp("MSET", "a", "1", "b", b"b" * 20000, "a", "3"),
+    resp("GET", "k"), resp("MGET", "k", "a", "big", "none"), resp("EXISTS", "k", "a", "z"),
+    resp("STRLEN", "big"), resp("DEL", "a", "z"), resp("UNLINK", "b"), resp("DBSIZE"),
+    resp("FLUSHDB"), resp("FLUSHALL", "ASYNC"), resp("RESET"), resp("NOSUCH", "a"),
+    resp("GET"), resp("SET", b"K" * 30000, "v"), resp("ECHO", b"E" * 20000),
+    b"PING\r\nset \"a b\" \"c\\x41\"\r\nget 'a b'\r\n\r\n*0\r\n*-1\r\n",
+    resp("QUIT") + resp("PING"),
+]
+
 CONFIGS = {
     "edges.conf": b"memory_size 4GiB\nlease_ttl_ms 1500ms\neviction_low_watermark 0.5\n"
                   b"# comment\n\nlog_level debug\nmax_batch 1\n",
@@ -91,6 +134,16 @@ def main():
     for name, data in CONFIGS.items():
         write("config", name, data)
     write("config", "flag", b"memory_size=64m")
+    for name, data in RESP_HOSTILE.items():
+        write("resp", name, b"\x06" + data)
+        write("resp", name + "-bytewise", b"\x00" + data)
+    allresp = b"".join(RESP_COMMANDS)
+    write("resp", "commands", b"\x06" + allresp)
+    write("resp", "commands-pieces", b"\x03" + allresp)
+    write("resp", "commands-spill", b"\xc5" + allresp)
+    write("resp", "commands-declined", b"\x44" + allresp)
+    for i, c in enumerate(RESP_COMMANDS):
+        write("resp", f"command-{i:02d}", b"\xc6" + c)
 
 
 if __name__ == "__main__":
