@@ -20,6 +20,8 @@
 # its raw TCP ceiling and the peers. Every command is printed before it runs; every loop and
 # every command is bounded.
 # Then batch_is_exist probes on one connection under get and put loads on eight.
+# Then the Redis-protocol section (tests/bench/resp.sh): redis-benchmark against kvstashd's
+# RESP2 port and redis-server in the same run, GET and SET of 4 KiB, 64 KiB, 1 MiB.
 # Last, the SSD section (tests/bench/ssd.sh): fio and kvstashd's SSD tier on one
 # directory of the same disk, sequential 1 MiB writes and reads, DRAM probes under SSD
 # reads, and restarts with a million objects on the SSD.
@@ -33,6 +35,7 @@
 # BENCH_ENGINES (1; 0 skips the engines section), BENCH_ENGINE_SECS (30: the time bound of
 # each engine script: rounds until then, medians), PYTHON (/usr/bin/python3, with python3-msgpack and python3-numpy),
 # BENCH_SSD (1; 0 skips the SSD section; its other settings are in ssd.sh),
+# BENCH_RESP (1; 0 skips the Redis-protocol section; its settings are in resp.sh),
 # BENCH_DAEMON_ARGS (more kvstashd flags for the matrix's daemon, e.g. --io_threads=8; the
 # SSD section has its own, BENCH_SSD_DAEMON_ARGS), BENCH_COPY (0; 1 makes kvstash-bench,
 # raw-bench and mc-bench send put values by copying, -C, instead of by reference).
@@ -832,6 +835,19 @@ if [ "${#engine_table[@]}" -gt 0 ]; then
 fi
 kvd_alive || kvd_died
 
+# ---- the Redis protocol (RESP2) port against redis-server ----
+resp_rc=0
+if [ "${BENCH_RESP:-1}" != 0 ]; then
+    echo
+    echo "== Redis protocol: kvstashd resp_listen and redis-server, redis-benchmark -P 16 -c 8"
+    KVSTASHD="$KVSTASHD" BENCH_SECS="$SECS" BENCH_REPS="$REPS" \
+        timeout 1800 "$here/resp.sh" || resp_rc=$?
+    kvd_alive || kvd_died
+else
+    echo
+    echo "== Redis protocol: skipped (BENCH_RESP=0)"
+fi
+
 # ---- SSD tier ----
 # The DRAM daemon is done: stopped, so the SSD section has the machine to itself. ssd.sh
 # bounds its own runs (it starts none after 360 s; its restart test's fill of a million
@@ -850,6 +866,10 @@ else
 fi
 if [ "$failures" -gt 0 ]; then
     echo "run.sh: $failures kvstash-bench run(s) failed" >&2
+    exit 1
+fi
+if [ "$resp_rc" -ne 0 ]; then
+    echo "run.sh: the Redis-protocol section failed (exit $resp_rc)" >&2
     exit 1
 fi
 if [ "$ssd_rc" -ne 0 ]; then

@@ -1,0 +1,205 @@
+#!/usr/bin/env bash
+# resp.sh: the Redis-protocol section of `make bench` (run.sh calls it; it runs alone too).
+#
+# redis-benchmark against kvstashd's RESP2 port (resp_listen) and against redis-server, in
+# the same run, one after the other on each row: GET and SET of 4 KiB, 64 KiB and 1 MiB
+# values, -P 16, -c 8. Each row: requests/s, p99 and the server's CPU per GB moved
+# (utime+stime of the server process over the run, in core-seconds per GB of values), the
+# median of BENCH_REPS runs of about BENCH_SECS seconds each; then a table with
+# kvstash/redis for every row. Both servers are DRAM-only with the same memory limit. GET
+# rows read keys preloaded with redis-cli --pipe (the same keys and bytes on both); SET rows
+# write keys drawn from a space of 10^9 (-r), so almost every SET stores a new key on both
+# servers (kvstash's SET is write-once: a repeated key would only be dropped, unfairly
+# cheap). Every command is printed before it runs and bounded by a timeout.
+#
+# Environment: KVSTASHD (default build/release/kvstashd), BENCH_SECS (5), BENCH_REPS (3),
+# BENCH_RESP_MEMORY (2g: memory_size of kvstashd, maxmemory of redis-server).
+# Exits non-zero when kvstashd dies or a kvstash row fails; a missing redis-server is
+# reported and its rows skipped.
+set -u -o pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+KVSTASHD=${KVSTASHD:-$root/build/release/kvstashd}
+SECS=${BENCH_SECS:-5}
+REPS=${BENCH_REPS:-3}
+MEM=${BENCH_RESP_MEMORY:-2g}
+
+# shellcheck source=lib.sh
+. "$here/lib.sh"       # die, show, field, free_port
+
+[ -x "$KVSTASHD" ] || die "no daemon at $KVSTASHD (run make first)"
+command -v redis-benchmark >/dev/null && command -v redis-cli >/dev/null ||
+    die "redis-benchmark and redis-cli (redis-tools) are needed"
+command -v perl >/dev/null || die "perl is needed (the preload)"
+case "$SECS$REPS" in *[!0-9]*) die "BENCH_SECS and BENCH_REPS must be whole numbers" ;; esac
+case "$MEM" in
+    *g|*G) mem_bytes=$(( ${MEM%[gG]} * 1073741824 )) ;;
+    *m|*M) mem_bytes=$(( ${MEM%[mM]} * 1048576 )) ;;
+    *) die "BENCH_RESP_MEMORY: use a size like 2g or 512m" ;;
+esac
+
+tmp=$(mktemp -d /tmp/kvstash-resp-bench.XXXXXX) || die "mktemp failed"
+kvd_pid=""
+redis_pid=""
+# shellcheck disable=SC2317  # invoked by the EXIT trap
+cleanup() {
+    local pid
+    for pid in "$kvd_pid" "$redis_pid"; do
+        if [ -n "$pid" ] && kill "$pid" 2>/dev/null; then
+            wait "$pid" 2>/dev/null
+        fi
+    done
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# proc_cpu PID: utime+stime of PID in clock ticks.
+proc_cpu() {
+    local s
+    s=$(cat "/proc/$1/stat" 2>/dev/null) || { echo 0; return; }
+    s=${s##*) }
+    echo "$s" | awk '{ print $12 + $13 }'
+}
+
+# wait_resp PORT PID: 0 once PORT answers PING (PONG), 1 when PID exits or after 10 s.
+wait_resp() {
+    for _ in $(seq 1 100); do
+        kill -0 "$2" 2>/dev/null || return 1
+        [ "$(timeout 5 redis-cli -p "$1" ping 2>/dev/null)" = PONG ] && return 0
+        sleep 0.1
+    done
+    return 1
+}
+
+# ---- the two servers ----
+kport=$(free_port) || die "no free port"
+mkdir -p "$tmp/data"
+kcmd=("$KVSTASHD" --listen="127.0.0.1:$(free_port)" --data_dir="$tmp/data" --unix_socket=none
+      --resp_listen="127.0.0.1:$kport" --memory_size="$MEM" --ssd_dir=)
+show "${kcmd[@]}"
+"${kcmd[@]}" >"$tmp/kvstashd.log" 2>&1 &
+kvd_pid=$!
+wait_resp "$kport" "$kvd_pid" || { tail -n 20 "$tmp/kvstashd.log" >&2; die "kvstashd did not start"; }
+
+rport=""
+if command -v redis-server >/dev/null; then
+    rport=$(free_port) || die "no free port"
+    mkdir -p "$tmp/redis"
+    rcmd=(redis-server --port "$rport" --bind 127.0.0.1 --save "" --appendonly no
+          --protected-mode no --dir "$tmp/redis" --maxmemory "$mem_bytes"
+          --maxmemory-policy allkeys-lru)
+    show "${rcmd[@]}"
+    "${rcmd[@]}" >"$tmp/redis.log" 2>&1 &
+    redis_pid=$!
+    wait_resp "$rport" "$redis_pid" || { echo "redis-server did not start: skipped"; rport=""; }
+else
+    echo "redis-server not installed: its rows are skipped"
+fi
+echo "kvstashd $kvd_pid RESP on 127.0.0.1:$kport; redis-server ${redis_pid:-none}" \
+     "${rport:+on 127.0.0.1:$rport}; -P 16 -c 8; $SECS s x $REPS runs a row"
+echo
+
+# preload PORT N SIZE: keys key:000000000000 .. N-1 with SIZE-byte values.
+preload() {
+    echo "\$ redis-cli -p $1 --pipe  # SET key:0..$(( $2 - 1 )) x $3 bytes"
+    perl -e 'my ($n, $s) = @ARGV; my $v = "x" x $s;
+             for my $i (0 .. $n - 1) {
+                 my $k = sprintf("key:%012d", $i);
+                 print "*3\r\n\$3\r\nSET\r\n\$" . length($k) . "\r\n$k\r\n\$$s\r\n$v\r\n";
+             }' "$2" "$3" | timeout 300 redis-cli -p "$1" --pipe >/dev/null
+}
+
+# run_row PORT PID SIZE ARGS...: REPS runs of redis-benchmark ARGS against PORT, each
+# printed; the median line (rps=, p99_us=, core_s_per_GB=) in $med, or return 1.
+med=""
+run_row() {
+    local port=$1 pid=$2 size=$3
+    shift 3
+    local base=(redis-benchmark -h 127.0.0.1 -p "$port" -c 8 -P 16 --csv "$@")
+    local out rps n lines=() cpu0 cpu1 t0 t1 line
+    out=$(timeout 120 "${base[@]}" -n 2000 2>/dev/null | tail -n 1)
+    rps=$(echo "$out" | awk -F'"' '{ print int($4) }')
+    if [ -z "$rps" ] || [ "$rps" -le 0 ]; then
+        echo "   calibration failed: $out"
+        return 1
+    fi
+    n=$(( rps * SECS ))
+    [ "$n" -lt 2000 ] && n=2000
+    show "${base[@]}" -n "$n"
+    for rep in $(seq 1 "$REPS"); do
+        cpu0=$(proc_cpu "$pid")
+        t0=$(date +%s%N)
+        out=$(timeout $(( SECS * 4 + 60 )) "${base[@]}" -n "$n" 2>"$tmp/rb.err" | tail -n 1)
+        t1=$(date +%s%N)
+        cpu1=$(proc_cpu "$pid")
+        rps=$(echo "$out" | awk -F'"' '{ print $4 }')
+        if [ -z "$rps" ] || grep -qi "error" "$tmp/rb.err"; then
+            echo "   run $rep FAILED: $out $(grep -i error "$tmp/rb.err" | head -n 2)"
+            continue
+        fi
+        line=$(awk -v rps="$rps" -v size="$size" -v p99="$(echo "$out" | awk -F'"' '{ print $14 }')" \
+                   -v cpu=$(( cpu1 - cpu0 )) -v hz="$(getconf CLK_TCK)" \
+                   -v ms="$(( (t1 - t0) / 1000000 ))" 'BEGIN {
+            gb = rps * size * ms / 1000 / 1e9;
+            printf "rps=%.0f GB/s=%.3f p99_us=%.0f core_s_per_GB=%.3f",
+                   rps, rps * size / 1e9, p99 * 1000, (gb > 0 ? (cpu / hz) / gb : 0);
+        }')
+        echo "   run $rep: $line"
+        lines+=("$line")
+    done
+    [ "${#lines[@]}" -gt 0 ] || return 1
+    med=$(printf '%s\n' "${lines[@]}" | awk '{ split($1, kv, "="); print kv[2] "\t" $0 }' |
+          sort -g | awk -F'\t' '{ l[NR] = $2 } END { print l[int((NR + 1) / 2)] }')
+    echo "   median: $med"
+}
+
+declare -A kv_row redis_row
+rows=()
+failed=0
+for op in get set; do
+    for size in 4096 65536 1048576; do
+        name="$op-$(( size / 1024 ))k"
+        [ "$size" = 1048576 ] && name="$op-1m"
+        rows+=("$name")
+        keys=$(( mem_bytes / 2 / size ))
+        [ "$keys" -gt 100000 ] && keys=100000
+        for server in kvstash redis; do
+            if [ "$server" = kvstash ]; then port=$kport; pid=$kvd_pid; else port=$rport; pid=$redis_pid; fi
+            [ -n "$port" ] || continue
+            echo "== $server $name"
+            if [ "$op" = get ]; then
+                timeout 60 redis-cli -p "$port" flushall >/dev/null
+                preload "$port" "$keys" "$size" || { echo "   preload failed"; continue; }
+                args=(-t get -r "$keys" -d "$size")
+            else
+                timeout 60 redis-cli -p "$port" flushall >/dev/null
+                args=(-t set -r 1000000000 -d "$size")
+            fi
+            if run_row "$port" "$pid" "$size" "${args[@]}"; then
+                if [ "$server" = kvstash ]; then kv_row[$name]=$med; else redis_row[$name]=$med; fi
+            elif [ "$server" = kvstash ]; then
+                failed=$(( failed + 1 ))
+            fi
+            kill -0 "$kvd_pid" 2>/dev/null || { tail -n 20 "$tmp/kvstashd.log" >&2; die "kvstashd died"; }
+            echo
+        done
+    done
+done
+
+# ---- summary ----
+printf '%-8s %-50s %-50s %s\n' "row" "kvstash RESP (median)" "redis-server (median)" \
+       "kvstash/redis req/s"
+for name in "${rows[@]}"; do
+    k=${kv_row[$name]:-failed}
+    r=${redis_row[$name]:--}
+    ratio=$(awk -v a="$(field rps "$k")" -v b="$(field rps "$r")" \
+                'BEGIN { if (a > 0 && b > 0) printf "%.2fx", a / b; else print "-" }')
+    printf '%-8s %-50s %-50s %s\n' "$name" \
+           "$(field rps "$k") req/s, p99 $(field p99_us "$k") us, $(field core_s_per_GB "$k") core-s/GB" \
+           "$(field rps "$r") req/s, p99 $(field p99_us "$r") us, $(field core_s_per_GB "$r") core-s/GB" \
+           "$ratio"
+done
+[ "$failed" -eq 0 ] || { echo "resp.sh: $failed kvstash row(s) failed" >&2; exit 1; }
+exit 0
