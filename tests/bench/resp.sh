@@ -29,8 +29,9 @@ MEM=${BENCH_RESP_MEMORY:-2g}
 . "$here/lib.sh"       # die, show, field, free_port
 
 [ -x "$KVSTASHD" ] || die "no daemon at $KVSTASHD (run make first)"
-command -v redis-benchmark >/dev/null && command -v redis-cli >/dev/null ||
+if ! command -v redis-benchmark >/dev/null || ! command -v redis-cli >/dev/null; then
     die "redis-benchmark and redis-cli (redis-tools) are needed"
+fi
 command -v perl >/dev/null || die "perl is needed (the preload)"
 case "$SECS$REPS" in *[!0-9]*) die "BENCH_SECS and BENCH_REPS must be whole numbers" ;; esac
 case "$MEM" in
