@@ -510,30 +510,70 @@ resp_get(struct resp_req *r)
     return 0;
 }
 
+#define RESP_MGET_AHEAD 8u          /* SSD loads an MGET keeps started ahead of its reply */
+
+/*
+ * MGET: without an SSD tier, every value at once. With one, in order: the
+ * values resident now are queued (the outq holds them, by reference), and at
+ * the first one still on the SSD the command waits, with the loads of the
+ * next RESP_MGET_AHEAD keys started, and goes on from there when dispatched
+ * again (cl->mget_next). So the reply streams out as values load, and an MGET
+ * bigger than DRAM needs only a window of it resident at a time.
+ */
 static int
 resp_mget(struct resp_req *r)
 {
-    struct store_obj *stack[64];
-    struct store_obj **objs = stack;
-    uint32_t n = r->argc - 1;
+    struct store *st = r->ctx->srv->store;
+    uint32_t n = r->argc - 1, i = 0;
+    struct kv_key key;
 
-    if (n > 64) {
-        objs = malloc(n * sizeof(*objs));
-        if (objs == NULL) {
-            return -ENOMEM;
+    if (!store_has_tier(st)) {
+        struct store_obj *stack[64];
+        struct store_obj **objs = stack;
+
+        if (n > 64) {
+            objs = malloc(n * sizeof(*objs));
+            if (objs == NULL) {
+                return -ENOMEM;
+            }
         }
-    }
-    int rc = resp_refs(r, 1, n, objs);
-    if (rc == 0) {
-        resp_put_len(r->out, '*', n);
-        for (uint32_t i = 0; i < n; i++) {
-            resp_put_value(r, objs[i]);
+        int rc = resp_refs(r, 1, n, objs);
+        if (rc == 0) {
+            resp_put_len(r->out, '*', n);
+            for (uint32_t k = 0; k < n; k++) {
+                resp_put_value(r, objs[k]);
+            }
         }
+        if (objs != stack) {
+            free(objs);
+        }
+        return rc;
     }
-    if (objs != stack) {
-        free(objs);
+    if (r->cl->mget_next == 0) {
+        resp_put_len(r->out, '*', n);   /* the header, once */
+    } else {
+        i = r->cl->mget_next - 1;
     }
-    return rc;
+    for (; i < n; i++) {
+        struct store_obj *o = NULL;
+        int rc = -1;
+
+        if (resp_key(r, &r->argv[1 + i], &key) == 0) {
+            rc = store_get(st, &key, &o);
+        }
+        if (rc == -EAGAIN && !r->ctx->final_try) {
+            for (uint32_t k = i + 1; k < n && k <= i + RESP_MGET_AHEAD; k++) {
+                if (resp_key(r, &r->argv[1 + k], &key) == 0) {
+                    (void)store_prefetch(st, &key);
+                }
+            }
+            r->cl->mget_next = i + 1;
+            return -EAGAIN;
+        }
+        resp_put_value(r, rc == 0 ? o : NULL);
+    }
+    r->cl->mget_next = 0;
+    return 0;
 }
 
 /*

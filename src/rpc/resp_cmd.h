@@ -34,6 +34,9 @@ struct rpc_spill;
 struct resp_client {
     uint64_t id;                    /* CLIENT ID (the connection's id); set by the caller */
     char name[RESP_CMD_NAME_MAX];   /* CLIENT SETNAME; "" when none */
+    uint32_t mget_next;             /* an MGET waiting for SSD loads: 1 + the index of the
+                                       value it waits for, those before it (and the array
+                                       header) queued already; 0: none waits */
 };
 
 /*
@@ -61,9 +64,11 @@ int resp_spill_take(struct rpc_ctx *ctx, const uint8_t *msg, size_t len,
  * Returns 0 (answered, or an empty command that needs no answer),
  * RESP_CMD_QUIT (answered; the connection closes once the reply is sent),
  * -ENOMEM, or -EAGAIN when it must wait (values being loaded from the SSD
- * tier, DRAM room being freed): nothing was answered, the holes are kept,
- * and the caller dispatches the same command again later (ctx->final_try set
- * once it has waited long enough). On every other return each reservation
+ * tier, DRAM room being freed): the holes are kept, and the caller
+ * dispatches the same command again later (ctx->final_try set once it has
+ * waited long enough). Nothing was answered, but for an MGET, which queues
+ * the values it has (cl->mget_next) and goes on from there: a reply bigger
+ * than DRAM streams out as its values are loaded. On every other return each reservation
  * of the holes has been committed or aborted.
  */
 int resp_dispatch(struct rpc_ctx *ctx, struct resp_client *cl, uint8_t *msg, size_t len,

@@ -473,3 +473,33 @@ def test_redis_benchmark_completes(daemon):
     assert [row.split(",")[0] for row in rows] == ['"SET"', '"GET"', '"MSET (10 keys)"']
     assert "rror" not in out + r.stderr.decode().replace("Could not fetch server CONFIG", "")
     assert redis.Redis(port=daemon.resp_port).strlen("key:__rand_int__") == 65536
+
+
+def test_ssd_tier_values_and_an_mget_larger_than_dram(tmp_path):
+    """With the SSD tier, values evicted from DRAM come back byte-exact through GET, and an
+    MGET three times DRAM's size streams out as its values load, none of them missing."""
+    port = free_port()
+    d = Daemon(str(tmp_path), (f"--resp_listen=127.0.0.1:{port}", "--memory_size=32m",
+                               "--ssd_size=1g")).wait_ready()
+    try:
+        wait_for(lambda: resp_ping(port), 10, "the RESP port answers PING")
+        r = redis.Redis(port=port, socket_timeout=120)
+        vals = {f"s{i}": os.urandom(1 << 20) for i in range(96)}
+        p = r.pipeline(transaction=False)
+        for k, v in vals.items():
+            p.set(k, v)
+        assert p.execute() == [True] * len(vals)
+        # written ahead of eviction or when evicted: every key is still stored
+        assert r.exists(*vals) == len(vals)
+        got = r.mget(list(vals) + ["nope"])
+        assert got[-1] is None
+        assert [k for k, g in zip(vals, got) if g != vals[k]] == []
+        p = r.pipeline(transaction=False)
+        for k in reversed(list(vals)):
+            p.get(k)
+        assert p.execute() == [vals[k] for k in reversed(list(vals))]
+        info = r.info("stats")
+        assert info["kvstash_ssd_reads"] > 0
+        r.close()
+    finally:
+        d.reap()
