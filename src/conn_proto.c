@@ -174,9 +174,13 @@ static int
 conn_resp_dispatch(struct conn *c)
 {
     struct conn_resp *r = c->proto_data;
+    uint32_t before = r->cl.mget_next;
     int rc = resp_dispatch(&c->ctx, &r->cl, c->ibuf + c->rpos, c->scan.pos, r->scan.is_inline,
                            r->scan.argc, c->holes, c->nholes, &c->out);
 
+    if (rc == -EAGAIN && r->cl.mget_next != before) {
+        c->wait_since = 0;          /* an MGET moved on: its next value gets the whole wait */
+    }
     return rc == RESP_CMD_QUIT ? CONN_PROTO_QUIT : rc;
 }
 
