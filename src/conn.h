@@ -2,10 +2,11 @@
  * conn: one client connection (TCP or Unix socket), owned by one worker
  * thread from adoption to close.
  *
- * Read path: bytes go into the connection buffer and through frame_scan;
+ * Read path: bytes go into the connection buffer and through its protocol's
+ * scan (msgpack-rpc's frame_scan, or RESP2's on a resp_* port: conn_proto.c);
  * a put value big enough to matter is received straight into its store
  * reservation (readv into the arena) instead of the buffer; each complete
- * message goes to rpc_dispatch. Write path: replies queue in an outq and
+ * message goes to the protocol's dispatch (rpc_dispatch, resp_dispatch). Write path: replies queue in an outq and
  * leave with writev, values straight from the arena. A connection whose
  * unsent output passes client_output_limit, or with client_inflight_max
  * requests in flight, is not read until it drains to half of that.

@@ -221,7 +221,7 @@ worker_hand_off(struct worker *w, int fd, enum conn_kind kind)
         w->pending = p;
         w->cappending = cap;
     }
-    /* the sign and a high bit carry the transport */
+    /* the sign and a high bit carry the transport, another high bit the protocol */
     int v = fd | ((kind & CONN_RESP) ? WORKER_RESP_FD : 0);
     int tp = kind & ~CONN_RESP;
     w->pending[w->npending++] = tp == CONN_UNIX ? -v - 1

@@ -503,3 +503,39 @@ def test_ssd_tier_values_and_an_mget_larger_than_dram(tmp_path):
         r.close()
     finally:
         d.reap()
+
+
+def test_lmcache_redis_url_connector_pattern(daemon):
+    """LMCache's redis:// connector (redis.asyncio, a pool from a URL): kv_bytes then
+    metadata under one key string, many puts at once, exists of the metadata, both read
+    back; a repeated put of the same chunk changes nothing."""
+    import asyncio
+
+    import redis.asyncio as aredis
+
+    chunks = {f"model@1@0@{i:04x}": os.urandom(64 * 1024 + i) for i in range(64)}
+
+    async def run():
+        pool = aredis.ConnectionPool.from_url(f"redis://127.0.0.1:{daemon.resp_port}",
+                                              max_connections=150)
+        conn = aredis.Redis.from_pool(pool) if hasattr(aredis.Redis, "from_pool") \
+            else aredis.Redis(connection_pool=pool)
+
+        async def put(k, v):
+            await conn.set(k + "kv_bytes", v)
+            await conn.set(k + "metadata", str(len(v)).encode())
+
+        await asyncio.gather(*(put(k, v) for k, v in chunks.items()))
+        await asyncio.gather(*(put(k, b"x" * len(v)) for k, v in chunks.items()))
+        assert all(await asyncio.gather(*(conn.exists(k + "metadata") for k in chunks)))
+        assert not await conn.exists("model@1@0@ffffmetadata")
+        got = await asyncio.gather(*(conn.get(k + "kv_bytes") for k in chunks))
+        assert got == list(chunks.values())
+        meta = await asyncio.gather(*(conn.get(k + "metadata") for k in chunks))
+        assert meta == [str(len(v)).encode() for v in chunks.values()]
+        await conn.delete(next(iter(chunks)) + "metadata")
+        assert await conn.get(next(iter(chunks)) + "metadata") is None
+        await conn.close()
+        await pool.disconnect()
+
+    asyncio.run(run())
