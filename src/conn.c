@@ -1,7 +1,8 @@
 /*
  * conn: the per-connection state machine: frame, spill, dispatch, write,
  * backpressure, close, the same for both protocols it may speak (what their
- * bytes mean is its protocol table's, c->proto: conn_proto.c). The reads themselves (one syscall into the buffer or
+ * bytes mean is its protocol table's, c->proto: conn_proto.c). The reads
+ * themselves (one syscall into the buffer or
  * straight into a put's reservation, received descriptors) are in
  * conn_read.c; the bytes on the socket are its transport's (transport.h:
  * TCP, Unix, TLS), which it calls through c->tp and never asks which;

@@ -82,7 +82,10 @@ kcmd=("$KVSTASHD" --listen="127.0.0.1:$(free_port)" --data_dir="$tmp/data" --uni
 show "${kcmd[@]}"
 "${kcmd[@]}" >"$tmp/kvstashd.log" 2>&1 &
 kvd_pid=$!
-wait_resp "$kport" "$kvd_pid" || { tail -n 20 "$tmp/kvstashd.log" >&2; die "kvstashd did not start"; }
+if ! wait_resp "$kport" "$kvd_pid"; then
+    tail -n 20 "$tmp/kvstashd.log" >&2
+    die "kvstashd did not start"
+fi
 
 rport=""
 if command -v redis-server >/dev/null; then
@@ -119,7 +122,7 @@ run_row() {
     local port=$1 pid=$2 size=$3
     shift 3
     local base=(redis-benchmark -h 127.0.0.1 -p "$port" -c 8 -P 16 --csv "$@")
-    local out rps n lines=() cpu0 cpu1 t0 t1 line
+    local out rps n lines=() cpu0 cpu1 t0 t1 line p99
     out=$(timeout 120 "${base[@]}" -n 2000 2>/dev/null | tail -n 1)
     rps=$(echo "$out" | awk -F'"' '{ print int($4) }')
     if [ -z "$rps" ] || [ "$rps" -le 0 ]; then
@@ -140,7 +143,8 @@ run_row() {
             echo "   run $rep FAILED: $out $(grep -i error "$tmp/rb.err" | head -n 2)"
             continue
         fi
-        line=$(awk -v rps="$rps" -v size="$size" -v p99="$(echo "$out" | awk -F'"' '{ print $14 }')" \
+        p99=$(echo "$out" | awk -F'"' '{ print $14 }')
+        line=$(awk -v rps="$rps" -v size="$size" -v p99="$p99" \
                    -v cpu=$(( cpu1 - cpu0 )) -v hz="$(getconf CLK_TCK)" \
                    -v ms="$(( (t1 - t0) / 1000000 ))" 'BEGIN {
             gb = rps * size * ms / 1000 / 1e9;
@@ -167,7 +171,12 @@ for op in get set; do
         keys=$(( mem_bytes / 2 / size ))
         [ "$keys" -gt 100000 ] && keys=100000
         for server in kvstash redis; do
-            if [ "$server" = kvstash ]; then port=$kport; pid=$kvd_pid; else port=$rport; pid=$redis_pid; fi
+            port=$kport
+            pid=$kvd_pid
+            if [ "$server" = redis ]; then
+                port=$rport
+                pid=$redis_pid
+            fi
             [ -n "$port" ] || continue
             echo "== $server $name"
             if [ "$op" = get ]; then
@@ -183,7 +192,10 @@ for op in get set; do
             elif [ "$server" = kvstash ]; then
                 failed=$(( failed + 1 ))
             fi
-            kill -0 "$kvd_pid" 2>/dev/null || { tail -n 20 "$tmp/kvstashd.log" >&2; die "kvstashd died"; }
+            if ! kill -0 "$kvd_pid" 2>/dev/null; then
+                tail -n 20 "$tmp/kvstashd.log" >&2
+                die "kvstashd died"
+            fi
             echo
         done
     done
@@ -197,10 +209,11 @@ for name in "${rows[@]}"; do
     r=${redis_row[$name]:--}
     ratio=$(awk -v a="$(field rps "$k")" -v b="$(field rps "$r")" \
                 'BEGIN { if (a > 0 && b > 0) printf "%.2fx", a / b; else print "-" }')
-    printf '%-8s %-50s %-50s %s\n' "$name" \
-           "$(field rps "$k") req/s, p99 $(field p99_us "$k") us, $(field core_s_per_GB "$k") core-s/GB" \
-           "$(field rps "$r") req/s, p99 $(field p99_us "$r") us, $(field core_s_per_GB "$r") core-s/GB" \
-           "$ratio"
+    kcol="$(field rps "$k") req/s, p99 $(field p99_us "$k") us,"
+    kcol+=" $(field core_s_per_GB "$k") core-s/GB"
+    rcol="$(field rps "$r") req/s, p99 $(field p99_us "$r") us,"
+    rcol+=" $(field core_s_per_GB "$r") core-s/GB"
+    printf '%-8s %-50s %-50s %s\n' "$name" "$kcol" "$rcol" "$ratio"
 done
 [ "$failed" -eq 0 ] || { echo "resp.sh: $failed kvstash row(s) failed" >&2; exit 1; }
 exit 0

@@ -44,7 +44,8 @@ Test(resp, multibulk_whole_and_byte_by_byte)
     /* the same bytes arriving one at a time: NEED_MORE until the last */
     resp_scan_init(&st);
     for (size_t n = 0; n < first; n++) {
-        cr_assert_eq(resp_scan(&st, (const uint8_t *)msg, n, &lim_std), RESP_NEED_MORE, "at %zu", n);
+        cr_assert_eq(resp_scan(&st, (const uint8_t *)msg, n, &lim_std), RESP_NEED_MORE, "at %zu",
+                     n);
     }
     cr_assert_eq(resp_scan(&st, (const uint8_t *)msg, first, &lim_std), RESP_DONE);
     cr_assert_eq(st.pos, first);
