@@ -242,8 +242,10 @@ test-integration: $(INTEG) $(KVSTASHD) $(KVSTASH)
 	$(call criterion_run,integration,KVSTASHD=$(abspath $(KVSTASHD)) \
 	    KVSTASH_CLI=$(abspath $(KVSTASH)) $(INTEG) --jobs 1)
 
-# test_packaging.py checks the package (KVSTASH_DEB), so it is built first
-test-python: $(KVSTASHD) $(KVSTASH) $(DEB)
+# test_packaging.py checks the package (KVSTASH_DEB), so it is built first (from the release
+# build whatever VARIANT is: the package is what users install; DEB is defined further down)
+test-python: $(KVSTASHD) $(KVSTASH)
+	$(Q)$(MAKE) --no-print-directory VARIANT=release deb
 	KVSTASHD=$(abspath $(KVSTASHD)) KVSTASH_CLI=$(abspath $(KVSTASH)) KVSTASH_DEB=$(abspath $(DEB)) \
 	    /usr/bin/python3 -m pytest -q -rs tests/integration
 
