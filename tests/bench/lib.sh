@@ -1,4 +1,4 @@
-# lib.sh: shell helpers the benchmark scripts share (sourced by run.sh and ssd.sh).
+# lib.sh: shell helpers the benchmark scripts share (sourced by run.sh, ssd.sh and resp.sh).
 # shellcheck shell=bash
 
 # die MSG: print "<script>: MSG" and exit 1.
@@ -35,4 +35,13 @@ free_port() {
         fi
     done
     return 1
+}
+
+# proc_cpu PID: utime+stime of PID in clock ticks.
+proc_cpu() {
+    local s
+    s=$(cat "/proc/$1/stat" 2>/dev/null) || { echo 0; return; }
+    s=${s##*) }
+    # after the command name: state is field 3, utime 14, stime 15
+    echo "$s" | awk '{ print $12 + $13 }'
 }

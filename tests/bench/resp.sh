@@ -26,7 +26,7 @@ REPS=${BENCH_REPS:-3}
 MEM=${BENCH_RESP_MEMORY:-2g}
 
 # shellcheck source=lib.sh
-. "$here/lib.sh"       # die, show, field, free_port
+. "$here/lib.sh"       # die, show, field, free_port, proc_cpu
 
 [ -x "$KVSTASHD" ] || die "no daemon at $KVSTASHD (run make first)"
 if ! command -v redis-benchmark >/dev/null || ! command -v redis-cli >/dev/null; then
@@ -55,14 +55,6 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-
-# proc_cpu PID: utime+stime of PID in clock ticks.
-proc_cpu() {
-    local s
-    s=$(cat "/proc/$1/stat" 2>/dev/null) || { echo 0; return; }
-    s=${s##*) }
-    echo "$s" | awk '{ print $12 + $13 }'
-}
 
 # wait_resp PORT PID: 0 once PORT answers PING (PONG), 1 when PID exits or after 10 s.
 wait_resp() {

@@ -55,7 +55,7 @@ copy_flag=()
 [ "${BENCH_COPY:-0}" = 1 ] && copy_flag=(-C)
 
 # shellcheck source=lib.sh
-. "$here/lib.sh"       # die, show, field, free_port
+. "$here/lib.sh"       # die, show, field, free_port, proc_cpu
 
 [ -x "$KVSTASHD" ] || die "no daemon at $KVSTASHD (run make first)"
 [ -x "$BENCH" ] || die "no kvstash-bench at $BENCH (run make first)"
@@ -98,15 +98,6 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-
-# proc_cpu PID: utime+stime of PID in clock ticks.
-proc_cpu() {
-    local s
-    s=$(cat "/proc/$1/stat" 2>/dev/null) || { echo 0; return; }
-    s=${s##*) }
-    # after the command name: state is field 3, utime 14, stime 15
-    echo "$s" | awk '{ print $12 + $13 }'
-}
 
 kvd_alive() {
     kill -0 "$kvd_pid" 2>/dev/null

@@ -472,8 +472,8 @@ else
 fi
 # rs_key I: the key kvstash-bench -i rst -c 1 gave its I-th put.
 rs_key() { printf 'kb00000rst-000-%010d' "$1"; }
-# proc_cpu PID: its user + system CPU seconds.
-proc_cpu() {
+# proc_cpu_s PID: its user + system CPU seconds.
+proc_cpu_s() {
     awk -v hz="$(getconf CLK_TCK)" '{ sub(/.*\) /, ""); printf "%.1f", ($12 + $13) / hz }' \
         "/proc/$1/stat" 2>/dev/null
 }
@@ -583,7 +583,7 @@ if [ -z "$rs_state" ]; then
     fi
     show "${fill[@]}"
     echo "   (then stats every 200 ms until ssd_writes == $rs_n and ssd_offload_queue == 0; then kill -9)"
-    cpu0=$(proc_cpu "$kvd_pid")
+    cpu0=$(proc_cpu_s "$kvd_pid")
     t0=$(now_ns)
     out=$(timeout 660 "${fill[@]}" 2>"$dir/bench.err")
     rc=$?
@@ -617,7 +617,7 @@ if [ -z "$rs_state" ]; then
     fi
     if [ -z "$rs_state" ]; then
         rs_fill=$(( (t1 - t0) / 1000000000 ))
-        cpu1=$(proc_cpu "$kvd_pid")
+        cpu1=$(proc_cpu_s "$kvd_pid")
         echo "   filled: $rs_n objects put in $(( t_put / 1000 )).$(printf '%03d' $(( t_put % 1000 ))) s," \
              "all written and indexed after $rs_fill s (daemon CPU" \
              "$(awk -v a="$cpu0" -v b="$cpu1" 'BEGIN { printf "%.1f", b - a }') s);" \
