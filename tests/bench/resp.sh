@@ -70,7 +70,7 @@ wait_resp() {
 kport=$(free_port) || die "no free port"
 mkdir -p "$tmp/data"
 kcmd=("$KVSTASHD" --listen="127.0.0.1:$(free_port)" --data_dir="$tmp/data" --unix_socket=none
-      --resp_listen="127.0.0.1:$kport" --memory_size="$MEM" --ssd_dir=)
+      --resp_listen="127.0.0.1:$kport" --memory_size="$MEM" --ssd_dir= --metrics_listen=)
 show "${kcmd[@]}"
 "${kcmd[@]}" >"$tmp/kvstashd.log" 2>&1 &
 kvd_pid=$!

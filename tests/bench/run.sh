@@ -120,7 +120,7 @@ for attempt in 1 2 3 4 5; do
     port=$(free_port) || die "no free loopback port found"
     mkdir -p "$tmp/data"
     cmd=("$KVSTASHD" --listen="127.0.0.1:$port" --data_dir="$tmp/data"
-         --unix_socket="$tmp/data/kvstashd.sock" --memory_size="$mem" --ssd_dir=
+         --unix_socket="$tmp/data/kvstashd.sock" --memory_size="$mem" --ssd_dir= --metrics_listen=
          "${extra_args[@]}")
     show "${cmd[@]}"
     "${cmd[@]}" >"$tmp/kvstashd.log" 2>&1 &

@@ -183,7 +183,7 @@ kvd_start() {
     port=$(free_port) || die "no free loopback port"
     mkdir -p "$kvroot/data"
     cmd=("$KVSTASHD" --listen="127.0.0.1:$port" --data_dir="$kvroot/data"
-         --unix_socket="$kvroot/data/kvstashd.sock" --memory_size=256m
+         --unix_socket="$kvroot/data/kvstashd.sock" --memory_size=256m --metrics_listen=
          --ssd_dir="$kvroot/ssd" --ssd_size="$ssd_size" "${kv_more[@]}"
          --ssd_offload=write_through --ssd_promote=off "${EXTRA[@]}")
     [ "${1:-}" = quiet ] || show "${cmd[@]}"

@@ -69,7 +69,7 @@ start() {
     for attempt in 1 2 3 4 5; do
         port=$(free_port) || die "no free loopback port"
         local cmd=("$KVSTASHD" --listen="127.0.0.1:$port" --data_dir="$dir"
-                   --memory_size=48m --max_value_size=4m "$@")
+                   --memory_size=48m --max_value_size=4m --metrics_listen= "$@")
         local logged
         logged=$(stat -c %s "$dir/log" 2>/dev/null || echo 0)
         show "${cmd[@]}"
