@@ -285,9 +285,11 @@ $(FUZZ_DIR)/obj/%.o: %.c
 	    $(PKG_CFLAGS) -c $< -o $@
 
 # kept between builds (make would delete them as intermediates of the pattern rule)
-.SECONDARY: $(call fuzz_obj,$(CORE_SRC) $(addprefix tests/fuzz/fuzz_,$(addsuffix .c,$(FUZZ_TARGETS))))
+# fuzz_env.c: the request fuzzers' shared store and request-layer state
+FUZZ_ENV := tests/fuzz/fuzz_env.c
+.SECONDARY: $(call fuzz_obj,$(CORE_SRC) $(FUZZ_ENV) $(addprefix tests/fuzz/fuzz_,$(addsuffix .c,$(FUZZ_TARGETS))))
 
-$(FUZZ_DIR)/fuzz-%: $(call fuzz_obj,tests/fuzz/fuzz_%.c) $(call fuzz_obj,$(CORE_SRC))
+$(FUZZ_DIR)/fuzz-%: $(call fuzz_obj,tests/fuzz/fuzz_%.c $(FUZZ_ENV)) $(call fuzz_obj,$(CORE_SRC))
 	$(call say,LD,$@)$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer -o $@ $^ $(LIBS_ALL)
 
 # fuzz_run SECONDS: run every target that long from its seed corpus (tests/fuzz/corpus/T);

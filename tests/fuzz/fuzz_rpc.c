@@ -15,6 +15,7 @@
 #include <sys/uio.h>
 
 #include "frame.h"
+#include "fuzz_env.h"
 #include "kverr.h"
 #include "mp.h"
 #include "outq.h"
@@ -24,33 +25,12 @@
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static struct store *fz_store;
-static struct rpc_server fz_srv;
-static struct rpc_limits fz_lim = {
-    .max_key_size = 1024, .max_value_size = 4u << 20, .max_batch = 256,
-    .max_message_size = 8u << 20, .lease_ttl_ms = 1000, .put_timeout_ms = 1000,
-};
-static struct rpc_counters fz_ctr;
-static const char *const fz_transports[] = {"tcp"};
-
 int
 LLVMFuzzerInitialize(int *argc, char ***argv)
 {
-    struct store_config cfg = {
-        .memory_size = 16u << 20, .max_key_size = 1024, .max_value_size = 4u << 20,
-        .high_watermark = 0.9, .low_watermark = 0.8,
-    };
-
     (void)argc;
     (void)argv;
-    if (store_create(&cfg, &fz_store) != 0) {
-        abort();
-    }
-    fz_srv.store = fz_store;
-    fz_srv.version = "fuzz";
-    fz_srv.node_id = "fuzz";
-    fz_srv.transports = fz_transports;
-    fz_srv.ntransports = 1;
+    fz_env_init();
     return 0;
 }
 
