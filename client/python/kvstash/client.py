@@ -328,16 +328,20 @@ class Client:
             return self._batch(requests(), lambda r: [r])
         return self._batch(requests(), self._list_of())
 
+    def _lookup(self, method, key, default):
+        """get or get_size of one key: a miss raises Error(NOT_FOUND) unless default."""
+        v = self._call(method, [_key(key)])
+        if v is None:
+            if default is _RAISE:
+                raise Error(NOT_FOUND, None, f"{method} {key!r:.80}")
+            return default
+        return v
+
     @_locked
     def get(self, key, default=_RAISE):
         """The value (bytes) under key; a missing key raises Error(NOT_FOUND), or returns
         default when one is given."""
-        v = self._call("get", [_key(key)])
-        if v is None:
-            if default is _RAISE:
-                raise Error(NOT_FOUND, None, f"get {key!r:.80}")
-            return default
-        return v
+        return self._lookup("get", key, default)
 
     @_locked
     def batch_get(self, keys):
@@ -384,12 +388,7 @@ class Client:
     @_locked
     def get_size(self, key, default=_RAISE):
         """The size of key's value; a missing key raises Error(NOT_FOUND) unless default."""
-        v = self._call("get_size", [_key(key)])
-        if v is None:
-            if default is _RAISE:
-                raise Error(NOT_FOUND, None, f"get_size {key!r:.80}")
-            return default
-        return v
+        return self._lookup("get_size", key, default)
 
     @_locked
     def batch_get_size(self, keys):
