@@ -1026,22 +1026,30 @@ def test_objects_evicted_to_ssd_come_back_through_get_into(kv, bufs):
     d.stop()
 
 
+def objects_mostly_on_ssd(c, bufs, prefix, n, spare):
+    """n objects of 1 MiB (pattern(j)) put from a registered buffer of n MiB + spare bytes,
+    written to the SSD tier with most of them gone from DRAM. Returns (buffer, its id,
+    keys, stats after the writes)."""
+    src = bufs(n * MIB + spare)
+    for j in range(n):
+        src.write(j * MIB, pattern(j))
+    bid = register_ok(c, src)
+    keys = [f"{prefix}-{j:02d}".encode() for j in range(n)]
+    for j in range(n):
+        assert put_from(c, [keys[j]], [[[bid, j * MIB, MIB]]]) == [OK]
+    wait_for(lambda: c.call("stats")["ssd_offload_queue"] == 0, 10, "the SSD writes")
+    s0 = c.call("stats")
+    assert s0["dram_objects"] < n - 8, s0
+    return src, bid, keys, s0
+
+
 def test_ssd_objects_go_straight_into_aligned_pieces(kv, bufs, work):
     from test_ssd import bucket_files, walk_records
 
     d = kv("--memory_size=8m", "--ssd_bucket_size=16m")
     c = d.unix()
     n = 24
-    src = bufs(n * MIB + 8 * MIB)
-    for j in range(n):
-        src.write(j * MIB, pattern(j))
-    bid = register_ok(c, src)
-    keys = [f"direct-{j:02d}".encode() for j in range(n)]
-    for j in range(n):
-        assert put_from(c, [keys[j]], [[[bid, j * MIB, MIB]]]) == [OK]
-    wait_for(lambda: c.call("stats")["ssd_offload_queue"] == 0, 10, "the SSD writes")
-    s0 = c.call("stats")
-    assert s0["dram_objects"] < n - 8, s0
+    src, bid, keys, s0 = objects_mostly_on_ssd(c, bufs, "direct", n, 8 * MIB)
     dst = n * MIB
     # 4 KiB-aligned pieces: the value goes from the disk into them, not through DRAM.
     ks = keys[:4]
@@ -1428,16 +1436,7 @@ def test_direct_ssd_read_into_a_cut_buffer_fails_the_transfer_not_the_disk(kv, b
     d = kv("--memory_size=8m", "--ssd_bucket_size=16m")
     c = d.unix()
     n = 24
-    src = bufs(n * MIB + 4 * MIB)
-    for j in range(n):
-        src.write(j * MIB, pattern(j))
-    bid = register_ok(c, src)
-    keys = [f"direct-cut-{j:02d}".encode() for j in range(n)]
-    for j in range(n):
-        assert put_from(c, [keys[j]], [[[bid, j * MIB, MIB]]]) == [OK]
-    wait_for(lambda: c.call("stats")["ssd_offload_queue"] == 0, 10, "the SSD writes")
-    s0 = c.call("stats")
-    assert s0["dram_objects"] < n - 8, s0
+    src, bid, keys, s0 = objects_mostly_on_ssd(c, bufs, "direct-cut", n, 4 * MIB)
     p = pools(4 * MIB)
     err, pbid = register(c, p.fd, p.size)
     assert err is None, err
