@@ -95,6 +95,11 @@ static const char *const conf_log_format_names[] = {
     [LOG_FORMAT_TEXT] = "text",
     [LOG_FORMAT_JSON] = "json",
 };
+static const char *const conf_eviction_policy_names[] = {
+    [CONF_EVICT_LRU] = "lru",
+    [CONF_EVICT_FIFO] = "fifo",
+    [CONF_EVICT_SLRU] = "slru",
+};
 static const char *const conf_ssd_eviction_names[] = {
     [CONF_SSD_FIFO] = "fifo",
     [CONF_SSD_LRU] = "lru",
@@ -182,8 +187,10 @@ static const struct conf_option conf_options[] = {
     OPT_DURATION(idle_timeout,          0,        NO_MAX,    "0",     RELOAD),
     OPT_SIZE(conn_buffer_memory,        MIB,      NO_MAX,    "1g",    RELOAD),
     OPT_DURATION(shutdown_timeout_ms,   0,        HOUR_MS,   "10s",   RELOAD),
-    OPT_DOUBLE(eviction_high_watermark, 0.0,      1.0,       "0.90",  RELOAD),
-    OPT_DOUBLE(eviction_low_watermark,  0.0,      1.0,       "0.80",  RELOAD),
+    OPT_DOUBLE(eviction_high_watermark, 0.0,      1.0,       "0.995", RELOAD),
+    OPT_DOUBLE(eviction_low_watermark,  0.0,      1.0,       "0.985", RELOAD),
+    /*       name                       value names                noun     default  reload */
+    OPT_ENUM(eviction_policy,           conf_eviction_policy_names, "value", "lru",   RELOAD),
     /*         name                     default               reload   extra check */
     OPT_STRING(ssd_dir,                 CONF_SSD_DIR_DEFAULT, RESTART, conf_check_ssd_dir),
     /*         name                     min       max        default  reload */

@@ -23,6 +23,9 @@
 #define CONF_WHERE_MAX 64              /* "file:line" or "--flag" a key was last set by */
 
 
+/* eviction_policy: which DRAM object goes first (storage/store.h, enum store_evict_policy). */
+enum conf_eviction_policy { CONF_EVICT_LRU = 0, CONF_EVICT_FIFO = 1, CONF_EVICT_SLRU = 2 };
+
 /* ssd_eviction: which bucket goes first when the SSD tier is full. */
 enum conf_ssd_eviction { CONF_SSD_FIFO = 0, CONF_SSD_LRU = 1 };
 
@@ -81,6 +84,7 @@ struct kv_config {
     double ssd_high_watermark;        /* default 0.90 */
     double ssd_low_watermark;         /* default 0.80 */
     int ssd_eviction;                 /* enum conf_ssd_eviction; default fifo */
+    int eviction_policy;              /* enum conf_eviction_policy; default lru */
     int ssd_offload;                  /* enum conf_ssd_offload; default on_evict */
     int ssd_promote;                  /* 1: a value read back from SSD stays in DRAM; default 1 */
     int rdma;                         /* enum conf_rdma; default auto */

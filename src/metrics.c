@@ -277,6 +277,11 @@ metrics_tiers(struct metrics_buf *b, const struct metrics_sum *m, const struct s
         mb_printf(b, "kvstash_capacity_bytes{tier=\"ssd\"} %llu\n",
                   (unsigned long long)ss->capacity);
     }
+    fam(b, "kvstash_utilization_ratio", "gauge",
+        "Value bytes held / capacity, by tier (DRAM: objects' bytes / memory_size).");
+    mb_printf(b, "kvstash_utilization_ratio{tier=\"dram\"} %.4f\n",
+              st->memory_capacity != 0
+                  ? (double)st->resident_bytes / (double)st->memory_capacity : 0.0);
     one(b, "kvstash_memory_used_bytes", "gauge", "Arena bytes in use (values and their pages).",
         st->memory_used);
     one(b, "kvstash_memory_prefaulted_bytes", "gauge", "Arena bytes whose pages are populated.",
@@ -315,6 +320,9 @@ metrics_tiers(struct metrics_buf *b, const struct metrics_sum *m, const struct s
     }
     one(b, "kvstash_evicted_bytes_total", "counter", "Value bytes evicted from DRAM.",
         st->evicted_bytes);
+    one(b, "kvstash_evictions_inline_total", "counter",
+        "DRAM evictions a put made itself (the arena full before the evictor thread made room).",
+        st->evictions_inline);
     one(b, "kvstash_puts_expired_total", "counter",
         "put_start reservations reclaimed after put_timeout_ms.", m->puts_expired);
     one(b, "kvstash_no_space_total", "counter", "Puts refused for want of room in DRAM.",

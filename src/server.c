@@ -116,6 +116,20 @@ server_conf(struct server *s)
     return atomic_load_explicit(&s->conf, memory_order_acquire);
 }
 
+/* server_evict_policy: the store's policy for eviction_policy's value. */
+static enum store_evict_policy
+server_evict_policy(int v)
+{
+    switch (v) {
+    case CONF_EVICT_FIFO:
+        return STORE_EVICT_FIFO;
+    case CONF_EVICT_SLRU:
+        return STORE_EVICT_SLRU;
+    default:
+        return STORE_EVICT_LRU;
+    }
+}
+
 /* ---- data dir and node id ---- */
 
 static int
@@ -929,6 +943,7 @@ server_reload(struct server *s)
         .max_value_size = next->max_value_size,
         .high_watermark = next->eviction_high_watermark,
         .low_watermark = next->eviction_low_watermark,
+        .policy = server_evict_policy(next->eviction_policy),
     };
     if (store_set_limits(s->store, &sc) != 0) {
         /* conf_finalize checked the same rules: not expected, but then nothing changes */
@@ -1185,6 +1200,8 @@ server_create(const struct kv_config *conf, const char *config_path, int argc, c
         .max_value_size = c->max_value_size,
         .high_watermark = c->eviction_high_watermark,
         .low_watermark = c->eviction_low_watermark,
+        .policy = server_evict_policy(c->eviction_policy),
+        .evict_background = true,
     };
     rc = store_create(&sc, &s->store);
     if (rc != 0) {

@@ -116,6 +116,10 @@ stats_collect(void *arg, const char **names, uint64_t *values, int max)
     STAT("memory_prefaulted", st.memory_prefaulted);
     STAT("dram_objects", st.resident);
     STAT("dram_bytes", st.resident_bytes);
+    /* objects' bytes / memory_size, in thousandths */
+    STAT("dram_utilization_permille",
+         st.memory_capacity != 0 ? st.resident_bytes * 1000 / st.memory_capacity : 0);
+    STAT("evictions_inline", st.evictions_inline);
     STAT("loading", st.loading);
     STAT("offloading", st.offloading);
     STAT("quota_exceeded", st.quota_exceeded);

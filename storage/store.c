@@ -59,7 +59,9 @@ store_watermarks_valid(const struct store_config *cfg)
 {
     /* Written so that NaN fails. */
     return cfg->low_watermark > 0.0 && cfg->low_watermark <= cfg->high_watermark
-           && cfg->high_watermark <= 1.0;
+           && cfg->high_watermark <= 1.0
+           && (cfg->policy == STORE_EVICT_LRU || cfg->policy == STORE_EVICT_FIFO
+               || cfg->policy == STORE_EVICT_SLRU);
 }
 
 static void
@@ -69,6 +71,7 @@ store_limits_apply(struct store *s, const struct store_config *cfg)
     atomic_store(&s->max_value_size, cfg->max_value_size);
     atomic_store(&s->high_pages, (uint64_t)(cfg->high_watermark * (double)s->capacity_pages));
     atomic_store(&s->low_pages, (uint64_t)(cfg->low_watermark * (double)s->capacity_pages));
+    atomic_store(&s->policy, (int)cfg->policy);
 }
 
 /* ---- lists and table (shard lock held) ---- */
@@ -128,7 +131,7 @@ store_list_of(struct store_shard *sh, const struct store_obj *o)
     }
     switch (o->pin) {
     case STORE_PIN_NONE:
-        return &sh->lru[STORE_LRU_NORMAL];
+        return &sh->lru[o->seg ? STORE_LRU_PROTECTED : STORE_LRU_NORMAL];
     case STORE_PIN_SOFT:
         return &sh->lru[STORE_LRU_SOFT];
     default:
@@ -139,10 +142,11 @@ store_list_of(struct store_shard *sh, const struct store_obj *o)
 /*
  * Stamp and mark only; eviction relinks (see the top of the file). An object
  * already stamped in this clock tick is not written again, so a hot object's
- * line stays shared between the cores reading it.
+ * line stays shared between the cores reading it. Under FIFO an access
+ * changes nothing: the stamp stays the time the object was stored.
  */
 static void
-store_touch_locked(struct store_obj *o)
+store_touch_locked(struct store *s, struct store_obj *o)
 {
     uint64_t now = clock_coarse_ms();
 
@@ -154,6 +158,9 @@ store_touch_locked(struct store_obj *o)
         return;
     }
 
+    if (atomic_load_explicit(&s->policy, memory_order_relaxed) == STORE_EVICT_FIFO) {
+        return;
+    }
     if (o->atime != now) {
         o->atime = now;
         o->referenced = 1;
@@ -260,6 +267,8 @@ store_forget_locked(struct store_shard *sh, struct store_obj *o)
             store_list_unlink(l, o);
         }
         sh->objects--;
+        sh->protected_objs -= o->seg;
+        o->seg = 0;
         sh->value_bytes -= o->size;
         if (o->resident) {
             sh->resident--;
@@ -439,6 +448,12 @@ store_create(const struct store_config *cfg, struct store **out)
         }
         s->nshards_ready++;
     }
+    if (cfg->evict_background) {
+        rc = store_evictor_start(s);
+        if (rc != 0) {
+            goto fail;
+        }
+    }
     /* Best effort: without it pages fault in on first use, as they would anyway. */
     (void)alloc_prefault_start(s->alloc);
     *out = s;
@@ -455,6 +470,7 @@ store_destroy(struct store *s)
     if (s == NULL) {
         return;
     }
+    store_evictor_stop(s);
     while (s->graves != NULL) {
         struct store_obj *o = s->graves;
 
@@ -659,6 +675,7 @@ store_reserve(struct store *s, const struct kv_key *key, uint64_t size, struct s
     o->loading = 0;
     o->tlink = NULL;
     o->cold = 0;
+    o->seg = 0;
     memset(o->pad, 0, sizeof(o->pad));
     atomic_init(&o->ssd, STORE_SSD_NONE);
     memset(&o->loc, 0, sizeof(o->loc));
@@ -880,7 +897,7 @@ store_get(struct store *s, const struct kv_key *key, struct store_obj **out)
         pthread_mutex_unlock(&sh->lock);
         return KV_NOT_FOUND;
     }
-    store_touch_locked(o);
+    store_touch_locked(s, o);
     if (!o->resident) {
         if (s->has_tier) {
             store_load_start_locked(s, sh, o);
@@ -910,7 +927,7 @@ store_exists(struct store *s, const struct kv_key *key)
     o = store_find_locked(sh, hash, key);
     found = o != NULL && o->state == STORE_OBJ_PUBLISHED;
     if (found) {
-        store_touch_locked(o);
+        store_touch_locked(s, o);
     }
     pthread_mutex_unlock(&sh->lock);
     return found;
@@ -945,7 +962,7 @@ store_exists_batch(struct store *s, const struct kv_key *keys, size_t n, uint8_t
             o = store_find_locked(sh, hash[i], &keys[base + i]);
             out[base + i] = o != NULL && o->state == STORE_OBJ_PUBLISHED;
             if (out[base + i]) {
-                store_touch_locked(o);
+                store_touch_locked(s, o);
             }
             pthread_mutex_unlock(&sh->lock);
         }
@@ -963,7 +980,7 @@ store_size(struct store *s, const struct kv_key *key, uint64_t *size)
     pthread_mutex_lock(&sh->lock);
     o = store_find_locked(sh, hash, key);
     if (o != NULL && o->state == STORE_OBJ_PUBLISHED) {
-        store_touch_locked(o);
+        store_touch_locked(s, o);
         *size = o->size;
         rc = 0;
     }
@@ -1204,6 +1221,8 @@ store_pin(struct store *s, const struct kv_key *key, enum store_pin mode)
         if (l != NULL) {
             store_list_unlink(l, o);
         }
+        sh->protected_objs -= o->seg;   /* back in probation when unpinned */
+        o->seg = 0;
         sh->pinned_hard -= o->pin == STORE_PIN_HARD;
         sh->pinned_soft -= o->pin == STORE_PIN_SOFT;
         o->pin = (uint8_t)mode;
@@ -1282,4 +1301,5 @@ store_stats(struct store *s, struct store_stats *out)
     out->memory_prefault_done = alloc_prefault_done(s->alloc);
     out->offloading = atomic_load_explicit(&s->offloading, memory_order_relaxed);
     out->quota_exceeded = atomic_load_explicit(&s->quota_exceeded, memory_order_relaxed);
+    out->evictions_inline = atomic_load_explicit(&s->evictions_inline, memory_order_relaxed);
 }

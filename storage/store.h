@@ -79,12 +79,41 @@ enum store_pin {
     STORE_PIN_HARD = 2  /* never evicted */
 };
 
+/*
+ * Which resident object eviction takes next (store_config.policy):
+ *   LRU   the one not accessed for longest (CLOCK: an object accessed since it
+ *         last reached its list head gets a second chance, then the oldest
+ *         access stamp across shards goes)
+ *   FIFO  the one stored first; accesses change nothing
+ *   SLRU  segmented LRU: new objects enter a probationary segment, one
+ *         accessed again there moves to a protected segment (at most
+ *         STORE_SLRU_PROTECTED_PCT % of a shard's objects; its overflow goes back
+ *         to probation), and eviction takes from probation first, so a scan
+ *         of objects read once does not push out those read twice
+ */
+enum store_evict_policy {
+    STORE_EVICT_LRU = 0,
+    STORE_EVICT_FIFO = 1,
+    STORE_EVICT_SLRU = 2
+};
+
+#define STORE_SLRU_PROTECTED_PCT 50
+
 struct store_config {
     uint64_t memory_size;      /* arena bytes; rounded down to whole pages */
     uint32_t max_key_size;     /* keys longer than this: KV_TOO_LARGE */
     uint64_t max_value_size;   /* values longer than this: KV_TOO_LARGE */
     double high_watermark;     /* fraction of memory_size that starts eviction */
     double low_watermark;      /* eviction goes down to this fraction */
+    enum store_evict_policy policy;
+    /*
+     * Evict on a thread of the store's own (store_create starts it): a reserve
+     * that passes the high watermark only wakes it, and the request path
+     * evicts itself only when the allocator has no room (the bytes needed and
+     * as much again). Off: the reserve that passes the high watermark evicts
+     * down to the low one itself. Fixed at create.
+     */
+    bool evict_background;
 };
 
 struct store_stats {
@@ -107,6 +136,7 @@ struct store_stats {
     uint64_t loading;          /* objects being read back from the SSD tier */
     uint64_t offloading;       /* objects queued or being written to the SSD tier */
     uint64_t quota_exceeded;   /* reserves refused with KV_QUOTA_EXCEEDED */
+    uint64_t evictions_inline; /* of evictions, made by a reserve on the request path */
 };
 
 /* Where an object's copy lives on the SSD tier (meaningful to the tier only). */
@@ -151,7 +181,8 @@ struct store_tier {
  * store_create: allocate the arena (mmap, advised for huge pages) and an
  * empty table. cfg is copied. Returns 0 and *out, -ENOMEM when the arena
  * cannot be mapped, KV_INVALID_ARGUMENT for a nonsensical cfg (watermarks
- * outside 0 < low <= high <= 1, memory_size under one page).
+ * outside 0 < low <= high <= 1, memory_size under one page, an unknown
+ * policy), or a negative errno when the evictor thread cannot be started.
  */
 int store_create(const struct store_config *cfg, struct store **out);
 
@@ -159,9 +190,11 @@ int store_create(const struct store_config *cfg, struct store **out);
 void store_destroy(struct store *s);
 
 /*
- * store_set_limits: change max_key_size, max_value_size and the watermarks
- * of a running store (config reload). memory_size is ignored (fixed at
- * create). Returns 0 or KV_INVALID_ARGUMENT (nothing changed).
+ * store_set_limits: change max_key_size, max_value_size, the watermarks and
+ * the eviction policy of a running store (config reload). memory_size and
+ * evict_background are ignored (fixed at create). Objects keep their place
+ * in the lists across a policy change; a protected segment left by SLRU
+ * drains back to probation as eviction looks at it. Returns 0 or KV_INVALID_ARGUMENT (nothing changed).
  */
 int store_set_limits(struct store *s, const struct store_config *cfg);
 
@@ -383,9 +416,10 @@ void store_tenant_usage(struct store *s, uint32_t tenant, uint64_t *objects, uin
 void store_stats(struct store *s, struct store_stats *out);
 
 /*
- * store_evict: evict near-LRU objects until usage is at most `target` bytes or
- * nothing evictable is left. Returns bytes freed. Called by store_reserve;
- * exported for tests and for a future background evictor.
+ * store_evict: evict objects (in the order of the store's policy) until usage
+ * is at most `target` bytes or nothing evictable is left. Returns bytes
+ * freed. Called by store_reserve and the background evictor; exported for
+ * tests.
  */
 uint64_t store_evict(struct store *s, uint64_t target);
 

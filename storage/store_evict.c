@@ -4,9 +4,12 @@
  * in store_int.h). It owns the eviction policy: which objects may lose their
  * pages (no holder but the table, no lease running, not the objects of a
  * tenant within its DRAM quota, and in on-evict mode only once written to
- * the SSD), which one goes next (the oldest access stamp across the shards'
- * list tails, referenced objects getting a second chance, soft-pinned ones
- * only when no normal one can go), the watermarks a reserve evicts between,
+ * the SSD), which one goes next (store.h's policies: LRU, the oldest access
+ * stamp across the shards' list tails, referenced objects getting a second
+ * chance; FIFO, no second chances and stamps that accesses leave alone;
+ * SLRU, second chances that move an object from the probationary list to
+ * the protected one; soft-pinned objects only when no normal one can go),
+ * the watermarks a reserve or the background evictor thread evicts between,
  * and a tenant's eviction of its own objects past its quota. The lists, the
  * table and recency stamps are store.c's (see the top of that file): this
  * file changes them only through store.c's list and table functions, under
@@ -59,22 +62,69 @@ store_must_offload_locked(struct store *s, const struct store_obj *o)
            && !store_ssd_over_quota(s, o);     /* never fits its SSD share: dropped instead */
 }
 
+/* store_protect_locked: move o (evictable, on the NORMAL list) to the PROTECTED one (SLRU). */
+static void
+store_protect_locked(struct store_shard *sh, struct store_obj *o)
+{
+    store_list_unlink(&sh->lru[STORE_LRU_NORMAL], o);
+    o->seg = 1;
+    sh->protected_objs++;
+    store_list_push_head(&sh->lru[STORE_LRU_PROTECTED], o);
+}
+
 /*
- * store_candidate_locked: the next object eviction should take from one
- * list, or NULL. From the tail up, a referenced object gets its second
- * chance (to the head, mark cleared) and a busy one (read in flight, leased)
- * goes to the head untouched, so later looks start past it. An object on its
- * way to the SSD (queued, and in on-evict mode queued here) stays where it
- * is: it is old and may go as soon as it is written, so the look only steps
- * past it. Bounded: after STORE_EVICT_SCAN busy objects the look gives up,
- * and after STORE_EVICT_PROMOTE second chances (a list that is all hot) the
- * next evictable object is taken, referenced or not.
+ * store_slru_balance_locked: keep the protected list within its share of the
+ * shard's resident objects (STORE_SLRU_PROTECTED_PCT under SLRU, none under
+ * the other policies, so a list SLRU left drains after a reload): its tail
+ * goes back to the probationary head (stamped now, so that it is ranked
+ * across shards by its new term), unless it was accessed since it reached
+ * the protected head (a second chance there). Bounded: at most
+ * STORE_SLRU_STEPS moves per call.
+ */
+static void
+store_slru_balance_locked(struct store_shard *sh, int policy, uint64_t now)
+{
+    struct store_list *p = &sh->lru[STORE_LRU_PROTECTED];
+    uint64_t cap = policy == STORE_EVICT_SLRU ? sh->resident * STORE_SLRU_PROTECTED_PCT / 100 : 0;
+
+    for (int steps = 0; sh->protected_objs > cap && p->tail != NULL && steps < STORE_SLRU_STEPS;
+         steps++) {
+        struct store_obj *o = p->tail;
+
+        store_list_unlink(p, o);
+        if (o->referenced && policy == STORE_EVICT_SLRU) {
+            o->referenced = 0;
+            store_list_push_head(p, o);
+            continue;
+        }
+        o->seg = 0;
+        sh->protected_objs--;
+        if (policy == STORE_EVICT_SLRU) {
+            o->atime = now;     /* a new probationary term: ranked as if just stored */
+        }
+        store_list_push_head(&sh->lru[STORE_LRU_NORMAL], o);
+    }
+}
+
+/*
+ * store_list_candidate_locked: the next object eviction should take from
+ * list l, or NULL. From the tail up, a referenced object gets its second
+ * chance (to the head, mark cleared; under SLRU from the probationary list
+ * to the protected head instead; under FIFO none: the mark is ignored) and
+ * a busy one (read in flight, leased) goes to the head untouched, so later
+ * looks start past it. An object on its way to the SSD (queued, and in
+ * on-evict mode queued here) stays where it is: it is old and may go as
+ * soon as it is written, so the look only steps past it. Bounded: after
+ * STORE_EVICT_SCAN busy objects the look gives up, and after
+ * STORE_EVICT_PROMOTE second chances (a list that is all hot) the next
+ * evictable object is taken, referenced or not.
  */
 static struct store_obj *
-store_candidate_locked(struct store *s, struct store_shard *sh, int cls, uint64_t now)
+store_list_candidate_locked(struct store *s, struct store_shard *sh, struct store_list *l,
+                            int policy, uint64_t now)
 {
-    struct store_list *l = &sh->lru[cls];
     struct store_obj *o = l->tail;
+    bool protect = policy == STORE_EVICT_SLRU && l == &sh->lru[STORE_LRU_NORMAL];
     int busy = 0;
     int promoted = 0;
 
@@ -95,11 +145,19 @@ store_candidate_locked(struct store *s, struct store_shard *sh, int cls, uint64_
             continue;
         }
         if (evictable) {
+            if (policy == STORE_EVICT_FIFO) {
+                o->referenced = 0;
+            }
             if (!o->referenced || promoted == STORE_EVICT_PROMOTE) {
                 return o;
             }
             o->referenced = 0;
             promoted++;
+            if (protect) {
+                store_protect_locked(sh, o);
+                o = prev;
+                continue;
+            }
         } else if (++busy > STORE_EVICT_SCAN) {
             return NULL;
         }
@@ -112,6 +170,39 @@ store_candidate_locked(struct store *s, struct store_shard *sh, int cls, uint64_
         o = prev;
     }
     return NULL;
+}
+
+/*
+ * store_candidate_locked: the next object eviction should take from a list
+ * class (STORE_LRU_NORMAL: the probationary list, then the protected one
+ * when probation has none; STORE_LRU_SOFT), or NULL.
+ */
+static struct store_obj *
+store_candidate_locked(struct store *s, struct store_shard *sh, int cls, uint64_t now)
+{
+    int policy = atomic_load_explicit(&s->policy, memory_order_relaxed);
+    struct store_obj *c;
+
+    if (cls != STORE_LRU_NORMAL) {
+        return store_list_candidate_locked(s, sh, &sh->lru[cls], policy, now);
+    }
+    store_slru_balance_locked(sh, policy, now);
+    c = store_list_candidate_locked(s, sh, &sh->lru[STORE_LRU_NORMAL], policy, now);
+    if (c == NULL && sh->lru[STORE_LRU_PROTECTED].tail != NULL) {
+        c = store_list_candidate_locked(s, sh, &sh->lru[STORE_LRU_PROTECTED], policy, now);
+    }
+    return c;
+}
+
+/*
+ * store_rank: the order of a shard's candidate across shards, oldest first:
+ * its access stamp, and a protected one (SLRU, taken only when its shard's
+ * probation had none) after every probationary one of the other shards.
+ */
+static inline uint64_t
+store_rank(const struct store_obj *c)
+{
+    return (c->atime & (UINT64_MAX >> 2)) | ((uint64_t)c->seg << 62);
 }
 
 /* store_scan: fill cand[] with every shard's candidate stamp. Returns how many shards have one. */
@@ -127,7 +218,7 @@ store_scan(struct store *s, int cls, uint64_t now, uint64_t *cand, uint64_t *obj
 
         pthread_mutex_lock(&sh->lock);
         c = store_candidate_locked(s, sh, cls, now);
-        cand[i] = c != NULL ? c->atime : STORE_NO_CANDIDATE;
+        cand[i] = c != NULL ? store_rank(c) : STORE_NO_CANDIDATE;
         *objects += sh->objects;
         pthread_mutex_unlock(&sh->lock);
         found += c != NULL;
@@ -150,6 +241,8 @@ store_evict_locked(struct store *s, struct store_shard *sh, struct store_obj *o)
         return 0;
     }
     store_list_unlink(store_list_of(sh, o), o);
+    sh->protected_objs -= o->seg;
+    o->seg = 0;
     store_charge(s, o->tenant, -(int64_t)store_ext_pages(o->ext, o->n_ext));
     alloc_give(s->alloc, o->ext, o->n_ext);
     o->n_ext = 0;
@@ -169,7 +262,7 @@ store_evict_locked(struct store *s, struct store_shard *sh, struct store_obj *o)
  */
 static enum store_evict_end
 store_evict_class(struct store *s, int cls, uint64_t target_pages, uint64_t now,
-                  uint64_t *freed_pages)
+                  uint64_t *freed_pages, bool inline_)
 {
     uint64_t cand[STORE_SHARDS];
     uint64_t budget;
@@ -209,19 +302,22 @@ store_evict_class(struct store *s, int cls, uint64_t target_pages, uint64_t now,
         sh = &s->shard[best];
         pthread_mutex_lock(&sh->lock);
         c = store_candidate_locked(s, sh, cls, now);
-        if (c == NULL || c->atime > cand[best]) {
-            cand[best] = c != NULL ? c->atime : STORE_NO_CANDIDATE;
+        if (c == NULL || store_rank(c) > cand[best]) {
+            cand[best] = c != NULL ? store_rank(c) : STORE_NO_CANDIDATE;
             pthread_mutex_unlock(&sh->lock);
             misses++;
             continue;
         }
         kept = store_evict_locked(s, sh, c);
         next = store_candidate_locked(s, sh, cls, now);
-        cand[best] = next != NULL ? next->atime : STORE_NO_CANDIDATE;
+        cand[best] = next != NULL ? store_rank(next) : STORE_NO_CANDIDATE;
         pthread_mutex_unlock(&sh->lock);
 
         atomic_fetch_add_explicit(&s->evictions, 1, memory_order_relaxed);
         atomic_fetch_add_explicit(&s->evicted_bytes, c->size, memory_order_relaxed);
+        if (inline_) {
+            atomic_fetch_add_explicit(&s->evictions_inline, 1, memory_order_relaxed);
+        }
         *freed_pages += store_pages(c->size);
         if (!kept) {
             store_obj_unref(s, c);  /* the table's reference was the only one */
@@ -231,8 +327,9 @@ store_evict_class(struct store *s, int cls, uint64_t target_pages, uint64_t now,
     }
 }
 
-uint64_t
-store_evict(struct store *s, uint64_t target)
+/* store_evict_to: store_evict, the evictions counted as inline ones when a reserve makes them. */
+static uint64_t
+store_evict_to(struct store *s, uint64_t target, bool inline_)
 {
     uint64_t target_pages = target / STORE_PAGE_SIZE;
     uint64_t freed = 0;
@@ -242,10 +339,17 @@ store_evict(struct store *s, uint64_t target)
         return 0;
     }
     /* Soft-pinned objects go only when no normal object can. */
-    if (store_evict_class(s, STORE_LRU_NORMAL, target_pages, now, &freed) == STORE_EVICT_EMPTY) {
-        (void)store_evict_class(s, STORE_LRU_SOFT, target_pages, now, &freed);
+    if (store_evict_class(s, STORE_LRU_NORMAL, target_pages, now, &freed, inline_)
+        == STORE_EVICT_EMPTY) {
+        (void)store_evict_class(s, STORE_LRU_SOFT, target_pages, now, &freed, inline_);
     }
     return freed * STORE_PAGE_SIZE;
+}
+
+uint64_t
+store_evict(struct store *s, uint64_t target)
+{
+    return store_evict_to(s, target, false);
 }
 
 /*
@@ -259,9 +363,11 @@ static struct store_obj *
 store_own_candidate_locked(struct store *s, struct store_shard *sh, uint32_t tenant,
                            uint64_t now, bool *queued, uint64_t *rank)
 {
-    for (int cls = STORE_LRU_NORMAL; cls < STORE_LRU_CLASSES; cls++) {
+    static const int order[] = {STORE_LRU_NORMAL, STORE_LRU_PROTECTED, STORE_LRU_SOFT};
+
+    for (uint64_t cls = 0; cls < sizeof(order) / sizeof(order[0]); cls++) {
         struct store_obj *best = NULL;
-        struct store_obj *o = sh->lru[cls].tail;
+        struct store_obj *o = sh->lru[order[cls]].tail;
 
         for (int seen = 0; o != NULL && seen < STORE_OWN_SCAN; seen++, o = o->lru_prev) {
             if (o->tenant != tenant || !store_evictable_locked(o, now)) {
@@ -274,7 +380,7 @@ store_own_candidate_locked(struct store *s, struct store_shard *sh, uint32_t ten
             }
         }
         if (best != NULL) {
-            *rank = (best->atime & (UINT64_MAX >> 2)) | ((uint64_t)cls << 62);
+            *rank = (best->atime & (UINT64_MAX >> 2)) | (cls << 62);
             return best;
         }
     }
@@ -371,11 +477,112 @@ store_quota_room(struct store *s, uint32_t tenant, uint64_t bytes)
     return rc;
 }
 
+/* ---- the background evictor ---- */
+
 /*
- * store_take_pages: arena pages for a new object, evicting first when the
- * reserve would pass the high watermark (down to the low watermark less the
- * new object) and once more when the allocator still says no (full, or too
- * fragmented for STORE_MAX_EXTENTS extents). Never waits for anything.
+ * store_evictor_wake: a reserve passed the high watermark: have the evictor
+ * thread make room down to the low one. Only the reserve that finds it idle
+ * pays for the signal.
+ */
+static void
+store_evictor_wake(struct store *s)
+{
+    if (atomic_load_explicit(&s->evictor_wanted, memory_order_relaxed)
+        || atomic_exchange_explicit(&s->evictor_wanted, true, memory_order_acq_rel)) {
+        return;
+    }
+    pthread_mutex_lock(&s->evictor_lock);
+    pthread_cond_signal(&s->evictor_cond);
+    pthread_mutex_unlock(&s->evictor_lock);
+}
+
+/*
+ * store_evict_watermark: evict down to the low watermark less `npages`;
+ * when that comes up short because what is left is on its way to the SSD,
+ * note it (evict_stuck) so that no reserve asks again until the tier reports.
+ */
+static void
+store_evict_watermark(struct store *s, uint64_t npages, uint64_t progress, bool inline_)
+{
+    uint64_t low = atomic_load_explicit(&s->low_pages, memory_order_relaxed);
+    uint64_t target = low > npages ? low - npages : 0;
+
+    (void)store_evict_to(s, target * STORE_PAGE_SIZE, inline_);
+    if (alloc_used_pages(s->alloc) > target
+        && atomic_load_explicit(&s->offloading, memory_order_relaxed) != 0) {
+        /* Short of the low watermark for want of written objects: wait for the tier. */
+        atomic_store_explicit(&s->evict_stuck, progress + 1, memory_order_relaxed);
+    }
+}
+
+static void *
+store_evictor_main(void *arg)
+{
+    struct store *s = arg;
+
+    pthread_mutex_lock(&s->evictor_lock);
+    while (!s->evictor_stop) {
+        if (!atomic_exchange_explicit(&s->evictor_wanted, false, memory_order_acq_rel)) {
+            pthread_cond_wait(&s->evictor_cond, &s->evictor_lock);
+            continue;
+        }
+        pthread_mutex_unlock(&s->evictor_lock);
+        store_evict_watermark(s, 0, atomic_load_explicit(&s->tier_progress, memory_order_acquire),
+                              false);
+        pthread_mutex_lock(&s->evictor_lock);
+    }
+    pthread_mutex_unlock(&s->evictor_lock);
+    return NULL;
+}
+
+int
+store_evictor_start(struct store *s)
+{
+    int rc = pthread_mutex_init(&s->evictor_lock, NULL);
+
+    if (rc != 0) {
+        return -rc;
+    }
+    rc = pthread_cond_init(&s->evictor_cond, NULL);
+    if (rc != 0) {
+        pthread_mutex_destroy(&s->evictor_lock);
+        return -rc;
+    }
+    s->evictor_stop = false;
+    rc = pthread_create(&s->evictor, NULL, store_evictor_main, s);
+    if (rc != 0) {
+        pthread_cond_destroy(&s->evictor_cond);
+        pthread_mutex_destroy(&s->evictor_lock);
+        return -rc;
+    }
+    s->evictor_running = true;
+    return 0;
+}
+
+void
+store_evictor_stop(struct store *s)
+{
+    if (!s->evictor_running) {
+        return;
+    }
+    pthread_mutex_lock(&s->evictor_lock);
+    s->evictor_stop = true;
+    pthread_cond_signal(&s->evictor_cond);
+    pthread_mutex_unlock(&s->evictor_lock);
+    pthread_join(s->evictor, NULL);
+    pthread_cond_destroy(&s->evictor_cond);
+    pthread_mutex_destroy(&s->evictor_lock);
+    s->evictor_running = false;
+}
+
+/*
+ * store_take_pages: arena pages for a new object. When the reserve would pass
+ * the high watermark, the background evictor is woken (without one, the
+ * reserve itself evicts down to the low watermark less the new object).
+ * When the allocator still says no (full, or too fragmented for
+ * STORE_MAX_EXTENTS extents) the reserve evicts on the spot: the pages it
+ * needs and as much again with the evictor running (it does the rest), else
+ * down to the low watermark. Never waits for anything.
  */
 int
 store_take_pages(struct store *s, uint64_t npages, struct alloc_extent *ext, int max, int *n)
@@ -400,23 +607,28 @@ store_take_pages(struct store *s, uint64_t npages, struct alloc_extent *ext, int
     progress = atomic_load_explicit(&s->tier_progress, memory_order_acquire);
     stuck = atomic_load_explicit(&s->evict_stuck, memory_order_relaxed) == progress + 1;
     if (!stuck && alloc_used_pages(s->alloc) + npages > high) {
-        (void)store_evict(s, target * STORE_PAGE_SIZE);
-        if (alloc_used_pages(s->alloc) > target
-            && atomic_load_explicit(&s->offloading, memory_order_relaxed) != 0) {
-            /* Short of the low watermark for want of written objects: wait for the tier. */
-            atomic_store_explicit(&s->evict_stuck, progress + 1, memory_order_relaxed);
+        if (s->evictor_running) {
+            store_evictor_wake(s);
+        } else {
+            store_evict_watermark(s, npages, progress, true);
         }
     }
     if (alloc_take(s->alloc, npages, ext, max, n) == 0) {
         return 0;
     }
     used = alloc_used_pages(s->alloc);
-    if (used <= target) {
+    if (s->evictor_running) {
+        /* Just ahead of this reserve: what it needs and as much again. */
+        target = used > 2 * npages ? used - 2 * npages : 0;
+    } else if (used <= target) {
         /* Below the watermark yet refused: free at least this request's worth more. */
         target = used > npages ? used - npages : 0;
     }
-    if (stuck || store_evict(s, target * STORE_PAGE_SIZE) == 0
-        || alloc_take(s->alloc, npages, ext, max, n) != 0) {
+    if (!stuck) {
+        /* Nothing freed here may still be room: the evictor thread may have made it. */
+        (void)store_evict_to(s, target * STORE_PAGE_SIZE, true);
+    }
+    if (stuck || alloc_take(s->alloc, npages, ext, max, n) != 0) {
         /* Objects on their way to the SSD free their pages when written. */
         if (atomic_load_explicit(&s->offloading, memory_order_relaxed) != 0) {
             atomic_store_explicit(&s->evict_stuck, progress + 1, memory_order_relaxed);

@@ -27,6 +27,7 @@
 #define STORE_EVICT_PROMOTE 1024    /* second chances one look may give before it stops */
 #define STORE_EVICT_MISSES 256      /* looks in a row that evict nothing (4 per shard) */
 #define STORE_EVICT_RESCANS 2       /* full rescans before a class counts as empty */
+#define STORE_SLRU_STEPS 64         /* protected objects one look may move (SLRU balance) */
 #define STORE_NO_CANDIDATE UINT64_MAX
 
 _Static_assert(STORE_PAGE_SIZE == ALLOC_PAGE_SIZE, "the store and the allocator disagree on pages");
@@ -37,10 +38,16 @@ enum store_obj_state {
     STORE_OBJ_GONE = 3              /* no longer indexed; freed with the last reference */
 };
 
+/*
+ * A shard's lists. NORMAL holds unpinned objects (under SLRU: its
+ * probationary segment), PROTECTED the unpinned objects SLRU protects (seg
+ * set), SOFT the soft-pinned ones.
+ */
 enum store_lru {
     STORE_LRU_NORMAL = 0,
     STORE_LRU_SOFT = 1,
-    STORE_LRU_CLASSES = 2
+    STORE_LRU_PROTECTED = 2,
+    STORE_LRU_CLASSES = 3
 };
 
 /*
@@ -80,7 +87,8 @@ struct store_obj {
     uint8_t loading;                /* the tier is reading it back */
     _Atomic uint8_t ssd;            /* enum store_ssd_state */
     uint8_t cold;                   /* loaded without promotion: kept only until read */
-    uint8_t pad[3];
+    uint8_t seg;                    /* on the PROTECTED list (SLRU) */
+    uint8_t pad[2];
     struct alloc_extent ext[];      /* ext_cap extents, then key_len key bytes */
 };
 
@@ -109,6 +117,7 @@ struct store_shard {
     uint64_t resident_bytes;
     uint64_t stored;                /* published with an SSD copy */
     uint64_t loading;
+    uint64_t protected_objs;        /* objects on lru[STORE_LRU_PROTECTED] */
     /* Copies of buckets/mask for prefetching without the lock (store_exists_batch): a
      * stale or torn pair only makes a prefetch useless, never a lookup wrong. */
     _Atomic(uintptr_t) pf_buckets;
@@ -147,7 +156,16 @@ struct store {
     _Atomic uint64_t max_value_size;
     _Atomic uint64_t high_pages;    /* eviction starts when a reserve would pass this */
     _Atomic uint64_t low_pages;     /* and goes down to this */
+    _Atomic int policy;             /* enum store_evict_policy */
     _Atomic uint64_t evictions;
+    _Atomic uint64_t evictions_inline; /* made by a reserve itself (store_take_pages) */
+    /* The background evictor (store_evict.c), when store_config.evict_background. */
+    pthread_t evictor;
+    pthread_mutex_t evictor_lock;
+    pthread_cond_t evictor_cond;
+    bool evictor_running;           /* started; joined by store_evictor_stop */
+    bool evictor_stop;              /* under evictor_lock */
+    _Atomic bool evictor_wanted;    /* a reserve passed the high watermark since its last pass */
     _Atomic uint64_t evicted_bytes; /* value bytes of evicted objects */
     _Atomic uint64_t no_space;
     _Atomic uint64_t metadata_bytes;
@@ -301,6 +319,15 @@ int store_take_pages(struct store *s, uint64_t npages, struct alloc_extent *ext,
  * turn: the caller holds no shard lock.
  */
 int store_quota_room(struct store *s, uint32_t tenant, uint64_t bytes);
+
+/*
+ * store_evictor_start: start the background evictor thread (store_create).
+ * 0, or a negative errno (nothing started). store_evictor_stop: stop and
+ * join it; accepts a store whose evictor never started. Defined in
+ * store_evict.c.
+ */
+int store_evictor_start(struct store *s);
+void store_evictor_stop(struct store *s);
 
 /* store_ext_cap: extents an object block makes room for (n needed now). */
 int store_ext_cap(const struct store *s, uint64_t npages, int n);

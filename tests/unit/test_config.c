@@ -140,6 +140,7 @@ static const char *const changed_values[][2] = {
     {"shutdown_timeout_ms", "1s"},
     {"eviction_high_watermark", "0.95"},
     {"eviction_low_watermark", "0.5"},
+    {"eviction_policy", "slru"},
     {"ssd_dir", "/tmp/kvstash-ssd"},
     {"ssd_size", "128g"},
     {"ssd_bucket_size", "64m"},
@@ -177,7 +178,7 @@ static const char *const reloadable_keys[] = {
     "max_value_size",  "max_batch",        "max_message_size",    "max_connections",
     "tcp_receive_window", "local_tcp_congestion",
     "client_output_limit", "shutdown_timeout_ms", "eviction_high_watermark",
-    "eviction_low_watermark", "ssd_bucket_size", "ssd_eviction", "ssd_high_watermark",
+    "eviction_low_watermark", "eviction_policy", "ssd_bucket_size", "ssd_eviction", "ssd_high_watermark",
     "ssd_low_watermark", "ssd_offload", "ssd_promote", "require_auth", "client_output_max",
     "client_output_timeout", "client_input_timeout", "client_inflight_max", "idle_timeout",
     "conn_buffer_memory",
@@ -325,8 +326,9 @@ Test(config, defaults)
     cr_expect_eq(c.client_output_limit, 64ull << 20);
     cr_expect_eq(c.client_inflight_max, 16384);
     cr_expect_eq(c.shutdown_timeout_ms, 10000);
-    cr_expect_eq(c.eviction_high_watermark, 0.90);
-    cr_expect_eq(c.eviction_low_watermark, 0.80);
+    cr_expect_eq(c.eviction_high_watermark, 0.995);
+    cr_expect_eq(c.eviction_low_watermark, 0.985);
+    cr_expect_eq(c.eviction_policy, CONF_EVICT_LRU);
     cr_expect_str_eq(c.ssd_dir, "<data_dir>/ssd", "derived by conf_finalize");
     cr_expect_eq(c.ssd_size, 64ull << 30);
     cr_expect_eq(c.ssd_bucket_size, 256ull << 20);
@@ -690,17 +692,17 @@ Test(config, finalize_cross_checks)
     char err[512], dir[300];
 
     conf_init(&c);
-    cr_assert_eq(conf_set(&c, "eviction_low_watermark", "0.95", "t.conf:3", err, sizeof(err)),
+    cr_assert_eq(conf_set(&c, "eviction_low_watermark", "0.999", "t.conf:3", err, sizeof(err)),
                  0);
     cr_expect_eq(conf_finalize(&c, err, sizeof(err)), -1);
-    cr_expect_str_eq(err, "eviction_low_watermark 0.95 (t.conf:3) must not be above "
-                          "eviction_high_watermark 0.9 (default)",
+    cr_expect_str_eq(err, "eviction_low_watermark 0.999 (t.conf:3) must not be above "
+                          "eviction_high_watermark 0.995 (default)",
                      "the message names both values and what set them");
     cr_expect_str_eq(c.unix_socket, "", "a failed finalize derives nothing");
     cr_expect_eq(c.io_threads, 0);
 
     conf_init(&c);
-    cr_assert_eq(conf_set(&c, "eviction_low_watermark", "0.9", "t", err, sizeof(err)), 0);
+    cr_assert_eq(conf_set(&c, "eviction_low_watermark", "0.995", "t", err, sizeof(err)), 0);
     cr_expect_eq(conf_finalize(&c, err, sizeof(err)), 0, "low == high is fine: %s", err);
 
     conf_init(&c);
@@ -788,7 +790,7 @@ Test(config, apply_reloadable_copies_only_reloadable_keys)
     }
     /* ...and what changed from before is exactly the reloadable ones. */
     d.n = 0;
-    cr_expect_eq(conf_diff(&before, &running, diff_collect, &d), 35);
+    cr_expect_eq(conf_diff(&before, &running, diff_collect, &d), 36);
     for (int i = 0; i < d.n; i++) {
         cr_expect(d.reloadable[i], "%s needs a restart but was applied", d.keys[i]);
     }
@@ -1064,7 +1066,7 @@ Test(config, two_key_errors_name_the_file_line_and_flag_that_set_them)
     cr_assert_eq(load_text(&c, "# two keys\n\neviction_high_watermark 0.5\n", err, sizeof(err)),
                  0, "%s", err);
     cr_expect_eq(conf_finalize(&c, err, sizeof(err)), -1);
-    cr_expect_not_null(strstr(err, "eviction_low_watermark 0.8 (default) must not be above "
+    cr_expect_not_null(strstr(err, "eviction_low_watermark 0.985 (default) must not be above "
                                    "eviction_high_watermark 0.5 ("),
                        "%s", err);
     cr_expect_not_null(strstr(err, "test.conf:3)"), "the file and line are not named: %s", err);
