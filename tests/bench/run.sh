@@ -22,6 +22,8 @@
 # Then batch_is_exist probes on one connection under get and put loads on eight.
 # Then the Redis-protocol section (tests/bench/resp.sh): redis-benchmark against kvstashd's
 # RESP2 port and redis-server in the same run, GET and SET of 4 KiB, 64 KiB, 1 MiB.
+# Then the trace replay (tests/bench/trace.sh): Mooncake's synthetic trace, hit rates per
+# eviction policy next to exact LRU and the trace's maximum, DRAM alone and with the SSD tier.
 # Last, the SSD section (tests/bench/ssd.sh): fio and kvstashd's SSD tier on one
 # directory of the same disk, sequential 1 MiB writes and reads, DRAM probes under SSD
 # reads, and restarts with a million objects on the SSD.
@@ -36,6 +38,7 @@
 # each engine script: rounds until then, medians), PYTHON (/usr/bin/python3, with python3-msgpack and python3-numpy),
 # BENCH_SSD (1; 0 skips the SSD section; its other settings are in ssd.sh),
 # BENCH_RESP (1; 0 skips the Redis-protocol section; its settings are in resp.sh),
+# BENCH_TRACE (1; 0 skips the trace replay; its settings are in trace.sh),
 # BENCH_DAEMON_ARGS (more kvstashd flags for the matrix's daemon, e.g. --io_threads=8; the
 # SSD section has its own, BENCH_SSD_DAEMON_ARGS), BENCH_COPY (0; 1 makes kvstash-bench,
 # raw-bench and mc-bench send put values by copying, -C, instead of by reference).
@@ -839,15 +842,33 @@ else
     echo "== Redis protocol: skipped (BENCH_RESP=0)"
 fi
 
+# ---- trace replay ----
+# Mooncake's synthetic trace through fresh daemons of its own (tests/bench/trace.sh), with
+# the matrix's daemon stopped so that the replays have the machine; bounded by the timeout.
+trace_rc=0
+if [ "${BENCH_TRACE:-1}" != 0 ]; then
+    kill "$kvd_pid" 2>/dev/null
+    wait "$kvd_pid" 2>/dev/null
+    kvd_pid=""
+    echo
+    KVSTASHD="$KVSTASHD" KVSTASH_CLI="$KVSTASH_CLI" PYTHON="${PYTHON:-/usr/bin/python3}" \
+        timeout 1200 "$here/trace.sh" || trace_rc=$?
+else
+    echo
+    echo "== trace replay: skipped (BENCH_TRACE=0)"
+fi
+
 # ---- SSD tier ----
 # The DRAM daemon is done: stopped, so the SSD section has the machine to itself. ssd.sh
 # bounds its own runs (it starts none after 360 s; its restart test's fill of a million
 # objects is bounded at 660 + 300 s); the timeout is the last resort.
 ssd_rc=0
 if [ "${BENCH_SSD:-1}" != 0 ]; then
-    kill "$kvd_pid" 2>/dev/null
-    wait "$kvd_pid" 2>/dev/null
-    kvd_pid=""
+    if [ -n "$kvd_pid" ]; then
+        kill "$kvd_pid" 2>/dev/null
+        wait "$kvd_pid" 2>/dev/null
+        kvd_pid=""
+    fi
     echo
     KVSTASHD="$KVSTASHD" BENCH="$BENCH" KVSTASH_CLI="$KVSTASH_CLI" BENCH_REPS="$REPS" \
         timeout 1800 "$here/ssd.sh" || ssd_rc=$?
@@ -861,6 +882,10 @@ if [ "$failures" -gt 0 ]; then
 fi
 if [ "$resp_rc" -ne 0 ]; then
     echo "run.sh: the Redis-protocol section failed (exit $resp_rc)" >&2
+    exit 1
+fi
+if [ "$trace_rc" -ne 0 ]; then
+    echo "run.sh: the trace replay failed (exit $trace_rc)" >&2
     exit 1
 fi
 if [ "$ssd_rc" -ne 0 ]; then
