@@ -16,6 +16,7 @@ import threading
 
 from . import buffers
 from .buffers import Buffer
+from .iovs import Iovs
 from .errors import (INVALID_ARGUMENT, NOT_FOUND, OK, PROTOCOL_ERROR, UNAVAILABLE, UNSUPPORTED,
                      Error)
 from .wire import Conn
@@ -585,6 +586,11 @@ class Client:
                     bid = staging.id if isinstance(p, _Staged) else p[1]
                     if bid in self._buffers and bid not in ids:
                         ids.append(bid)
+        self._probe_dropped(ids, dropped)
+
+    def _probe_dropped(self, ids, dropped):
+        """Of the registered buffer ids, append those the daemon no longer has to dropped
+        (see _find_dropped)."""
         if not ids:
             return
         req = self._conn.request("batch_get_into", [[PROBE_KEY] * len(ids),
@@ -829,9 +835,16 @@ class Client:
         which the daemon reads: never through the socket. Results are the same either way.
 
         Returns [code, ...] as batch_put. A piece outside its object raises
-        Error(INVALID_ARGUMENT) before anything is sent. Unix socket only."""
+        Error(INVALID_ARGUMENT) before anything is sent. Unix socket only.
+
+        pieces may also be a kvstash.iovs.Iovs: every piece already in a Buffer of this
+        client, the same number per key, as arrays (an adapter's batch built at once, packed
+        with no Python object per piece); same requests, same results."""
         keys = _keys(keys)
         opts = _opts(durable=durable)
+        if isinstance(pieces, Iovs):
+            return self._iov_transfer("batch_put_from", keys, pieces, [opts] if opts else [],
+                                      False)
         held, dropped = [], []
         try:
             resolved = self._resolve(pieces, len(keys), False, held)
@@ -867,8 +880,10 @@ class Client:
         reached as in batch_put_from: zero copy where it is registered shared memory, else
         the daemon writes the staging buffer and the client copies (one memcpy) what it
         wrote. A piece outside its object raises Error(INVALID_ARGUMENT) before anything is
-        sent. Pieces must not overlap."""
+        sent. Pieces must not overlap. pieces may be an Iovs, as in batch_put_from."""
         keys = _keys(keys)
+        if isinstance(pieces, Iovs):
+            return self._iov_transfer("batch_get_into", keys, pieces, [], True)
         held, dropped = [], []
         try:
             resolved = self._resolve(pieces, len(keys), True, held)
@@ -904,6 +919,47 @@ class Client:
                 m.release()
             for b in dropped:
                 self._forget(b)
+
+    def _iov_transfer(self, method, keys, iov, extra, get):
+        """batch_put_from / batch_get_into with pieces given as an Iovs: checked as a whole
+        (its buffers registered here and open), split into requests of at most max_batch
+        keys and MAX_PIECES pieces, each request's iovs packed in one piece of bytes."""
+        n = len(keys)
+        if iov.n != n:
+            raise Error(INVALID_ARGUMENT, None, f"{n} keys and pieces for {iov.n} keys")
+        for b in iov.bufs:
+            if not isinstance(b, Buffer) or b.client is not self or b.closed:
+                raise Error(INVALID_ARGUMENT, None, f"{b!r} is not a buffer registered here")
+        if not self.is_unix:
+            raise Error(UNSUPPORTED, None, "shared-memory buffers need a Unix-socket connection")
+        m = iov.per_key
+        step = max(1, min(self._limit("max_batch", 16384), MAX_PIECES // m))
+        nparams = 2 + len(extra)
+
+        def requests():
+            i = 0
+            while i < n or (n == 0 and i == 0):
+                j = min(n, i + step)
+                msgid, e = self._conn.encoder(method, nparams)
+                e.obj(keys[i:j])
+                e.cur += iov.packed(i, j)
+                for x in extra:
+                    e.obj(x)
+                yield msgid, e.finish()
+                if n == 0:
+                    return
+                i = j
+
+        out = self._batch(requests(), self._list_of())
+        self.zero_copy_bytes += iov.nbytes(0, n)
+        bad = (-UNAVAILABLE, -INVALID_ARGUMENT) if get else (UNAVAILABLE, INVALID_ARGUMENT)
+        failed = [k for k, r in enumerate(out) if r in bad]
+        if failed:
+            dropped = []
+            self._probe_dropped([b for b in iov.ids_of(failed) if b in self._buffers], dropped)
+            for b in dropped:
+                self._forget(b)
+        return out
 
     # ---- direct access to the daemon's arena (Unix socket) ----
 
