@@ -419,3 +419,100 @@ def test_tcp_address_round_trip(kv, made):
     assert b.path == "socket"
     stats = b.get_stats()
     assert stats["backup_pgs"] == [4] and stats["prefetch_pgs"] == [4]
+
+
+@pytest.mark.parametrize("kind", ["mha", "mla"])
+@pytest.mark.parametrize("layout", ["page_first", "layer_first", "page_first_direct"])
+def test_page_pointers_from_the_model_are_the_pools(kv, made, kind, layout):
+    """The adapter asks get_page_buffer_meta for four pages once and computes later
+    batches' pointers itself: they must be exactly what the pool gives, for every layout
+    and any order of pages (including the first and last of the pool)."""
+    d = kv()
+    pool = mha_pool(made, layout) if kind == "mha" else mla_pool(made, layout)
+    b = backend(made, config(unix(d), mla=kind == "mla"), pool)
+    rng = np.random.default_rng(3)
+    for pages in ([0], [POOL_PAGES - 1, 0], list(rng.permutation(POOL_PAGES)[:20])):
+        idx = pool.page_indices(pages)
+        keys = hashes(len(pages))
+        got = b._objects(keys, idx)
+        assert b._meta, "an affine pool got no model"
+        b._meta = False             # ask the pool, as for a pool the model does not fit
+        want = b._objects(keys, idx)
+        b._meta = None
+        assert got[0] == want[0]
+        assert (got[1] == want[1]).all() and (got[2] == want[2]).all()
+
+
+class ShuffledPool(MHATokenToKVPoolHost):
+    """A host pool whose pages do not lie in index order (page p at slot (p * 7) % pages):
+    the adapter's model cannot fit it, and every batch must ask the pool."""
+
+    def get_page_buffer_meta(self, indices):
+        idx = np.asarray(indices)
+        pages = idx[::self.page_size] // self.page_size
+        moved = np.concatenate([np.arange(self.page_size) + ((p * 7) % self.page_num)
+                                * self.page_size for p in pages])
+        return super().get_page_buffer_meta(moved)
+
+    def page_bytes(self, p):
+        return bytes(self.get_data_page(((p * 7) % self.page_num) * PAGE).view(np.uint8))
+
+
+def test_a_pool_the_model_does_not_fit_is_asked_every_batch(kv, made):
+    d = kv()
+    pool = ShuffledPool(LAYERS, HEADS, DIM, PAGE, POOL_PAGES, "page_first",
+                        allocator_type="shm")
+    made.append(pool)
+    pool.fill_random(9)
+    b = backend(made, config(unix(d)), pool)
+    keys = hashes(8, "shuf")
+    src = [1, 2, 3, 5, 8, 13, 21, 34]
+    want = [pool.page_bytes(p) for p in src]
+    assert b.batch_set_v1(keys, pool.page_indices(src)) == [True] * 8
+    assert b._meta is False
+    pool.zero()
+    dst = [40, 41, 42, 43, 44, 45, 46, 47]
+    assert b.batch_get_v1(keys, pool.page_indices(dst)) == [True] * 8
+    assert [pool.page_bytes(p) for p in dst] == want
+    assert moved(b)[1] == 0         # still zero copy: every pointer is in the pool's memfd
+
+
+class StrayPool(MHATokenToKVPoolHost):
+    """A host pool that gives, for page 0, a V pointer `stray` bytes past where its piece
+    would end exactly at the pool's end (so the piece runs past the pool). Page 0 is one
+    the adapter probes for its model, so the model does not fit and every batch asks the
+    pool; its pointers are checked against the pool's memory each time."""
+
+    stray = 1
+
+    def get_page_buffer_meta(self, indices):
+        ptrs, sizes = super().get_page_buffer_meta(indices)
+        idx = np.asarray(indices)
+        end = self.kv_buffer.ctypes.data + self.kv_buffer.nbytes
+        for i, first in enumerate(idx[::self.page_size].tolist()):
+            if first == 0:
+                ptrs[2 * i + 1] = end - sizes[0] + self.stray
+        return ptrs, sizes
+
+
+@pytest.mark.parametrize("stray", [1, 1 << 20])
+def test_a_pointer_outside_the_pool_fails_the_batch(kv, made, stray):
+    d = kv()
+    pool = StrayPool(LAYERS, HEADS, DIM, PAGE, POOL_PAGES, "page_first",
+                     allocator_type="shm")
+    pool.stray = stray
+    made.append(pool)
+    pool.fill_random(4)
+    b = backend(made, config(unix(d)), pool)
+    keys = hashes(3, "stray")
+    assert b.batch_set_v1(keys, pool.page_indices([4, 0, 6])) == [False] * 3
+    assert b._meta is False
+    assert b.batch_get_v1(keys, pool.page_indices([4, 0, 6])) == [False] * 3
+    assert b.batch_exists(keys) == 0
+    # batches without page 0 are fine, the last page's V (ending exactly at the pool's
+    # end) too, and byte-exact
+    want = pages_of(pool, [4, POOL_PAGES - 1])
+    assert b.batch_set_v1(keys[:1] + ["last"], pool.page_indices([4, POOL_PAGES - 1])) == \
+        [True, True]
+    assert b.batch_get_v1(keys[:1] + ["last"], pool.page_indices([7, 8])) == [True, True]
+    assert pages_of(pool, [7, 8]) == want

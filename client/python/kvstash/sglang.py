@@ -32,8 +32,11 @@ import time
 
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
 
+import numpy as np
+
 from . import buffers
 from .client import Client
+from .iovs import Iovs, resolve
 from .errors import EXISTS, INVALID_ARGUMENT, OK, UNAVAILABLE, Error
 
 logger = logging.getLogger(__name__)
@@ -109,6 +112,9 @@ class KvstashStorage(HiCacheStorage):
         self._fds = []              # the pool's descriptors (SGLang's shm allocator)
         self._ranges = []           # (start, end, fd index, file offset at start)
         self._spans = []            # (start, end) of the pool's buffers
+        self._rng = None            # _ranges as arrays: starts, ends, fd indices, offsets
+        self._spn = None            # _spans as arrays: starts, ends
+        self._meta = None           # the pool's page pointers as an affine model, or False
         self.path = None            # "zero-copy", "staging" or "socket", once known
         self._path_lock = threading.Lock()
         self._local = threading.local()
@@ -251,6 +257,16 @@ class KvstashStorage(HiCacheStorage):
                 if i is not None:
                     self._ranges.append((m.start, m.end, i, m.offset))
             self._fds = fds
+        self._ranges.sort()
+        self._spans.sort()
+        r = self._ranges
+        self._rng = (np.array([x[0] for x in r], dtype=np.int64),
+                     np.array([x[1] for x in r], dtype=np.int64),
+                     np.array([x[2] for x in r], dtype=np.int64),
+                     np.array([x[3] for x in r], dtype=np.int64))
+        self._spn = (np.array([x[0] for x in self._spans], dtype=np.int64),
+                     np.array([x[1] for x in self._spans], dtype=np.int64))
+        self._meta = None
         if not self._fds:
             if self._is_unix():
                 self._set_path("staging", "the host pool is not SGLang's shm allocation "
@@ -275,15 +291,50 @@ class KvstashStorage(HiCacheStorage):
     def _tag_key(self, key):
         return f"{self.prefix}_{key}"
 
-    def _page_keys(self, key):
-        k = self._tag_key(key)
+    def _page_keys_all(self, keys):
+        """The object keys of the pages keys, in order (K, V per page; or MLA's one)."""
+        p = self.prefix
         if self.is_mla:
-            return [f"{k}_{self.mla_suffix}_k"]
-        return [f"{k}_{self.mha_suffix}_k", f"{k}_{self.mha_suffix}_v"]
+            s = self.mla_suffix
+            return [f"{p}_{k}_{s}_k" for k in keys]
+        s = self.mha_suffix
+        return [x for k in keys for x in (f"{p}_{k}_{s}_k", f"{p}_{k}_{s}_v")]
+
+    def _meta_model(self, host_indices):
+        """The pool's page pointers as an affine model of a page's first slot: (c, a, size),
+        arrays over the page's pointers, with ptr_j(first) = c_j + a_j * first and every
+        piece size[j] bytes; found once by asking get_page_buffer_meta for the first,
+        second, middle and last pages of the pool (indices of host_indices' own type) and
+        kept only when all four fit it. False when they do not (then every batch asks the
+        pool)."""
+        pool = self.mem_pool_host
+        ps, size = pool.page_size, getattr(pool, "size", None)
+        if not size or size < 2 * ps:
+            return False
+        page = host_indices[:ps] - host_indices[0]
+        firsts = sorted({0, ps, (size // ps // 2) * ps, size - ps})
+        ptrs, sizes = [], []
+        for f in firsts:
+            p, z = pool.get_page_buffer_meta(page + f)
+            ptrs.append(np.asarray([int(x) for x in p], dtype=np.int64))
+            sizes.append(np.asarray([int(x) for x in z], dtype=np.int64))
+        m = len(ptrs[0])
+        if m == 0 or any(len(p) != m or len(z) != m or (z != sizes[0]).any()
+                         for p, z in zip(ptrs, sizes)):
+            return False
+        a, rem = np.divmod(ptrs[1] - ptrs[0], firsts[1] - firsts[0])
+        if rem.any():
+            return False
+        c = ptrs[0] - a * firsts[0]
+        if any((c + a * f != p).any() for f, p in zip(firsts, ptrs)):
+            return False
+        return c, a, sizes[0]
 
     def _objects(self, keys, host_indices):
-        """(object keys, [[(addr, size), ...] per object]) for the pages of keys at
-        host_indices. Raises ValueError for indices that do not fit the pool."""
+        """(object keys, pointers, sizes) for the pages of keys at host_indices: pointers
+        and sizes are int64 arrays of one row per object (K then V of each page, or the MLA
+        page), a column per piece. Raises ValueError for indices that do not fit the pool,
+        or pointers outside it."""
         pool = self.mem_pool_host
         if pool is None or self.prefix is None:
             raise ValueError("no host pool registered")
@@ -291,10 +342,11 @@ class KvstashStorage(HiCacheStorage):
             raise ValueError("should_split_heads (page_head across TP sizes) is not supported")
         n = len(keys)
         if n == 0:
-            return [], []
-        if len(host_indices) != n * pool.page_size:
+            return [], None, None
+        ps = pool.page_size
+        if len(host_indices) != n * ps:
             raise ValueError(f"{n} keys and {len(host_indices)} host indices "
-                             f"(page size {pool.page_size})")
+                             f"(page size {ps})")
         if hasattr(host_indices, "min"):        # a torch tensor or numpy array
             lo, hi = int(host_indices.min()), int(host_indices.max())
         else:
@@ -302,26 +354,52 @@ class KvstashStorage(HiCacheStorage):
         size = getattr(pool, "size", None)
         if lo < 0 or (size is not None and hi >= size):
             raise ValueError(f"host indices [{lo}, {hi}] outside the pool's {size} slots")
-        ptrs, sizes = pool.get_page_buffer_meta(host_indices)
-        per_page = len(ptrs) // n
-        if len(ptrs) != len(sizes) or per_page * n != len(ptrs) or per_page == 0 or \
-                (not self.is_mla and per_page % 2):
-            raise ValueError(f"the pool gave {len(ptrs)} pointers for {n} pages")
-        okeys, objs = [], []
-        for i, key in enumerate(keys):
-            page = list(zip(ptrs[i * per_page:(i + 1) * per_page],
-                            sizes[i * per_page:(i + 1) * per_page]))
-            for a, s in page:
-                if s <= 0 or not any(lo <= a and a + s <= hi for lo, hi in self._spans):
-                    raise ValueError(f"page {i} ({key}): [{a:#x}, +{s}) is outside the "
-                                     "host pool")
-            okeys += self._page_keys(key)
-            if self.is_mla:
-                objs.append(page)
-            else:       # the pool interleaves K and V pointers (per layer for layer_first)
-                objs.append(page[0::2])
-                objs.append(page[1::2])
-        return okeys, objs
+        if self._meta is None and hasattr(host_indices, "min"):
+            self._meta = self._meta_model(host_indices)
+        if self._meta:
+            c, a, z = self._meta
+            first = np.asarray(host_indices[::ps], dtype=np.int64)
+            ptrs = first[:, None] * a + c
+            sizes = np.broadcast_to(z, ptrs.shape)
+        else:
+            p, z = pool.get_page_buffer_meta(host_indices)
+            if len(p) != len(z) or len(p) % n:
+                raise ValueError(f"the pool gave {len(p)} pointers for {n} pages")
+            ptrs = np.asarray([int(x) for x in p], dtype=np.int64).reshape(n, -1)
+            sizes = np.asarray([int(x) for x in z], dtype=np.int64).reshape(n, -1)
+        per_page = ptrs.shape[1]
+        if per_page == 0 or (not self.is_mla and per_page % 2):
+            raise ValueError(f"the pool gave {ptrs.size} pointers for {n} pages")
+        st, en = self._spn
+        _, _, inside = resolve(st, en, ptrs, sizes)
+        if not inside.all():
+            i, j = (int(x[0]) for x in np.nonzero(~inside))
+            raise ValueError(f"page {i} ({keys[i]}): [{int(ptrs[i, j]):#x}, "
+                             f"+{int(sizes[i, j])}) is outside the host pool")
+        if not self.is_mla:     # the pool interleaves K and V pointers (per layer, layer_first)
+            ptrs = ptrs.reshape(n, per_page // 2, 2).transpose(0, 2, 1).reshape(2 * n, -1)
+            sizes = sizes.reshape(n, per_page // 2, 2).transpose(0, 2, 1).reshape(2 * n, -1)
+        return self._page_keys_all(keys), ptrs, sizes
+
+    def _iovs(self, ptrs, sizes):
+        """The pieces of the objects (arrays as _objects gives) as an Iovs in this thread's
+        registered pool buffers, or None when some piece is not in one of them (no buffers
+        registered, or memory outside the shm files: the staging copy)."""
+        bufs = getattr(self._local, "bufs", None)
+        if not bufs or self._rng is None:
+            return None
+        st, en, fdi, foff = self._rng
+        idx, delta, inside = resolve(st, en, ptrs.reshape(-1), sizes.reshape(-1))
+        if not inside.all():
+            return None
+        return Iovs(bufs, fdi[idx], foff[idx] + delta, sizes.reshape(-1),
+                    per_key=ptrs.shape[1])
+
+    @staticmethod
+    def _lists(ptrs, sizes):
+        """Objects as lists of (address, size), for the paths with a Python object per
+        piece."""
+        return [list(zip(p, s)) for p, s in zip(ptrs.tolist(), sizes.tolist())]
 
     def _pieces(self, objs):
         bufs = getattr(self._local, "bufs", None)
@@ -379,6 +457,24 @@ class KvstashStorage(HiCacheStorage):
         got = c.batch_get_into(okeys, self._pieces(objs))
         return [isinstance(g, int) and g == w for g, w in zip(got, want)]
 
+    def _put_arrays(self, okeys, ptrs, sizes):
+        """_put of objects given as arrays (_objects): one Iovs when every piece lies in a
+        registered pool buffer, else piece by piece."""
+        c = self._client()
+        iov = self._iovs(ptrs, sizes) if c.is_unix else None
+        if iov is None:
+            return self._put(okeys, self._lists(ptrs, sizes))
+        return [r in (OK, EXISTS) for r in c.batch_put_from(okeys, iov)]
+
+    def _get_arrays(self, okeys, ptrs, sizes):
+        """_get of objects given as arrays (_objects), as _put_arrays."""
+        c = self._client()
+        iov = self._iovs(ptrs, sizes) if c.is_unix else None
+        if iov is None:
+            return self._get(okeys, self._lists(ptrs, sizes))
+        got = c.batch_get_into(okeys, iov)
+        return [isinstance(g, int) and g == w for g, w in zip(got, iov.key_bytes())]
+
     def _per_page(self, ok, n):
         m = len(ok) // n if n else 1
         return [all(ok[i * m:(i + 1) * m]) for i in range(n)]
@@ -405,7 +501,7 @@ class KvstashStorage(HiCacheStorage):
         if not keys or self.prefix is None:
             return 0
         if self.interface_v1:
-            q = [k for key in keys for k in self._page_keys(key)]
+            q = self._page_keys_all(keys)
             g = 1 if self.is_mla else 2
         else:
             q = [self._flat_key(k) for k in keys]
@@ -419,11 +515,11 @@ class KvstashStorage(HiCacheStorage):
                            host_indices)
 
     def _batch_get_v1(self, keys, host_indices):
-        okeys, objs = self._objects(keys, host_indices)
+        okeys, ptrs, sizes = self._objects(keys, host_indices)
         if not keys:
             return []
         t = time.perf_counter()
-        ok = self._per_page(self._get(okeys, objs), len(keys))
+        ok = self._per_page(self._get_arrays(okeys, ptrs, sizes), len(keys))
         if self.enable_storage_metrics:
             dt = max(time.perf_counter() - t, 1e-9)
             self.prefetch_pgs.append(len(keys))
@@ -440,13 +536,13 @@ class KvstashStorage(HiCacheStorage):
                            host_indices)
 
     def _batch_set_v1(self, keys, host_indices):
-        okeys, objs = self._objects(keys, host_indices)
+        okeys, ptrs, sizes = self._objects(keys, host_indices)
         if not keys:
             return []
         if self.is_mla and self.tp_rank != 0:
             return [True] * len(keys)
         t = time.perf_counter()
-        ok = self._per_page(self._put(okeys, objs), len(keys))
+        ok = self._per_page(self._put_arrays(okeys, ptrs, sizes), len(keys))
         if self.enable_storage_metrics:
             dt = max(time.perf_counter() - t, 1e-9)
             self.backup_pgs.append(len(keys))
