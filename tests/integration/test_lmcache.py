@@ -287,6 +287,39 @@ def test_an_arena_the_daemon_dropped_is_registered_again(kv, adapters, raw):
     assert st["l1_path"] == "shm" and st["staged_bytes"] == 0
 
 
+def test_objects_outside_the_registered_arena(kv, adapters, raw):
+    """A batch with one object outside the registered L1 arena (private memory) or
+    straddling its end (into memory past what l1_memory_desc names) goes piece by piece:
+    the arena's objects with no copy, the others through the staging buffer; same bytes.
+    One ending exactly at the arena's end is in it."""
+    n = 6
+    d = kv()
+    arena = Arena("sealed", (2 * n + 1) * CHUNK)
+    heap = Arena("heap", 2 * CHUNK)
+    desc = L1MemoryDesc(ptr=arena.ptr, size=2 * n * CHUNK, align_bytes=4096)
+    drv = adapters(d.unix_path, desc)
+    data = arena.fill(0, n, seed=11)
+    hdata = heap.fill(0, 1, seed=12)
+    keys = [key(200 + i) for i in range(n + 1)]
+    assert drv.store(keys, arena.objects(0, n) + heap.objects(0, 1)).is_successful()
+    st = drv.a.report_status()
+    assert (st["zero_copy_bytes"], st["staged_bytes"]) == (n * CHUNK, CHUNK)
+    # loads: the last arena object ends exactly at its end; the heap one lands in private
+    # memory; the straddling one is half in, half past the arena
+    arena.zero(0, 2 * n + 1)
+    dst = arena.objects(n, n) + heap.objects(1, 1)
+    assert bits(drv.load(keys, dst), n + 1) == [True] * (n + 1)
+    assert [arena.chunk(n + i) for i in range(n)] == data and heap.chunk(1) == hdata[0]
+    st = drv.a.report_status()
+    assert (st["zero_copy_bytes"], st["staged_bytes"]) == (2 * n * CHUNK, 2 * CHUNK)
+    straddle = HostMemoryObj(arena.ptr + 2 * n * CHUNK - CHUNK // 2, CHUNK)
+    assert bits(drv.load(keys[:1], [straddle]), 1) == [True]
+    half = CHUNK // 2
+    assert bytes(arena.view[2 * n * CHUNK - half:(2 * n + 1) * CHUNK - half]) == data[0]
+    st = drv.a.report_status()
+    assert st["staged_bytes"] == 3 * CHUNK and st["is_healthy"] is True
+
+
 def test_tcp_address_round_trip(kv, adapters):
     """Over TCP the values go through the socket; same results."""
     d = kv()

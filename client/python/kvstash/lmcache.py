@@ -32,8 +32,11 @@ import queue
 import threading
 import time
 
+import numpy as np
+
 from . import buffers
 from .client import Client
+from .iovs import Iovs
 from .errors import (BUSY, EXISTS, INVALID_ARGUMENT, NOT_FOUND, OK, UNAVAILABLE, ConnectionLost,
                      Error)
 
@@ -316,6 +319,36 @@ class KvstashL2Adapter(L2AdapterInterface):
                 self.staged_bytes += size
         return out
 
+    def _l1_iovs(self, worker, objects, scratch=None):
+        """The objects' pieces as one Iovs when every object lies in the registered L1
+        arena (zero copy), else None (then _pieces, piece by piece). With scratch (a
+        registered buffer of at least len(objects) bytes), each object's piece is followed
+        by byte i of scratch. Returns (Iovs, [size per object]) or None."""
+        d = self.l1_memory_desc
+        if worker.l1 is not None and worker.l1[0].closed:
+            worker.l1 = self._register_l1(worker.client, worker.name)
+        if worker.l1 is None or not objects:
+            return None
+        n = len(objects)
+        ps = [_obj_piece(o) for o in objects]
+        ptr = np.fromiter((p for p, _ in ps), dtype=np.int64, count=n)
+        size = np.fromiter((z for _, z in ps), dtype=np.int64, count=n)
+        if (size <= 0).any() or (ptr <= 0).any():
+            i = int(np.flatnonzero((size <= 0) | (ptr <= 0))[0])
+            raise Error(INVALID_ARGUMENT, None,
+                        f"a memory object of {ps[i][1]} bytes at {ps[i][0]:#x}")
+        lo, hi = int(d.ptr), int(d.ptr) + int(d.size)
+        if not ((ptr >= lo) & (ptr + size <= hi)).all():
+            return None
+        buf, base = worker.l1
+        off = base + (ptr - lo)
+        self.zero_copy_bytes += int(size.sum())
+        if scratch is None:
+            return Iovs([buf], 0, off, size), size.tolist()
+        offs = np.stack([off, np.arange(n, dtype=np.int64)], 1).reshape(-1)
+        lens = np.stack([size, np.ones(n, dtype=np.int64)], 1).reshape(-1)
+        return Iovs([buf, scratch], np.tile([0, 1], n), offs, lens, per_key=2), size.tolist()
+
     @staticmethod
     def _strings(keys):
         return [object_key_to_string(k) for k in keys]
@@ -337,18 +370,23 @@ class KvstashL2Adapter(L2AdapterInterface):
             if client is None:
                 raise Error(UNAVAILABLE, None, "no connection to kvstashd")
             skeys = self._strings(keys)
-            if client.is_unix:
+            iov = self._l1_iovs(self._store_worker, objects) if client.is_unix else None
+            if iov is not None:
+                codes = client.batch_put_from(skeys, iov[0], durable=self.durable)
+                sizes = iov[1]
+            elif client.is_unix:
                 pieces = self._pieces(self._store_worker, objects)
                 codes = client.batch_put_from(skeys, pieces, durable=self.durable)
+                sizes = [p[2] for p in pieces]
             else:                           # TCP, TLS: the values go through the socket
-                pieces = [(None, 0, _obj_piece(o)[1]) for o in objects]
+                sizes = [_obj_piece(o)[1] for o in objects]
                 codes = client.batch_put(skeys, [_view(o) for o in objects],
                                          durable=self.durable)
             ok = len(codes) == len(keys) and all(c in (OK, EXISTS) for c in codes)
-            for k, p, code in zip(keys, pieces, codes):
+            for k, size, code in zip(keys, sizes, codes):
                 if code == OK:
-                    moved += p[2]
-                    stored.append((k, p[2]))
+                    moved += size
+                    stored.append((k, size))
             if not ok:
                 bad = sorted({c for c in codes if c not in (OK, EXISTS)})
                 self._note_error(f"store task {task_id}: codes {bad}")
@@ -587,10 +625,15 @@ class KvstashL2Adapter(L2AdapterInterface):
             if scratch is None or scratch.closed or scratch.client is not client:
                 scratch = w.scratch = client.register_buffer(_SCRATCH)
             objs = objects[lo:hi]
-            pieces = self._pieces(w, objs)
-            sizes = [p[2] for p in pieces]
-            got = client.batch_get_into(
-                skeys[lo:hi], [[p, (scratch, i, 1)] for i, p in enumerate(pieces)])
+            iov = self._l1_iovs(w, objs, scratch)
+            if iov is not None:
+                got = client.batch_get_into(skeys[lo:hi], iov[0])
+                sizes = iov[1]
+            else:
+                pieces = self._pieces(w, objs)
+                sizes = [p[2] for p in pieces]
+                got = client.batch_get_into(
+                    skeys[lo:hi], [[p, (scratch, i, 1)] for i, p in enumerate(pieces)])
             out += [isinstance(g, int) and g == s for g, s in zip(got, sizes)]
         return out
 
