@@ -55,6 +55,7 @@ ctr_add(_Atomic uint64_t *c, uint64_t n)
 struct rpc_opts {
     bool force;
     bool durable;
+    bool whole;                     /* batch_get_into: a value longer than its pieces fails */
     bool has_size;
     uint64_t group_size;
     uint64_t size;                  /* register_buffer */

@@ -519,9 +519,13 @@ rpc_batch_get_into(struct rpc_req *rq)
     struct rpc_key_pieces *kp = NULL;
     uint8_t *skip = NULL;
     struct rpc_xfer *x;
+    struct rpc_opts opts;
     uint32_t nkeys, npieces, off = 0;
-    int rc = rpc_xfer_params(rq, 2, &keys, &nkeys, &iovs, &npieces);
+    int rc = rpc_xfer_params(rq, 3, &keys, &nkeys, &iovs, &npieces);
 
+    if (rc == 0) {
+        rc = rpc_opts_read(rq, 2, &opts);
+    }
     if (rc != 0) {
         return rc;
     }
@@ -561,6 +565,12 @@ rpc_batch_get_into(struct rpc_req *rq)
             continue;
         }
         n = store_obj_size(x->objs[i]);
+        if (n > kp[i].cap && opts.whole) {
+            x->res[i] = -(int64_t)KV_TOO_LARGE;     /* it does not fit: nothing written */
+            store_obj_unref(x->st, x->objs[i]);
+            x->objs[i] = NULL;
+            continue;
+        }
         if (n > kp[i].cap) {
             n = kp[i].cap;          /* a short read: legal, the caller sees the count */
         }

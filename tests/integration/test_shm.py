@@ -398,6 +398,36 @@ def test_short_value_fills_only_its_bytes(kv, bufs):
     d.stop()
 
 
+def test_whole_refuses_a_value_longer_than_its_pieces(kv, bufs):
+    """opts {"whole": true}: a value longer than its pieces answers -TOO_LARGE and writes
+    none of them; one that fits exactly or is shorter is read as without it; a missing key
+    is still -NOT_FOUND. Keys of one request are judged one by one."""
+    d = kv("--memory_size=64m", "--ssd_dir=")
+    c = d.unix()
+    buf = bufs(MIB)
+    buf.fill(0xEE)
+    bid = register_ok(c, buf)
+    v = random.Random(3).randbytes(1000)
+    assert c.call("put", b"v1000", v) == 0
+    res = c.call("batch_get_into", [b"v1000", b"v1000", b"v1000", b"none"],
+                 [[[bid, 0, 600], [bid, 4096, 399]],      # one byte short: refused
+                  [[bid, 8192, 500], [bid, 12288, 500]],  # exact
+                  [[bid, 16384, 2000]],                   # longer: a short read
+                  [[bid, 20480, 10]]], {"whole": True})
+    assert res == [-5, 1000, 1000, -NOT_FOUND]          # -TOO_LARGE
+    assert_same(buf.mv[0:600], b"\xee" * 600, "the pieces of a refused value")
+    assert_same(buf.mv[4096:4096 + 399], b"\xee" * 399, "the pieces of a refused value")
+    assert bytes(buf.mv[8192:8692]) + bytes(buf.mv[12288:12788]) == v
+    assert bytes(buf.mv[16384:17384]) == v
+    assert_same(buf.mv[17384:18384], b"\xee" * 1000, "past a short read")
+    # without it (or false) the value is cut at the pieces' end, as before
+    for opts in ([], [{"whole": False}]):
+        assert c.call("batch_get_into", [b"v1000"], [[[bid, 0, 600]]], *opts) == [600]
+    err, _ = c.call_raw("batch_get_into", [b"v1000"], [[[bid, 0, 600]]], {"whole": 1})
+    assert err is not None and err[0] == INVALID_ARGUMENT and "whole" in err[2], err
+    d.stop()
+
+
 # ---------------------------------------------------------------------------------------
 # 3. Bad pieces fail their key only and touch no memory.
 
