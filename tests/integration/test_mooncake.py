@@ -422,6 +422,47 @@ def test_code_mapping():
     assert mc._error_code(kvstash.ConnectionLost(kvstash.TIMEOUT)) == -901
 
 
+def test_exact_size_reads_take_one_request(kv, stores, pools, monkeypatch):
+    """batch_get_into and get_into ask kvstashd once per batch (batch_get_into with its
+    whole option), never batch_get_size first: a value larger than its buffer is still
+    INVALID_PARAMS with nothing written. Against a daemon that refuses the option (as one
+    before it does), the store reads sizes first, with the same answers."""
+    d = kv()
+    s = stores(d.unix_path)
+    pool = pools("sealed", 16 * PAGE)
+    assert s.register_buffer(pool.ptr, pool.size) == 0
+    data = rnd(2 * PAGE, 9)
+    pool.write(0, data)
+    assert s.batch_put_from(["a", "b"], [pool.ptr, pool.ptr + PAGE], [PAGE, PAGE]) == [0, 0]
+    sentinel = b"\x5a" * PAGE
+    with kvstash.Client(d.unix_path) as c:
+        for round_ in ("whole", "sizes first"):
+            pool.write(4 * PAGE, sentinel)
+            ops = c.stats()
+            got = s.batch_get_into(["a", "b", "nope"],
+                                   [pool.ptr + 2 * PAGE, pool.ptr + 4 * PAGE, pool.ptr],
+                                   [PAGE + 7, PAGE - 1, PAGE])
+            assert got == [PAGE, mc.INVALID_PARAMS, mc.OBJECT_NOT_FOUND], round_
+            assert pool.read(2 * PAGE, PAGE) == data[:PAGE]
+            assert pool.read(4 * PAGE, PAGE) == sentinel, "a value too large was written"
+            after = c.stats()
+            sized = after["ops.batch_get_size"] - ops["ops.batch_get_size"]
+            reads = after["ops.batch_get_into"] - ops["ops.batch_get_into"]
+            if round_ == "whole":
+                assert (sized, reads) == (0, 1)
+                # as a daemon without the option answers it
+                real = kvstash.Client.batch_get_into
+
+                def old_daemon(self, keys, pieces, *, whole=False):
+                    if whole:
+                        raise kvstash.Error(kvstash.INVALID_ARGUMENT, None,
+                                            "wrong number of params")
+                    return real(self, keys, pieces)
+                monkeypatch.setattr(kvstash.Client, "batch_get_into", old_daemon)
+            else:
+                assert (sized, reads) == (1, 1) and s._whole is False
+
+
 def test_bad_input_gives_codes_and_never_wrong_bytes(kv, stores, pools):
     d = kv()
     s = stores(d.unix_path)

@@ -872,7 +872,7 @@ class Client:
                 self._forget(b)
 
     @_locked
-    def batch_get_into(self, keys, pieces):
+    def batch_get_into(self, keys, pieces, *, whole=False):
         """Read n values into memory: value i fills pieces[i] in order (pieces as in
         batch_put_from, writable). Returns [int, ...]: bytes written (the value's size when
         the pieces hold it; their total when the value is longer and was cut; the bytes after
@@ -880,10 +880,14 @@ class Client:
         reached as in batch_put_from: zero copy where it is registered shared memory, else
         the daemon writes the staging buffer and the client copies (one memcpy) what it
         wrote. A piece outside its object raises Error(INVALID_ARGUMENT) before anything is
-        sent. Pieces must not overlap. pieces may be an Iovs, as in batch_put_from."""
+        sent. Pieces must not overlap. pieces may be an Iovs, as in batch_put_from.
+        whole=True: a value longer than its pieces is not cut; its key answers -TOO_LARGE
+        (-5) and none of its pieces is written (kvstashd's opts.whole; one round trip where
+        asking batch_get_size first takes two)."""
         keys = _keys(keys)
+        extra = [{"whole": True}] if whole else []
         if isinstance(pieces, Iovs):
-            return self._iov_transfer("batch_get_into", keys, pieces, [], True)
+            return self._iov_transfer("batch_get_into", keys, pieces, extra, True)
         held, dropped = [], []
         try:
             resolved = self._resolve(pieces, len(keys), True, held)
@@ -892,7 +896,7 @@ class Client:
             for i, j, staging in self._rounds(resolved):
                 iovs = [self._iovs(r, staging) for r in resolved[i:j]]
                 res = self._batch(self._transfer_requests("batch_get_into", keys[i:j], iovs,
-                                                          []), self._list_of())
+                                                          extra), self._list_of())
                 if staging is not None:
                     runs = _Runs()
                     for r, got in zip(resolved[i:j], res):

@@ -236,6 +236,7 @@ class MooncakeDistributedStore:
         self._local = threading.local()
         self._clients = weakref.WeakSet()
         self._ranges = ()           # registered (start, end) address ranges, a tuple snapshot
+        self._whole = True          # the daemon takes batch_get_into's opts.whole
 
     # ---- setup and life ----
 
@@ -595,37 +596,28 @@ class MooncakeDistributedStore:
             c = self._client()
             tk = [keys[i] for i in todo]
             if c.is_unix:
-                # A value longer than its pieces fails whole (Mooncake writes nothing then):
-                # sizes first, so only values that fit are read. kvstashd's batch_get_into
-                # would cut such a value at the pieces' end and answer their total
-                # (protocol/SPEC.md, a short read is legal; src/rpc/rpc_shm.c), which is also
-                # what an exact fit answers, so this round trip cannot be saved.
-                have = c.batch_get_size(tk)
-                ready = []
-                for i, sz in zip(todo, have):
-                    if sz is None:
-                        out[i] = OBJECT_NOT_FOUND
-                    elif sz > sum(all_sizes[i]):
-                        out[i] = INVALID_PARAMS
-                    elif sz == 0:
-                        out[i] = 0
-                    else:
-                        ready.append(i)
-                if ready:
-                    res = c.batch_get_into(
-                        [keys[i] for i in ready],
-                        [[(p, 0, s) for p, s in zip(all_ptrs[i], all_sizes[i]) if s]
-                         for i in ready])
-                    size_of = dict(zip(todo, have))
-                    for i, r in zip(ready, res):
-                        sz = size_of[i]
-                        if not isinstance(r, int) or r < 0:
-                            out[i] = to_mooncake(r)
-                        elif r > sz and r >= sum(all_sizes[i]):
-                            # replaced by a larger value since its size was asked: cut
-                            out[i] = INVALID_PARAMS
-                        else:
-                            out[i] = r
+                pieces = [[(p, 0, s) for p, s in zip(all_ptrs[i], all_sizes[i]) if s]
+                          for i in todo]
+                if self._whole:
+                    # A value longer than its pieces fails whole (Mooncake writes nothing
+                    # then): kvstashd's opts.whole refuses it per key (-TOO_LARGE,
+                    # nothing written), so one round trip does it
+                    try:
+                        res = c.batch_get_into(tk, pieces, whole=True)
+                    except ConnectionLost:
+                        raise
+                    except Error as e:
+                        # a daemon before opts.whole refuses the third param
+                        if e.code != INVALID_ARGUMENT or "params" not in (e.message or ""):
+                            raise
+                        self._whole = False     # then sizes first, from now on
+                        log.info("kvstash.mooncake: kvstashd refused batch_get_into's "
+                                 "whole option (%s); reading sizes first", e)
+                if self._whole:
+                    for i, r in zip(todo, res):
+                        out[i] = r if isinstance(r, int) and r >= 0 else to_mooncake(r)
+                else:
+                    self._get_sized(c, todo, tk, pieces, all_sizes, out)
             else:
                 vals = c.batch_get(tk)
                 for i, v in zip(todo, vals):
@@ -636,6 +628,35 @@ class MooncakeDistributedStore:
                 if out[i] is None:
                     out[i] = err
         return out
+
+    @staticmethod
+    def _get_sized(c, todo, tk, pieces, all_sizes, out):
+        """_get_pieces' read from a kvstashd without batch_get_into's whole option: sizes
+        first (batch_get_size), so only values that fit are read; a value longer than its
+        pieces would otherwise be cut at their end, answering their total as an exact fit
+        does."""
+        have = c.batch_get_size(tk)
+        ready = []
+        for k, (i, sz) in enumerate(zip(todo, have)):
+            if sz is None:
+                out[i] = OBJECT_NOT_FOUND
+            elif sz > sum(all_sizes[i]):
+                out[i] = INVALID_PARAMS
+            elif sz == 0:
+                out[i] = 0
+            else:
+                ready.append(k)
+        if not ready:
+            return
+        res = c.batch_get_into([tk[k] for k in ready], [pieces[k] for k in ready])
+        for k, r in zip(ready, res):
+            i, sz = todo[k], have[k]
+            if not isinstance(r, int) or r < 0:
+                out[i] = to_mooncake(r)
+            elif r > sz and r >= sum(all_sizes[i]):
+                out[i] = INVALID_PARAMS     # replaced by a larger value since its size was asked
+            else:
+                out[i] = r
 
     @staticmethod
     def _scatter(v, ptrs, sizes):
