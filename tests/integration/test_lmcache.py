@@ -518,6 +518,41 @@ def test_bad_input_fails_bits(kv, adapters, raw):
     assert st["is_healthy"] is False and st["last_error"]
 
 
+@pytest.mark.parametrize("daemon", ["whole", "older"])
+def test_loads_take_exact_sizes_only(kv, adapters, raw, monkeypatch, daemon):
+    """A load reads each object with batch_get_into's whole option: exact sizes load, a
+    value longer or shorter than its object is a failed bit, and a longer one writes
+    nothing. Against a daemon that refuses the option (as one before it does) the adapter
+    offers a scratch byte past each object instead: same bits, the longer value's prefix
+    may then be written."""
+    if daemon == "older":
+        real = kvstash.Client.batch_get_into
+
+        def old_daemon(self, keys, pieces, *, whole=False):
+            if whole:
+                raise kvstash.Error(kvstash.INVALID_ARGUMENT, None, "wrong number of params")
+            return real(self, keys, pieces)
+        monkeypatch.setattr(kvstash.Client, "batch_get_into", old_daemon)
+    d = kv()
+    arena = Arena("sealed", 16 * CHUNK)
+    drv = adapters(d.unix_path, arena.desc())
+    data = arena.fill(0, 3, seed=21)
+    c = raw(d.unix_path)
+    keys = [key(300 + i) for i in range(3)]
+    assert drv.store(keys[:1], arena.objects(0, 1)).is_successful()
+    c.put(object_key_to_string(keys[1]), data[1] + b"+")       # one byte longer
+    c.put(object_key_to_string(keys[2]), data[2][:-1])          # one byte shorter
+    sentinel = b"\xa5" * CHUNK
+    for i in range(8, 11):
+        arena.view[i * CHUNK:(i + 1) * CHUNK] = sentinel
+    bm = drv.load(keys, arena.objects(8, 3))
+    assert bits(bm, 3) == [True, False, False]
+    assert arena.chunk(8) == data[0]
+    if daemon == "whole":
+        assert arena.chunk(9) == sentinel, "a value longer than its object was written"
+    assert drv.a._whole is (daemon == "whole")
+
+
 def test_unreachable_daemon_at_start(work, adapters):
     """Built while the daemon is not there: no exception; tasks fail."""
     drv = adapters(os.path.join(work, "nobody.sock"), None)

@@ -219,6 +219,7 @@ class KvstashL2Adapter(L2AdapterInterface):
         self._pending_unpins = []   # key strings whose unpin failed: retried on reconnect
         self._sizes = {}            # ObjectKey -> bytes, for delete's accounting
         self._path_logged = False
+        self._whole = True          # the daemon takes batch_get_into's opts.whole
         self.l1_path = None         # "shm" or "staging", once a worker has decided
         self.last_error = None
         self.errors = 0
@@ -323,7 +324,8 @@ class KvstashL2Adapter(L2AdapterInterface):
         """The objects' pieces as one Iovs when every object lies in the registered L1
         arena (zero copy), else None (then _pieces, piece by piece). With scratch (a
         registered buffer of at least len(objects) bytes), each object's piece is followed
-        by byte i of scratch. Returns (Iovs, [size per object]) or None."""
+        by byte i of scratch. Returns (Iovs, [size per object]) or None. The caller counts
+        the bytes in zero_copy_bytes once it sent them."""
         d = self.l1_memory_desc
         if worker.l1 is not None and worker.l1[0].closed:
             worker.l1 = self._register_l1(worker.client, worker.name)
@@ -342,7 +344,6 @@ class KvstashL2Adapter(L2AdapterInterface):
             return None
         buf, base = worker.l1
         off = base + (ptr - lo)
-        self.zero_copy_bytes += int(size.sum())
         if scratch is None:
             return Iovs([buf], 0, off, size), size.tolist()
         offs = np.stack([off, np.arange(n, dtype=np.int64)], 1).reshape(-1)
@@ -372,8 +373,9 @@ class KvstashL2Adapter(L2AdapterInterface):
             skeys = self._strings(keys)
             iov = self._l1_iovs(self._store_worker, objects) if client.is_unix else None
             if iov is not None:
-                codes = client.batch_put_from(skeys, iov[0], durable=self.durable)
                 sizes = iov[1]
+                self.zero_copy_bytes += sum(sizes)
+                codes = client.batch_put_from(skeys, iov[0], durable=self.durable)
             elif client.is_unix:
                 pieces = self._pieces(self._store_worker, objects)
                 codes = client.batch_put_from(skeys, pieces, durable=self.durable)
@@ -604,9 +606,12 @@ class KvstashL2Adapter(L2AdapterInterface):
         self._signal(self._load_efd)
 
     def _load(self, client, keys, objects):
-        """batch_get_into each object, plus one byte past it in a scratch buffer: a value
-        that fills the object exactly and not that byte is the whole value. Shorter or longer
-        values (a size mismatch) are failed bits, never reported as loaded."""
+        """batch_get_into each object with kvstashd's whole option: a value longer than its
+        object answers TOO_LARGE and writes nothing, a shorter one answers its size; only
+        a value that fills the object exactly is loaded. Against a daemon without the
+        option, each object gets one byte past it in a scratch buffer instead (a value that
+        fills the object and not that byte is the whole value). Size mismatches are failed
+        bits, never reported as loaded."""
         skeys = self._strings(keys)
         if not client.is_unix:              # TCP, TLS: the values come through the socket
             out = []
@@ -618,6 +623,27 @@ class KvstashL2Adapter(L2AdapterInterface):
                 out.append(hit)
             return out
         w = self._fetch_worker
+        if self._whole:
+            try:
+                iov = self._l1_iovs(w, objects)
+                if iov is not None:
+                    got = client.batch_get_into(skeys, iov[0], whole=True)
+                    sizes = iov[1]
+                    self.zero_copy_bytes += sum(sizes)
+                else:
+                    pieces = self._pieces(w, objects)
+                    sizes = [p[2] for p in pieces]
+                    got = client.batch_get_into(skeys, pieces, whole=True)
+                return [isinstance(g, int) and g == s for g, s in zip(got, sizes)]
+            except ConnectionLost:
+                raise
+            except Error as e:
+                # a daemon before opts.whole refuses the third param
+                if e.code != INVALID_ARGUMENT or "params" not in (e.message or ""):
+                    raise
+                self._whole = False
+                log.info("kvstash: kvstashd refused batch_get_into's whole option (%s); "
+                         "loads offer a scratch byte instead", e)
         out = []
         for lo in range(0, len(skeys), _SCRATCH):
             hi = min(len(skeys), lo + _SCRATCH)
@@ -627,8 +653,9 @@ class KvstashL2Adapter(L2AdapterInterface):
             objs = objects[lo:hi]
             iov = self._l1_iovs(w, objs, scratch)
             if iov is not None:
-                got = client.batch_get_into(skeys[lo:hi], iov[0])
                 sizes = iov[1]
+                self.zero_copy_bytes += sum(sizes)
+                got = client.batch_get_into(skeys[lo:hi], iov[0])
             else:
                 pieces = self._pieces(w, objs)
                 sizes = [p[2] for p in pieces]
