@@ -349,6 +349,14 @@ def test_bad_input_is_false_never_raises(kv, made):
         c.put(f"{prefix}_{keys[0]}_0_v", b"short")
     assert b.batch_exists(keys[:1]) == 1
     assert b.batch_get_v1(keys[:1], pool.page_indices([5])) == [False]
+    # nor one a byte longer than the page's objects (and the page is left as it was)
+    obj = PAGE * HEADS * DIM * 2 * LAYERS
+    with kvstash.Client(unix(d)) as c:
+        c.put(f"{prefix}_{keys[1]}_0_k", bytes(obj + 1))
+        c.put(f"{prefix}_{keys[1]}_0_v", bytes(obj + 1))
+    before = pages_of(pool, [6])
+    assert b.batch_get_v1(keys[1:], pool.page_indices([6])) == [False]
+    assert pages_of(pool, [6]) == before
     # generic calls with bad targets
     assert b.set("k", target_location=1234) is False
     assert b.get("k", target_location=bytearray(8), target_sizes=9) is None

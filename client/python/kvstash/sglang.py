@@ -37,7 +37,7 @@ import numpy as np
 from . import buffers
 from .client import Client
 from .iovs import Iovs, resolve
-from .errors import EXISTS, INVALID_ARGUMENT, OK, UNAVAILABLE, Error
+from .errors import EXISTS, INVALID_ARGUMENT, OK, UNAVAILABLE, ConnectionLost, Error
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +115,7 @@ class KvstashStorage(HiCacheStorage):
         self._rng = None            # _ranges as arrays: starts, ends, fd indices, offsets
         self._spn = None            # _spans as arrays: starts, ends
         self._meta = None           # the pool's page pointers as an affine model, or False
+        self._whole = True          # the daemon takes batch_get_into's opts.whole
         self.path = None            # "zero-copy", "staging" or "socket", once known
         self._path_lock = threading.Lock()
         self._local = threading.local()
@@ -454,8 +455,26 @@ class KvstashStorage(HiCacheStorage):
                     done += s
                 out.append(True)
             return out
-        got = c.batch_get_into(okeys, self._pieces(objs))
+        got = self._get_into(c, okeys, self._pieces(objs))
         return [isinstance(g, int) and g == w for g, w in zip(got, want)]
+
+    def _get_into(self, c, okeys, pieces):
+        """batch_get_into with kvstashd's whole option (a value longer than its pieces
+        writes nothing and fails); without it against a daemon that refuses the option,
+        where such a value is read cut to the pieces (then it answers their total)."""
+        if self._whole:
+            try:
+                return c.batch_get_into(okeys, pieces, whole=True)
+            except ConnectionLost:
+                raise
+            except Error as e:
+                # a daemon before opts.whole refuses the third param
+                if e.code != INVALID_ARGUMENT or "params" not in (e.message or ""):
+                    raise
+                self._whole = False
+                logger.info("kvstash: kvstashd refused batch_get_into's whole option (%s); "
+                            "a value longer than its page is read cut to it", e)
+        return c.batch_get_into(okeys, pieces)
 
     def _put_arrays(self, okeys, ptrs, sizes):
         """_put of objects given as arrays (_objects): one Iovs when every piece lies in a
@@ -472,7 +491,7 @@ class KvstashStorage(HiCacheStorage):
         iov = self._iovs(ptrs, sizes) if c.is_unix else None
         if iov is None:
             return self._get(okeys, self._lists(ptrs, sizes))
-        got = c.batch_get_into(okeys, iov)
+        got = self._get_into(c, okeys, iov)
         return [isinstance(g, int) and g == w for g, w in zip(got, iov.key_bytes())]
 
     def _per_page(self, ok, n):
