@@ -14,7 +14,8 @@ rounds, at most --max-reps), so every row sees the same minutes of a shared mach
 store writes fresh keys (objects are write-once); each load reads the keys its row stored
 last. LMCache itself is not installed: the adapter runs over the stand-ins of
 tests/integration/standins/lmcache, as the tests do. Loads are checked byte-exact once per
-row. Prints a table of GB/s (10^9 bytes/s) and each row's ratio to the raw row.
+row. Prints a table of GB/s (10^9 bytes/s) and each row's ratio to the raw row, then the
+client's CPU time per batch (the process's, the adapter's worker threads included).
 
 Usage: bench_lmcache.py --addr unix:/path/to/kvstashd.sock [--secs 20] [--chunks 128]
        [--chunk-kib 512]
@@ -202,13 +203,18 @@ def main():
             AdapterRow("adapter-shm", args.addr, Arena(True, n, size)),
             AdapterRow("adapter-staging", args.addr, Arena(False, n, size))]
     times = {r.name: ([], []) for r in rows}
+    cpu = {r.name: ([], []) for r in rows}
     end = time.monotonic() + args.secs
     rnd = 0
     try:
         while rnd < args.max_reps and (rnd < args.min_reps or time.monotonic() < end):
             for r in rows:
+                c = time.process_time()
                 times[r.name][0].append(r.store(rnd))
+                cpu[r.name][0].append(time.process_time() - c)
+                c = time.process_time()
                 times[r.name][1].append(r.load())
+                cpu[r.name][1].append(time.process_time() - c)
             rnd += 1
         path = rows[1].a.report_status()["l1_path"], rows[2].a.report_status()["l1_path"]
     finally:
@@ -233,6 +239,10 @@ def main():
         for k in ("raw", "adapter-shm", "adapter-staging"):
             v = gbps[k][op]
             print(f"{labels[k][op]:44s} {v:7.2f} {v / gbps['raw'][op]:7.2f}")
+    print("client CPU per batch (this process's, its threads included, ms, medians)")
+    for k in ("raw", "adapter-shm", "adapter-staging"):
+        print(f"  cpu {k:16s} store {statistics.median(cpu[k][0]) * 1e3:6.2f}  "
+              f"load {statistics.median(cpu[k][1]) * 1e3:6.2f}")
     return 0
 
 

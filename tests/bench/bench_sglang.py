@@ -15,7 +15,7 @@ Moves 128 pages (K and V objects each, SGLang's MHA page_first layout: 64 tokens
 Each row is the median of several rounds; a round runs every row in turn (fresh keys per
 put, the store emptied before each, untimed); rounds stop at --seconds. GB/s counts value bytes; "vs raw" is the
 row's GB/s over raw zero-copy's for the same operation (the issue's target for the adapter's
-zero-copy rows: within 10%).
+zero-copy rows: within 10%). Then each row's client CPU time per batch (the calling thread's).
 
   bench_sglang.py --addr unix:/path/kvstashd.sock [--seconds 30] [--layers 4] [--rounds 7]
 
@@ -76,9 +76,12 @@ def raw_pieces(pool, buf):
 def measure(admin, rows, rounds, deadline, nbytes):
     """Rounds in turn over the rows (so a load change hits all rows alike), each row's put
     then get timed, the store emptied before each put (untimed). Returns per row
-    (median put GB/s, median get GB/s, all ok)."""
+    (median put GB/s, median get GB/s, all ok, median put and get client CPU ms: the
+    calling thread's CPU time, which a loaded machine disturbs far less than GB/s)."""
     tp = [[] for _ in rows]
     tg = [[] for _ in rows]
+    cp = [[] for _ in rows]
+    cg = [[] for _ in rows]
     ok = [True] * len(rows)
     seq = 0
     for r in range(rounds):
@@ -87,15 +90,18 @@ def measure(admin, rows, rounds, deadline, nbytes):
         for i, (_, put, get) in enumerate(rows):
             admin.remove_all(force=True)
             seq += 1
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.thread_time()
             ok[i] &= put(seq)
             tp[i].append(time.perf_counter() - t)
-            t = time.perf_counter()
+            cp[i].append(time.thread_time() - c)
+            t, c = time.perf_counter(), time.thread_time()
             ok[i] &= get(seq)
             tg[i].append(time.perf_counter() - t)
+            cg[i].append(time.thread_time() - c)
     admin.remove_all(force=True)
-    return [(nbytes / statistics.median(p) / 1e9, nbytes / statistics.median(g) / 1e9, k)
-            for p, g, k in zip(tp, tg, ok)]
+    return [(nbytes / statistics.median(p) / 1e9, nbytes / statistics.median(g) / 1e9, k,
+             statistics.median(a) * 1e3, statistics.median(b) * 1e3)
+            for p, g, k, a, b in zip(tp, tg, ok, cp, cg)]
 
 
 def main():
@@ -169,9 +175,12 @@ def main():
         w = max(len(r[0]) for r in rows)
         print(f"{'path':<{w}}  {'set GB/s':>9} {'vs raw':>7}  {'get GB/s':>9} {'vs raw':>7}"
               f"  ok")
-        for name, p, g, ok in rows:
+        for name, p, g, ok, _, _ in rows:
             print(f"{name:<{w}}  {p:9.2f} {p / base_put:7.2f}  {g:9.2f} {g / base_get:7.2f}"
                   f"  {'yes' if ok else 'NO'}")
+        print("client CPU per batch (the calling thread's, ms, medians)")
+        for name, _, _, _, cpp, cpg in rows:
+            print(f"  cpu {name:<{w}}  set {cpp:6.2f}  get {cpg:6.2f}")
         return 0 if all(r[3] for r in rows) else 1
     finally:
         for b in backends:
