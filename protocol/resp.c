@@ -294,7 +294,8 @@ resp_scan(struct resp_scan *st, const uint8_t *buf, size_t len, const struct res
             return resp_out(st, RESP_DONE);
         }
         if (st->pos + (uint64_t)v * RESP_MIN_BULK > lim->max_message_size) {
-            return resp_fail(st, "invalid multibulk length");
+            return resp_fail(st, lim->unauthenticated ? "unauthenticated multibulk length"
+                                                      : "invalid multibulk length");
         }
         st->argc = (uint32_t)v;
         st->arg = 0;
@@ -345,7 +346,8 @@ resp_scan(struct resp_scan *st, const uint8_t *buf, size_t len, const struct res
             uint64_t left = resp_left(st, end + 2, lim);
             st->arg--;
             if ((uint64_t)v + 2 > left) {
-                return resp_fail(st, "command larger than max_message_size");
+                return resp_fail(st, lim->unauthenticated ? "unauthenticated bulk length"
+                                                          : "command larger than max_message_size");
             }
             st->pos = end + 2;
             st->bulk_ = (uint64_t)v;

@@ -42,6 +42,8 @@ struct resp_limits {
     uint64_t max_message_size; /* wire bytes of one command */
     uint64_t max_bulk;         /* a bulk's largest declared length */
     uint64_t spill_min;        /* offer bulks this long for spilling; 0 = never */
+    int unauthenticated;       /* nonzero: max_message_size is the pre-AUTH limit, and
+                                  going past it is worded as Redis words it then */
 };
 
 enum resp_status {

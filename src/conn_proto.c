@@ -140,7 +140,8 @@ conn_resp_scan(struct conn *c)
     struct conn_resp *r = c->proto_data;
     struct resp_limits lim = {.max_message_size = c->flim.max_message_size,
                               .max_bulk = c->w->lim.max_value_size,
-                              .spill_min = c->flim.spill_min};
+                              .spill_min = c->flim.spill_min,
+                              .unauthenticated = c->w->lim.require_auth && !c->ctx.authed};
 
     return conn_resp_out(c, resp_scan(&r->scan, c->ibuf + c->rpos, c->ilen - c->rpos, &lim));
 }

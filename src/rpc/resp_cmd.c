@@ -140,6 +140,13 @@ resp_notify_error(struct outq *out, int status, const char *why)
 {
     if (status == KV_PROTOCOL_ERROR) {
         resp_put_err(out, "ERR Protocol error: %s", why);
+    } else if (status == KV_UNAUTHORIZED) {
+        /*
+         * Too many failed AUTHs, or a reload removed the tenant or changed its token:
+         * Redis's words for a refused login, which its clients map to an authentication
+         * error (the reason, worded for the msgpack port, goes to the log only).
+         */
+        resp_put_err(out, "WRONGPASS invalid username-password pair or user is disabled.");
     } else {
         resp_put_err(out, "ERR %s", why);
     }

@@ -78,7 +78,9 @@ int resp_dispatch(struct rpc_ctx *ctx, struct resp_client *cl, uint8_t *msg, siz
 /*
  * resp_notify_error: queue the error reply that precedes closing the
  * connection: "-ERR Protocol error: why" for KV_PROTOCOL_ERROR (as Redis
- * words it), else "-ERR why". Returns 0 or -ENOMEM.
+ * words it); Redis's "-WRONGPASS invalid username-password pair or user is
+ * disabled." for KV_UNAUTHORIZED (too many failed AUTHs, a login a reload
+ * withdrew; why is for the log); else "-ERR why". Returns 0 or -ENOMEM.
  */
 int resp_notify_error(struct outq *out, int status, const char *why);
 

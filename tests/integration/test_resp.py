@@ -13,6 +13,7 @@ write-once: a stored key keeps its value, and NX tells the two cases apart.
 import hashlib
 import os
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
@@ -368,9 +369,14 @@ def test_auth_tenants_and_isolation(tenants_daemon):
     anon = Raw(d.resp_port)
     anon.send(cmd("GET", "k"))
     assert anon.line() == b"-NOAUTH Authentication required.\r\n"
-    # before AUTH, a command over 4 KiB closes the connection
+    # before AUTH, a command over 4 KiB closes the connection, in Redis 7's words
     anon.send(cmd("SET", "k", b"x" * 5000))
-    assert anon.line().startswith(b"-ERR Protocol error")
+    assert anon.line() == b"-ERR Protocol error: unauthenticated bulk length\r\n"
+    assert anon.closed()
+    anon.close()
+    anon = Raw(d.resp_port)
+    anon.send(b"*1000\r\n")
+    assert anon.line() == b"-ERR Protocol error: unauthenticated multibulk length\r\n"
     assert anon.closed()
     anon.close()
 
@@ -401,6 +407,56 @@ def test_auth_tenants_and_isolation(tenants_daemon):
     raw.close()
     for c in (a, b, dflt):
         c.close()
+
+
+WRONGPASS = b"-WRONGPASS invalid username-password pair or user is disabled.\r\n"
+
+
+def test_auth_failures_in_redis_words(tenants_daemon):
+    """Refused logins answer and close as Redis words them, never the msgpack port's text."""
+    d = tenants_daemon
+    raw = Raw(d.resp_port)
+    raw.send(cmd("AUTH", "alpha", "wrong"))
+    assert raw.line() == WRONGPASS
+    raw.send(cmd("AUTH", "nobody", TOKENS["alpha"]))      # an unknown user
+    assert raw.line() == WRONGPASS
+    raw.send(cmd("GET", "k"))                               # still not logged in
+    assert raw.line() == b"-NOAUTH Authentication required.\r\n"
+    raw.send(cmd("HELLO", "2"))
+    assert raw.line().startswith(b"-NOAUTH HELLO must be called with the client already")
+    # the third failure is answered, then the connection closes with Redis's refusal
+    raw.send(cmd("AUTH", "wrong"))
+    assert raw.line() == WRONGPASS
+    assert raw.line() == WRONGPASS
+    assert raw.closed()
+    raw.close()
+    # redis-py raises what it raises against Redis (its version decides the class)
+    with pytest.raises((redis.AuthenticationError, redis.ResponseError), match="^WRONGPASS"):
+        redis.Redis(port=d.resp_port, username="beta", password="wrong").ping()
+    with pytest.raises((redis.AuthenticationError, redis.ResponseError),
+                       match="Authentication required"):
+        redis.Redis(port=d.resp_port).get("k")
+
+
+def test_revoked_login_closes_in_redis_words(tmp_path):
+    """A reload that removes the tenant closes its RESP sessions with -WRONGPASS."""
+    conf = tmp_path / "kv.conf"
+    conf.write_text("require_auth yes\n" + "".join(
+        f"tenant {name} token_sha256={sha(tok)}\n" for name, tok in TOKENS.items()))
+    d = start(tmp_path, f"--config={conf}")
+    try:
+        raw = Raw(d.resp_port)
+        raw.send(cmd("AUTH", "alpha", TOKENS["alpha"]))
+        assert raw.line() == b"+OK\r\n"
+        conf.write_text("require_auth yes\n" + "".join(
+            f"tenant {name} token_sha256={sha(tok)}\n" for name, tok in TOKENS.items()
+            if name != "alpha"))
+        os.kill(d.pid, signal.SIGHUP)
+        assert raw.line() == WRONGPASS          # within the socket's 10 s timeout
+        assert raw.closed()
+        raw.close()
+    finally:
+        d.reap()
 
 
 def test_remote_resp_listen_needs_auth(tmp_path):
