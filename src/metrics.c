@@ -94,7 +94,7 @@ struct metrics_sum {
     uint64_t errs[RPC_METHOD_COUNT][RPC_ERR_CODES];
     uint64_t lat[RPC_METHOD_COUNT][RPC_LAT_BUCKETS];
     uint64_t lat_sum_ns[RPC_METHOD_COUNT];
-    uint64_t errors, hits, misses, prefix_asked, prefix_found, puts_expired;
+    uint64_t errors, hits_dram, hits_ssd, misses, prefix_asked, prefix_found, puts_expired;
     uint64_t shm_in, shm_out, rdma_in, rdma_out;
     uint64_t kind_in[CONN_KINDS], kind_out[CONN_KINDS];
     uint64_t protocol_errors, auth_failures, auth_revoked, inflight_pauses;
@@ -121,7 +121,8 @@ metrics_sum_workers(const struct server_stats *sv, struct metrics_sum *m)
             }
         }
         m->errors += ld(&r->errors);
-        m->hits += ld(&r->hits);
+        m->hits_dram += ld(&r->hits_dram);
+        m->hits_ssd += ld(&r->hits_ssd);
         m->misses += ld(&r->misses);
         m->prefix_asked += ld(&r->prefix_asked);
         m->prefix_found += ld(&r->prefix_found);
@@ -257,8 +258,6 @@ static void
 metrics_tiers(struct metrics_buf *b, const struct metrics_sum *m, const struct store_stats *st,
               const struct ssd_stats *ss)
 {
-    uint64_t ssd_hits = ss != NULL ? ss->hits : 0;
-
     fam(b, "kvstash_objects", "gauge", "Objects held, by tier.");
     mb_printf(b, "kvstash_objects{tier=\"dram\"} %llu\n", (unsigned long long)st->resident);
     if (ss != NULL) {
@@ -289,18 +288,22 @@ metrics_tiers(struct metrics_buf *b, const struct metrics_sum *m, const struct s
     one(b, "kvstash_metadata_bytes", "gauge", "Bytes of the store's own bookkeeping.",
         st->metadata_bytes);
 
-    /* A get looks in DRAM first: what DRAM misses and the SSD tier has is an SSD hit. */
+    /*
+     * Counted where each read's lookup resolved (rpc_tier_count): found in DRAM, found on
+     * the SSD only, or not found. A read looks in DRAM, then on the SSD: DRAM's misses are
+     * the SSD's hits and the misses; the SSD's misses are the misses.
+     */
     fam(b, "kvstash_hits_total", "counter",
-        "Keys get and batch_get found, by the tier that had them.");
-    mb_printf(b, "kvstash_hits_total{tier=\"dram\"} %llu\n",
-              (unsigned long long)(m->hits > ssd_hits ? m->hits - ssd_hits : 0));
+        "Keys reads found (get, batch_get, batch_get_into, get_replica_list, RESP GET/MGET), "
+        "by the tier that had them.");
+    mb_printf(b, "kvstash_hits_total{tier=\"dram\"} %llu\n", (unsigned long long)m->hits_dram);
     if (ss != NULL) {
-        mb_printf(b, "kvstash_hits_total{tier=\"ssd\"} %llu\n", (unsigned long long)ssd_hits);
+        mb_printf(b, "kvstash_hits_total{tier=\"ssd\"} %llu\n", (unsigned long long)m->hits_ssd);
     }
     fam(b, "kvstash_misses_total", "counter",
-        "Keys get and batch_get looked for in a tier that did not have them, by tier.");
+        "Keys reads looked for in a tier that did not have them, by tier.");
     mb_printf(b, "kvstash_misses_total{tier=\"dram\"} %llu\n",
-              (unsigned long long)(m->misses + ssd_hits));
+              (unsigned long long)(m->misses + m->hits_ssd));
     if (ss != NULL) {
         mb_printf(b, "kvstash_misses_total{tier=\"ssd\"} %llu\n", (unsigned long long)m->misses);
     }

@@ -39,7 +39,7 @@ stats_collect(void *arg, const char **names, uint64_t *values, int max)
     struct server_stats sv;
     struct store_stats st;
     uint64_t ops[RPC_METHOD_COUNT] = {0};
-    uint64_t hits = 0, misses = 0, errors = 0, bin = 0, bout = 0, perr = 0, expired = 0;
+    uint64_t hits_dram = 0, hits_ssd = 0, misses = 0, errors = 0, bin = 0, bout = 0, perr = 0, expired = 0;
     uint64_t auth_failed = 0, cap_closes = 0, stall_closes = 0, idle_closes = 0, buf_closes = 0;
     uint64_t in_stall_closes = 0, inflight_pauses = 0, auth_revoked = 0;
     int n = 0;
@@ -51,7 +51,8 @@ stats_collect(void *arg, const char **names, uint64_t *values, int max)
         for (int m = 0; m < RPC_METHOD_COUNT; m++) {
             ops[m] += ld(&w->rpc.ops[m]);
         }
-        hits += ld(&w->rpc.hits);
+        hits_dram += ld(&w->rpc.hits_dram);
+        hits_ssd += ld(&w->rpc.hits_ssd);
         misses += ld(&w->rpc.misses);
         errors += ld(&w->rpc.errors);
         expired += ld(&w->rpc.puts_expired);
@@ -87,7 +88,9 @@ stats_collect(void *arg, const char **names, uint64_t *values, int max)
     for (int m = 0; m < RPC_METHOD_COUNT; m++) {
         STAT(stats_op_names[m], ops[m]);
     }
-    STAT("hits", hits);
+    STAT("hits", hits_dram + hits_ssd);
+    STAT("hits_dram", hits_dram);
+    STAT("hits_ssd", hits_ssd);
     STAT("misses", misses);
     STAT("request_errors", errors);
     STAT("puts_expired", expired);

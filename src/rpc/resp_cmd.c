@@ -460,6 +460,7 @@ resp_refs(struct resp_req *r, uint32_t first, uint32_t n, struct store_obj **obj
 
     for (uint32_t i = 0; i < n && !r->ctx->final_try && store_has_tier(st); i++) {
         if (resp_key(r, &r->argv[first + i], &key) == 0 && store_prefetch(st, &key) == 1) {
+            rpc_tier_note(r->ctx, n, i);
             wait = true;
         }
     }
@@ -476,25 +477,31 @@ resp_refs(struct resp_req *r, uint32_t first, uint32_t n, struct store_obj **obj
             for (uint32_t j = 0; j < i; j++) {
                 store_obj_unref(st, objs[j]);
             }
+            rpc_tier_note(r->ctx, n, i);    /* evicted since the first pass: loading again */
             return -EAGAIN;
         }
         if (rc != 0) {
             objs[i] = NULL;         /* absent, being written, or not loaded in time: a miss */
         }
     }
+    for (uint32_t i = 0; i < n; i++) {
+        rpc_tier_count(r->ctx, i, objs[i]);     /* a key too long is a miss, as in Redis */
+    }
+    rpc_tier_forget(r->ctx);
     return 0;
 }
 
-/* resp_put_value: a GET's answer: the value by reference (the reference goes with it), or nil. */
+/*
+ * resp_put_value: a GET's answer: the value by reference (the reference goes with it), or
+ * nil. Its lookup was counted where it resolved (rpc_tier_count).
+ */
 static void
 resp_put_value(struct resp_req *r, struct store_obj *o)
 {
     if (o == NULL) {
-        ctr_add(&r->ctx->ctr->misses, 1);
         resp_put(r->out, "$-1\r\n");
         return;
     }
-    ctr_add(&r->ctx->ctr->hits, 1);
     resp_put_len(r->out, '$', (int64_t)store_obj_size(o));
     outq_obj(r->out, o);
     outq_write(r->out, "\r\n", 2);
@@ -569,14 +576,16 @@ resp_mget(struct resp_req *r)
             rc = store_get(st, &key, &o);
         }
         if (rc == -EAGAIN && !r->ctx->final_try) {
+            rpc_tier_note(r->ctx, n, i);
             for (uint32_t k = i + 1; k < n && k <= i + RESP_MGET_AHEAD; k++) {
-                if (resp_key(r, &r->argv[1 + k], &key) == 0) {
-                    (void)store_prefetch(st, &key);
+                if (resp_key(r, &r->argv[1 + k], &key) == 0 && store_prefetch(st, &key) == 1) {
+                    rpc_tier_note(r->ctx, n, k);
                 }
             }
             r->cl->mget_next = i + 1;
             return -EAGAIN;
         }
+        rpc_tier_count(r->ctx, i, rc == 0 ? o : NULL);
         resp_put_value(r, rc == 0 ? o : NULL);
     }
     r->cl->mget_next = 0;
@@ -1137,6 +1146,7 @@ resp_dispatch(struct rpc_ctx *ctx, struct resp_client *cl, uint8_t *msg, size_t 
         return rc;                  /* nothing answered, the holes kept: it comes back */
     }
 done:
+    rpc_tier_forget(ctx);           /* a read resolved: its SSD notes go (none: no-op) */
     resp_holes_release(ctx, holes, nholes);
     if (r.argv != stack) {
         free(r.argv);

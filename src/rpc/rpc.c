@@ -207,20 +207,22 @@ rpc_ctx_release(struct rpc_ctx *ctx)
     rpc_xfer_release(ctx);
     rpc_rdma_release(ctx);      /* after the transfers: their posted work completes flushed */
     rpc_resv_release(ctx);
+    rpc_tier_forget(ctx);
     shmbuf_set_destroy(ctx->bufs);
     ctx->bufs = NULL;
 }
 
-/* Append the reply value of one get: the bin by reference (the reference goes with it), or nil. */
+/*
+ * Append the reply value of one get: the bin by reference (the reference goes with it), or
+ * nil. Its lookup was counted where it resolved (rpc_get_refs).
+ */
 static void
 rpc_pack_get(struct rpc_req *rq, struct store_obj *o)
 {
     if (o == NULL) {
-        ctr_add(&rq->ctx->ctr->misses, 1);
         msgpack_pack_nil(&rq->pk);
         return;
     }
-    ctr_add(&rq->ctx->ctr->hits, 1);
     msgpack_pack_bin(&rq->pk, (size_t)store_obj_size(o));
     outq_obj(rq->out, o);
 }
@@ -780,6 +782,7 @@ rpc_dispatch(struct rpc_ctx *ctx, const uint8_t *msg, size_t len, const struct m
     }
     if (rc != -EAGAIN) {
         rpc_xfer_resume_drop(ctx);
+        rpc_tier_forget(ctx);       /* a read that failed after noting its SSD keys */
     }
     if (rc == -EAGAIN) {
         /* Nothing answered, nothing consumed: the same message comes back later. */

@@ -49,8 +49,12 @@ enum rpc_method {
 /* Counters of one event-loop thread: one writer, any readers (relaxed atomics). */
 struct rpc_counters {
     _Atomic uint64_t ops[RPC_METHOD_COUNT];
-    _Atomic uint64_t hits;          /* get/batch_get keys found */
-    _Atomic uint64_t misses;        /* get/batch_get keys not found */
+    /* Reads' key lookups, counted where each resolves (rpc_tier_count): found resident in
+     * DRAM, found on the SSD tier only (loaded, or read straight into client memory), or
+     * not found. Reads: get, batch_get, batch_get_into, get_replica_list, RESP GET/MGET. */
+    _Atomic uint64_t hits_dram;
+    _Atomic uint64_t hits_ssd;
+    _Atomic uint64_t misses;
     _Atomic uint64_t errors;        /* requests answered with a request-level error */
     _Atomic uint64_t puts_expired;  /* put_start reservations reclaimed after put_timeout_ms */
     /* errors answered to a known method, by method and status code */
@@ -130,6 +134,11 @@ struct rpc_ctx {
     uint32_t auth_failures;          /* hello {tenant, token} refused on this connection */
     struct rdma_cq *rdma_cq;         /* the event loop's completion queue, or NULL */
     struct rpc_rdma *rdma;           /* its queue pair and RDMA buffers (rdma_connect) */
+    /* The read waiting on SSD loads (the same message comes back): bit i set when its key i
+     * was on the SSD tier only as it looked (rpc_tier_note), so the hit it resolves to is
+     * counted as the SSD tier's. NULL when no read waits (rpc_tier_forget). */
+    uint8_t *tier_ssd;
+    uint32_t tier_nkeys;
 };
 
 #endif

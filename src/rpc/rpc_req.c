@@ -12,6 +12,7 @@
 #include <openssl/crypto.h>
 #include <openssl/sha.h>
 #include <stdbool.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "config.h"
@@ -266,6 +267,46 @@ rpc_shared_view(const struct rpc_ctx *ctx)
 
 /* ---- lookups ---- */
 
+void
+rpc_tier_note(struct rpc_ctx *ctx, uint32_t nkeys, uint32_t i)
+{
+    if (i >= nkeys) {
+        return;
+    }
+    if (ctx->tier_ssd != NULL && ctx->tier_nkeys != nkeys) {
+        rpc_tier_forget(ctx);       /* not the read that noted them: cannot happen, be safe */
+    }
+    if (ctx->tier_ssd == NULL) {
+        ctx->tier_ssd = calloc((nkeys + 7) / 8, 1);
+        if (ctx->tier_ssd == NULL) {
+            return;
+        }
+        ctx->tier_nkeys = nkeys;
+    }
+    ctx->tier_ssd[i / 8] |= (uint8_t)(1u << (i % 8));
+}
+
+void
+rpc_tier_count(struct rpc_ctx *ctx, uint32_t i, const struct store_obj *o)
+{
+    if (o == NULL) {
+        ctr_add(&ctx->ctr->misses, 1);
+    } else if (ctx->tier_ssd != NULL && i < ctx->tier_nkeys
+               && (ctx->tier_ssd[i / 8] & (1u << (i % 8))) != 0) {
+        ctr_add(&ctx->ctr->hits_ssd, 1);
+    } else {
+        ctr_add(&ctx->ctr->hits_dram, 1);
+    }
+}
+
+void
+rpc_tier_forget(struct rpc_ctx *ctx)
+{
+    free(ctx->tier_ssd);
+    ctx->tier_ssd = NULL;
+    ctx->tier_nkeys = 0;
+}
+
 /*
  * Look up the n keys of a get or batch_get, a reference on each one found
  * in objs (NULL for a miss). Returns 0, or -EAGAIN when some are on the SSD
@@ -296,6 +337,7 @@ rpc_get_refs(struct rpc_req *rq, struct mp_reader keys, uint32_t n, struct store
         }
         rpc_key(rq, kp, klen, &key);
         if (store_prefetch(st, &key)) {
+            rpc_tier_note(rq->ctx, n, i);
             rc = -EAGAIN;
         }
     }
@@ -319,6 +361,7 @@ rpc_get_refs(struct rpc_req *rq, struct mp_reader keys, uint32_t n, struct store
         rpc_key(rq, kp, klen, &key);
         r = store_get(st, &key, &objs[i]);
         if (r == -EAGAIN && !rq->ctx->final_try) {
+            rpc_tier_note(rq->ctx, n, i);   /* evicted since the first pass: loading again */
             rc = -EAGAIN;
         }
     }
@@ -329,8 +372,15 @@ rpc_get_refs(struct rpc_req *rq, struct mp_reader keys, uint32_t n, struct store
                 objs[i] = NULL;
             }
         }
+        return rc;
     }
-    return rc;
+    for (uint32_t i = 0; i < n; i++) {
+        if (skip == NULL || !skip[i]) {
+            rpc_tier_count(rq->ctx, i, objs[i]);
+        }
+    }
+    rpc_tier_forget(rq->ctx);
+    return 0;
 }
 
 /* ---- login ---- */

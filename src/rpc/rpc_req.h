@@ -124,10 +124,32 @@ int rpc_arity(struct rpc_req *rq, uint32_t min, uint32_t max);
  * rpc_get_refs: references on the n objects of keys (NULL for a miss), or
  * -EAGAIN (nothing held) while some are being loaded from the SSD tier.
  * Keys with skip[i] set (skip may be NULL) are neither looked up nor
- * loaded, and objs[i] is left as it is for them.
+ * loaded, and objs[i] is left as it is for them. On 0, every key looked up
+ * is counted (rpc_tier_count) and the read's notes are dropped: call it
+ * once per read that resolves.
  */
 int rpc_get_refs(struct rpc_req *rq, struct mp_reader keys, uint32_t n, struct store_obj **objs,
                  const uint8_t *skip);
+
+/*
+ * The tier a read's lookups resolve in, counted on the connection's counters
+ * (hits_dram, hits_ssd, misses) by the code where each lookup resolves. A
+ * read that waits on SSD loads is dispatched again; between its tries,
+ * ctx->tier_ssd remembers which of its keys were on the SSD only.
+ *
+ * rpc_tier_note: key i (of the nkeys of the read now waiting) was found on the
+ * SSD tier only; its load has started. Without memory for the note the hit
+ * is later counted as DRAM's (the counts stay whole, the split is off).
+ *
+ * rpc_tier_count: key i of the read resolved: o is the object it got (NULL:
+ * a miss). A hit is the SSD tier's when key i was noted, else DRAM's.
+ *
+ * rpc_tier_forget: the read resolved (or failed): drop the notes. Also
+ * called by rpc_ctx_release; safe when there are none.
+ */
+void rpc_tier_note(struct rpc_ctx *ctx, uint32_t nkeys, uint32_t i);
+void rpc_tier_count(struct rpc_ctx *ctx, uint32_t i, const struct store_obj *o);
+void rpc_tier_forget(struct rpc_ctx *ctx);
 
 /*
  * rpc_login: authenticate ctx's connection as tenant[0..tenant_len) with

@@ -561,6 +561,7 @@ rpc_batch_get_into(struct rpc_req *rq)
             continue;
         }
         if (skip[i]) {
+            ctr_add(&rq->ctx->ctr->hits_ssd, 1);    /* found on the SSD only: read from there */
             rc = rpc_xfer_run(x, rpc_dread_run, &x->dreads[i], x->dreads[i].guard);
             continue;
         }

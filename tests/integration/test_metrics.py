@@ -22,6 +22,8 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+redis = pytest.importorskip("redis", reason="python3-redis is not installed")
+
 from kvtest import ROOT, Client, Daemon, free_port, wait_for
 
 DASHBOARD = os.path.join(ROOT, "packaging", "grafana", "kvstash.json")
@@ -107,6 +109,66 @@ def test_metrics_parse_and_move_with_traffic(kv):
     assert err is not None
     again = scrape(kv.metrics_port)
     assert val(again, "kvstash_request_errors_total", method="get", code="INVALID_ARGUMENT") == 1
+
+
+def test_hits_and_misses_by_tier_counted_at_each_lookup(work):
+    """Reads over both ports against objects on the SSD only, in DRAM, and absent: each
+    lookup moves exactly one of hits{dram}, hits{ssd}, misses, at the place it resolved.
+
+    The SSD-only objects are made by a restart: put with write_through, wait until the tier
+    has them, restart (DRAM starts empty; the index knows them). A second read of a loaded
+    one is a DRAM hit. prefix_match and batch_is_exist probe and are not counted here."""
+    port, rport = free_port(), free_port()
+    data = os.path.join(work, "tier-data")
+    args = ["--memory_size=64m", "--ssd_offload=write_through", f"--metrics_listen=127.0.0.1:{port}",
+            f"--resp_listen=127.0.0.1:{rport}"]
+    value = lambda i: bytes([i]) * 20000   # noqa: E731
+    d = Daemon(work, args, data_dir=data)
+    try:
+        d.wait_ready()
+        c = d.tcp()
+        keys = [b"t%02d" % i for i in range(12)]
+        c.call("batch_put", keys, [value(i) for i in range(12)])
+        wait_for(lambda: c.call("stats")["ssd_objects"] >= 12, 60, "the 12 objects on SSD")
+        d.stop()
+    finally:
+        d.reap()
+    d = Daemon(work, args, data_dir=data)
+    try:
+        d.wait_ready()
+        c = d.tcp()
+        before = scrape(port)
+        assert c.call("stats")["dram_objects"] == 0          # all 12 on the SSD only
+        c.call("put", b"dram-only", b"d" * 20000)            # in DRAM (and written through)
+        assert c.call("get", keys[0]) == value(0)             # ssd hit (loaded)
+        assert c.call("get", keys[0]) == value(0)             # dram hit (now resident)
+        assert c.call("get", b"dram-only") == b"d" * 20000    # dram hit
+        assert c.call("get", b"absent") is None               # miss
+        got = c.call("batch_get", [keys[1], keys[2], b"dram-only", b"absent", keys[1]])
+        assert got == [value(1), value(2), b"d" * 20000, None, value(1)]
+        # ssd: keys 1, 2 and the second keys[1] (it was on SSD only when the batch looked);
+        # dram: dram-only; miss: absent
+        assert c.call("prefix_match", [keys[3], keys[4], b"absent"]) == 2      # not counted
+        assert c.call("batch_is_exist", [keys[5], b"absent"]) == [True, False]  # not counted
+        r = redis.Redis(port=rport)
+        assert r.get(keys[6]) == value(6)                      # ssd hit over RESP
+        assert r.mget([keys[7], b"absent", keys[6], keys[8]]) == [
+            value(7), None, value(6), value(8)]                # ssd, miss, dram, ssd
+        r.close()
+        after = scrape(port)
+    finally:
+        d.stop()
+        d.reap()
+
+    def delta(name, **labels):
+        return val(after, name, **labels) - val(before, name, **labels)
+
+    hits_ssd, hits_dram, misses = 1 + 3 + 1 + 2, 1 + 1 + 1 + 1, 1 + 1 + 1
+    assert delta("kvstash_hits_total", tier="ssd") == hits_ssd
+    assert delta("kvstash_hits_total", tier="dram") == hits_dram
+    # a read looks in DRAM, then on the SSD: DRAM missed the SSD's hits and the misses
+    assert delta("kvstash_misses_total", tier="dram") == hits_ssd + misses
+    assert delta("kvstash_misses_total", tier="ssd") == misses
 
 
 def val_version(samples):

@@ -180,7 +180,7 @@ Test(rpc, get_miss_is_nil)
     big[sizeof(big) - 1] = '\0';
     t_is_nil(t_get(big));
     cr_assert_eq(atomic_load(&T.ctr.misses), 2);
-    cr_assert_eq(atomic_load(&T.ctr.hits), 0);
+    cr_assert_eq(atomic_load(&T.ctr.hits_dram), 0);
 }
 
 Test(rpc, batch_get_mixed_hits_and_misses)
@@ -199,7 +199,8 @@ Test(rpc, batch_get_mixed_hits_and_misses)
     t_is_nil(&r->via.array.ptr[1]);
     t_is_bin(&r->via.array.ptr[2], v, 20000);
     t_is_bin(&r->via.array.ptr[3], "alpha", 5);
-    cr_assert_eq(atomic_load(&T.ctr.hits), 3);
+    cr_assert_eq(atomic_load(&T.ctr.hits_dram), 3);
+    cr_assert_eq(atomic_load(&T.ctr.hits_ssd), 0);     /* no SSD tier */
     cr_assert_eq(atomic_load(&T.ctr.misses), 1);
 
     /* empty batch: empty array */

@@ -37,7 +37,7 @@ Test(rpc, put_then_get_is_byte_exact)
         free(v);
     }
     cr_assert_eq(t_stats().objects, 7);
-    cr_assert_eq(atomic_load(&T.ctr.hits), 7);
+    cr_assert_eq(atomic_load(&T.ctr.hits_dram), 7);
 
     /* str and bin keys with the same bytes are the same key */
     msgpack_packer *pk = t_req("get", 1);
