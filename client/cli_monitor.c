@@ -72,6 +72,43 @@ get(const struct sample *s, const char *name)
     return 0;
 }
 
+/*
+ * Hit ratios from reads' lookups (counts or rates), in percent, -1 where nothing was looked
+ * up, as the dashboard has them: all = hits / lookups; dram = DRAM hits / lookups (a read
+ * looks in DRAM first); ssd = SSD hits / what DRAM missed (SSD hits + misses).
+ */
+struct hit_ratios {
+    double all, dram, ssd;
+};
+
+static struct hit_ratios
+hit_ratios(double hits_dram, double hits_ssd, double misses)
+{
+    double look = hits_dram + hits_ssd + misses, below = hits_ssd + misses;
+    struct hit_ratios r = {-1, -1, -1};
+
+    if (look > 0) {
+        r.all = 100.0 * (hits_dram + hits_ssd) / look;
+        r.dram = 100.0 * hits_dram / look;
+    }
+    if (below > 0) {
+        r.ssd = 100.0 * hits_ssd / below;
+    }
+    return r;
+}
+
+/* a ratio as "12.5%", or "-" when nothing was looked up */
+static const char *
+human_pct(double v, char *buf, size_t len)
+{
+    if (v < 0) {
+        snprintf(buf, len, "-");
+    } else {
+        snprintf(buf, len, "%.1f%%", v);
+    }
+    return buf;
+}
+
 /* v bytes in binary units: "512 B", "1.5 KiB", "3.25 GiB". */
 static const char *
 human_bytes(double v, char *buf, size_t len)
@@ -133,7 +170,8 @@ group_of(const char *name)
             return 0;
         }
     }
-    static const char *const requests[] = {"hits", "misses", "request_errors", "protocol_errors",
+    static const char *const requests[] = {"hits", "hits_dram", "hits_ssd", "misses",
+                                           "request_errors", "protocol_errors",
                                            "bytes_in", "bytes_out", "puts_expired",
                                            "auth_failures", "auth_revoked", NULL};
     for (int i = 0; requests[i] != NULL; i++) {
@@ -219,11 +257,14 @@ cli_stats(struct kvstash *c, int argc, char **argv)
                 printf("  %-26s %s\n", name, buf);
             }
         }
-        uint64_t look = get(&s, "hits") + get(&s, "misses");
-        if (look > 0) {
-            printf("\n  %-26s %.1f%% (%.1f%% from SSD)\n", "hit ratio",
-                   100.0 * (double)get(&s, "hits") / (double)look,
-                   100.0 * (double)get(&s, "ssd_hits") / (double)look);
+        struct hit_ratios r = hit_ratios((double)get(&s, "hits_dram"),
+                                         (double)get(&s, "hits_ssd"), (double)get(&s, "misses"));
+        if (r.all >= 0) {
+            char p1[16], p2[16];
+
+            printf("\n  %-26s %.1f%% (DRAM %s of lookups, SSD %s of what DRAM missed)\n",
+                   "hit ratio", r.all, human_pct(r.dram, p1, sizeof(p1)),
+                   human_pct(r.ssd, p2, sizeof(p2)));
         }
     }
     free(s.items);
@@ -264,30 +305,26 @@ requests_rate(const struct sample *a, const struct sample *b)
     return r;
 }
 
-/* the hit ratio between two samples, in percent; -1 when nothing was looked up */
-static double
-ratio(const struct sample *a, const struct sample *b, const char *hits)
+/* the hit ratios between two samples */
+static struct hit_ratios
+ratios(const struct sample *a, const struct sample *b)
 {
-    double h = rate(a, b, hits), look = rate(a, b, "hits") + rate(a, b, "misses");
-
-    return look > 0 ? 100.0 * h / look : -1;
+    return hit_ratios(rate(a, b, "hits_dram"), rate(a, b, "hits_ssd"), rate(a, b, "misses"));
 }
 
 static void
 top_screen(const struct sample *a, const struct sample *b, double interval)
 {
-    char b1[32], b2[32], b3[32], b4[32], b5[32], b6[32];
-    double hit = ratio(a, b, "hits"), ssd = ratio(a, b, "ssd_hits");
+    char b1[32], b2[32], b3[32], b4[32], b5[32], b6[32], p1[16], p2[16], p3[16];
+    struct hit_ratios r = ratios(a, b);
 
     printf("\033[H\033[2Jkvstash top - every %.1f s - q to quit\n\n", interval);
     printf("  requests/s %10.0f   lookups/s %7.0f\n", requests_rate(a, b),
            rate(a, b, "hits") + rate(a, b, "misses"));
     printf("  hits/s     %10.0f   misses/s %8.0f\n", rate(a, b, "hits"), rate(a, b, "misses"));
-    if (hit >= 0) {
-        printf("  hit ratio  %9.1f%%   DRAM   %9.1f%%   SSD      %9.1f%%\n", hit, hit - ssd, ssd);
-    } else {
-        printf("  hit ratio          -   DRAM           -   SSD              -\n");
-    }
+    printf("  hit ratio  %10s   DRAM   %10s   SSD      %10s  (of DRAM's misses)\n",
+           human_pct(r.all, p1, sizeof(p1)), human_pct(r.dram, p2, sizeof(p2)),
+           human_pct(r.ssd, p3, sizeof(p3)));
     printf("  in/s       %10s   out/s  %10s   errors/s %10.0f\n",
            human_bytes(rate(a, b, "bytes_in"), b1, sizeof(b1)),
            human_bytes(rate(a, b, "bytes_out"), b2, sizeof(b2)), rate(a, b, "request_errors"));
@@ -307,13 +344,13 @@ top_screen(const struct sample *a, const struct sample *b, double interval)
 static void
 top_line(const struct sample *a, const struct sample *b)
 {
-    double hit = ratio(a, b, "hits"), ssd = ratio(a, b, "ssd_hits");
+    struct hit_ratios r = ratios(a, b);
 
     printf("requests/s=%.0f lookups/s=%.0f hits/s=%.0f misses/s=%.0f hit%%=%.1f dram_hit%%=%.1f ssd_hit%%=%.1f "
            "in_B/s=%.0f out_B/s=%.0f rtt_us=%.0f conns=%" PRIu64 " memory_used=%" PRIu64
            " ssd_bytes=%" PRIu64 "\n",
            requests_rate(a, b), rate(a, b, "hits") + rate(a, b, "misses"), rate(a, b, "hits"), rate(a, b, "misses"),
-           hit < 0 ? 0 : hit, hit < 0 ? 0 : hit - ssd, ssd < 0 ? 0 : ssd,
+           r.all < 0 ? 0 : r.all, r.dram < 0 ? 0 : r.dram, r.ssd < 0 ? 0 : r.ssd,
            rate(a, b, "bytes_in"), rate(a, b, "bytes_out"), b->rtt_us, get(b, "connections"),
            get(b, "memory_used"), get(b, "ssd_bytes"));
     fflush(stdout);

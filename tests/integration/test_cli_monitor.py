@@ -44,6 +44,29 @@ def test_stats_grouped_human_json_raw(daemons):
     assert cli(d, "stats", "--bogus").returncode == 2
 
 
+def test_stats_hit_ratio_per_tier(daemons, work):
+    """One SSD hit, one DRAM hit, two misses: stats shows 50% overall, DRAM 25% of the
+    lookups, SSD 33.3% of what DRAM missed (the dashboard's per-tier ratios)."""
+    data = os.path.join(work, "ratio-data")
+    args = ["--memory_size=64m", "--ssd_offload=write_through"]
+    d = daemons(args, data_dir=data)
+    c = d.client()
+    c.call("put", "on-ssd", b"s" * 8192)
+    wait_for(lambda: c.call("stats")["ssd_objects"] >= 1, 60, "the object on the SSD")
+    d.stop()
+    d = daemons(args, data_dir=data)          # restarted: the object is on the SSD only
+    c = d.client()
+    assert c.call("get", "on-ssd") == b"s" * 8192           # SSD hit (loaded)
+    assert c.call("get", "on-ssd") == b"s" * 8192           # DRAM hit
+    assert c.call("batch_get", ["gone", "also-gone"]) == [None, None]
+    obj = json.loads(cli(d, "stats", "--json").stdout)
+    assert (obj["hits_dram"], obj["hits_ssd"], obj["misses"], obj["hits"]) == (1, 1, 2, 2)
+    r = cli(d, "stats")
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"^\s+hit ratio\s+50\.0% \(DRAM 25\.0% of lookups, SSD 33\.3% of what "
+                     r"DRAM missed\)$", r.stdout, re.M), r.stdout
+
+
 def test_bench_prints_kvstash_bench_lines_and_cleans_up(daemons):
     d = daemons(["--memory_size=64m", "--ssd_dir="])
     r = cli(d, "bench", "-n", "300", "-s", "4k")
