@@ -109,6 +109,9 @@ struct conn {
     bool reading;                /* ev_read is armed (what the loop is asked to do, whatever
                                     the state: conn_reading_wanted decides) */
     bool writing;                /* ev_write is armed */
+    bool rx_short;               /* the last read returned less than it offered room for:
+                                    the socket was drained then, so a read before the next
+                                    poll would only answer EAGAIN (conn_on_read stops) */
     bool rx_behind;              /* bytes queue up: read value bodies in large pieces (a
                                     sizing hint for conn_read_once only) */
     bool offer_pending;          /* the spill offer in scan is to be asked again (where the

@@ -224,10 +224,15 @@ conn_read_once(struct conn *c)
         n++;
     }
 
+    size_t offered = 0;
+    for (int k = 0; k < n; k++) {
+        offered += iov[k].iov_len;
+    }
     ssize_t rd = c->tp->readv(c, iov, n);
     if (rd <= 0) {
         return rd < 0 ? -errno : 0;
     }
+    c->rx_short = (size_t)rd < offered;
     atomic_store_explicit(&c->w->ctr.bytes_in,
                           atomic_load_explicit(&c->w->ctr.bytes_in, memory_order_relaxed) +
                               (uint64_t)rd,
