@@ -68,22 +68,35 @@ resp_put(struct outq *q, const char *s)
     outq_write(q, s, strlen(s));
 }
 
-static void
-resp_put_int(struct outq *q, int64_t v)
-{
-    char b[32];
-    int n = snprintf(b, sizeof(b), ":%" PRId64 "\r\n", v);
-
-    outq_write(q, b, (size_t)n);
-}
-
+/*
+ * resp_put_len: "<kind><n>\r\n", the header of every bulk, array and integer reply. Written
+ * by hand: it is on every GET's path, where snprintf was 3% of the daemon's CPU (perf, GET of
+ * 4 KiB values pipelined).
+ */
 static void
 resp_put_len(struct outq *q, char kind, int64_t n)
 {
-    char b[32];
-    int k = snprintf(b, sizeof(b), "%c%" PRId64 "\r\n", kind, n);
+    char b[24];
+    size_t k = sizeof(b);
+    uint64_t u = n < 0 ? 0 - (uint64_t)n : (uint64_t)n;
 
-    outq_write(q, b, (size_t)k);
+    b[--k] = '\n';
+    b[--k] = '\r';
+    do {
+        b[--k] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u != 0);
+    if (n < 0) {
+        b[--k] = '-';
+    }
+    b[--k] = kind;
+    outq_write(q, b + k, sizeof(b) - k);
+}
+
+static void
+resp_put_int(struct outq *q, int64_t v)
+{
+    resp_put_len(q, ':', v);
 }
 
 static void
@@ -824,8 +837,13 @@ static const struct resp_cmd resp_cmds[] = {
 static const struct resp_cmd *
 resp_lookup(const struct resp_arg *a)
 {
+    if (a->hole != NULL || a->len == 0) {
+        return NULL;
+    }
+    int first = tolower(a->p[0]);
+
     for (size_t i = 0; i < RESP_NCMDS; i++) {
-        if (resp_is(a, resp_cmds[i].name)) {
+        if (resp_cmds[i].name[0] == first && resp_is(a, resp_cmds[i].name)) {
             return &resp_cmds[i];
         }
     }
