@@ -12,8 +12,20 @@
 # servers (kvstash's SET is write-once: a repeated key would only be dropped, unfairly
 # cheap). Every command is printed before it runs and bounded by a timeout.
 #
-# Environment: KVSTASHD (default build/release/kvstashd), BENCH_SECS (5), BENCH_REPS (3),
-# BENCH_RESP_MEMORY (2g: memory_size of kvstashd, maxmemory of redis-server).
+# Each redis-benchmark run also reports the client's own CPU (client_core=: utime+stime of
+# redis-benchmark over the run's wall time, in cores): a client near 1.0 (one thread) is
+# the limit of that row, whatever the server could do.
+#
+# The same rows go through kvstashd's msgpack port too (kvstash-bench get/put, one key a
+# request, 8 connections, 16 in flight each: the same shape as -c 8 -P 16; the same number
+# of preloaded keys for get), so the summary puts RESP's server core-s/GB beside the msgpack
+# port's: the two ports share the loops and the store, and RESP should cost no more.
+#
+# Environment: KVSTASHD (default build/release/kvstashd), KVSTASH_BENCH (default
+# build/release/kvstash-bench; absent: the msgpack rows are skipped), BENCH_SECS (5),
+# BENCH_REPS (3), BENCH_RESP_MEMORY (2g: memory_size of kvstashd, maxmemory of
+# redis-server), BENCH_RESP_IO_THREADS (kvstashd's io_threads; default: its own default),
+# BENCH_RESP_CLIENT_THREADS (1: redis-benchmark --threads, the same for both servers).
 # Exits non-zero when kvstashd dies or a kvstash row fails; a missing redis-server is
 # reported and its rows skipped.
 set -u -o pipefail
@@ -21,9 +33,12 @@ set -u -o pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 KVSTASHD=${KVSTASHD:-$root/build/release/kvstashd}
+KVBENCH=${KVSTASH_BENCH:-$root/build/release/kvstash-bench}
 SECS=${BENCH_SECS:-5}
 REPS=${BENCH_REPS:-3}
 MEM=${BENCH_RESP_MEMORY:-2g}
+IO_THREADS=${BENCH_RESP_IO_THREADS:-}
+CLIENT_THREADS=${BENCH_RESP_CLIENT_THREADS:-1}
 
 # shellcheck source=lib.sh
 . "$here/lib.sh"       # die, show, field, free_port, proc_cpu
@@ -33,7 +48,11 @@ if ! command -v redis-benchmark >/dev/null || ! command -v redis-cli >/dev/null;
     die "redis-benchmark and redis-cli (redis-tools) are needed"
 fi
 command -v perl >/dev/null || die "perl is needed (the preload)"
-case "$SECS$REPS" in *[!0-9]*) die "BENCH_SECS and BENCH_REPS must be whole numbers" ;; esac
+case "$SECS$REPS$IO_THREADS$CLIENT_THREADS" in
+    *[!0-9]*) die "BENCH_SECS, BENCH_REPS, BENCH_RESP_IO_THREADS and BENCH_RESP_CLIENT_THREADS must be whole numbers" ;;
+esac
+[ "$CLIENT_THREADS" -ge 1 ] || die "BENCH_RESP_CLIENT_THREADS must be at least 1"
+[ -x "$KVBENCH" ] || { echo "no kvstash-bench at $KVBENCH: the msgpack rows are skipped"; KVBENCH=""; }
 case "$MEM" in
     *g|*G) mem_bytes=$(( ${MEM%[gG]} * 1073741824 )) ;;
     *m|*M) mem_bytes=$(( ${MEM%[mM]} * 1048576 )) ;;
@@ -68,9 +87,11 @@ wait_resp() {
 
 # ---- the two servers ----
 kport=$(free_port) || die "no free port"
+mport=$(free_port) || die "no free port"
 mkdir -p "$tmp/data"
-kcmd=("$KVSTASHD" --listen="127.0.0.1:$(free_port)" --data_dir="$tmp/data" --unix_socket=none
+kcmd=("$KVSTASHD" --listen="127.0.0.1:$mport" --data_dir="$tmp/data" --unix_socket=none
       --resp_listen="127.0.0.1:$kport" --memory_size="$MEM" --ssd_dir= --metrics_listen=)
+[ -n "$IO_THREADS" ] && kcmd+=(--io_threads="$IO_THREADS")
 show "${kcmd[@]}"
 "${kcmd[@]}" >"$tmp/kvstashd.log" 2>&1 &
 kvd_pid=$!
@@ -89,12 +110,17 @@ if command -v redis-server >/dev/null; then
     show "${rcmd[@]}"
     "${rcmd[@]}" >"$tmp/redis.log" 2>&1 &
     redis_pid=$!
-    wait_resp "$rport" "$redis_pid" || { echo "redis-server did not start: skipped"; rport=""; }
+    if ! wait_resp "$rport" "$redis_pid"; then
+        echo "redis-server did not start: skipped"
+        tail -n 5 "$tmp/redis.log"
+        rport=""
+    fi
 else
     echo "redis-server not installed: its rows are skipped"
 fi
-echo "kvstashd $kvd_pid RESP on 127.0.0.1:$kport; redis-server ${redis_pid:-none}" \
-     "${rport:+on 127.0.0.1:$rport}; -P 16 -c 8; $SECS s x $REPS runs a row"
+echo "kvstashd $kvd_pid RESP on 127.0.0.1:$kport, msgpack on 127.0.0.1:$mport;" \
+     "redis-server ${redis_pid:-none} ${rport:+on 127.0.0.1:$rport};" \
+     "-P 16 -c 8 --threads $CLIENT_THREADS; $SECS s x $REPS runs a row"
 echo
 
 # preload PORT N SIZE: keys key:000000000000 .. N-1 with SIZE-byte values.
@@ -114,7 +140,8 @@ run_row() {
     local port=$1 pid=$2 size=$3
     shift 3
     local base=(redis-benchmark -h 127.0.0.1 -p "$port" -c 8 -P 16 --csv "$@")
-    local out rps n lines=() cpu0 cpu1 t0 t1 line p99
+    [ "$CLIENT_THREADS" -gt 1 ] && base+=(--threads "$CLIENT_THREADS")
+    local out rps n lines=() cpu0 cpu1 t0 t1 line p99 ccpu
     out=$(timeout 120 "${base[@]}" -n 2000 2>/dev/null | tail -n 1)
     rps=$(echo "$out" | awk -F'"' '{ print int($4) }')
     if [ -z "$rps" ] || [ "$rps" -le 0 ]; then
@@ -127,9 +154,13 @@ run_row() {
     for rep in $(seq 1 "$REPS"); do
         cpu0=$(proc_cpu "$pid")
         t0=$(date +%s%N)
-        out=$(timeout $(( SECS * 4 + 60 )) "${base[@]}" -n "$n" 2>"$tmp/rb.err" | tail -n 1)
+        # bash's time: the client's user+sys (timeout waits for it, so it is counted)
+        { TIMEFORMAT='%U %S'; time timeout $(( SECS * 4 + 60 )) "${base[@]}" -n "$n" \
+              >"$tmp/rb.out" 2>"$tmp/rb.err"; } 2>"$tmp/rb.time"
+        out=$(tail -n 1 "$tmp/rb.out")
         t1=$(date +%s%N)
         cpu1=$(proc_cpu "$pid")
+        ccpu=$(awk '{ print $1 + $2 }' "$tmp/rb.time")
         rps=$(echo "$out" | awk -F'"' '{ print $4 }')
         if [ -z "$rps" ] || grep -qi "error" "$tmp/rb.err"; then
             echo "   run $rep FAILED: $out $(grep -i error "$tmp/rb.err" | head -n 2)"
@@ -137,11 +168,17 @@ run_row() {
         fi
         p99=$(echo "$out" | awk -F'"' '{ print $14 }')
         line=$(awk -v rps="$rps" -v size="$size" -v p99="$p99" \
-                   -v cpu=$(( cpu1 - cpu0 )) -v hz="$(getconf CLK_TCK)" \
+                   -v cpu=$(( cpu1 - cpu0 )) -v hz="$(getconf CLK_TCK)" -v ccpu="$ccpu" \
+                   -v threads="$CLIENT_THREADS" \
                    -v ms="$(( (t1 - t0) / 1000000 ))" 'BEGIN {
             gb = rps * size * ms / 1000 / 1e9;
-            printf "rps=%.0f GB/s=%.3f p99_us=%.0f core_s_per_GB=%.3f",
-                   rps, rps * size / 1e9, p99 * 1000, (gb > 0 ? (cpu / hz) / gb : 0);
+            sc = ms > 0 ? (cpu / hz) / (ms / 1000) : 0;
+            cc = ms > 0 ? ccpu / (ms / 1000) : 0;
+            # the rate each side could reach with a whole core per thread at this cost
+            printf "rps=%.0f GB/s=%.3f p99_us=%.0f core_s_per_GB=%.3f server_core=%.2f" \
+                   " client_core=%.2f client_max_rps=%.0f",
+                   rps, rps * size / 1e9, p99 * 1000, (gb > 0 ? (cpu / hz) / gb : 0), sc, cc,
+                   (cc > 0 ? rps / cc * threads : 0);
         }')
         echo "   run $rep: $line"
         lines+=("$line")
@@ -152,7 +189,32 @@ run_row() {
     echo "   median: $med"
 }
 
-declare -A kv_row redis_row
+# mp_row OP SIZE KEYS: REPS runs of kvstash-bench against the msgpack port (OP get: KEYS
+# keys preloaded by it; put: new keys); the median line (by req/s) in $med, or return 1.
+mp_row() {
+    local op=$1 size=$2 keys=$3 out lines=() args
+    args=("$KVBENCH" -H "127.0.0.1:$mport" -m "$op" -b 1 -d 16 -c 8 -s "$size" -t "$SECS"
+          -p "$kvd_pid" -q)
+    [ "$op" = get ] && args+=(-k $(( (keys + 7) / 8 )))
+    show "${args[@]}"
+    for rep in $(seq 1 "$REPS"); do
+        timeout 60 redis-cli -p "$kport" flushall >/dev/null
+        out=$(timeout $(( SECS * 4 + 120 )) "${args[@]}" 2>"$tmp/kb.err" | tail -n 1)
+        if [ -z "$(field req/s "$out")" ] || [ "$(field errors "$out")" != 0 ]; then
+            echo "   run $rep FAILED: $out $(head -n 2 "$tmp/kb.err")"
+            continue
+        fi
+        echo "   run $rep: $out"
+        lines+=("$out")
+    done
+    [ "${#lines[@]}" -gt 0 ] || return 1
+    med=$(printf '%s\n' "${lines[@]}" | awk '{ for (i = 1; i <= NF; i++) if ($i ~ /^req\/s=/) {
+              split($i, kv, "="); print kv[2] "\t" $0 } }' |
+          sort -g | awk -F'\t' '{ l[NR] = $2 } END { print l[int((NR + 1) / 2)] }')
+    echo "   median: $med"
+}
+
+declare -A kv_row redis_row mp_row_med
 rows=()
 failed=0
 for op in get set; do
@@ -190,22 +252,50 @@ for op in get set; do
             fi
             echo
         done
+        if [ -n "$KVBENCH" ]; then
+            echo "== kvstash msgpack $name"
+            mop="put"
+            [ "$op" = get ] && mop="get"
+            if mp_row "$mop" "$size" "$keys"; then
+                mp_row_med[$name]=$med
+            else
+                failed=$(( failed + 1 ))
+            fi
+            if ! kill -0 "$kvd_pid" 2>/dev/null; then
+                tail -n 20 "$tmp/kvstashd.log" >&2
+                die "kvstashd died"
+            fi
+            echo
+        fi
     done
 done
 
 # ---- summary ----
-printf '%-8s %-50s %-50s %s\n' "row" "kvstash RESP (median)" "redis-server (median)" \
-       "kvstash/redis req/s"
+# Per row: each server's req/s, p99, its CPU per GB moved, and the client's CPU (cores;
+# near 1.0 per client thread, the client is the limit) with the rate its thread(s) could
+# reach at that cost ("client max"); kvstash/redis req/s; the msgpack port's CPU per GB for
+# the same row and RESP's over it (at most 1.0 is the target).
+# server_col MEDIAN: one server's summary column, "-" when it did not run.
+server_col() {
+    [ -n "$(field rps "$1")" ] || { echo "-"; return; }
+    echo "$(field rps "$1") req/s, p99 $(field p99_us "$1") us, $(field core_s_per_GB "$1")" \
+         "core-s/GB, client $(field client_core "$1") (max $(field client_max_rps "$1"))"
+}
+printf '%-8s %-78s %-78s %-8s %s\n' "row" "kvstash RESP (median)" "redis-server (median)" \
+       "req/s" "msgpack port (kvstash-bench): core-s/GB, RESP/msgpack"
 for name in "${rows[@]}"; do
     k=${kv_row[$name]:-failed}
     r=${redis_row[$name]:--}
+    m=${mp_row_med[$name]:--}
     ratio=$(awk -v a="$(field rps "$k")" -v b="$(field rps "$r")" \
                 'BEGIN { if (a > 0 && b > 0) printf "%.2fx", a / b; else print "-" }')
-    kcol="$(field rps "$k") req/s, p99 $(field p99_us "$k") us,"
-    kcol+=" $(field core_s_per_GB "$k") core-s/GB"
-    rcol="$(field rps "$r") req/s, p99 $(field p99_us "$r") us,"
-    rcol+=" $(field core_s_per_GB "$r") core-s/GB"
-    printf '%-8s %-50s %-50s %s\n' "$name" "$kcol" "$rcol" "$ratio"
+    kcol=$(server_col "$k")
+    rcol=$(server_col "$r")
+    mcpu=$(field daemon_core_s_per_GB "$m")
+    mcol=$(awk -v a="$(field core_s_per_GB "$k")" -v b="$mcpu" -v rps="$(field req/s "$m")" \
+               'BEGIN { if (b > 0) printf "%s core-s/GB (%.0f req/s), %.2fx", b, rps, a / b;
+                        else print "-" }')
+    printf '%-8s %-78s %-78s %-8s %s\n' "$name" "$kcol" "$rcol" "$ratio" "$mcol"
 done
 [ "$failed" -eq 0 ] || { echo "resp.sh: $failed kvstash row(s) failed" >&2; exit 1; }
 exit 0
