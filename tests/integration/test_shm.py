@@ -1092,6 +1092,9 @@ def test_ssd_objects_go_straight_into_aligned_pieces(kv, bufs, work):
     s1 = c.call("stats")
     assert s1["ssd_direct_reads"] == s0["ssd_direct_reads"] + 4, (s0, s1)
     assert s1["ssd_hits"] == s0["ssd_hits"] + 4
+    # each of the four lookups counted once, as the SSD tier's hit
+    assert (s1["hits_ssd"] - s0["hits_ssd"], s1["hits_dram"] - s0["hits_dram"],
+            s1["misses"] - s0["misses"]) == (4, 0, 0), (s0, s1)
     # They were not loaded into DRAM: reading them again is again a direct read.
     assert get_into(c, ks, iovs) == [MIB] * 4
     assert c.call("stats")["ssd_direct_reads"] == s0["ssd_direct_reads"] + 8
