@@ -266,3 +266,22 @@ def wait_for(pred, timeout, what, interval=0.02):
                 what = what()
             pytest.fail(f"timed out after {timeout} s waiting for {what}")
         time.sleep(interval)
+
+
+def stop_process(pid, timeout=10):
+    """SIGSTOP pid and wait until every one of its threads has stopped: kill() returns
+    before a busy or unscheduled thread takes the signal, and a test that counts on a
+    stopped daemon (nothing read from its sockets) must not start before it is."""
+    os.kill(pid, signal.SIGSTOP)
+
+    def stopped():
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] not in ("T", "t"):
+                        return False
+            except FileNotFoundError:
+                continue        # a thread that ended
+        return True
+
+    wait_for(stopped, timeout, f"process {pid} to stop")

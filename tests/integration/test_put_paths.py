@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from kvtest import Daemon, wait_for
+from kvtest import Daemon, stop_process, wait_for
 
 MIB = 1 << 20
 SIZES = [16 * 1024, 300 * 1024 + 5, MIB + 13, 5 * MIB + 7, 33, 2 * MIB, 256 * 1024]
@@ -59,7 +59,7 @@ def send_burst_while_stopped(d, sock, data):
             failure.append(e)
         done.set()
 
-    os.kill(d.pid, signal.SIGSTOP)
+    stop_process(d.pid)
     try:
         t = threading.Thread(target=sender, daemon=True)
         t.start()
@@ -123,7 +123,7 @@ def test_receive_window_lets_a_put_queue_while_the_daemon_is_busy(work, window):
         keys, vals = keys[:1] + [b"big"], vals[:1] + [random.Random(3).randbytes(24 * MIB)]
         msgid, data = c.request("batch_put", [keys, vals])
         sent = 0
-        os.kill(d.pid, signal.SIGSTOP)
+        stop_process(d.pid)
         try:
             c.sock.settimeout(0)
             last = time.monotonic()
