@@ -81,7 +81,7 @@ DAEMON_SRC := src/main.c src/server.c src/worker.c src/conn.c src/conn_read.c sr
               src/stats.c src/tls.c src/transport.c src/transport_tls.c src/metrics.c src/admin.c
 CLIENT_SRC := client/kvstash.c client/kvstash_buffer.c client/kvstash_async.c client/kvstash_wire.c \
               client/kvstash_reply.c client/kvstash_rdma.c $(UTIL_SRC) $(PROTO_SRC) $(RDMA_SRC)
-CLI_SRC := client/kvstash_cli.c client/cli_monitor.c
+CLI_SRC := client/kvstash_cli.c client/cli_monitor.c client/cli_cluster.c
 EMU_SRC := rdma/rdma_emu.c
 BENCH_SRC := tests/bench/kvstash_bench.c tests/bench/bench_util.c
 MCBENCH_SRC := tests/bench/mc_bench.c tests/bench/bench_util.c util/tcpopt.c
