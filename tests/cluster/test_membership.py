@@ -275,6 +275,14 @@ def test_cli_cluster_and_metrics(pool):
         line = [ln for ln in where.stdout.splitlines() if ln.startswith(key + ":")][0]
         assert [p.split()[0] for p in line.split(":", 1)[1].split(",")] == want, line
     assert run(nodes[0], "bogus").returncode == 2
+    # the Python package's call: the same view
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "client", "python"))
+    import kvstash
+    with kvstash.Client(nodes[1].addr) as c:
+        info = c.cluster_info([b"k1"])
+    assert [x["id"] for x in info["nodes"]] == ids and info["node_id"] == "n2"
+    assert [ids[i] for i in info["owners"][0]] == \
+        [ids[i] for i in place_ref.owners([(i, weights[i]) for i in ids], b"k1", 2)]
     # /metrics: the members by state, the revision, lease renewals going up
     url = f"http://127.0.0.2:{mport}/metrics"
 
