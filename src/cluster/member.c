@@ -9,19 +9,22 @@
  * an event made active (libevent's pthreads locking is on).
  *
  * The node key's value is JSON: {"id", "addr", "weight", "state", "tls"}. The lease id of
- * our registration is kept in <data_dir>/cluster_lease, so that a daemon restarted after a
- * crash, finding its own node key still there under its previous lease, revokes that lease
- * and registers again instead of refusing to start as a duplicate.
+ * our registration is kept in <data_dir>/cluster_lease with our pid, so that a daemon
+ * restarted after a crash, finding its own node key still there under its previous lease
+ * (and that process gone), revokes that lease and registers again instead of refusing to
+ * start as a duplicate.
  */
 #include "member.h"
 
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <event2/event.h>
 
@@ -190,23 +193,33 @@ member_lease_save(const struct member *m, uint64_t lease)
                  "as a duplicate)", m->lease_path, strerror(errno));
         return;
     }
-    fprintf(f, "%" PRIx64 "\n", lease);
+    fprintf(f, "%" PRIx64 " %ld\n", lease, (long)getpid());
     if (fclose(f) != 0) {
         log_warn("cluster: cannot write %s: %s", m->lease_path, strerror(errno));
     }
 }
 
+/*
+ * member_lease_load: the lease this node's previous run registered under, from
+ * <data_dir>/cluster_lease ("<lease hex> <pid>"), or 0 when there is none or that run is
+ * still alive (its pid exists and is not us: two daemons on one data_dir are not a restart).
+ */
 static uint64_t
 member_lease_load(const struct member *m)
 {
     FILE *f = fopen(m->lease_path, "r");
     uint64_t v = 0;
+    long pid = 0;
 
     if (f != NULL) {
-        if (fscanf(f, "%" SCNx64, &v) != 1) {
+        if (fscanf(f, "%" SCNx64 " %ld", &v, &pid) != 2) {
             v = 0;
         }
         fclose(f);
+    }
+    if (v != 0 && pid > 0 && pid != (long)getpid() && (kill((pid_t)pid, 0) == 0 ||
+                                                      errno != ESRCH)) {
+        return 0;
     }
     return v;
 }

@@ -15,7 +15,7 @@ import time
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from clusterlib import Pool  # noqa: E402
+from clusterlib import Pool, free_port  # noqa: E402
 from kvtest import wait_for  # noqa: E402
 import place_ref  # noqa: E402
 
@@ -58,6 +58,10 @@ def test_boot_three_nodes_one_view(pool):
     assert b'"replicas":2' in keys["/kvstash/pool/config"]
     for n in nodes:
         assert pool.etcd.lease_of(f"/kvstash/pool/nodes/{n.node_id}") > 0
+        # joining until the SSD index is loaded (here: none), then active
+        out = n.output()
+        joined = out.index(f"registered /kvstash/pool/nodes/{n.node_id} (joining")
+        assert out.index(f"cluster: {n.node_id} is active") > joined
 
 
 @pytest.mark.quick
@@ -109,6 +113,43 @@ def test_restart_inside_the_lease_is_not_a_duplicate(pool):
     assert again.alive()
     pool.wait_view(3, nodes=[nodes[0], again, nodes[2]])
     assert "revoked lease" in again.output()
+
+
+def test_two_live_daemons_on_one_data_dir_are_duplicates(pool):
+    """The lease file lets a restart take its own key back; it must not let a second live
+    daemon on the same data dir (same node_id) take the first one's."""
+    first = pool.start("same")
+    pool.wait_view(1)
+    second = pool.start("same", data_dir=first.data_dir, ready=False)
+    assert second.exit_code() != 0
+    assert "already registered" in second.output()
+    first.assert_alive()
+    assert first.info()["registered"]
+    assert pool.etcd.lease_of("/kvstash/pool/nodes/same") > 0
+
+
+def test_endpoint_failover_and_https_refused(pool, work):
+    dead = f"http://127.0.0.1:{free_port()}"
+    n = pool.start(args=[f"--etcd_endpoints={dead},{pool.etcd.endpoint}"])
+    assert pool.wait_view(1) == {n.node_id: "active"}
+    assert n.info()["etcd_endpoint"] == pool.etcd.endpoint
+    tls = pool.start(args=["--etcd_endpoints=https://127.0.0.1:2379"], ready=False)
+    assert tls.exit_code() != 0
+    assert "TLS to etcd is not built" in tls.output()
+
+
+def test_cli_on_a_single_node(daemon_single):
+    import subprocess
+    cli = os.environ.get("KVSTASH_CLI") or os.path.join(os.path.dirname(__file__), "..", "..",
+                                                        "build", "release", "kvstash")
+    out = subprocess.run([cli, "-H", f"127.0.0.1:{daemon_single.port}", "cluster"],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and "single node" in out.stdout, out
+    info = daemon_single.tcp().call("cluster_info", [b"k"])
+    assert info["cluster"] == "" and info["nodes"] == [] and info["owners"] == [[]]
+    assert info["self"] == -1
+    err, _ = daemon_single.tcp().call_raw("cluster_drain")
+    assert err is not None and err[0] == 15, err      # UNSUPPORTED: not in a pool
 
 
 def test_different_config_refused(pool):
