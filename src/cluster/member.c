@@ -39,7 +39,9 @@
 #define MEMBER_BACKOFF_MAX_MS 5000
 #define MEMBER_TICK_MS 100          /* the step's timer while something is due */
 #define MEMBER_BODY_MAX 8192        /* one request body */
-#define MEMBER_TOKENS 8192          /* JSON tokens of one answer (a list of ~700 nodes) */
+/* JSON tokens for an answer of len bytes: an etcd kv object is >= 14 tokens in >= 150
+ * bytes, so a third of the length covers any real answer (a hostile one is refused) */
+#define MEMBER_TOKENS(len) ((uint32_t)((len) / 3 + 64))
 #define MEMBER_VALUE_MAX 2048       /* one node key's value */
 
 enum member_first { MEMBER_FIRST_PENDING, MEMBER_FIRST_DONE };
@@ -420,12 +422,12 @@ static void
 member_on_watch_line(const char *line, size_t len, void *arg)
 {
     struct member *m = arg;
-    struct json_tok *t = malloc(MEMBER_TOKENS * sizeof(*t));
+    struct json_tok *t = malloc(MEMBER_TOKENS(len) * sizeof(*t));
     int n, res, evs;
     uint64_t compact = 0, last = m->revision;
     bool changed = false;
 
-    if (t == NULL || (n = json_parse(line, len, t, MEMBER_TOKENS)) <= 0 ||
+    if (t == NULL || (n = json_parse(line, len, t, MEMBER_TOKENS(len))) <= 0 ||
         (res = json_get(line, t, 0, "result")) < 0) {
         log_warn("cluster: a watch message that is not etcd's: %.200s", line);
         free(t);
@@ -523,8 +525,8 @@ member_on_list(int status, const char *body, size_t len, void *arg)
         member_step(m);
         return;
     }
-    t = malloc(MEMBER_TOKENS * sizeof(*t));
-    if (t == NULL || (n = json_parse(body, len, t, MEMBER_TOKENS)) <= 0 ||
+    t = malloc(MEMBER_TOKENS(len) * sizeof(*t));
+    if (t == NULL || (n = json_parse(body, len, t, MEMBER_TOKENS(len))) <= 0 ||
         json_u64(body, t, json_get(body, t, json_get(body, t, 0, "header"), "revision"),
                  &rev) != 0) {
         free(t);

@@ -340,3 +340,40 @@ def test_cli_cluster_and_metrics(pool):
     assert run(nodes[1], "drain").returncode == 0
     wait_for(lambda: metric('kvstash_cluster_members{state="draining"}') == 1, 10,
              "a draining member in /metrics")
+
+
+def test_many_members_written_to_etcd(pool):
+    """Members put straight into etcd (as 300 other daemons would): the list read at start,
+    then a burst of watch events in one message (a range delete), and a value that is not a
+    kvstash node ignored with a log line. Placement over 301 members still equals the
+    reference."""
+    import json as _json
+    fake = {f"f{i:03d}": 1 + (i % 4) for i in range(300)}
+    for nid, w in list(fake.items())[:150]:
+        pool.etcd.put(f"/kvstash/pool/nodes/{nid}", _json.dumps(
+            {"id": nid, "addr": f"10.9.{i_of(nid) // 256}.{i_of(nid) % 256}:7431", "weight": w,
+             "state": "active", "tls": ""}))
+    pool.etcd.put("/kvstash/pool/nodes/junk", "not json")
+    n = pool.start()
+    wait_for(lambda: len(n.view()[1]) == 151, 15, "151 members")
+    for nid, w in list(fake.items())[150:]:
+        pool.etcd.put(f"/kvstash/pool/nodes/{nid}", _json.dumps(
+            {"id": nid, "addr": "10.9.9.9:7431", "weight": w, "state": "active"}))
+    wait_for(lambda: len(n.view()[1]) == 301, 15, "301 members")
+    assert "ignoring member junk" in n.output()
+    keys = [b"key-%d" % i for i in range(300)]
+    info = n.info(keys)
+    weights = {**fake, "n1": 1}
+    ref = [(x["id"], weights[x["id"]]) for x in info["nodes"]]
+    for key, owners in zip(keys, info["owners"]):
+        assert owners == place_ref.owners(ref, key, 2)
+    # one delete of 200 keys: one watch message with 200 events
+    b64 = __import__("base64").b64encode
+    pool.etcd.call("/v3/kv/deleterange", {"key": b64(b"/kvstash/pool/nodes/f").decode(),
+                                          "range_end": b64(b"/kvstash/pool/nodes/f2").decode()})
+    wait_for(lambda: sorted(n.view()[1]) == ["f200", *[f"f{i}" for i in range(201, 300)],
+                                              "n1"], 15, "the 200 deleted gone")
+
+
+def i_of(nid):
+    return int(nid[1:])
