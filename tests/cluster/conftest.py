@@ -1,6 +1,7 @@
 """Fixtures of the pool tests: work (a temp dir), etcd (a real etcd, skipped when it is not
-installed), pool (a clusterlib.Pool on that etcd, ttl 2 s), daemon_single (a daemon in no pool). Everything started is killed at
-teardown, and the logs' tails printed (pytest shows them for a failed test).
+installed), pool (a clusterlib.Pool on that etcd, ttl 2 s), daemon_single (a daemon in no
+pool). Everything started is killed at teardown, and the logs' tails printed (pytest shows
+them for a failed test).
 
 Tests marked quick are the short set `make test` runs; `make cluster-test` runs them all.
 """
