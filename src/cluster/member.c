@@ -912,8 +912,8 @@ member_step(struct member *m)
     stop = m->stop;
     pthread_mutex_unlock(&m->lock);
 
-    if (m->busy || m->refused) {
-        return;
+    if (m->busy) {
+        return;                     /* its answer steps again */
     }
     if (stop) {
         if (!m->stopping) {
@@ -924,6 +924,9 @@ member_step(struct member *m)
             }
             event_base_loopbreak(m->base);
         }
+        return;
+    }
+    if (m->refused) {
         return;
     }
     if (m->watch != NULL && now - m->watch_started_ms >= m->ttl_ms) {
