@@ -15,7 +15,7 @@ import time
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from clusterlib import Pool, free_port  # noqa: E402
+from clusterlib import Pool, Proxy, free_port  # noqa: E402
 from kvtest import wait_for  # noqa: E402
 import place_ref  # noqa: E402
 
@@ -240,7 +240,30 @@ def test_lease_lost_registers_again(pool):
     assert "registering again" in nodes[1].output()
 
 
-def test_node_cut_from_etcd_only_reregisters(pool):
+def test_node_cut_from_etcd_only(pool):
+    """One daemon reaches etcd through a proxy that is then cut: it goes on serving (its
+    engine's puts and gets, its last view), its lease expires and the others drop it; when
+    the proxy lets it through again it finds the lease lost and registers again."""
+    proxy = Proxy(("127.0.0.1", pool.etcd.client_port))
+    try:
+        nodes = [pool.start(), pool.start(),
+                 pool.start(args=[f"--etcd_endpoints={proxy.endpoint}"])]
+        pool.wait_view(3)
+        proxy.cut()
+        pool.wait_view(2, nodes=nodes[:2], timeout=20)
+        for i in range(20):
+            put_get(nodes[2], b"cut-%d" % i, b"x" * 4096)
+        info = nodes[2].info()
+        assert not info["etcd_ok"] and len(info["nodes"]) == 3, "the last view stays"
+        proxy.restore()
+        pool.wait_view(3, timeout=30)
+        assert counters(nodes[2])["lease_lost"] >= 1
+        assert counters(nodes[2])["registrations"] >= 2
+    finally:
+        proxy.close()
+
+
+def test_node_stopped_past_its_lease_reregisters(pool):
     """SIGSTOP one daemon past its lease: etcd drops it, the others see it leave; once it
     runs again it finds its lease lost and registers again."""
     nodes = [pool.start() for _ in range(3)]
