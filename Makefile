@@ -17,7 +17,7 @@ CC ?= cc
 PKGS := libevent_core libevent_extra libevent_pthreads msgpack lmdb libssl libcrypto
 WARN := -std=c11 -Wall -Wextra -pedantic -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
         -Wformat=2 -Wpointer-arith -Wno-format-nonliteral -Werror
-CPPFLAGS_BASE := -D_GNU_SOURCE -Iutil -Iprotocol -Istorage -Irdma -Iclient -Isrc -Isrc/rpc \
+CPPFLAGS_BASE := -D_GNU_SOURCE -Iutil -Iprotocol -Istorage -Irdma -Iclient -Isrc -Isrc/rpc -Isrc/cluster \
                  -MMD -MP
 
 ifeq ($(VARIANT),release)
@@ -36,7 +36,7 @@ PKG_LIBS = $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 
 CFLAGS_ALL = $(WARN) $(OPT) $(CPPFLAGS_BASE) $(PKG_CFLAGS) -fPIC $(CFLAGS)
 LDFLAGS_ALL = $(SANLDFLAGS) $(LDFLAGS)
-LIBS_ALL = $(PKG_LIBS) -lpthread $(LIBS)
+LIBS_ALL = $(PKG_LIBS) -lpthread -lm $(LIBS)
 
 ifeq ($(V),0)
   Q := @
@@ -61,7 +61,10 @@ STORAGE_SRC := storage/alloc.c storage/store.c storage/store_tier.c storage/stor
                storage/ssd_rebuild.c storage/copier.c \
                storage/shmbuf.c
 RPC_SRC := $(wildcard src/rpc/*.c)
-CORE_SRC := $(UTIL_SRC) $(PROTO_SRC) $(STORAGE_SRC) src/config.c src/config_value.c $(RPC_SRC)
+# the pool: placement, views, etcd membership, peers (docs/cluster.md)
+CLUSTER_SRC := $(wildcard src/cluster/*.c)
+CORE_SRC := $(UTIL_SRC) $(PROTO_SRC) $(STORAGE_SRC) src/config.c src/config_value.c \
+            src/config_cluster.c $(RPC_SRC) $(CLUSTER_SRC)
 # the RDMA data port and its verbs table (or the RDMA=0 stub); the emulation (rdma_emu.c), a
 # test double, is linked into the tests only
 RDMA_SRC := rdma/rdma_port.c
@@ -78,7 +81,7 @@ DAEMON_SRC := src/main.c src/server.c src/worker.c src/conn.c src/conn_read.c sr
               src/stats.c src/tls.c src/transport.c src/transport_tls.c src/metrics.c src/admin.c
 CLIENT_SRC := client/kvstash.c client/kvstash_buffer.c client/kvstash_async.c client/kvstash_wire.c \
               client/kvstash_reply.c client/kvstash_rdma.c $(UTIL_SRC) $(PROTO_SRC) $(RDMA_SRC)
-CLI_SRC := client/kvstash_cli.c client/cli_monitor.c
+CLI_SRC := client/kvstash_cli.c client/cli_monitor.c client/cli_cluster.c
 EMU_SRC := rdma/rdma_emu.c
 BENCH_SRC := tests/bench/kvstash_bench.c tests/bench/bench_util.c
 MCBENCH_SRC := tests/bench/mc_bench.c tests/bench/bench_util.c util/tcpopt.c
@@ -102,11 +105,13 @@ LIBCLIENT_A := $(BUILD)/libkvstash.a
 LIBCLIENT_SO := $(BUILD)/libkvstash.so
 # the ABI's major version (the library's SONAME libkvstash.so.N; client/libkvstash.map)
 SOVERSION := 0
+PLACESIM := $(BUILD)/place-sim
 UNIT := $(BUILD)/unit-tests
 INTEG := $(BUILD)/integration-tests
 
 .PHONY: all run test deps bench-deps asan fuzz bench soak install uninstall man deb format clean help \
-        test-layers test-unit test-integration test-python test-fuzz check-deps
+        test-layers test-unit test-integration test-python test-fuzz check-deps \
+        test-cluster cluster-test cluster-sim cluster-replay
 
 all: $(KVSTASHD) $(KVSTASH) $(BENCH) $(LIBCLIENT_A) $(LIBCLIENT_SO)
 
@@ -150,12 +155,16 @@ $(INTEG): $(call obj,$(INTEG_SRC) $(EMU_SRC)) $(call obj,$(filter-out src/main.c
           $(LIBCLIENT_A) $(LIBCORE)
 	$(call say,LD,$@)$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIBS_ALL) -lcriterion
 
+# the placement simulator (tests/cluster/place_sim.c): place.c alone, nothing of the daemon
+$(PLACESIM): $(call obj,tests/cluster/place_sim.c src/cluster/place.c)
+	$(call say,LD,$@)$(CC) $(LDFLAGS_ALL) -o $@ $^ -lpthread -lm
+
 # ---- dependencies (Debian 12 packages) ----
 DEB_PKGS := build-essential pkg-config libevent-dev libmsgpack-dev libssl-dev liblmdb-dev \
             libibverbs-dev libcriterion-dev python3 python3-msgpack python3-pytest \
             clang libclang-rt-14-dev openssl python3-numpy \
             lintian man-db tmux python3-yaml python3-redis redis-tools prometheus \
-            python3-prometheus-client
+            python3-prometheus-client etcd-server
 
 # tools only `make bench` uses (fio: the SSD section's device baseline; gnuplot: the chart)
 BENCH_PKGS := fio gnuplot-nox redis-server
@@ -190,7 +199,8 @@ TEST_JOBS ?= 2
 
 test: deps
 	$(Q)$(MAKE) --no-print-directory all $(UNIT) $(INTEG)
-	$(Q)$(MAKE) --no-print-directory test-layers test-unit test-integration test-python test-fuzz
+	$(Q)$(MAKE) --no-print-directory test-layers test-unit test-integration test-python \
+	    test-cluster test-fuzz
 
 # make asan's sanitizer settings; a variable set in the environment is used instead.
 # handle_sigbus=0: SIGBUS is kvstashd's own (storage/shmbuf.c guards clients' buffers that may
@@ -230,6 +240,28 @@ endef
 else
   criterion_run = $(2)
 endif
+
+# the pool (tests/cluster/, docs/cluster.md): a real etcd and daemons on 127.0.0.x.
+# make test runs the quick set (placement against the reference, boot and one view, a
+# duplicate node_id); make cluster-test runs them all (about a minute and a half)
+CLUSTER_PYTEST = KVSTASHD=$(abspath $(KVSTASHD)) KVSTASH_CLI=$(abspath $(KVSTASH)) \
+                 /usr/bin/python3 -m pytest -q -rs -p no:cacheprovider
+
+test-cluster: $(KVSTASHD) $(KVSTASH)
+	$(CLUSTER_PYTEST) -m quick tests/cluster
+
+cluster-test: deps
+	$(Q)$(MAKE) --no-print-directory all
+	$(CLUSTER_PYTEST) tests/cluster
+
+# 1,000 nodes, 10M keys: movement on a join and a leave against the ideal, load against
+# weight (PLACE_SIM_ARGS: e.g. -k 1000000 for a quicker run)
+cluster-sim: $(PLACESIM)
+	$(PLACESIM) $(PLACE_SIM_ARGS)
+
+# Mooncake's synthetic trace over N engines: pooled hit rate against N isolated caches
+cluster-replay:
+	/usr/bin/python3 tests/cluster/trace_replay.py $(TRACE_REPLAY_ARGS)
 
 # the include lines keep the layers of docs/architecture.md
 test-layers:
@@ -405,6 +437,8 @@ clean:
 
 help:
 	@echo "targets: all run test deps bench-deps asan fuzz bench soak install uninstall format clean help"
+	@echo "         cluster-test (the pool's tests, a real etcd) cluster-sim (placement simulator)"
+	@echo "         cluster-replay (Mooncake's trace: pooled against isolated caches)"
 	@echo "vars:    VARIANT=release|debug|asan  V=1 (verbose)  PREFIX=$(PREFIX)"
 
 -include $(shell find build -name '*.d' -type f 2>/dev/null)
