@@ -209,6 +209,19 @@ void store_abort(struct store *s, struct store_obj *o);
  */
 int store_put(struct store *s, const struct kv_key *key, const void *data, uint64_t len);
 
+/*
+ * store_put_cache: store_put for a cluster cache copy: a value this node keeps for a key it
+ * does not own (fetched from its owner, or put here by a local client). Eviction takes cache
+ * copies before owned objects (they rank as if used ten minutes earlier). Same returns.
+ */
+int store_put_cache(struct store *s, const struct kv_key *key, const void *data, uint64_t len);
+
+/*
+ * store_set_cache: mark a PUBLISHED object as a cache copy (cache true: this node no longer
+ * owns the key after a view change) or as owned (false). Returns 0 or KV_NOT_FOUND.
+ */
+int store_set_cache(struct store *s, const struct kv_key *key, bool cache);
+
 /* ---- read path ---- */
 
 /*

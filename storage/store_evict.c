@@ -60,6 +60,28 @@ store_must_offload_locked(struct store *s, const struct store_obj *o)
 }
 
 /*
+ * store_cache_first_locked: o is a list's candidate; when it is owned, a cluster cache copy
+ * among the STORE_CACHE_SCAN objects after it (toward the head) that may go is taken instead,
+ * so copies of keys other nodes own leave before owned objects.
+ */
+static struct store_obj *
+store_cache_first_locked(struct store *s, struct store_obj *o, uint64_t now)
+{
+    struct store_obj *c = o->lru_prev;
+
+    if (o->cache || !atomic_load_explicit(&s->has_cache, memory_order_relaxed)) {
+        return o;
+    }
+    for (int seen = 0; c != NULL && seen < STORE_CACHE_SCAN; seen++, c = c->lru_prev) {
+        if (c->cache && store_evictable_locked(c, now) && !store_quota_guarded(s, c)
+            && !store_must_offload_locked(s, c)) {
+            return c;
+        }
+    }
+    return o;
+}
+
+/*
  * store_candidate_locked: the next object eviction should take from one
  * list, or NULL. From the tail up, a referenced object gets its second
  * chance (to the head, mark cleared) and a busy one (read in flight, leased)
@@ -96,7 +118,7 @@ store_candidate_locked(struct store *s, struct store_shard *sh, int cls, uint64_
         }
         if (evictable) {
             if (!o->referenced || promoted == STORE_EVICT_PROMOTE) {
-                return o;
+                return store_cache_first_locked(s, o, now);
             }
             o->referenced = 0;
             promoted++;
@@ -114,6 +136,23 @@ store_candidate_locked(struct store *s, struct store_shard *sh, int cls, uint64_
     return NULL;
 }
 
+/*
+ * store_evict_rank: where a candidate stands in the cross-shard choice (lower goes first): its
+ * access stamp, less STORE_CACHE_HANDICAP_MS for a cluster cache copy, so copies of keys this
+ * node does not own go before owned objects used up to ten minutes earlier.
+ */
+static uint64_t
+store_evict_rank(const struct store_obj *o)
+{
+    if (o == NULL) {
+        return STORE_NO_CANDIDATE;
+    }
+    if (o->cache) {
+        return o->atime > STORE_CACHE_HANDICAP_MS ? o->atime - STORE_CACHE_HANDICAP_MS : 0;
+    }
+    return o->atime;
+}
+
 /* store_scan: fill cand[] with every shard's candidate stamp. Returns how many shards have one. */
 static int
 store_scan(struct store *s, int cls, uint64_t now, uint64_t *cand, uint64_t *objects)
@@ -127,7 +166,7 @@ store_scan(struct store *s, int cls, uint64_t now, uint64_t *cand, uint64_t *obj
 
         pthread_mutex_lock(&sh->lock);
         c = store_candidate_locked(s, sh, cls, now);
-        cand[i] = c != NULL ? c->atime : STORE_NO_CANDIDATE;
+        cand[i] = store_evict_rank(c);
         *objects += sh->objects;
         pthread_mutex_unlock(&sh->lock);
         found += c != NULL;
@@ -209,15 +248,15 @@ store_evict_class(struct store *s, int cls, uint64_t target_pages, uint64_t now,
         sh = &s->shard[best];
         pthread_mutex_lock(&sh->lock);
         c = store_candidate_locked(s, sh, cls, now);
-        if (c == NULL || c->atime > cand[best]) {
-            cand[best] = c != NULL ? c->atime : STORE_NO_CANDIDATE;
+        if (c == NULL || store_evict_rank(c) > cand[best]) {
+            cand[best] = store_evict_rank(c);
             pthread_mutex_unlock(&sh->lock);
             misses++;
             continue;
         }
         kept = store_evict_locked(s, sh, c);
         next = store_candidate_locked(s, sh, cls, now);
-        cand[best] = next != NULL ? next->atime : STORE_NO_CANDIDATE;
+        cand[best] = store_evict_rank(next);
         pthread_mutex_unlock(&sh->lock);
 
         atomic_fetch_add_explicit(&s->evictions, 1, memory_order_relaxed);
