@@ -34,6 +34,7 @@
 #include "outq.h"
 #include "rpc_defer.h"
 #include "rpc_direct.h"
+#include "rpc_peer.h"
 #include "rpc_put.h"
 #include "rpc_rdma.h"
 #include "rpc_req.h"
@@ -74,6 +75,9 @@ static const char *const rpc_names[RPC_METHOD_COUNT] = {
     [RPC_PUT_REVOKE] = "put_revoke",
     [RPC_GET_REPLICA_LIST] = "get_replica_list",
     [RPC_RDMA_CONNECT] = "rdma_connect",
+    [RPC_PEER_GET] = "peer_get",
+    [RPC_PEER_EXISTS] = "peer_exists",
+    [RPC_PEER_PUT] = "peer_put",
 };
 
 const char *
@@ -662,6 +666,9 @@ static rpc_handler_fn *const rpc_handlers[RPC_METHOD_COUNT] = {
     [RPC_PUT_REVOKE] = rpc_put_revoke,
     [RPC_GET_REPLICA_LIST] = rpc_get_replica_list,
     [RPC_RDMA_CONNECT] = rpc_rdma_connect,
+    [RPC_PEER_GET] = rpc_peer_get,
+    [RPC_PEER_EXISTS] = rpc_peer_exists,
+    [RPC_PEER_PUT] = rpc_peer_put,
 };
 
 /* ---- dispatch ---- */

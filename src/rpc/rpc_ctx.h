@@ -34,7 +34,7 @@ enum rpc_method {
     RPC_BATCH_REMOVE, RPC_REMOVE_ALL, RPC_PIN, RPC_UNPIN, RPC_STATS,
     RPC_REGISTER_BUFFER, RPC_UNREGISTER_BUFFER, RPC_BATCH_PUT_FROM, RPC_BATCH_GET_INTO,
     RPC_MAP_SEGMENT, RPC_PUT_START, RPC_PUT_END, RPC_PUT_REVOKE, RPC_GET_REPLICA_LIST,
-    RPC_RDMA_CONNECT, RPC_METHOD_COUNT
+    RPC_RDMA_CONNECT, RPC_PEER_GET, RPC_PEER_EXISTS, RPC_PEER_PUT, RPC_METHOD_COUNT
 };
 
 /*
@@ -64,6 +64,11 @@ struct rpc_counters {
     _Atomic uint64_t shm_bytes_out; /* batch_get_into: value bytes copied to shared memory */
     _Atomic uint64_t rdma_bytes_in; /* the same, when the pieces are the client's over RDMA */
     _Atomic uint64_t rdma_bytes_out;
+    /* cluster peers (rpc_peer.c): what other nodes sent and fetched here */
+    _Atomic uint64_t peer_bytes_in;             /* peer_put: value bytes stored */
+    _Atomic uint64_t peer_bytes_out;            /* peer_get: value bytes served */
+    _Atomic uint64_t peer_checksum_mismatches;  /* peer_put: a value that failed its CRC-32C */
+    _Atomic uint64_t peer_checksum_conflicts;   /* peer_put: a stored key with other bytes */
 };
 
 /* Limits in force for one request (a config snapshot). */
