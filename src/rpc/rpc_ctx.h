@@ -90,6 +90,25 @@ struct rpc_limits {
  */
 typedef int rpc_stats_fn(void *arg, const char **names, uint64_t *values, int max);
 
+/*
+ * The cluster's data paths as the request layer sees them (src/cluster/repl.c fills it in;
+ * NULL on a single node). Any event-loop thread calls them; none blocks.
+ *   fetch: keys[0..n) of one request (one tenant) missed in the store: ask their owners.
+ *     Returns -EAGAIN while some are being fetched (the request waits, as for an SSD load,
+ *     and is dispatched again when a fetch ends or within 20 ms), 0 when every one's fetch
+ *     is over: those found are in the store now (cache copies), the rest are misses. With
+ *     final set nothing new is started and nothing waits.
+ *   stored: a client's put stored o (a reference the caller keeps): mark it a cache copy if
+ *     this node does not own key, and send it to the owners.
+ */
+struct kv_key;
+struct store_obj;
+struct rpc_remote {
+    void *arg;
+    int (*fetch)(void *arg, const struct kv_key *keys, uint32_t n, bool final);
+    void (*stored)(void *arg, const struct kv_key *key, struct store_obj *o);
+};
+
 /* What handlers need from the daemon; borrowed, lives as long as the daemon. */
 struct rpc_server {
     struct store *store;
@@ -101,6 +120,7 @@ struct rpc_server {
     void *stats_arg;
     struct copier *copier;          /* copy threads of the shared-memory transfers */
     struct rdma_region *rdma_arena; /* the arena registered with the RDMA device; NULL: no RDMA */
+    const struct rpc_remote *remote; /* the cluster's data paths; NULL: a single node */
 };
 
 /*

@@ -56,7 +56,11 @@ rpc_store_value(struct rpc_req *rq, const uint8_t *kp, uint32_t klen, const uint
             return sp->code;
         }
         sp->obj = NULL;
-        return store_commit(rq->ctx->srv->store, o);
+        int crc = store_commit(rq->ctx->srv->store, o);
+        if (crc == 0) {
+            rpc_remote_stored(rq, kp, klen);    /* in a cluster: to the key's owners */
+        }
+        return crc;
     }
     if (klen > lim->max_key_size || vlen > lim->max_value_size) {
         return KV_TOO_LARGE;
@@ -66,6 +70,9 @@ rpc_store_value(struct rpc_req *rq, const uint8_t *kp, uint32_t klen, const uint
     if (rc == -EAGAIN) {
         /* Room is coming (objects on their way to the SSD); the caller may retry. */
         return rq->ctx->final_try ? KV_NO_SPACE : -EAGAIN;
+    }
+    if (rc == 0) {
+        rpc_remote_stored(rq, kp, klen);
     }
     return rc < 0 ? KV_INTERNAL : rc;
 }

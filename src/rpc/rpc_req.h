@@ -129,6 +129,18 @@ int rpc_get_refs(struct rpc_req *rq, struct mp_reader keys, uint32_t n, struct s
                  const uint8_t *skip);
 
 /*
+ * The cluster's side of a read (rpc_ctx.h, struct rpc_remote; all three do nothing on a
+ * single node). rpc_remote_fill: objs[0..n) are keys' lookups (NULL: a miss); ask the cluster
+ * for the misses and take references on what it brought. 0 (objs filled where found), or
+ * -EAGAIN / -ENOMEM with every reference in objs dropped and objs cleared (the request waits
+ * and comes back). rpc_remote_present: the same for presence (present[i] 0 or 1, updated).
+ * rpc_remote_stored: a client put stored the key kp[0..klen): hand it to the cluster.
+ */
+int rpc_remote_fill(struct rpc_req *rq, struct mp_reader keys, uint32_t n, struct store_obj **objs);
+int rpc_remote_present(struct rpc_req *rq, struct mp_reader keys, uint32_t n, uint8_t *present);
+void rpc_remote_stored(struct rpc_req *rq, const uint8_t *kp, uint32_t klen);
+
+/*
  * rpc_login: authenticate ctx's connection as tenant[0..tenant_len) with
  * token[0..token_len) (the msgpack hello {tenant, token} and the RESP AUTH
  * both call it). 0: its keys live in the tenant's namespace from now on;

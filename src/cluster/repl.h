@@ -1,0 +1,80 @@
+/*
+ * repl: the cluster's data paths over the current view (view.h) and the
+ * peer pool (peer.h), as the request layer's struct rpc_remote (rpc_ctx.h):
+ *
+ *   - a local miss asks the key's owners (view_owners, this node left out),
+ *     one peer_get per owner per request with every key that owner is
+ *     asked for; a value arrives with its CRC-32C, is checked, and is kept
+ *     here (a cache copy unless this node is one of the owners); a miss, an
+ *     error, a timeout or a checksum mismatch at one owner moves the key to
+ *     the next owner; after the last it is a miss. The request waits
+ *     meanwhile (rpc_dispatch's -EAGAIN, as for an SSD load) and is woken
+ *     when the fetch ends; a finished fetch is remembered for
+ *     REPL_FETCH_KEEP_MS, so a request asking again within that time gets
+ *     the same answer without another round trip.
+ *   - a client's put is stored here first (a cache copy when this node is
+ *     not an owner) and then sent to each other owner with peer_put and
+ *     its CRC-32C, from a queue bounded in bytes (repl_queue_max): what does
+ *     not fit is dropped and counted. The client's answer does not wait for
+ *     the owners (write_ack local); write_ack all is not built yet.
+ *
+ * Threads: repl_remote's functions run on the event loops; the answers run
+ * on the peer pool's thread. One mutex guards the fetch table (a leaf: no
+ * other lock is taken under it; the store is called outside it).
+ */
+#ifndef REPL_H
+#define REPL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+struct rpc_remote;
+struct store;
+struct repl;
+
+#define REPL_FETCH_KEEP_MS 1000     /* a finished fetch answers repeats for this long */
+#define REPL_FETCH_MAX 65536        /* keys being fetched or remembered at once */
+
+struct repl_config {
+    struct store *store;            /* borrowed; outlives the repl */
+    unsigned replicas;              /* R: owners of each key */
+    uint64_t peer_timeout_ms;
+    uint64_t max_message_size;      /* the largest peer reply accepted */
+    uint64_t queue_max;             /* bytes of puts being sent to owners at once */
+    const char *token;              /* the admin token peers log in with, or NULL */
+    void (*wake)(void *arg);        /* wake every event loop (a fetch ended): any thread */
+    void *wake_arg;
+};
+
+/* What /metrics and stats show of the cluster's data paths. */
+struct repl_stats {
+    uint64_t remote_hits;           /* keys a local miss found at an owner */
+    uint64_t remote_misses;         /* keys no owner had */
+    uint64_t checksum_mismatches;   /* fetched values that failed their CRC-32C */
+    uint64_t repl_sent;             /* puts sent to owners */
+    uint64_t repl_acked;            /* stored there (or there already with the same bytes) */
+    uint64_t repl_failed;           /* refused, timed out or unreachable */
+    uint64_t repl_conflicts;        /* there already with other bytes (first writer won) */
+    uint64_t repl_drops;            /* not sent: the queue was full */
+    uint64_t repl_queue_bytes;      /* value bytes being sent now */
+    uint64_t repl_queue_depth;      /* puts being sent now */
+    uint64_t peer_requests;         /* peer pool: calls, failures, bytes (peer.h) */
+    uint64_t peer_errors;
+    uint64_t peer_timeouts;
+    uint64_t peer_bytes_out;
+    uint64_t peer_bytes_in;
+};
+
+/* repl_create: the pool's thread and an empty fetch table. 0 and *out, or -errno. */
+int repl_create(const struct repl_config *cfg, struct repl **out);
+
+/* repl_destroy: stop the pool (calls in flight end) and free. NULL ok. Before the store goes. */
+void repl_destroy(struct repl *r);
+
+/* repl_remote: the table the request layer calls (valid until repl_destroy). */
+const struct rpc_remote *repl_remote(struct repl *r);
+
+/* repl_stats: a snapshot of the counters. Any thread. */
+void repl_stats(struct repl *r, struct repl_stats *out);
+
+#endif
