@@ -17,7 +17,7 @@ CC ?= cc
 PKGS := libevent_core libevent_extra libevent_pthreads msgpack lmdb libssl libcrypto
 WARN := -std=c11 -Wall -Wextra -pedantic -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
         -Wformat=2 -Wpointer-arith -Wno-format-nonliteral -Werror
-CPPFLAGS_BASE := -D_GNU_SOURCE -Iutil -Iprotocol -Istorage -Irdma -Iclient -Isrc -Isrc/rpc \
+CPPFLAGS_BASE := -D_GNU_SOURCE -Iutil -Iprotocol -Istorage -Irdma -Iclient -Isrc -Isrc/rpc -Isrc/cluster \
                  -MMD -MP
 
 ifeq ($(VARIANT),release)
@@ -36,7 +36,7 @@ PKG_LIBS = $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 
 CFLAGS_ALL = $(WARN) $(OPT) $(CPPFLAGS_BASE) $(PKG_CFLAGS) -fPIC $(CFLAGS)
 LDFLAGS_ALL = $(SANLDFLAGS) $(LDFLAGS)
-LIBS_ALL = $(PKG_LIBS) -lpthread $(LIBS)
+LIBS_ALL = $(PKG_LIBS) -lpthread -lm $(LIBS)
 
 ifeq ($(V),0)
   Q := @
@@ -61,7 +61,10 @@ STORAGE_SRC := storage/alloc.c storage/store.c storage/store_tier.c storage/stor
                storage/ssd_rebuild.c storage/copier.c \
                storage/shmbuf.c
 RPC_SRC := $(wildcard src/rpc/*.c)
-CORE_SRC := $(UTIL_SRC) $(PROTO_SRC) $(STORAGE_SRC) src/config.c src/config_value.c $(RPC_SRC)
+# the pool: placement, views, etcd membership, peers (docs/cluster.md)
+CLUSTER_SRC := $(wildcard src/cluster/*.c)
+CORE_SRC := $(UTIL_SRC) $(PROTO_SRC) $(STORAGE_SRC) src/config.c src/config_value.c \
+            src/config_cluster.c $(RPC_SRC) $(CLUSTER_SRC)
 # the RDMA data port and its verbs table (or the RDMA=0 stub); the emulation (rdma_emu.c), a
 # test double, is linked into the tests only
 RDMA_SRC := rdma/rdma_port.c

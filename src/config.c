@@ -31,6 +31,7 @@
 #define CONF_FRAME_OVERHEAD 64 /* request bytes around one key and value: header, msgpack */
 #define CONF_AUTO_THREADS_MAX 8
 #define CONF_NODE_ID_MAX 64
+#define PLACE_REPLICAS_MAX 16  /* replicas: place.h's PLACE_R_MAX (config is below src/cluster) */
 
 #define KIB (UINT64_C(1) << 10)
 #define MIB (UINT64_C(1) << 20)
@@ -103,6 +104,10 @@ static const char *const conf_ssd_offload_names[] = {
     [CONF_SSD_ON_EVICT] = "on_evict",
     [CONF_SSD_WRITE_THROUGH] = "write_through",
     [CONF_SSD_OFF] = "off",
+};
+static const char *const conf_write_ack_names[] = {
+    [CONF_WRITE_ACK_ALL] = "all",
+    [CONF_WRITE_ACK_LOCAL] = "local",
 };
 static const char *const conf_rdma_names[] = {
     [CONF_RDMA_OFF] = "off",
@@ -224,6 +229,22 @@ static const struct conf_option conf_options[] = {
     OPT_STRING(resp_listen,             "",               RESTART, conf_check_listen),
     OPT_STRING(resp_unix_socket,        "",               RESTART, conf_check_unix_socket),
     OPT_STRING(resp_tls_listen,         "",               RESTART, conf_check_listen),
+    /* the pool (docs/cluster.md); config_cluster.c has the checks */
+    OPT_STRING(cluster_name,            "",               RESTART, conf_check_cluster_name),
+    OPT_STRING(etcd_endpoints,          "",               RESTART, conf_check_etcd_endpoints),
+    OPT_STRING(etcd_prefix,  CONF_ETCD_PREFIX_DEFAULT,    RESTART, conf_check_etcd_prefix),
+    /*         name                     min       max        default  reload */
+    OPT_DURATION(etcd_lease_ttl,        2000,     HOUR_MS,   "10s",   RESTART),
+    /*         name                     default           reload   extra check */
+    OPT_STRING(peer_advertise,          "",               RESTART, conf_check_peer_advertise),
+    /*         name                     min       max        default  reload */
+    OPT_UINT(replicas,                  1,        PLACE_REPLICAS_MAX, "2", RESTART),
+    OPT_DOUBLE(node_weight,             0.0,      1e6,       "1",     RESTART),
+    /*       name                       value names              noun         default     reload */
+    OPT_ENUM(write_ack,                 conf_write_ack_names,    "value",     "all",      RELOAD),
+    /*         name                     min       max        default  reload */
+    OPT_DURATION(rebalance_delay,       0,        24 * HOUR_MS, "30s", RELOAD),
+    OPT_DURATION(peer_timeout,          100,      HOUR_MS,   "5s",    RELOAD),
     {.name = "tenant", .type = CONF_T_TENANTS, .offset = offsetof(struct kv_config, tenants),
      .def = "", .reloadable = RELOAD},
 };
@@ -1067,6 +1088,7 @@ conf_finalize(struct kv_config *c, char *err, size_t errlen)
     char a[32], b[32], d[32], w1[CONF_WHERE_MAX + 4], w2[CONF_WHERE_MAX + 4];
     char w3[CONF_WHERE_MAX + 4];
     char sock[CONF_STR_MAX], ssd[CONF_STR_MAX];
+    char prefix[CONF_STR_MAX], advertise[CONF_STR_MAX];
     struct conf_tenants tenants;
     uint64_t need;
 
@@ -1129,11 +1151,14 @@ conf_finalize(struct kv_config *c, char *err, size_t errlen)
     } else {
         snprintf(ssd, sizeof(ssd), "%s", c->ssd_dir);
     }
-    if (conf_finalize_tenants(c, &tenants, err, errlen) != 0) {
+    if (conf_finalize_tenants(c, &tenants, err, errlen) != 0 ||
+        conf_finalize_cluster(c, prefix, advertise, err, errlen) != 0) {
         return -1;
     }
     /* Every check passed: now derive, so a failed finalize leaves c as it was. */
     c->tenants = tenants;
+    memcpy(c->etcd_prefix, prefix, sizeof(prefix));
+    memcpy(c->peer_advertise, advertise, sizeof(advertise));
     memcpy(c->unix_socket, sock, sizeof(sock));
     memcpy(c->ssd_dir, ssd, sizeof(ssd));
     if (c->io_threads == 0) {

@@ -30,6 +30,9 @@ enum conf_ssd_eviction { CONF_SSD_FIFO = 0, CONF_SSD_LRU = 1 };
 enum conf_ssd_offload { CONF_SSD_ON_EVICT = 0, CONF_SSD_WRITE_THROUGH = 1, CONF_SSD_OFF = 2 };
 enum conf_rdma { CONF_RDMA_OFF = 0, CONF_RDMA_AUTO = 1, CONF_RDMA_REQUIRED = 2 };
 
+/* write_ack: when a put to a pool answers (docs/cluster.md). */
+enum conf_write_ack { CONF_WRITE_ACK_ALL = 0, CONF_WRITE_ACK_LOCAL = 1 };
+
 #define CONF_MAX_TENANTS 64
 #define CONF_TENANT_NAME_MAX 64
 #define CONF_ADMIN_TENANT "admin"      /* the tenant that sees every tenant's stats */
@@ -101,6 +104,16 @@ struct kv_config {
     char resp_listen[CONF_STR_MAX];   /* host:port of the Redis-protocol (RESP2) port; "" = off */
     char resp_unix_socket[CONF_STR_MAX]; /* path of a RESP2 Unix socket; "" = none */
     char resp_tls_listen[CONF_STR_MAX]; /* host:port of the RESP2 port over TLS; "" = none */
+    char cluster_name[CONF_STR_MAX];  /* "" = one node, no pool (the default) */
+    char etcd_endpoints[CONF_STR_MAX]; /* comma list of http(s)://host:port; "" = none */
+    char etcd_prefix[CONF_STR_MAX];   /* key prefix in etcd; /kvstash/<cluster_name> after finalize */
+    uint64_t etcd_lease_ttl;          /* ms, whole seconds: the node key's lease; 10 s */
+    char peer_advertise[CONF_STR_MAX]; /* host:port peers dial; "" before finalize = listen */
+    uint64_t replicas;                /* owners of each key (R); default 2 */
+    double node_weight;               /* this node's share of keys, relative; default 1 */
+    int write_ack;                    /* enum conf_write_ack; default all */
+    uint64_t rebalance_delay;         /* ms before a lost node's keys are re-replicated; 30 s */
+    uint64_t peer_timeout;            /* ms a peer request may take; default 5 s */
     struct conf_tenants tenants;      /* tenant lines (repeatable), then token_file's */
     char where[CONF_OPTIONS_MAX][CONF_WHERE_MAX]; /* per option: what set it, "" = default;
                                                      for the errors that involve two keys */

@@ -80,4 +80,26 @@ void conf_format_duration(uint64_t ms, char *buf, size_t len);
  */
 const char *conf_check_listen(const char *v);
 
+/*
+ * The pool's keys (config_cluster.c). The checks are conf_check_fn's of the option table:
+ * NULL when v is acceptable, else the reason (a static string).
+ */
+#define CONF_ETCD_PREFIX_DEFAULT "/kvstash/<cluster_name>"
+#define CONF_ETCD_ENDPOINTS_MAX 8
+const char *conf_check_cluster_name(const char *v);
+const char *conf_check_etcd_endpoints(const char *v);
+const char *conf_check_etcd_prefix(const char *v);
+const char *conf_check_peer_advertise(const char *v);
+
+/*
+ * conf_finalize_cluster: the pool's rules between keys, for conf_finalize. With cluster_name
+ * set: etcd_endpoints given, etcd_lease_ttl whole seconds, peer_advertise (or listen, its
+ * default) dialable. Writes the derived etcd_prefix (the default is /kvstash/<cluster_name>)
+ * and peer_advertise (listen when "") to prefix and advertise (CONF_STR_MAX each; c's own
+ * values when there is nothing to derive). Returns 0, or -1 with err filled; c unchanged.
+ */
+struct kv_config;
+int conf_finalize_cluster(const struct kv_config *c, char *prefix, char *advertise, char *err,
+                          size_t errlen);
+
 #endif

@@ -22,8 +22,9 @@ LAYERS = {
     "storage": ["util"],
     "rdma": ["util"],
     "client": ["util", "protocol", "rdma"],
-    "src/rpc": ["util", "protocol", "storage", "rdma"],
-    "src": ["util", "protocol", "storage", "rdma", "src/rpc"],
+    "src/cluster": ["util", "protocol", "storage"],
+    "src/rpc": ["util", "protocol", "storage", "rdma", "src/cluster"],
+    "src": ["util", "protocol", "storage", "rdma", "src/rpc", "src/cluster"],
 }
 
 # folder -> single headers of another layer it may include
@@ -31,6 +32,7 @@ ALSO = {
     "storage": ["protocol/kverr.h"],   # the status codes every layer returns
     "rdma": ["protocol/kverr.h"],
     "src/rpc": ["src/config.h"],        # the limits a request is checked against
+    "src/cluster": ["src/config.h"],    # the pool's settings
 }
 
 # OpenSSL's TLS: the daemon's contexts (tls.c), its TLS transport, the server that makes each
@@ -42,7 +44,9 @@ TLS_OWNERS = ["src/tls.c", "src/transport_tls.c", "src/server.c", "client/kvstas
 OWNERS = {
     "lmdb.h": ["storage/ssd_index.c"],
     "infiniband/": ["rdma/rdma_verbs.c"],
-    "event2/": ["src/server.c", "src/worker.c", "src/conn.c", "src/admin.c"],
+    # the loop and connection code, and the pool's etcd client and membership thread
+    "event2/": ["src/server.c", "src/worker.c", "src/conn.c", "src/admin.c",
+                "src/cluster/etcd.c", "src/cluster/member.c"],
     "openssl/ssl.h": TLS_OWNERS,
     "openssl/err.h": TLS_OWNERS,
     "openssl/x509": TLS_OWNERS,

@@ -167,6 +167,16 @@ static const char *const changed_values[][2] = {
     {"tls_ca_file", "/tmp/kvstash-test-ca.crt"},
     {"allow_unauthenticated_remote", "yes"},
     {"token_file", "/tmp/kvstash-test.tokens"},
+    {"cluster_name", "pool-1"},
+    {"etcd_endpoints", "http://127.0.0.1:2379,https://10.0.0.2:2379"},
+    {"etcd_prefix", "/kv/pool-1"},
+    {"etcd_lease_ttl", "20s"},
+    {"peer_advertise", "10.0.0.1:7431"},
+    {"replicas", "3"},
+    {"node_weight", "2.5"},
+    {"write_ack", "local"},
+    {"rebalance_delay", "2m"},
+    {"peer_timeout", "1s"},
     {"tenant", "team-a token_sha256=9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"},
 };
 #define N_CHANGED (sizeof(changed_values) / sizeof(changed_values[0]))
@@ -183,7 +193,8 @@ static const char *const reloadable_keys[] = {
     "conn_buffer_memory",
     "tls_cert_file",
     "tls_key_file", "tls_ca_file",
-    "allow_unauthenticated_remote", "token_file", "tenant", NULL,
+    "allow_unauthenticated_remote", "token_file", "tenant",
+    "write_ack", "rebalance_delay", "peer_timeout", NULL,
 };
 
 static bool
@@ -221,7 +232,7 @@ diff_collect(const char *key, bool reloadable, void *arg)
 {
     struct diff_log *d = arg;
 
-    cr_assert_lt(d->n, 64);
+    cr_assert_lt(d->n, CONF_OPTIONS_MAX);
     snprintf(d->keys[d->n], sizeof(d->keys[d->n]), "%s", key);
     d->reloadable[d->n] = reloadable;
     d->n++;
@@ -254,8 +265,8 @@ Test(config, shipped_conf_equals_defaults, .init = tmp_setup, .fini = tmp_teardo
 Test(config, shipped_conf_lists_and_documents_every_key)
 {
     static char lines[512][512];
-    char keys[64][64];
-    int nkeys = all_keys(keys, 64), nlines = 0;
+    char keys[CONF_OPTIONS_MAX][64];
+    int nkeys = all_keys(keys, CONF_OPTIONS_MAX), nlines = 0;
     struct kv_config a, b;
     struct diff_log d = {0};
     FILE *f = fopen(SHIPPED_CONF, "r");
@@ -756,8 +767,8 @@ Test(config, diff_reports_changed_keys_with_reload_flag)
 
 Test(config, reload_rules_match_the_documentation)
 {
-    char keys[64][64];
-    int nkeys = all_keys(keys, 64);
+    char keys[CONF_OPTIONS_MAX][64];
+    int nkeys = all_keys(keys, CONF_OPTIONS_MAX);
     struct kv_config a, b;
     struct diff_log d = {0};
 
@@ -782,13 +793,13 @@ Test(config, apply_reloadable_copies_only_reloadable_keys)
     conf_apply_reloadable(&running, &fresh);
 
     /* What still differs from the new config is exactly the restart-only keys... */
-    cr_expect_eq(conf_diff(&running, &fresh, diff_collect, &d), 18);
+    cr_expect_eq(conf_diff(&running, &fresh, diff_collect, &d), 25);
     for (int i = 0; i < d.n; i++) {
         cr_expect_not(d.reloadable[i], "%s should have been applied", d.keys[i]);
     }
     /* ...and what changed from before is exactly the reloadable ones. */
     d.n = 0;
-    cr_expect_eq(conf_diff(&before, &running, diff_collect, &d), 35);
+    cr_expect_eq(conf_diff(&before, &running, diff_collect, &d), 38);
     for (int i = 0; i < d.n; i++) {
         cr_expect(d.reloadable[i], "%s needs a restart but was applied", d.keys[i]);
     }
@@ -1483,4 +1494,92 @@ Test(config, remote_listen_needs_auth, .init = tmp_setup, .fini = tmp_teardown)
     cr_assert_eq(conf_set(&c, "listen", "0.0.0.0:7431", NULL, err, sizeof(err)), 0);
     cr_assert_eq(conf_set(&c, "allow_unauthenticated_remote", "yes", NULL, err, sizeof(err)), 0);
     cr_assert_eq(conf_finalize(&c, err, sizeof(err)), 0, "%s", err);
+}
+
+/* ---- the pool's keys (config_cluster.c) ---- */
+
+/* Set each key=value of kv (NULL-terminated pairs) on defaults, then finalize. */
+static int
+cluster_conf(struct kv_config *c, const char *const *kv, char *err, size_t errlen)
+{
+    conf_init(c);
+    for (; kv[0] != NULL; kv += 2) {
+        if (conf_set(c, kv[0], kv[1], "test", err, errlen) != 0) {
+            return -2;
+        }
+    }
+    return conf_finalize(c, err, errlen);
+}
+
+Test(config, cluster_defaults_derive_prefix_and_advertise)
+{
+    const char *kv[] = {"cluster_name", "pool-1", "etcd_endpoints", "http://127.0.0.1:2379",
+                        "listen", "127.0.0.5:7500", "data_dir", "/tmp", NULL};
+    struct kv_config c;
+    char err[512];
+
+    cr_assert_eq(cluster_conf(&c, kv, err, sizeof(err)), 0, "%s", err);
+    cr_expect_str_eq(c.etcd_prefix, "/kvstash/pool-1");
+    cr_expect_str_eq(c.peer_advertise, "127.0.0.5:7500");
+    cr_expect_eq(c.replicas, 2);
+    cr_expect_eq(c.etcd_lease_ttl, 10000);
+    cr_expect_eq(c.write_ack, CONF_WRITE_ACK_ALL);
+    cr_expect_eq(c.rebalance_delay, 30000);
+    /* finalizing again changes nothing */
+    struct kv_config again = c;
+    cr_assert_eq(conf_finalize(&again, err, sizeof(err)), 0, "%s", err);
+    cr_expect_eq(conf_diff(&c, &again, diff_collect, &(struct diff_log){0}), 0);
+}
+
+Test(config, cluster_single_node_needs_nothing)
+{
+    const char *kv[] = {"data_dir", "/tmp", NULL};
+    struct kv_config c;
+    char err[512];
+
+    cr_assert_eq(cluster_conf(&c, kv, err, sizeof(err)), 0, "%s", err);
+    cr_expect_str_eq(c.cluster_name, "");
+    cr_expect_str_eq(c.peer_advertise, "", "no pool: nothing derived");
+}
+
+Test(config, cluster_rules_refuse_with_reasons)
+{
+    static const struct {
+        const char *kv[9];
+        int rc;
+        const char *why;
+    } bad[] = {
+        {{"cluster_name", "p", NULL}, -1, "needs etcd_endpoints"},
+        {{"cluster_name", "p", "etcd_endpoints", "http://127.0.0.1:2379", "etcd_lease_ttl",
+          "2500ms", NULL}, -1, "whole seconds"},
+        {{"cluster_name", "p", "etcd_endpoints", "http://127.0.0.1:2379", "listen",
+          "127.0.0.1:0", NULL}, -1, "set peer_advertise"},
+        {{"cluster_name", "p", "etcd_endpoints", "http://127.0.0.1:2379", "listen", "", NULL},
+         -1, "set peer_advertise"},
+        {{"cluster_name", "p q", NULL}, -2, "bad cluster_name"},
+        {{"etcd_endpoints", "127.0.0.1:2379", NULL}, -2, "http://host:port"},
+        {{"etcd_endpoints", "http://127.0.0.1:2379/v3", NULL}, -2, "no path"},
+        {{"etcd_endpoints", "http://127.0.0.1:2379,", NULL}, -2, "http://host:port"},
+        {{"etcd_endpoints", "http://a:1,http://a:2,http://a:3,http://a:4,http://a:5,"
+                            "http://a:6,http://a:7,http://a:8,http://a:9", NULL}, -2, "at most 8"},
+        {{"etcd_prefix", "kvstash", NULL}, -2, "bad etcd_prefix"},
+        {{"etcd_prefix", "/kvstash/", NULL}, -2, "bad etcd_prefix"},
+        {{"peer_advertise", "0.0.0.0:7431", NULL}, -2, "wildcard"},
+        {{"peer_advertise", "10.1.1.1:0", NULL}, -2, "port 0"},
+        {{"replicas", "0", NULL}, -2, "out of range"},
+        {{"replicas", "17", NULL}, -2, "out of range"},
+        {{"node_weight", "0", NULL}, -2, "out of range"},
+        {{"write_ack", "some", NULL}, -2, "all or local"},
+        {{"peer_timeout", "10ms", NULL}, -2, "out of range"},
+    };
+    struct kv_config c;
+    char err[512];
+
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        err[0] = '\0';
+        cr_expect_eq(cluster_conf(&c, bad[i].kv, err, sizeof(err)), bad[i].rc,
+                     "case %zu (%s %s): %s", i, bad[i].kv[0], bad[i].kv[1], err);
+        cr_expect(strstr(err, bad[i].why) != NULL, "case %zu: '%s' should say '%s'", i, err,
+                  bad[i].why);
+    }
 }
