@@ -43,6 +43,7 @@
 #include "log.h"
 #include "outq.h"
 #include "rdma_port.h"
+#include "repl.h"
 #include "rpc.h"
 #include "stats.h"
 #include "sdnotify.h"
@@ -57,6 +58,7 @@
 
 #define SERVER_ACCEPTS_PER_WAKE 64
 #define SERVER_RESP_PORTS 3            /* RESP2 over TCP, the Unix socket, TLS */
+#define SERVER_REPL_QUEUE_MAX (256ull << 20) /* bytes of puts on their way to owners */
 #define SERVER_FD_RESERVE 256          /* descriptors besides connections (server_fd_limit) */
 
 struct server {
@@ -74,6 +76,8 @@ struct server {
     bool listen_congestion;          /* the TCP listeners were given an algorithm once */
     struct rdma_region *rdma_arena;  /* the arena registered with it */
     struct rpc_server rpc;
+    struct repl *repl;               /* the cluster's data paths, or NULL (one node) */
+    struct rpc_remote remote;        /* the request layer's table over repl */
     char node_id[CONF_STR_MAX];
     const char *transports[6];
     struct event_base *base;
@@ -747,6 +751,37 @@ server_wake(void *arg)
     }
 }
 
+/* server_cluster_start: the data paths of a pool (src/cluster/repl.h). 0 or -1 (logged). */
+static int
+server_cluster_start(struct server *s, const struct kv_config *c)
+{
+    struct repl_config rc = {
+        .store = s->store,
+        .replicas = (unsigned)c->replicas,
+        .peer_timeout_ms = c->peer_timeout,
+        .max_message_size = c->max_message_size,
+        .queue_max = c->memory_size / 4 < SERVER_REPL_QUEUE_MAX ? c->memory_size / 4
+                                                                 : SERVER_REPL_QUEUE_MAX,
+        .wake = server_wake,
+        .wake_arg = s,
+    };
+    const char *fixed = getenv("KVSTASH_TEST_VIEW");
+    int rv = repl_create(&rc, &s->repl);
+
+    if (rv != 0) {
+        log_error("cluster: cannot start the peer connections: %s", kv_strerror(rv));
+        return -1;
+    }
+    s->remote.arg = s->repl;
+    s->remote.fetch = repl_fetch;
+    s->remote.stored = repl_stored;
+    s->rpc.remote = &s->remote;
+    if (fixed != NULL && repl_static_view(fixed, s->node_id) != 0) {
+        return -1;
+    }
+    return 0;
+}
+
 /* server_ssd_config: the tier's settings from a config (strings borrowed from conf). */
 static void
 server_ssd_config(struct server *s, const struct kv_config *c, struct ssd_config *sc)
@@ -1199,6 +1234,9 @@ server_create(const struct kv_config *conf, const char *config_path, int argc, c
     s->rpc.transports = s->transports;
     s->rpc.stats_fn = stats_collect;
     s->rpc.stats_arg = s;
+    if (c->cluster_name[0] != '\0' && server_cluster_start(s, c) != 0) {
+        goto fail;
+    }
 
     if (evthread_use_pthreads() != 0) {
         log_error("libevent: no pthreads support");
@@ -1438,6 +1476,7 @@ server_stats(struct server *s, struct server_stats *out)
     out->workers = s->workers;
     out->store = s->store;
     out->ssd = s->ssd;
+    out->repl = s->repl;
 }
 
 void
@@ -1457,6 +1496,8 @@ server_destroy(struct server *s)
     for (int i = 0; i < s->nthreads; i++) {
         worker_join(s->workers[i]);
     }
+    repl_destroy(s->repl);      /* peer calls in flight end (and wake) before the workers go */
+    s->repl = NULL;
     copier_destroy(s->copier);  /* copies in flight end (and wake) before the workers go */
     s->copier = NULL;
     ssd_close(s->ssd);      /* before the workers' wake events go */

@@ -33,6 +33,7 @@
 #include <stdint.h>
 
 struct kv_config;
+struct repl;
 struct server;
 struct ssd;
 struct store;
@@ -90,6 +91,7 @@ struct server_stats {
     struct worker *const *workers;   /* nworkers of them (worker_counters) */
     struct store *store;
     struct ssd *ssd;                 /* the SSD tier, or NULL */
+    struct repl *repl;               /* the cluster's data paths (repl.h), or NULL */
 };
 
 /*

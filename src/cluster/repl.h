@@ -28,9 +28,10 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-struct rpc_remote;
-struct store;
+struct kv_key;
 struct repl;
+struct store;
+struct store_obj;
 
 #define REPL_FETCH_KEEP_MS 1000     /* a finished fetch answers repeats for this long */
 #define REPL_FETCH_MAX 65536        /* keys being fetched or remembered at once */
@@ -71,8 +72,23 @@ int repl_create(const struct repl_config *cfg, struct repl **out);
 /* repl_destroy: stop the pool (calls in flight end) and free. NULL ok. Before the store goes. */
 void repl_destroy(struct repl *r);
 
-/* repl_remote: the table the request layer calls (valid until repl_destroy). */
-const struct rpc_remote *repl_remote(struct repl *r);
+/*
+ * The request layer's struct rpc_remote (rpc_ctx.h) over a repl (arg): the daemon
+ * (src/server.c) fills the table with these. Event-loop threads; never block.
+ * repl_fetch: ask the owners of keys[0..n) (misses here); -EAGAIN while some fetch runs
+ * (started now or before), 0 when all are over or nothing can be asked (no view yet).
+ * repl_stored: a client put stored o under key: mark it a cache copy unless this node owns
+ * key, and queue it for the other owners.
+ */
+int repl_fetch(void *arg, const struct kv_key *keys, uint32_t n, bool final);
+void repl_stored(void *arg, const struct kv_key *key, struct store_obj *o);
+
+/*
+ * repl_static_view: publish a fixed view of ACTIVE nodes, spec "id@host:port,id@host:port"
+ * (self_id: this node's id), for tests and benchmarks of the data paths without etcd
+ * (the environment variable KVSTASH_TEST_VIEW; never changes afterwards). 0, -EINVAL, -ENOMEM.
+ */
+int repl_static_view(const char *spec, const char *self_id);
 
 /* repl_stats: a snapshot of the counters. Any thread. */
 void repl_stats(struct repl *r, struct repl_stats *out);

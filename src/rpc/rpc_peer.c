@@ -17,6 +17,7 @@
 #include "mp.h"
 #include "outq.h"
 #include "rpc_req.h"
+#include "rpc_spill.h"
 #include "store.h"
 
 #define RPC_PEER_STACK 64
@@ -136,42 +137,73 @@ rpc_peer_exists(struct rpc_req *rq)
     return rc;
 }
 
+/* rpc_peer_obj_crc: the checksum of what key holds now, or 0 when nothing is readable. */
+static uint32_t
+rpc_peer_stored_crc(struct store *st, const struct kv_key *key)
+{
+    struct store_obj *o;
+    uint32_t crc = 0;
+
+    if (store_get(st, key, &o) == 0) {
+        crc = rpc_peer_crc(o);
+        store_obj_unref(st, o);
+    }
+    return crc;
+}
+
 /*
- * rpc_peer_put_one: store one value sent with its checksum. Returns the
- * key's code and sets *crc to the checksum of what the store now holds
- * under the key (the sender's, or the stored one's for EXISTS).
+ * rpc_peer_put_one: store one value sent with its checksum: inline bytes (vp), or a value
+ * received straight into a reservation (hole). Returns the key's code and sets *crc to the
+ * checksum of what the store now holds under the key (the sender's, or the stored one's for
+ * EXISTS).
  */
 static int
 rpc_peer_put_one(struct rpc_req *rq, const uint8_t *kp, uint32_t klen, const uint8_t *vp,
-                 uint32_t vlen, uint32_t sent, uint32_t *crc)
+                 uint64_t vlen, const struct mp_hole *hole, uint32_t sent, uint32_t *crc)
 {
     struct store *st = rq->ctx->srv->store;
-    struct store_obj *o;
     struct kv_key key;
     int rc;
 
     *crc = 0;
-    if (crc32c_extend(0, vp, vlen) != sent) {
-        ctr_add(&rq->ctx->ctr->peer_checksum_mismatches, 1);
-        return KV_CHECKSUM_MISMATCH;    /* damaged on the way: nothing stored */
-    }
     rpc_key(rq, kp, klen, &key);
-    rc = store_put(st, &key, vp, vlen);
+    if (hole != NULL) {
+        struct rpc_spill *sp = hole->tag;
+        struct store_obj *o = sp->obj;
+
+        if (o == NULL) {
+            rc = sp->code;
+        } else {
+            sp->obj = NULL;
+            if (rpc_peer_crc(o) != sent) {
+                store_abort(st, o);
+                ctr_add(&rq->ctx->ctr->peer_checksum_mismatches, 1);
+                return KV_CHECKSUM_MISMATCH;    /* damaged on the way: nothing stored */
+            }
+            rc = store_commit(st, o);
+        }
+    } else if (crc32c_extend(0, vp, (size_t)vlen) != sent) {
+        ctr_add(&rq->ctx->ctr->peer_checksum_mismatches, 1);
+        return KV_CHECKSUM_MISMATCH;
+    } else if (klen > rq->ctx->lim->max_key_size || vlen > rq->ctx->lim->max_value_size) {
+        return KV_TOO_LARGE;
+    } else {
+        rc = store_put(st, &key, vp, vlen);
+    }
     if (rc == 0) {
         *crc = sent;
         ctr_add(&rq->ctx->ctr->peer_bytes_in, vlen);
         return 0;
     }
-    if (rc == KV_EXISTS && store_get(st, &key, &o) == 0) {
-        *crc = rpc_peer_crc(o);
-        store_obj_unref(st, o);
+    if (rc == KV_EXISTS) {
+        *crc = rpc_peer_stored_crc(st, &key);
         if (*crc != sent) {
             /* Two writers stored different bytes under one key: the first stays. */
             ctr_add(&rq->ctx->ctr->peer_checksum_conflicts, 1);
         }
     }
     /* -EAGAIN (room being freed by SSD writes) is not waited for: the sender's copy stays. */
-    return rc == -EAGAIN ? KV_NO_SPACE : rc;
+    return rc == -EAGAIN ? KV_NO_SPACE : rc < 0 ? KV_INTERNAL : rc;
 }
 
 int
@@ -192,8 +224,9 @@ rpc_peer_put(struct rpc_req *rq)
         }
         for (uint32_t i = 0; rc == 0 && i < nv; i++) {
             const uint8_t *vp;
-            uint32_t vlen;
-            if (mp_read_bin(&rq->rd, &vp, &vlen) != 0) {
+            uint64_t vlen;
+            const struct mp_hole *hole;
+            if (mp_read_bin_ref(&rq->rd, &vp, &vlen, &hole) != 0) {
                 rc = rpc_invalid(rq, "values must be bin");
             }
         }
@@ -217,14 +250,15 @@ rpc_peer_put(struct rpc_req *rq)
         msgpack_pack_array(&rq->pk, n);
         for (uint32_t i = 0; i < n; i++) {
             const uint8_t *kp, *vp;
-            uint32_t klen, vlen, crc;
-            uint64_t sent;
+            const struct mp_hole *hole;
+            uint32_t klen, crc;
+            uint64_t sent, vlen;
             int code;
 
             rpc_read_key(&keys, &kp, &klen);
-            mp_read_bin(&vals, &vp, &vlen);
+            mp_read_bin_ref(&vals, &vp, &vlen, &hole);
             mp_read_uint(&crcs, &sent);
-            code = rpc_peer_put_one(rq, kp, klen, vp, vlen, (uint32_t)sent, &crc);
+            code = rpc_peer_put_one(rq, kp, klen, vp, vlen, hole, (uint32_t)sent, &crc);
             msgpack_pack_array(&rq->pk, 2);
             msgpack_pack_int(&rq->pk, code < 0 ? KV_INTERNAL : code);
             msgpack_pack_uint32(&rq->pk, crc);
