@@ -250,7 +250,7 @@ test-integration: $(INTEG) $(KVSTASHD) $(KVSTASH)
 test-python: $(KVSTASHD) $(KVSTASH)
 	$(Q)$(MAKE) --no-print-directory VARIANT=release deb
 	KVSTASHD=$(abspath $(KVSTASHD)) KVSTASH_CLI=$(abspath $(KVSTASH)) KVSTASH_DEB=$(abspath $(DEB)) \
-	    /usr/bin/python3 -m pytest -q -rs tests/integration
+	    /usr/bin/python3 -m pytest -q -rs tests/integration tests/cluster/test_data_paths.py
 
 asan:
 	$(Q)ASAN_OPTIONS=$(SAN_ASAN_OPTIONS) LSAN_OPTIONS=$(SAN_LSAN_OPTIONS) \
