@@ -20,6 +20,7 @@
 
 #define CONF_STR_MAX 512
 #define CONF_OPTIONS_MAX 96            /* room in kv_config.where (config.c checks the table) */
+#define CONF_ETCD_ENDPOINTS_MAX 8         /* etcd_endpoints: at most this many */
 #define CONF_WHERE_MAX 64              /* "file:line" or "--flag" a key was last set by */
 
 

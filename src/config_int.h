@@ -85,7 +85,6 @@ const char *conf_check_listen(const char *v);
  * NULL when v is acceptable, else the reason (a static string).
  */
 #define CONF_ETCD_PREFIX_DEFAULT "/kvstash/<cluster_name>"
-#define CONF_ETCD_ENDPOINTS_MAX 8
 const char *conf_check_cluster_name(const char *v);
 const char *conf_check_etcd_endpoints(const char *v);
 const char *conf_check_etcd_prefix(const char *v);

@@ -41,6 +41,7 @@
 #include "copier.h"
 #include "kverr.h"
 #include "log.h"
+#include "member.h"
 #include "outq.h"
 #include "rdma_port.h"
 #include "repl.h"
@@ -59,6 +60,7 @@
 #define SERVER_ACCEPTS_PER_WAKE 64
 #define SERVER_RESP_PORTS 3            /* RESP2 over TCP, the Unix socket, TLS */
 #define SERVER_REPL_QUEUE_MAX (256ull << 20) /* bytes of puts on their way to owners */
+#define SERVER_MEMBER_WAIT_MS 10000   /* start-up's wait for the first registration */
 #define SERVER_FD_RESERVE 256          /* descriptors besides connections (server_fd_limit) */
 
 struct server {
@@ -98,7 +100,8 @@ struct server {
                                         when descriptors run out (server_refuse_no_fd) */
     uint64_t fd_refused;             /* clients refused for want of a descriptor */
     uint64_t fd_warned_ms;           /* when that was last logged */
-    struct event *sig_ev[4];
+    struct event *sig_ev[5];
+    struct member *member;           /* the pool's membership thread, or NULL (no pool) */
     struct event *drain_timer;
     uint64_t drain_deadline_ms;      /* clock_ms() when the drain gives up */
     int draining;
@@ -1111,6 +1114,14 @@ server_on_signal(evutil_socket_t sig, short what, void *arg)
         server_reload(s);
         (void)sdnotify_send("READY=1");
         break;
+    case SIGUSR2:
+        if (s->member == NULL) {
+            log_warn("SIGUSR2: not in a pool (cluster_name is empty): nothing to drain");
+        } else {
+            log_info("SIGUSR2: draining this node's keys to the pool");
+            member_drain();
+        }
+        break;
     case SIGUSR1:
         if (log_reopen() != 0) {
             log_error("SIGUSR1: cannot reopen the log file");
@@ -1180,7 +1191,7 @@ server_create(const struct kv_config *conf, const char *config_path, int argc, c
     struct server *s = calloc(1, sizeof(*s));
     struct kv_config *c = malloc(sizeof(*c));
     int rc;
-    static const int sigs[4] = {SIGHUP, SIGTERM, SIGINT, SIGUSR1};
+    static const int sigs[5] = {SIGHUP, SIGTERM, SIGINT, SIGUSR1, SIGUSR2};
 
     if (s == NULL || c == NULL) {
         free(s);
@@ -1248,11 +1259,29 @@ server_create(const struct kv_config *conf, const char *config_path, int argc, c
         goto fail;
     }
     /* Signals first: a SIGTERM that arrives once clients can connect must drain, not kill. */
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 5; i++) {
         s->sig_ev[i] = evsignal_new(s->base, sigs[i], server_on_signal, s);
         if (s->sig_ev[i] == NULL || event_add(s->sig_ev[i], NULL) != 0) {
             log_error("cannot install the handler of signal %d", sigs[i]);
             goto fail;
+        }
+    }
+    if (c->cluster_name[0] != '\0') {
+        /* Registered as joining now; active once the SSD index is loaded (below). A second
+         * daemon with this node_id, or a pool whose config differs, stops the start here
+         * (member.c logged why); etcd out of reach does not: this node serves alone and
+         * joins when etcd answers. */
+        rc = member_start(c, s->node_id, &s->member);
+        if (rc != 0) {
+            goto fail;
+        }
+        rc = member_wait_first(s->member, SERVER_MEMBER_WAIT_MS);
+        if (rc == -EEXIST || rc == -EINVAL) {
+            goto fail;
+        }
+        if (rc != 0) {
+            log_warn("cluster: etcd not reached yet: serving alone, joining the pool when it "
+                     "answers");
         }
     }
     if (c->listen[0] != '\0') {
@@ -1400,6 +1429,9 @@ server_create(const struct kv_config *conf, const char *config_path, int argc, c
     }
     server_log_start(s, c);
     atomic_store(&s->phase, SERVER_PHASE_SERVING);
+    if (s->member != NULL) {
+        member_set_state(VIEW_ACTIVE);  /* the SSD index is loaded: owning keys is safe */
+    }
     *out = s;
     return 0;
 fail:
@@ -1487,6 +1519,8 @@ server_destroy(struct server *s)
     }
     admin_stop(s->admin);       /* first: a scrape reads everything below */
     s->admin = NULL;
+    member_stop(s->member);     /* leave the pool (lease revoked) while still serving */
+    s->member = NULL;
     if (s->metrics_fd >= 0) {
         close(s->metrics_fd);
     }
@@ -1508,7 +1542,7 @@ server_destroy(struct server *s)
     free(s->workers);
     rdma_region_deregister(s->rdma_arena);     /* no queue pair uses it any more */
     rdma_dev_close(s->rdma_dev);
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 5; i++) {
         if (s->sig_ev[i] != NULL) {
             event_free(s->sig_ev[i]);
         }

@@ -1,0 +1,445 @@
+/*
+ * etcd: HTTP/1.1 POSTs to etcd's JSON gateway with evhttp. One of the two files of
+ * src/cluster/ that include libevent (with member.c). What a call sends and how its answer
+ * reads is the caller's; this module owns the connections, the failover between endpoints,
+ * the bounds on answers, and the watch's line splitting. It never logs: statuses go back.
+ *
+ * libevent frees a request after its completion callback returns and must not see its
+ * connection freed inside that callback, so a watch is torn down from a zero-delay timer
+ * (etcd_watch_stop), and the call connections live until etcd_destroy.
+ */
+#include "etcd.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+
+#include "config.h"
+
+#define ETCD_HOST_MAX 256
+
+struct etcd_endpoint {
+    char url[CONF_STR_MAX];         /* "http://host:port" */
+    char host[ETCD_HOST_MAX];       /* "host" or "[v6]" as written */
+    char hostport[ETCD_HOST_MAX];   /* the Host header */
+    uint16_t port;
+    struct evhttp_connection *conn; /* calls' connection, made on first use */
+};
+
+/* One call in flight. */
+struct etcd_req {
+    struct etcd *e;
+    etcd_done_fn *fn;
+    void *arg;
+    struct etcd_req *prev, *next;
+};
+
+struct etcd {
+    struct event_base *base;
+    struct timeval timeout;
+    struct etcd_endpoint ep[CONF_ETCD_ENDPOINTS_MAX];
+    int nep, cur;
+    struct etcd_req *reqs;          /* calls in flight (freed at destroy) */
+    struct etcd_watch *watches;     /* watches not yet freed */
+};
+
+struct etcd_watch {
+    struct etcd *e;
+    struct evhttp_connection *conn;
+    struct evhttp_request *req;     /* NULL once libevent completed (and freed) it */
+    struct evbuffer *line;          /* bytes of a line not complete yet */
+    etcd_line_fn *on_line;
+    etcd_end_fn *on_end;
+    void *arg;
+    int stopped;                    /* no more callbacks; the free is scheduled */
+    struct event *reaper;
+    struct etcd_watch *prev, *next;
+};
+
+static int
+etcd_parse_endpoint(const char *s, size_t n, struct etcd_endpoint *ep)
+{
+    const char *hp, *colon;
+    size_t hl;
+    char *end;
+    unsigned long port;
+    char portbuf[8];
+
+    if (n >= sizeof(ep->url) || n < 8 || strncmp(s, "http://", 7) != 0) {
+        return -EINVAL;             /* https:// too: no TLS to etcd yet */
+    }
+    memcpy(ep->url, s, n);
+    ep->url[n] = '\0';
+    hp = ep->url + 7;
+    colon = strrchr(hp, ':');
+    if (colon == NULL || colon == hp || strlen(colon + 1) >= sizeof(portbuf)) {
+        return -EINVAL;
+    }
+    hl = (size_t)(colon - hp);
+    if (hl >= sizeof(ep->host)) {
+        return -EINVAL;
+    }
+    memcpy(ep->host, hp, hl);
+    ep->host[hl] = '\0';
+    if (strlen(hp) >= sizeof(ep->hostport)) {
+        return -EINVAL;
+    }
+    memcpy(ep->hostport, hp, strlen(hp) + 1);
+    port = strtoul(colon + 1, &end, 10);
+    if (*end != '\0' || port == 0 || port > 65535) {
+        return -EINVAL;
+    }
+    ep->port = (uint16_t)port;
+    if (ep->host[0] == '[') {                   /* evhttp wants a v6 address bare */
+        size_t l = strlen(ep->host);
+
+        if (l < 3 || ep->host[l - 1] != ']') {
+            return -EINVAL;
+        }
+        memmove(ep->host, ep->host + 1, l - 2);
+        ep->host[l - 2] = '\0';
+    }
+    return 0;
+}
+
+int
+etcd_create(struct event_base *base, const char *endpoints, uint64_t timeout_ms,
+            struct etcd **out)
+{
+    struct etcd *e = calloc(1, sizeof(*e));
+    const char *p = endpoints;
+
+    if (e == NULL) {
+        return -ENOMEM;
+    }
+    e->base = base;
+    e->timeout.tv_sec = (time_t)(timeout_ms / 1000);
+    e->timeout.tv_usec = (suseconds_t)(timeout_ms % 1000 * 1000);
+    while (*p != '\0') {
+        const char *comma = strchr(p, ',');
+        size_t n = comma != NULL ? (size_t)(comma - p) : strlen(p);
+
+        if (e->nep == CONF_ETCD_ENDPOINTS_MAX ||
+            etcd_parse_endpoint(p, n, &e->ep[e->nep]) != 0) {
+            free(e);
+            return -EINVAL;
+        }
+        e->nep++;
+        p += n + (comma != NULL);
+    }
+    if (e->nep == 0) {
+        free(e);
+        return -EINVAL;
+    }
+    *out = e;
+    return 0;
+}
+
+static void
+etcd_watch_free(struct etcd_watch *w)
+{
+    if (w->req != NULL) {
+        evhttp_cancel_request(w->req);  /* no callback runs */
+    }
+    if (w->conn != NULL) {
+        evhttp_connection_free(w->conn);
+    }
+    if (w->line != NULL) {
+        evbuffer_free(w->line);
+    }
+    if (w->reaper != NULL) {
+        event_free(w->reaper);
+    }
+    if (w->prev != NULL) {
+        w->prev->next = w->next;
+    } else {
+        w->e->watches = w->next;
+    }
+    if (w->next != NULL) {
+        w->next->prev = w->prev;
+    }
+    free(w);
+}
+
+void
+etcd_destroy(struct etcd *e)
+{
+    if (e == NULL) {
+        return;
+    }
+    while (e->watches != NULL) {
+        etcd_watch_free(e->watches);
+    }
+    for (int i = 0; i < e->nep; i++) {
+        if (e->ep[i].conn != NULL) {
+            evhttp_connection_free(e->ep[i].conn);  /* its requests go without callbacks */
+        }
+    }
+    while (e->reqs != NULL) {
+        struct etcd_req *r = e->reqs;
+
+        e->reqs = r->next;
+        free(r);
+    }
+    free(e);
+}
+
+const char *
+etcd_endpoint(const struct etcd *e)
+{
+    return e->ep[e->cur].url;
+}
+
+static struct evhttp_connection *
+etcd_conn_new(struct etcd *e, const struct etcd_endpoint *ep, const struct timeval *tv)
+{
+    struct evhttp_connection *c = evhttp_connection_base_new(e->base, NULL, ep->host, ep->port);
+
+    if (c != NULL) {
+        evhttp_connection_set_timeout_tv(c, tv);
+        evhttp_connection_set_retries(c, 0);
+    }
+    return c;
+}
+
+/* Read a finished request: 0 with its body copied (NUL-terminated) into *body, or a status. */
+static int
+etcd_answer(struct evhttp_request *req, char **body, size_t *len)
+{
+    struct evbuffer *in;
+    size_t n;
+    int code;
+
+    *body = NULL;
+    *len = 0;
+    if (req == NULL || (code = evhttp_request_get_response_code(req)) == 0) {
+        return -EIO;
+    }
+    in = evhttp_request_get_input_buffer(req);
+    n = evbuffer_get_length(in);
+    if (n > ETCD_BODY_MAX) {
+        return -E2BIG;
+    }
+    *body = malloc(n + 1);
+    if (*body == NULL) {
+        return -ENOMEM;
+    }
+    evbuffer_copyout(in, *body, n);
+    (*body)[n] = '\0';
+    *len = n;
+    return code == HTTP_OK ? 0 : -EPROTO;
+}
+
+static void
+etcd_on_done(struct evhttp_request *req, void *arg)
+{
+    struct etcd_req *r = arg;
+    struct etcd *e = r->e;
+    char *body;
+    size_t len;
+    int status = etcd_answer(req, &body, &len);
+
+    if (r->prev != NULL) {
+        r->prev->next = r->next;
+    } else {
+        e->reqs = r->next;
+    }
+    if (r->next != NULL) {
+        r->next->prev = r->prev;
+    }
+    if (status == -EIO && e->nep > 1) {
+        e->cur = (e->cur + 1) % e->nep;     /* the next call tries the next endpoint */
+    }
+    r->fn(status, body, len, r->arg);
+    free(body);
+    free(r);
+}
+
+static struct evhttp_request *
+etcd_request_new(void (*cb)(struct evhttp_request *, void *), void *arg, const char *hostport,
+                 const char *json)
+{
+    struct evhttp_request *req = evhttp_request_new(cb, arg);
+    struct evkeyvalq *h;
+
+    if (req == NULL) {
+        return NULL;
+    }
+    h = evhttp_request_get_output_headers(req);
+    if (evhttp_add_header(h, "Host", hostport) != 0 ||
+        evhttp_add_header(h, "Content-Type", "application/json") != 0 ||
+        evbuffer_add(evhttp_request_get_output_buffer(req), json, strlen(json)) != 0) {
+        evhttp_request_free(req);
+        return NULL;
+    }
+    return req;
+}
+
+int
+etcd_call(struct etcd *e, const char *path, const char *json, etcd_done_fn *fn, void *arg)
+{
+    struct etcd_endpoint *ep = &e->ep[e->cur];
+    struct etcd_req *r;
+    struct evhttp_request *req;
+
+    if (ep->conn == NULL && (ep->conn = etcd_conn_new(e, ep, &e->timeout)) == NULL) {
+        return -ENOMEM;
+    }
+    r = calloc(1, sizeof(*r));
+    if (r == NULL) {
+        return -ENOMEM;
+    }
+    req = etcd_request_new(etcd_on_done, r, ep->hostport, json);
+    if (req == NULL) {
+        free(r);
+        return -ENOMEM;
+    }
+    r->e = e;
+    r->fn = fn;
+    r->arg = arg;
+    if (evhttp_make_request(ep->conn, req, EVHTTP_REQ_POST, path) != 0) {
+        free(r);                            /* evhttp freed req */
+        return -EIO;
+    }
+    r->next = e->reqs;
+    if (e->reqs != NULL) {
+        e->reqs->prev = r;
+    }
+    e->reqs = r;
+    return 0;
+}
+
+/* ---- watch ---- */
+
+static void
+etcd_watch_reap(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    etcd_watch_free(arg);
+}
+
+static void
+etcd_watch_end(struct etcd_watch *w, int status)
+{
+    if (!w->stopped) {
+        w->on_end(status, w->arg);
+    }
+}
+
+static void
+etcd_watch_on_chunk(struct evhttp_request *req, void *arg)
+{
+    struct etcd_watch *w = arg;
+
+    if (w->stopped) {
+        return;
+    }
+    evbuffer_add_buffer(w->line, evhttp_request_get_input_buffer(req));
+    for (;;) {
+        struct evbuffer_ptr eol = evbuffer_search_eol(w->line, NULL, NULL, EVBUFFER_EOL_LF);
+        size_t n;
+        char *line;
+
+        if (eol.pos < 0) {
+            if (evbuffer_get_length(w->line) > ETCD_BODY_MAX) {
+                evbuffer_drain(w->line, evbuffer_get_length(w->line));
+                etcd_watch_end(w, -E2BIG);
+                w->stopped = 1;
+            }
+            return;
+        }
+        n = (size_t)eol.pos;
+        if (n > ETCD_BODY_MAX) {
+            etcd_watch_end(w, -E2BIG);
+            w->stopped = 1;
+            return;
+        }
+        line = (char *)evbuffer_pullup(w->line, (ev_ssize_t)n + 1);
+        if (line == NULL) {
+            etcd_watch_end(w, -ENOMEM);
+            w->stopped = 1;
+            return;
+        }
+        line[n] = '\0';                     /* the newline's place */
+        w->on_line(line, n, w->arg);
+        evbuffer_drain(w->line, n + 1);
+        if (w->stopped) {
+            return;
+        }
+    }
+}
+
+static void
+etcd_watch_on_done(struct evhttp_request *req, void *arg)
+{
+    struct etcd_watch *w = arg;
+
+    w->req = NULL;                          /* libevent frees it after this returns */
+    if (req != NULL && evhttp_request_get_response_code(req) == HTTP_OK) {
+        etcd_watch_end(w, 0);
+    } else {
+        etcd_watch_end(w, -EIO);
+    }
+}
+
+int
+etcd_watch_start(struct etcd *e, const char *json, uint64_t idle_ms, etcd_line_fn *on_line,
+                 etcd_end_fn *on_end, void *arg, struct etcd_watch **out)
+{
+    struct etcd_endpoint *ep = &e->ep[e->cur];
+    struct timeval tv = {(time_t)(idle_ms / 1000), (suseconds_t)(idle_ms % 1000 * 1000)};
+    struct etcd_watch *w = calloc(1, sizeof(*w));
+    int rc = -ENOMEM;
+
+    if (w == NULL) {
+        return -ENOMEM;
+    }
+    w->e = e;
+    w->on_line = on_line;
+    w->on_end = on_end;
+    w->arg = arg;
+    w->next = e->watches;
+    if (e->watches != NULL) {
+        e->watches->prev = w;
+    }
+    e->watches = w;
+    w->line = evbuffer_new();
+    w->conn = etcd_conn_new(e, ep, &tv);
+    w->reaper = evtimer_new(e->base, etcd_watch_reap, w);
+    if (w->line == NULL || w->conn == NULL || w->reaper == NULL) {
+        goto fail;
+    }
+    w->req = etcd_request_new(etcd_watch_on_done, w, ep->hostport, json);
+    if (w->req == NULL) {
+        goto fail;
+    }
+    evhttp_request_set_chunked_cb(w->req, etcd_watch_on_chunk);
+    if (evhttp_make_request(w->conn, w->req, EVHTTP_REQ_POST, "/v3/watch") != 0) {
+        w->req = NULL;                      /* freed by evhttp */
+        rc = -EIO;
+        goto fail;
+    }
+    *out = w;
+    return 0;
+fail:
+    etcd_watch_free(w);
+    return rc;
+}
+
+void
+etcd_watch_stop(struct etcd_watch *w)
+{
+    struct timeval now = {0, 0};
+
+    if (w == NULL || (w->stopped && evtimer_pending(w->reaper, NULL))) {
+        return;
+    }
+    w->stopped = 1;
+    evtimer_add(w->reaper, &now);
+}

@@ -1,0 +1,75 @@
+/*
+ * etcd: a small client of etcd's v3 JSON gateway (POST /v3/kv/range, /v3/kv/put,
+ * /v3/kv/txn, /v3/lease/grant, /v3/lease/keepalive, /v3/lease/revoke, /v3/watch) over
+ * HTTP/1.1 with libevent's evhttp: no gRPC. It moves JSON bodies and nothing else; the
+ * requests and answers themselves are member.c's (base64 keys and values, 64-bit numbers as
+ * strings, fields at their default omitted: json.h and b64.h read and write them).
+ *
+ * Threads: a struct etcd belongs to the thread running its event_base; every function and
+ * every callback runs there. Calls go out on one keep-alive connection per endpoint, in
+ * order; a call that fails at the transport (refused, reset, timed out) moves later calls to
+ * the next endpoint of the list. A watch has a connection of its own.
+ */
+#ifndef ETCD_H
+#define ETCD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct event_base;
+struct etcd;
+struct etcd_watch;
+
+#define ETCD_BODY_MAX (4u << 20)    /* the largest answer (or watch line) taken */
+
+/*
+ * etcd_done_fn: a call's outcome. status 0: HTTP 200, body[0..len) the answer, NUL-terminated,
+ * valid during the callback only. -EIO: no
+ * answer (refused, reset, timed out; body NULL); -EPROTO: an HTTP status other than 200
+ * (body is etcd's error JSON, e.g. {"error":"etcdserver: requested lease not found",...});
+ * -E2BIG: an answer over ETCD_BODY_MAX.
+ */
+typedef void etcd_done_fn(int status, const char *body, size_t len, void *arg);
+
+/*
+ * etcd_create: a client of endpoints (the etcd_endpoints config text: comma list of
+ * http://host:port) on base. timeout_ms: the bound of one call (connect and answer). Returns
+ * 0, -EINVAL (no endpoint, an https:// one: TLS to etcd is not built yet, or a bad address),
+ * -ENOMEM. base is borrowed and must outlive the client.
+ */
+int etcd_create(struct event_base *base, const char *endpoints, uint64_t timeout_ms,
+                struct etcd **out);
+
+/* etcd_destroy: drop pending calls (their callbacks never run) and watches. NULL is fine. */
+void etcd_destroy(struct etcd *e);
+
+/*
+ * etcd_call: POST json (NUL-terminated, copied) to path ("/v3/kv/range") on the current
+ * endpoint; fn(status, body, len, arg) runs once on the loop thread, later (never inside this
+ * call). Returns 0, or -ENOMEM / -EIO when the request could not be queued (fn never runs).
+ */
+int etcd_call(struct etcd *e, const char *path, const char *json, etcd_done_fn *fn, void *arg);
+
+/* etcd_endpoint: the endpoint calls go to now ("http://127.0.0.1:2379"). */
+const char *etcd_endpoint(const struct etcd *e);
+
+/* A watch's lines: each line the gateway streams (one JSON object), without its newline. */
+typedef void etcd_line_fn(const char *line, size_t len, void *arg);
+
+/* A watch's end: the stream closed (0), failed (-EIO: reset, timed out), or a line over
+ * ETCD_BODY_MAX (-E2BIG). After it, the watch is stopped: call etcd_watch_stop. */
+typedef void etcd_end_fn(int status, void *arg);
+
+/*
+ * etcd_watch_start: POST json to /v3/watch on a new connection whose read timeout is
+ * idle_ms (the caller re-arms before it: a watch with no event is idle), and stream its
+ * lines to on_line until on_end. Returns 0 with *out, or -ENOMEM / -EIO.
+ */
+int etcd_watch_start(struct etcd *e, const char *json, uint64_t idle_ms, etcd_line_fn *on_line,
+                     etcd_end_fn *on_end, void *arg, struct etcd_watch **out);
+
+/* etcd_watch_stop: no callback of w runs after this; its connection is closed and w freed
+ * on the next loop turn (safe from inside w's own callbacks). NULL is fine. */
+void etcd_watch_stop(struct etcd_watch *w);
+
+#endif
