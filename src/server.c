@@ -765,6 +765,7 @@ server_cluster_start(struct server *s, const struct kv_config *c)
         .max_message_size = c->max_message_size,
         .queue_max = c->memory_size / 4 < SERVER_REPL_QUEUE_MAX ? c->memory_size / 4
                                                                  : SERVER_REPL_QUEUE_MAX,
+        .wait_acks = c->write_ack == CONF_WRITE_ACK_ALL,
         .wake = server_wake,
         .wake_arg = s,
     };
@@ -778,6 +779,8 @@ server_cluster_start(struct server *s, const struct kv_config *c)
     s->remote.arg = s->repl;
     s->remote.fetch = repl_fetch;
     s->remote.stored = repl_stored;
+    s->remote.ticket_done = repl_ticket_done;
+    s->remote.ticket_put = repl_ticket_put;
     s->rpc.remote = &s->remote;
     if (fixed != NULL && repl_static_view(fixed, s->node_id) != 0) {
         return -1;

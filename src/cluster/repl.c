@@ -73,12 +73,46 @@ struct repl_batch {
     struct repl_fetch *e[];
 };
 
+/*
+ * What a write_ack all reply waits on: the owners not answered yet. One reference for the
+ * request layer (repl_ticket_put), one per peer_put in flight.
+ */
+struct repl_ticket {
+    _Atomic uint32_t refs;
+    _Atomic uint32_t pending;
+};
+
 /* One peer_put in flight. */
 struct repl_put {
     struct repl *r;
+    struct repl_ticket *ticket;     /* or NULL (write_ack local) */
     uint64_t bytes;
     uint32_t crc;
 };
+
+static void
+repl_ticket_unref(struct repl_ticket *t)
+{
+    if (t != NULL && atomic_fetch_sub_explicit(&t->refs, 1, memory_order_acq_rel) == 1) {
+        free(t);
+    }
+}
+
+bool
+repl_ticket_done(void *arg, void *ticket)
+{
+    struct repl_ticket *t = ticket;
+
+    (void)arg;
+    return atomic_load_explicit(&t->pending, memory_order_acquire) == 0;
+}
+
+void
+repl_ticket_put(void *arg, void *ticket)
+{
+    (void)arg;
+    repl_ticket_unref(ticket);
+}
 
 static void
 repl_add(_Atomic uint64_t *c, uint64_t n)
@@ -422,13 +456,18 @@ repl_put_answer(void *arg, int status, const uint8_t *res, size_t len)
     }
     atomic_fetch_sub_explicit(&r->queue_bytes, p->bytes, memory_order_relaxed);
     atomic_fetch_sub_explicit(&r->queue_depth, 1, memory_order_relaxed);
+    if (p->ticket != NULL) {
+        atomic_fetch_sub_explicit(&p->ticket->pending, 1, memory_order_release);
+        repl_ticket_unref(p->ticket);
+        r->cfg.wake(r->cfg.wake_arg);   /* a write_ack all reply may go now */
+    }
     free(p);
 }
 
 /* repl_send_put: one peer_put of o (value crc) to addr, within the queue's bound. */
 static void
 repl_send_put(struct repl *r, const char *addr, const struct kv_key *key, struct store_obj *o,
-              uint32_t crc)
+              uint32_t crc, struct repl_ticket *t)
 {
     uint64_t size = store_obj_size(o);
     struct iovec iov[STORE_MAX_EXTENTS];
@@ -469,6 +508,11 @@ repl_send_put(struct repl *r, const char *addr, const struct kv_key *key, struct
     p->r = r;
     p->bytes = size;
     p->crc = crc;
+    p->ticket = t;
+    if (t != NULL) {
+        atomic_fetch_add_explicit(&t->refs, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&t->pending, 1, memory_order_relaxed);
+    }
     repl_add(&r->queue_depth, 1);
     repl_add(&r->repl_sent, 1);
     if (peer_call(r->pool, addr, "peer_put", (uint8_t *)sb.data, sb.size, repl_put_answer, p)
@@ -477,20 +521,21 @@ repl_send_put(struct repl *r, const char *addr, const struct kv_key *key, struct
     }
 }
 
-void
+void *
 repl_stored(void *arg, const struct kv_key *key, struct store_obj *o)
 {
     struct repl *r = arg;
     struct cluster_view *v = view_acquire();
     struct iovec iov[STORE_MAX_EXTENTS];
     size_t own[PLACE_R_MAX];
+    struct repl_ticket *t = NULL;
     bool owned = false;
     uint32_t crc = 0;
     size_t no;
     int nio;
 
     if (v == NULL) {
-        return;
+        return NULL;
     }
     no = view_owners(v, key->ptr, key->len, r->cfg.replicas, own);
     for (size_t j = 0; j < no; j++) {
@@ -499,16 +544,21 @@ repl_stored(void *arg, const struct kv_key *key, struct store_obj *o)
     if (!owned && no > 0) {
         (void)store_set_cache(r->cfg.store, key, true);
     }
+    if (r->cfg.wait_acks && no > (owned ? 1u : 0u) && (t = calloc(1, sizeof(*t))) != NULL) {
+        atomic_init(&t->refs, 1);   /* the request layer's */
+        atomic_init(&t->pending, 0);
+    }
     nio = store_obj_iov(o, iov, STORE_MAX_EXTENTS);
     for (int i = 0; i < nio; i++) {
         crc = crc32c_extend(crc, iov[i].iov_base, iov[i].iov_len);
     }
     for (size_t j = 0; j < no; j++) {
         if ((int)own[j] != v->self) {
-            repl_send_put(r, v->nodes[own[j]].addr, key, o, crc);
+            repl_send_put(r, v->nodes[own[j]].addr, key, o, crc, t);
         }
     }
     view_release(v);
+    return t;
 }
 
 /* ---- life ---- */

@@ -14,9 +14,10 @@
  *     the same answer without another round trip.
  *   - a client's put is stored here first (a cache copy when this node is
  *     not an owner) and then sent to each other owner with peer_put and
- *     its CRC-32C, from a queue bounded in bytes (repl_queue_max): what does
- *     not fit is dropped and counted. The client's answer does not wait for
- *     the owners (write_ack local); write_ack all is not built yet.
+ *     its CRC-32C, from a queue bounded in bytes (queue_max): what does not
+ *     fit is dropped and counted. With write_ack all the client's answer
+ *     waits until every owner answered (a ticket, repl_ticket_done); with
+ *     write_ack local it goes at once.
  *
  * Threads: repl_remote's functions run on the event loops; the answers run
  * on the peer pool's thread. One mutex guards the fetch table (a leaf: no
@@ -42,6 +43,7 @@ struct repl_config {
     uint64_t peer_timeout_ms;
     uint64_t max_message_size;      /* the largest peer reply accepted */
     uint64_t queue_max;             /* bytes of puts being sent to owners at once */
+    bool wait_acks;                 /* write_ack all: a put's reply waits for the owners */
     const char *token;              /* the admin token peers log in with, or NULL */
     void (*wake)(void *arg);        /* wake every event loop (a fetch ended): any thread */
     void *wake_arg;
@@ -81,7 +83,15 @@ void repl_destroy(struct repl *r);
  * key, and queue it for the other owners.
  */
 int repl_fetch(void *arg, const struct kv_key *keys, uint32_t n, bool final);
-void repl_stored(void *arg, const struct kv_key *key, struct store_obj *o);
+void *repl_stored(void *arg, const struct kv_key *key, struct store_obj *o);
+
+/*
+ * With write_ack all, repl_stored returns a ticket (else NULL): repl_ticket_done is true once
+ * every owner it was sent to answered (stored, had it, refused, timed out: the reply then
+ * carries the local put's code); repl_ticket_put gives the caller's reference back.
+ */
+bool repl_ticket_done(void *arg, void *ticket);
+void repl_ticket_put(void *arg, void *ticket);
 
 /*
  * repl_static_view: publish a fixed view of ACTIVE nodes, spec "id@host:port,id@host:port"

@@ -99,14 +99,19 @@ typedef int rpc_stats_fn(void *arg, const char **names, uint64_t *values, int ma
  *     is over: those found are in the store now (cache copies), the rest are misses. With
  *     final set nothing new is started and nothing waits.
  *   stored: a client's put stored o (a reference the caller keeps): mark it a cache copy if
- *     this node does not own key, and send it to the owners.
+ *     this node does not own key, and send it to the owners. With write_ack all it returns
+ *     a ticket the reply waits on (NULL: nothing to wait for): ticket_done is true once
+ *     every owner answered (stored it, had it, refused it, or peer_timeout passed), and
+ *     ticket_put gives it back. The layer wakes up for it as for the SSD tier.
  */
 struct kv_key;
 struct store_obj;
 struct rpc_remote {
     void *arg;
     int (*fetch)(void *arg, const struct kv_key *keys, uint32_t n, bool final);
-    void (*stored)(void *arg, const struct kv_key *key, struct store_obj *o);
+    void *(*stored)(void *arg, const struct kv_key *key, struct store_obj *o);
+    bool (*ticket_done)(void *arg, void *ticket);
+    void (*ticket_put)(void *arg, void *ticket);
 };
 
 /* What handlers need from the daemon; borrowed, lives as long as the daemon. */

@@ -66,7 +66,11 @@ rpc_deferred_free(struct rpc_ctx *ctx, struct rpc_deferred *d)
     }
     for (uint32_t i = 0; i < d->n; i++) {
         store_obj_unref(ctx->srv->store, d->objs[i]);
+        if (d->tickets != NULL && d->tickets[i] != NULL) {
+            ctx->srv->remote->ticket_put(ctx->srv->remote->arg, d->tickets[i]);
+        }
     }
+    free(d->tickets);
     free(d->codes);
     free(d->objs);
     free(d);
@@ -116,6 +120,17 @@ rpc_deferred_track(struct rpc_req *rq, struct rpc_deferred *d, uint32_t i, const
     rpc_deferred_hold(rq->ctx, d, i, o);
 }
 
+int
+rpc_deferred_ticket(struct rpc_ctx *ctx, struct rpc_deferred *d, uint32_t i, void *ticket)
+{
+    if (d->tickets == NULL && (d->tickets = calloc(d->n ? d->n : 1, sizeof(void *))) == NULL) {
+        ctx->srv->remote->ticket_put(ctx->srv->remote->arg, ticket);
+        return -ENOMEM;
+    }
+    d->tickets[i] = ticket;
+    return 0;
+}
+
 void
 rpc_deferred_hold(struct rpc_ctx *ctx, struct rpc_deferred *d, uint32_t i, struct store_obj *o)
 {
@@ -144,6 +159,10 @@ rpc_deferred_poll(struct rpc_ctx *ctx, struct outq *out)
     for (uint32_t i = 0; i < d->n; i++) {
         if (d->objs[i] != NULL && store_obj_ssd_state(d->objs[i]) == STORE_SSD_QUEUED) {
             return -EINPROGRESS;
+        }
+        if (d->tickets != NULL && d->tickets[i] != NULL
+            && !ctx->srv->remote->ticket_done(ctx->srv->remote->arg, d->tickets[i])) {
+            return -EINPROGRESS;        /* write_ack all: an owner has not answered yet */
         }
     }
     for (uint32_t i = 0; i < d->n; i++) {

@@ -485,8 +485,13 @@ rpc_remote_stored(struct rpc_req *rq, const uint8_t *kp, uint32_t klen)
     }
     rpc_key(rq, kp, klen, &key);
     if (store_get(rq->ctx->srv->store, &key, &o) == 0) {
-        rm->stored(rm->arg, &key, o);
+        void *t = rm->stored(rm->arg, &key, o);
+
         store_obj_unref(rq->ctx->srv->store, o);
+        if (rq->ticket != NULL) {
+            rm->ticket_put(rm->arg, rq->ticket);    /* a caller that did not take it */
+        }
+        rq->ticket = t;
     }
 }
 

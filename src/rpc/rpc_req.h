@@ -33,6 +33,7 @@ struct rpc_req {
     struct outq *out;
     const char *errmsg;         /* optional text for a request-level error */
     bool replied;               /* a reply was started (rpc_reply_head, rpc_reply_error) */
+    void *ticket;               /* the cluster's ticket of the last put stored (rpc_remote_stored) */
 };
 
 /*
@@ -134,7 +135,9 @@ int rpc_get_refs(struct rpc_req *rq, struct mp_reader keys, uint32_t n, struct s
  * for the misses and take references on what it brought. 0 (objs filled where found), or
  * -EAGAIN / -ENOMEM with every reference in objs dropped and objs cleared (the request waits
  * and comes back). rpc_remote_present: the same for presence (present[i] 0 or 1, updated).
- * rpc_remote_stored: a client put stored the key kp[0..klen): hand it to the cluster.
+ * rpc_remote_stored: a client put stored the key kp[0..klen): hand it to the cluster; a
+ * ticket the reply must wait for (write_ack all) is left in rq->ticket for the caller
+ * (rpc_put.c) to take.
  */
 int rpc_remote_fill(struct rpc_req *rq, struct mp_reader keys, uint32_t n, struct store_obj **objs);
 int rpc_remote_present(struct rpc_req *rq, struct mp_reader keys, uint32_t n, uint8_t *present);

@@ -261,3 +261,18 @@ def test_two_writers_of_one_key_with_different_bytes(pool):
         conflicts = sum(p.metric(i, "kvstash_cluster_checksum_conflicts_total")
                         for i in range(3))
         assert conflicts >= 1
+
+
+def test_write_ack_all_answers_once_every_owner_has_the_value(pool):
+    p = pool(extra=["--write_ack=all"])
+    vals = values(16, size=30000, tag=b"w")
+    c = p.daemons[1].tcp()
+    for k, v in vals.items():
+        assert c.call("put", k, v) == 0
+        # no wait: the answer came after the owners stored it
+        assert all(p.has(i, [k])[0] for i in p.owners(k)), k
+    keys = list(vals)[:8]
+    batch = {k + b"-b": v for k, v in zip(keys, list(vals.values())[:8])}
+    assert c.call("batch_put", list(batch), list(batch.values())) == [0] * 8
+    for k in batch:
+        assert all(p.has(i, [k])[0] for i in p.owners(k)), k
