@@ -22,6 +22,7 @@
 #include "conn.h"
 #include "kverr.h"
 #include "rpc.h"
+#include "rebalance.h"
 #include "repl.h"
 #include "server.h"
 #include "ssd.h"
@@ -482,11 +483,26 @@ metrics_process(struct metrics_buf *b, const struct server_stats *sv, struct ser
 
 /* The cluster's data paths (src/cluster/repl.h): what this node asked of its peers and served. */
 static void
-metrics_cluster(struct metrics_buf *b, const struct metrics_sum *m, struct repl *r)
+metrics_cluster(struct metrics_buf *b, const struct metrics_sum *m, struct repl *r,
+                struct rebalance *rb)
 {
     struct repl_stats rs;
+    struct rebalance_stats bs;
 
     repl_stats(r, &rs);
+    rebalance_stats(rb, &bs);
+    one(b, "kvstash_cluster_rebalance_running", "gauge",
+        "1 while a walk after a view change runs.", bs.running);
+    one(b, "kvstash_cluster_rebalance_walks_total", "counter",
+        "Walks after a view change completed.", bs.walks);
+    one(b, "kvstash_cluster_rebalance_restarts_total", "counter",
+        "Walks restarted because the view moved again.", bs.restarts);
+    one(b, "kvstash_cluster_rebalance_keys_checked_total", "counter",
+        "Keys whose owners changed, asked about at a new owner.", bs.keys_checked);
+    one(b, "kvstash_cluster_rebalance_keys_moved_total", "counter",
+        "Keys pushed to a new owner that lacked them.", bs.keys_moved);
+    one(b, "kvstash_cluster_rebalance_bytes_moved_total", "counter",
+        "Value bytes of those keys.", bs.bytes_moved);
     one(b, "kvstash_cluster_remote_hits_total", "counter",
         "Keys missing here that an owner had (fetched and kept here).", rs.remote_hits);
     one(b, "kvstash_cluster_remote_misses_total", "counter",
@@ -565,7 +581,7 @@ metrics_render(struct server *s, struct metrics_buf *out)
     metrics_connections(out, &sv, m);
     metrics_tenants(out, s, sv.store, &st);
     if (sv.repl != NULL) {
-        metrics_cluster(out, m, sv.repl);
+        metrics_cluster(out, m, sv.repl, sv.rebalance);
     }
     free(m);
     return out->failed ? -ENOMEM : 0;

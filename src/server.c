@@ -44,6 +44,7 @@
 #include "member.h"
 #include "outq.h"
 #include "rdma_port.h"
+#include "rebalance.h"
 #include "repl.h"
 #include "rpc.h"
 #include "stats.h"
@@ -80,6 +81,7 @@ struct server {
     struct rpc_server rpc;
     struct repl *repl;               /* the cluster's data paths, or NULL (one node) */
     struct rpc_remote remote;        /* the request layer's table over repl */
+    struct rebalance *rebalance;     /* the walk after view changes, or NULL (one node) */
     char node_id[CONF_STR_MAX];
     const char *transports[6];
     struct event_base *base;
@@ -782,6 +784,18 @@ server_cluster_start(struct server *s, const struct kv_config *c)
     s->remote.ticket_done = repl_ticket_done;
     s->remote.ticket_put = repl_ticket_put;
     s->rpc.remote = &s->remote;
+    struct rebalance_config rbc = {
+        .store = s->store,
+        .pool = repl_pool(s->repl),
+        .replicas = (unsigned)c->replicas,
+        .delay_ms = c->rebalance_delay,
+        .peer_timeout_ms = c->peer_timeout,
+    };
+    rv = rebalance_start(&rbc, &s->rebalance);
+    if (rv != 0) {
+        log_error("cluster: cannot start the rebalance thread: %s", kv_strerror(rv));
+        return -1;
+    }
     if (fixed != NULL && repl_static_view(fixed, s->node_id) != 0) {
         return -1;
     }
@@ -1512,6 +1526,7 @@ server_stats(struct server *s, struct server_stats *out)
     out->store = s->store;
     out->ssd = s->ssd;
     out->repl = s->repl;
+    out->rebalance = s->rebalance;
 }
 
 void
@@ -1533,6 +1548,8 @@ server_destroy(struct server *s)
     for (int i = 0; i < s->nthreads; i++) {
         worker_join(s->workers[i]);
     }
+    rebalance_stop(s->rebalance);   /* its peer calls end within peer_timeout */
+    s->rebalance = NULL;
     repl_destroy(s->repl);      /* peer calls in flight end (and wake) before the workers go */
     s->repl = NULL;
     copier_destroy(s->copier);  /* copies in flight end (and wake) before the workers go */

@@ -33,6 +33,7 @@
 #include <stdint.h>
 
 struct kv_config;
+struct rebalance;
 struct repl;
 struct server;
 struct ssd;
@@ -92,6 +93,7 @@ struct server_stats {
     struct store *store;
     struct ssd *ssd;                 /* the SSD tier, or NULL */
     struct repl *repl;               /* the cluster's data paths (repl.h), or NULL */
+    struct rebalance *rebalance;     /* the walk after view changes (rebalance.h), or NULL */
 };
 
 /*

@@ -809,6 +809,47 @@ store_set_cache(struct store *s, const struct kv_key *key, bool cache)
     return rc;
 }
 
+static uint64_t
+store_walk_chain(struct store_obj *o, store_walk_fn *fn, void *arg)
+{
+    uint64_t n = 0;
+
+    for (; o != NULL; o = o->hnext) {
+        struct kv_key key = {.tenant = o->tenant, .len = o->key_len};
+
+        if (o->state != STORE_OBJ_PUBLISHED) {
+            continue;
+        }
+        key.ptr = store_obj_kptr(o);
+        fn(arg, &key, o->size, o->cache != 0);
+        n++;
+    }
+    return n;
+}
+
+uint64_t
+store_walk_shard(struct store *s, unsigned shard, store_walk_fn *fn, void *arg)
+{
+    _Static_assert(STORE_WALK_PARTS == STORE_SHARDS, "a walk's part is a shard");
+    struct store_shard *sh;
+    uint64_t n = 0;
+
+    if (shard >= STORE_SHARDS) {
+        return 0;
+    }
+    sh = &s->shard[shard];
+    pthread_mutex_lock(&sh->lock);
+    for (uint64_t b = 0; b <= sh->mask; b++) {
+        n += store_walk_chain(sh->buckets[b], fn, arg);
+    }
+    /* while growing, old buckets from rehash_pos on have not moved yet */
+    for (uint64_t b = sh->rehash_pos; sh->old != NULL && b <= sh->old_mask; b++) {
+        n += store_walk_chain(sh->old[b], fn, arg);
+    }
+    pthread_mutex_unlock(&sh->lock);
+    return n;
+}
+
 /* ---- objects ---- */
 
 void

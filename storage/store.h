@@ -222,6 +222,17 @@ int store_put_cache(struct store *s, const struct kv_key *key, const void *data,
  */
 int store_set_cache(struct store *s, const struct kv_key *key, bool cache);
 
+/*
+ * store_walk_shard: call fn(arg, key, size, cache) for every PUBLISHED object of one part of
+ * the table (shard 0 .. STORE_WALK_PARTS-1; each object is in exactly one), with that part's
+ * lock held: fn must only copy what it needs (the key is borrowed for the call) and must not
+ * call the store. A part holds about 1/64 of the objects, so one call holds one lock that
+ * long; a walk of the whole store is STORE_WALK_PARTS calls. Returns the objects visited.
+ */
+#define STORE_WALK_PARTS 64
+typedef void store_walk_fn(void *arg, const struct kv_key *key, uint64_t size, bool cache);
+uint64_t store_walk_shard(struct store *s, unsigned shard, store_walk_fn *fn, void *arg);
+
 /* ---- read path ---- */
 
 /*

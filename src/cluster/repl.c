@@ -610,6 +610,12 @@ repl_destroy(struct repl *r)
     free(r);
 }
 
+struct peer_pool *
+repl_pool(struct repl *r)
+{
+    return r->pool;
+}
+
 void
 repl_stats(struct repl *r, struct repl_stats *out)
 {

@@ -30,6 +30,7 @@
 #include <stdint.h>
 
 struct kv_key;
+struct peer_pool;
 struct repl;
 struct store;
 struct store_obj;
@@ -99,6 +100,9 @@ void repl_ticket_put(void *arg, void *ticket);
  * (the environment variable KVSTASH_TEST_VIEW; never changes afterwards). 0, -EINVAL, -ENOMEM.
  */
 int repl_static_view(const char *spec, const char *self_id);
+
+/* repl_pool: the peer pool repl sends through (for rebalance.c); valid until repl_destroy. */
+struct peer_pool *repl_pool(struct repl *r);
 
 /* repl_stats: a snapshot of the counters. Any thread. */
 void repl_stats(struct repl *r, struct repl_stats *out);
