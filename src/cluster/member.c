@@ -382,16 +382,24 @@ member_on_watch_end(int status, void *arg)
 {
     struct member *m = arg;
 
+    /* The stream ended: watch again from the next revision (etcd replays what was missed,
+     * or cancels with compact_revision when that history is gone: a full re-read). */
     if (status != 0) {
-        log_warn("cluster: the watch on %s/nodes/ ended (%s); reading the members again",
-                 m->prefix, status == -EIO ? "no answer" : "bad answer");
         CTR_ADD(etcd_errors);
-        m->backoff_ms = MEMBER_BACKOFF_MIN_MS;
+        if (CTR_GET(etcd_ok)) {
+            log_warn("cluster: the watch on %s/nodes/ ended (%s); watching again from revision "
+                     "%" PRIu64, m->prefix, status == -EIO ? "no answer" : "bad answer",
+                     m->revision + 1);
+        }
+        CTR_SET(etcd_ok, 0);
+        m->backoff_ms = m->backoff_ms == 0 ? MEMBER_BACKOFF_MIN_MS : m->backoff_ms * 2;
+        if (m->backoff_ms > MEMBER_BACKOFF_MAX_MS) {
+            m->backoff_ms = MEMBER_BACKOFF_MAX_MS;
+        }
         m->next_try_ms = clock_ms() + m->backoff_ms;
     }
     etcd_watch_stop(m->watch);
     m->watch = NULL;
-    m->listed = false;              /* a full re-read, then a new watch */
     member_step(m);
 }
 
@@ -414,10 +422,17 @@ member_on_watch_line(const char *line, size_t len, void *arg)
         member_step(m);
         return;
     }
+    if (json_get(line, t, res, "created") >= 0) {
+        CTR_SET(etcd_ok, 1);
+        m->backoff_ms = 0;
+    }
     if (json_get(line, t, res, "canceled") >= 0) {
-        (void)json_u64(line, t, json_get(line, t, res, "compact_revision"), &compact);
-        log_info("cluster: the watch was cancelled%s%" PRIu64 "; reading the members again",
-                 compact ? " at compacted revision " : "", compact);
+        if (compact == 0) {
+            (void)json_u64(line, t, json_get(line, t, res, "compact_revision"), &compact);
+        }
+        log_info("cluster: the watch from revision %" PRIu64 " was cancelled%s%" PRIu64 "; "
+                 "reading the members again", m->revision + 1,
+                 compact ? ": history compacted up to revision " : "", compact);
         free(t);
         etcd_watch_stop(m->watch);
         m->watch = NULL;
@@ -519,7 +534,6 @@ member_on_list(int status, const char *body, size_t len, void *arg)
     m->listed = true;
     CTR_ADD(full_reads);
     member_publish(m);
-    member_watch_start(m);
     member_step(m);
 }
 
@@ -926,7 +940,12 @@ member_step(struct member *m)
         member_update(m);
     } else if (!m->listed) {
         member_list(m);
-    } else if (!m->left && now - m->last_ka_ms >= m->ttl_ms / 3) {
+    } else if (m->watch == NULL) {
+        member_watch_start(m);
+    }
+    if (m->busy) {
+        /* a call went out */
+    } else if (!m->left && m->lease != 0 && now - m->last_ka_ms >= m->ttl_ms / 3) {
         member_keepalive(m);
     }
     if (m->registered && m->reg_state == VIEW_DRAINING && !m->drain_told) {

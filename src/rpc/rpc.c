@@ -32,6 +32,7 @@
 #include "kverr.h"
 #include "mp.h"
 #include "outq.h"
+#include "rpc_cluster.h"
 #include "rpc_defer.h"
 #include "rpc_direct.h"
 #include "rpc_peer.h"
@@ -75,6 +76,8 @@ static const char *const rpc_names[RPC_METHOD_COUNT] = {
     [RPC_PUT_REVOKE] = "put_revoke",
     [RPC_GET_REPLICA_LIST] = "get_replica_list",
     [RPC_RDMA_CONNECT] = "rdma_connect",
+    [RPC_CLUSTER_INFO] = "cluster_info",
+    [RPC_CLUSTER_DRAIN] = "cluster_drain",
     [RPC_PEER_GET] = "peer_get",
     [RPC_PEER_EXISTS] = "peer_exists",
     [RPC_PEER_PUT] = "peer_put",
@@ -768,6 +771,8 @@ static rpc_handler_fn *const rpc_handlers[RPC_METHOD_COUNT] = {
     [RPC_PUT_REVOKE] = rpc_put_revoke,
     [RPC_GET_REPLICA_LIST] = rpc_get_replica_list,
     [RPC_RDMA_CONNECT] = rpc_rdma_connect,
+    [RPC_CLUSTER_INFO] = rpc_cluster_info,
+    [RPC_CLUSTER_DRAIN] = rpc_cluster_drain,
     [RPC_PEER_GET] = rpc_peer_get,
     [RPC_PEER_EXISTS] = rpc_peer_exists,
     [RPC_PEER_PUT] = rpc_peer_put,

@@ -1,0 +1,298 @@
+"""clusterlib: the pool tests' harness (tests/cluster/): a real etcd and N kvstashd daemons.
+
+Etcd(work) starts /usr/bin/etcd (Debian's etcd-server 3.4) on two free loopback ports with
+its data under work, and waits (bounded) until its v3 JSON gateway answers; it can be
+stopped and started again on the same ports and data (stop/start), SIGSTOPped (pause/resume)
+and killed. call(path, body) is one gateway request; put/get/delete/compact/revision are
+the few the tests need (keys and values as str or bytes; base64 is done here).
+
+Pool(work, etcd, ...) starts daemons as pool members: node i listens on 127.0.0.<i+2> (its
+own address, as a host of its own would have), with its own data dir, ports, node_id,
+--metrics_listen= (off: the default port is one for all) and the cluster keys. Node is
+kvtest.Daemon with the client pointed at that address, plus info() (the cluster_info RPC:
+the view as that daemon sees it), drain(), pause()/resume() (SIGSTOP/SIGCONT).
+Pool.wait_view(n) waits until every running node sees the same view of n active members.
+
+Every wait is bounded; every process started is killed at teardown (the fixtures in
+conftest.py). A machine without /usr/bin/etcd skips the tests with the reason.
+"""
+
+import base64
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
+from kvtest import Client, Daemon, wait_for  # noqa: E402
+
+ETCD = os.environ.get("ETCD") or "/usr/bin/etcd"
+ETCD_START_TIMEOUT = 20.0
+
+
+def require_etcd():
+    """Skip (with the reason) when etcd is not installed."""
+    if not os.access(ETCD, os.X_OK):
+        pytest.skip(f"no etcd at {ETCD} (apt-get install etcd-server, or make deps)")
+
+
+def free_port(host="127.0.0.1"):
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def b64(x):
+    return base64.b64encode(x.encode() if isinstance(x, str) else x).decode()
+
+
+def unb64(s):
+    return base64.b64decode(s) if s else b""
+
+
+class Etcd:
+    """One etcd member on loopback; its data in work/etcd."""
+
+    def __init__(self, work):
+        require_etcd()
+        self.dir = os.path.join(work, "etcd")
+        self.log_path = os.path.join(work, "etcd.log")
+        self.client_port = free_port()
+        self.peer_port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.client_port}"
+        self.proc = None
+        self.start()
+
+    def start(self):
+        peer = f"http://127.0.0.1:{self.peer_port}"
+        cmd = [ETCD, "--name", "kvt", "--data-dir", self.dir,
+               "--listen-client-urls", self.endpoint, "--advertise-client-urls", self.endpoint,
+               "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+               "--initial-cluster", f"kvt={peer}", "--log-level", "warn"]
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
+                                         stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + ETCD_START_TIMEOUT
+        while True:
+            if self.proc.poll() is not None:
+                pytest.fail(f"etcd exited at start ({self.proc.returncode}):\n{self.tail()}")
+            try:
+                self.revision()
+                return self
+            except (OSError, urllib.error.URLError):
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"etcd did not answer within {ETCD_START_TIMEOUT} s:\n{self.tail()}")
+            time.sleep(0.05)
+
+    def tail(self, n=30):
+        with open(self.log_path, "rb") as f:
+            return "\n".join(f.read().decode(errors="replace").splitlines()[-n:])
+
+    def call(self, path, body, timeout=5.0):
+        """POST body (a dict) to the gateway; the answer as a dict."""
+        req = urllib.request.Request(self.endpoint + path, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return json.loads(r.read())
+
+    def revision(self):
+        return int(self.call("/v3/kv/range", {"key": b64("\0")})["header"]["revision"])
+
+    def put(self, key, value):
+        return self.call("/v3/kv/put", {"key": b64(key), "value": b64(value)})
+
+    def get(self, key):
+        kvs = self.call("/v3/kv/range", {"key": b64(key)}).get("kvs", [])
+        return unb64(kvs[0].get("value")) if kvs else None
+
+    def get_prefix(self, prefix):
+        """{key: value} of every key under prefix (str keys, bytes values)."""
+        end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+        kvs = self.call("/v3/kv/range", {"key": b64(prefix), "range_end": b64(end)}).get("kvs",
+                                                                                         [])
+        return {unb64(kv["key"]).decode(): unb64(kv.get("value")) for kv in kvs}
+
+    def delete(self, key):
+        return self.call("/v3/kv/deleterange", {"key": b64(key)})
+
+    def compact(self, revision):
+        return self.call("/v3/kv/compaction", {"revision": str(revision), "physical": True})
+
+    def revoke(self, lease):
+        return self.call("/v3/lease/revoke", {"ID": str(lease)})
+
+    def lease_of(self, key):
+        kvs = self.call("/v3/kv/range", {"key": b64(key)}).get("kvs", [])
+        return int(kvs[0].get("lease", "0")) if kvs else None
+
+    def stop(self):
+        """SIGTERM and wait: etcd is down (start() brings it back on the same data)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+    def pause(self):
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self):
+        self.proc.send_signal(signal.SIGCONT)
+
+    def reap(self):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.kill()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+class Node(Daemon):
+    """A pool member: kvtest.Daemon on its own 127.0.0.x address."""
+
+    def __init__(self, work, host, node_id, args, data_dir=None):
+        self.host = host
+        self.node_id = node_id
+        port = free_port(host)
+        self.addr = f"{host}:{port}"
+        super().__init__(work, [f"--listen={self.addr}", f"--node_id={node_id}", *args],
+                         data_dir=data_dir, unix=False)
+        self.port = port
+
+    def _answers(self):
+        c = Client(socket.create_connection((self.host, self.port), timeout=5))
+        try:
+            return c.call("ping") == "pong"
+        finally:
+            c.close()
+
+    def tcp(self):
+        c = Client(socket.create_connection((self.host, self.port), timeout=10))
+        self.clients.append(c)
+        return c
+
+    client = tcp
+
+    def assert_alive(self):
+        assert self.alive(), f"kvstashd died (exit {self.proc.returncode}):\n" + self.tail()
+        assert self._answers()
+
+    def call(self, method, *params):
+        """One request on a fresh connection (closed after)."""
+        c = Client(socket.create_connection((self.host, self.port), timeout=10))
+        try:
+            return c.call(method, *params)
+        finally:
+            c.close()
+
+    def info(self, keys=None):
+        """cluster_info: the pool as this daemon sees it."""
+        return self.call("cluster_info", keys) if keys is not None else self.call("cluster_info")
+
+    def view(self):
+        """(revision, {id: state}) of this daemon's current view."""
+        i = self.info()
+        return i["revision"], {n["id"]: n["state"] for n in i["nodes"]}
+
+    def drain(self):
+        return self.call("cluster_drain")
+
+    def pause(self):
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self):
+        self.proc.send_signal(signal.SIGCONT)
+
+    def reap(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+        super().reap()
+
+
+class Pool:
+    """Daemons of one pool against one etcd. args: more flags for every node."""
+
+    def __init__(self, work, etcd, name="pool", ttl="2s", replicas=2, args=()):
+        self.work = work
+        self.etcd = etcd
+        self.name = name
+        self.prefix = f"/kvstash/{name}"
+        self.ttl = ttl
+        self.replicas = replicas
+        self.args = list(args)
+        self.nodes = []
+        self.seq = 0
+
+    def node_args(self, weight=1, replicas=None, extra=()):
+        return [f"--cluster_name={self.name}", f"--etcd_endpoints={self.etcd.endpoint}",
+                f"--etcd_lease_ttl={self.ttl}", f"--replicas={replicas or self.replicas}",
+                f"--node_weight={weight}", "--memory_size=64m", "--ssd_dir=", *self.args,
+                *extra]
+
+    def start(self, node_id=None, weight=1, replicas=None, args=(), ready=True, host=None,
+              data_dir=None):
+        """Start one member (node ids n1, n2, ... on 127.0.0.2, .3, ...)."""
+        self.seq += 1
+        node_id = node_id or f"n{self.seq}"
+        host = host or f"127.0.0.{self.seq + 1}"
+        n = Node(self.work, host, node_id, self.node_args(weight, replicas, args),
+                 data_dir=data_dir)
+        self.nodes.append(n)
+        return n.wait_ready() if ready else n
+
+    def restart(self, node, args=(), ready=True):
+        """A new process for node: same id, address, port and data dir."""
+        n = Node.__new__(Node)
+        n.host = node.host
+        n.node_id = node.node_id
+        n.addr = node.addr
+        extra = [a for a in node.cmd[1:] if not a.startswith(("--listen=", "--data_dir=",
+                                                             "--unix_socket="))]
+        Daemon.__init__(n, self.work, [f"--listen={node.addr}", *extra, *args],
+                        data_dir=node.data_dir, unix=False)
+        n.port = node.port
+        self.nodes.append(n)
+        return n.wait_ready() if ready else n
+
+    def running(self):
+        return [n for n in self.nodes if n.alive()]
+
+    def wait_view(self, n, timeout=15.0, nodes=None, states=("active",)):
+        """Wait until every node of nodes (default: the running ones) sees one view of n
+        members, all in states; returns that view's {id: state}."""
+        nodes = nodes or self.running()
+        last = {}
+
+        def same():
+            views = []
+            for node in nodes:
+                try:
+                    views.append(node.view())
+                except (OSError, AssertionError, TimeoutError, ConnectionError):
+                    return False
+            last["views"] = views
+            members = [v[1] for v in views]
+            if all(m == members[0] for m in members) and len(members[0]) == n and \
+                    all(s in states for s in members[0].values()):
+                return members[0]
+            return False
+
+        return wait_for(same, timeout, lambda: f"one view of {n} members {states} on "
+                        f"{[x.node_id for x in nodes]}; last seen {last.get('views')}",
+                        interval=0.05)
+
+    def reap(self):
+        for n in self.nodes:
+            n.reap()

@@ -1,0 +1,47 @@
+"""Fixtures of the pool tests: work (a temp dir), etcd (a real etcd, skipped when it is not
+installed), pool (a clusterlib.Pool on that etcd, ttl 2 s). Everything started is killed at
+teardown, and the logs' tails printed (pytest shows them for a failed test).
+
+Tests marked quick are the short set `make test` runs; `make cluster-test` runs them all.
+"""
+
+import os
+import sys
+import tempfile
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
+
+from clusterlib import Etcd, Pool  # noqa: E402
+from kvtest import require_kvstashd  # noqa: E402
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "quick: the short set make test runs")
+
+
+@pytest.fixture
+def work(request):
+    require_kvstashd()
+    name = request.module.__name__.removeprefix("test_")
+    with tempfile.TemporaryDirectory(prefix=f"kvstash-cluster-{name}-") as tmp:
+        yield tmp
+
+
+@pytest.fixture
+def etcd(work):
+    e = Etcd(work)
+    yield e
+    e.reap()
+    print(f"---- etcd\n{e.tail(15)}")
+
+
+@pytest.fixture
+def pool(work, etcd):
+    p = Pool(work, etcd)
+    yield p
+    p.reap()
+    for n in p.nodes:
+        print(f"---- {n.node_id} {' '.join(n.cmd[1:])}\n{n.tail(25)}")

@@ -1,0 +1,247 @@
+"""Membership of the pool in etcd (docs/cluster.md), against a real etcd on loopback and
+kvstashd daemons on 127.0.0.x addresses: boot and one view, duplicate node_id and a
+different pool config refused, etcd stopped and SIGSTOPped (the daemons go on serving and
+rejoin), a lease lost (registered again), a watch idle past its timeout, a compaction past
+the watch's revision (a full re-read), drain visible, placement equal to the reference.
+Every wait is bounded; the bounds are generous guards, not performance targets.
+"""
+
+import os
+import random
+import signal
+import sys
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from clusterlib import Pool  # noqa: E402
+from kvtest import wait_for  # noqa: E402
+import place_ref  # noqa: E402
+
+
+def put_get(node, key, value):
+    """A plain put then get on node: what an engine does whatever etcd is doing."""
+    c = node.tcp()
+    c.call("put", key, value)
+    assert c.call("get", key) == value
+
+
+def counters(node):
+    return node.info()["counters"]
+
+
+@pytest.mark.quick
+def test_boot_three_nodes_one_view(pool):
+    t0 = time.monotonic()
+    nodes = [pool.start() for _ in range(3)]
+    view = pool.wait_view(3, timeout=5.0)   # the issue's bound, generous here
+    assert view == {"n1": "active", "n2": "active", "n3": "active"}
+    assert time.monotonic() - t0 < 15
+    revs = set()
+    for i, n in enumerate(nodes):
+        info = n.info()
+        revs.add(info["revision"])
+        assert info["cluster"] == "pool" and info["node_id"] == f"n{i + 1}"
+        assert info["replicas"] == 2 and info["registered"] and info["etcd_ok"]
+        assert info["state"] == "active"
+        assert [x["id"] for x in info["nodes"]] == ["n1", "n2", "n3"]
+        assert info["nodes"][info["self"]]["id"] == n.node_id
+        assert {x["id"]: x["addr"] for x in info["nodes"]} == \
+            {m.node_id: m.addr for m in nodes}, "each advertises its listen address"
+        assert all(x["weight"] == 1.0 for x in info["nodes"])
+    assert len(revs) == 1, f"one view, one revision: {revs}"
+    # what etcd holds: one key per node, each under a lease, and the pool's config
+    keys = pool.etcd.get_prefix("/kvstash/pool/")
+    assert sorted(keys) == ["/kvstash/pool/config", "/kvstash/pool/nodes/n1",
+                            "/kvstash/pool/nodes/n2", "/kvstash/pool/nodes/n3"]
+    assert b'"replicas":2' in keys["/kvstash/pool/config"]
+    for n in nodes:
+        assert pool.etcd.lease_of(f"/kvstash/pool/nodes/{n.node_id}") > 0
+
+
+@pytest.mark.quick
+def test_duplicate_node_id_refused(pool):
+    first = pool.start("dup")
+    pool.wait_view(1)
+    second = pool.start("dup", ready=False)
+    assert second.exit_code() != 0
+    lines = [ln for ln in second.output().splitlines() if "already registered" in ln]
+    assert len(lines) == 1, second.output()
+    assert "ERROR" in lines[0] and "node_id dup" in lines[0]
+    first.assert_alive()
+    assert pool.wait_view(1) == {"dup": "active"}
+    assert first.info()["nodes"][0]["addr"] == first.addr, "the first one's key is untouched"
+
+
+@pytest.mark.quick
+def test_placement_equals_the_reference(pool):
+    weights = {"n1": 1, "n2": 2.5, "n3": 0.5, "n4": 1}
+    nodes = [pool.start(weight=w) for w in weights.values()]
+    pool.wait_view(4)
+    rng = random.Random(22)
+    keys = [bytes(rng.randrange(256) for _ in range(rng.randrange(1, 40))) for _ in range(300)]
+    keys += [b"k%d" % i for i in range(200)]
+    info = nodes[0].info(keys)
+    ids = [x["id"] for x in info["nodes"]]
+    ref_nodes = [(i, weights[i]) for i in ids]
+    for key, owners in zip(keys, info["owners"]):
+        assert owners == place_ref.owners(ref_nodes, key, 2), key
+    # every daemon places the same
+    assert nodes[3].info(keys)["owners"] == info["owners"]
+    # a draining node owns nothing
+    nodes[1].drain()
+    pool.wait_view(4, states=("active", "draining"))
+    wait_for(lambda: nodes[0].view()[1]["n2"] == "draining", 10, "n2 draining")
+    info = nodes[0].info(keys)
+    active = [(x["id"], weights[x["id"]]) if x["state"] == "active" else (x["id"], 0)
+              for x in info["nodes"]]
+    for key, owners in zip(keys, info["owners"]):
+        assert owners == place_ref.owners(active, key, 2)
+        assert ids.index("n2") not in owners
+
+
+def test_restart_inside_the_lease_is_not_a_duplicate(pool):
+    nodes = [pool.start() for _ in range(3)]
+    pool.wait_view(3)
+    nodes[1].kill9()
+    again = pool.restart(nodes[1])
+    assert again.alive()
+    pool.wait_view(3, nodes=[nodes[0], again, nodes[2]])
+    assert "revoked lease" in again.output()
+
+
+def test_different_config_refused(pool):
+    pool.start()
+    pool.wait_view(1)
+    other = pool.start("other", replicas=3, ready=False)
+    assert other.exit_code() != 0
+    lines = [ln for ln in other.output().splitlines() if "config differs" in ln]
+    assert len(lines) == 1 and "replicas 2" in lines[0] and "replicas 3" in lines[0], \
+        other.output()
+    assert pool.wait_view(1) == {"n1": "active"}
+
+
+def test_drain_state_visible(pool):
+    nodes = [pool.start() for _ in range(3)]
+    pool.wait_view(3)
+    assert nodes[1].drain() == "draining"
+    pool.wait_view(3, states=("active", "draining"))
+    wait_for(lambda: all(n.view()[1] == {"n1": "active", "n2": "draining", "n3": "active"}
+                         for n in nodes), 10, "n2 draining in every view")
+    os.kill(nodes[2].pid, signal.SIGUSR2)
+    wait_for(lambda: all(n.view()[1]["n3"] == "draining" for n in nodes), 10,
+             "n3 draining after SIGUSR2")
+    assert nodes[2].info()["state"] == "draining"
+    # a node leaves the pool on SIGTERM: the others drop it at once (lease revoked)
+    nodes[2].stop()
+    pool.wait_view(2, nodes=nodes[:2], states=("active", "draining"))
+
+
+@pytest.mark.parametrize("how", ["stopped", "sigstopped"])
+def test_etcd_down_daemons_serve_then_rejoin(pool, how):
+    nodes = [pool.start() for _ in range(3)]
+    pool.wait_view(3)
+    rev_before = nodes[0].info()["revision"]
+    if how == "stopped":
+        pool.etcd.stop()
+    else:
+        pool.etcd.pause()
+    try:
+        # past a keepalive period and a lease ttl: the calls fail, the daemons go on
+        deadline = time.monotonic() + 5
+        i = 0
+        while time.monotonic() < deadline:
+            for n in nodes:
+                put_get(n, b"k-%s-%d" % (n.node_id.encode(), i), b"v%d" % i * 100)
+            i += 1
+            time.sleep(0.1)
+        wait_for(lambda: all(counters(n)["etcd_errors"] > 0 for n in nodes), 15,
+                 "every node to notice etcd is gone")
+        for n in nodes:
+            info = n.info()
+            assert not info["etcd_ok"]
+            assert [x["id"] for x in info["nodes"]] == ["n1", "n2", "n3"], "the last view stays"
+            assert info["revision"] == rev_before
+    finally:
+        if how == "stopped":
+            pool.etcd.start()
+        else:
+            pool.etcd.resume()
+    pool.wait_view(3, timeout=30)
+    wait_for(lambda: all(n.info()["etcd_ok"] for n in nodes), 30, "etcd_ok again")
+    for n in nodes:
+        put_get(n, b"after", b"x" * 1000)
+        assert n.info()["registered"]
+
+
+def test_node_started_while_etcd_down_joins_later(pool):
+    pool.start()
+    pool.wait_view(1)
+    pool.etcd.stop()
+    late = pool.start()                 # ready: it serves alone
+    put_get(late, b"alone", b"1" * 64)
+    assert late.info()["nodes"] == [] and not late.info()["registered"]
+    assert "serving alone" in late.output()
+    pool.etcd.start()
+    assert pool.wait_view(2, timeout=30) == {"n1": "active", "n2": "active"}
+
+
+def test_lease_lost_registers_again(pool):
+    nodes = [pool.start() for _ in range(3)]
+    pool.wait_view(3)
+    lease = pool.etcd.lease_of("/kvstash/pool/nodes/n2")
+    pool.etcd.revoke(lease)             # n2 cut from etcd: its key and lease are gone
+    wait_for(lambda: counters(nodes[1])["lease_lost"] >= 1, 15, "n2 finds its lease lost")
+    pool.wait_view(3)
+    assert pool.etcd.lease_of("/kvstash/pool/nodes/n2") not in (None, lease)
+    assert counters(nodes[1])["registrations"] >= 2
+    assert "registering again" in nodes[1].output()
+
+
+def test_node_cut_from_etcd_only_reregisters(pool):
+    """SIGSTOP one daemon past its lease: etcd drops it, the others see it leave; once it
+    runs again it finds its lease lost and registers again."""
+    nodes = [pool.start() for _ in range(3)]
+    pool.wait_view(3)
+    nodes[2].pause()
+    try:
+        pool.wait_view(2, nodes=nodes[:2], timeout=20)
+    finally:
+        nodes[2].resume()
+    pool.wait_view(3, timeout=20)
+    assert counters(nodes[2])["lease_lost"] >= 1
+
+
+def test_watch_idle_past_its_timeout(pool):
+    nodes = [pool.start() for _ in range(2)]
+    pool.wait_view(2)
+    time.sleep(10)                      # ttl 2 s: the watch's idle timeout is 4 s
+    assert all(counters(n)["watch_rearms"] >= 2 for n in nodes)
+    pool.start()
+    assert pool.wait_view(3, timeout=10) == {"n1": "active", "n2": "active", "n3": "active"}
+    for n in nodes:
+        assert "watch on" not in n.output(), "no watch ended on its idle timeout"
+
+
+def test_compaction_past_the_watch_revision(pool):
+    """n1's watch is cut (etcd restarted) while it is stopped; meanwhile the members change
+    and etcd compacts its history. n1 watches again from its old revision, etcd cancels
+    that (compacted), and n1 reads the members whole: its view is right."""
+    nodes = [pool.start() for _ in range(3)]
+    pool.wait_view(3)
+    before = counters(nodes[0])["full_reads"]
+    nodes[0].pause()
+    try:
+        pool.etcd.stop()
+        pool.etcd.start()
+        nodes[2].stop()                 # leaves: its key goes
+        pool.start("n4")
+        pool.wait_view(3, nodes=[nodes[1], pool.nodes[-1]])
+        pool.etcd.compact(pool.etcd.revision())
+    finally:
+        nodes[0].resume()
+    view = pool.wait_view(3, nodes=[nodes[0], nodes[1]], timeout=20)
+    assert view == {"n1": "active", "n2": "active", "n4": "active"}
+    assert counters(nodes[0])["full_reads"] > before
+    assert "compacted" in nodes[0].output()
