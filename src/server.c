@@ -1292,6 +1292,7 @@ server_create(const struct kv_config *conf, const char *config_path, int argc, c
         if (rc != 0) {
             goto fail;
         }
+        member_set_drain_hook(rebalance_drain_hook, s->rebalance);  /* the hand-off */
         rc = member_wait_first(s->member, SERVER_MEMBER_WAIT_MS);
         if (rc == -EEXIST || rc == -EINVAL) {
             goto fail;

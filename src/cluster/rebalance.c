@@ -66,7 +66,32 @@ struct rebalance {
     uint64_t window_ms;                 /* the rate limit's window start */
     uint64_t window_bytes;
     _Atomic uint64_t walks, restarts, keys_moved, bytes_moved, keys_checked, running;
+    _Atomic bool drain_asked;           /* member.c's drain hook ran (registered as draining) */
+    bool drained;                       /* a walk completed under a view where this node drains */
+    bool left;                          /* member_leave was called */
 };
+
+void
+rebalance_drain_hook(void *arg)
+{
+    struct rebalance *rb = arg;
+
+    atomic_store_explicit(&rb->drain_asked, true, memory_order_release);
+    pthread_mutex_lock(&rb->lock);
+    pthread_cond_signal(&rb->cond);
+    pthread_mutex_unlock(&rb->lock);
+}
+
+/* rb_maybe_leave: the hand-off is done and member.c asked for it: leave the pool, once. */
+static void
+rb_maybe_leave(struct rebalance *rb)
+{
+    if (rb->drained && !rb->left && atomic_load_explicit(&rb->drain_asked, memory_order_acquire)) {
+        rb->left = true;
+        log_info("cluster: drained: every key this node owned is with its new owners");
+        member_leave();
+    }
+}
 
 /* A synchronous peer call's answer. */
 struct rb_wait {
@@ -527,16 +552,43 @@ rb_same(const struct cluster_view *a, const struct cluster_view *b)
     return na == nb;
 }
 
-/* rb_lost: an active member of a is not in b at all (failed or cut off, not drained). */
+/*
+ * rb_lost: an active member of a is gone from b without draining: not in b at all (failed,
+ * cut off), or back as joining (restarted, loading its SSD index: it will own its keys again).
+ */
 static bool
 rb_lost(const struct cluster_view *a, const struct cluster_view *b)
 {
     for (size_t i = 0; i < a->n; i++) {
-        if (a->nodes[i].state == VIEW_ACTIVE && view_find(b, a->nodes[i].id) < 0) {
+        int j;
+        if (a->nodes[i].state != VIEW_ACTIVE) {
+            continue;
+        }
+        j = view_find(b, a->nodes[i].id);
+        if (j < 0 || b->nodes[j].state == VIEW_JOINING) {
             return true;
         }
     }
     return false;
+}
+
+/*
+ * rb_as_active: v with this node active again: what it owned before its drain began, the
+ * old side of a drain's walk (whatever view this node saw first). NULL without memory.
+ */
+static struct cluster_view *
+rb_as_active(const struct cluster_view *v)
+{
+    struct cluster_view *c;
+
+    if (view_create(v->n, &c) != 0) {
+        return NULL;
+    }
+    c->revision = v->revision;
+    memcpy(c->nodes, v->nodes, v->n * sizeof(v->nodes[0]));
+    c->nodes[v->self].state = VIEW_ACTIVE;
+    view_seal(c, v->nodes[v->self].id);
+    return c;
 }
 
 static void *
@@ -550,8 +602,33 @@ rb_main(void *arg)
         struct cluster_view *v = view_acquire();
         int rc;
 
+        rb_maybe_leave(rb);
         if (v == NULL || v->self < 0) {
             view_release(v);            /* no pool yet, or this node is not in it */
+            continue;
+        }
+        if (v->nodes[v->self].state == VIEW_DRAINING && !rb->drained) {
+            /* a drain: hand off what this node owns, whatever it saw before */
+            struct cluster_view *was = rb_as_active(v);
+            rc = was != NULL ? rb_walk(rb, was, v) : 1;
+            view_release(was);
+            if (rc < 0) {
+                view_release(v);
+                break;
+            }
+            if (rc == 0) {
+                rb_add(&rb->walks, 1);
+                rb->drained = true;
+                log_info("cluster: drain of view %llu walked: %llu keys pushed so far",
+                         (unsigned long long)v->revision,
+                         (unsigned long long)atomic_load_explicit(&rb->keys_moved,
+                                                                  memory_order_relaxed));
+                rb_maybe_leave(rb);
+                view_release(done);
+                done = v;
+            } else {
+                view_release(v);
+            }
             continue;
         }
         if (done == NULL || rb_same(done, v)) {
@@ -591,10 +668,6 @@ rb_main(void *arg)
         view_release(done);
         done = v;
         lost_since = 0;
-        if (member_draining() && v->nodes[v->self].state == VIEW_DRAINING) {
-            log_info("cluster: drained: every key this node owned is with its new owners");
-            member_leave();
-        }
     }
     view_release(done);
     return NULL;
@@ -629,6 +702,7 @@ rebalance_stop(struct rebalance *rb)
         return;
     }
     if (rb->started) {
+        member_set_drain_hook(NULL, NULL);
         pthread_mutex_lock(&rb->lock);
         rb->stop = true;
         pthread_cond_signal(&rb->cond);

@@ -16,8 +16,8 @@
  *   - a node that vanished from the view (failed: not draining) is re-replicated only once
  *     rebalance_delay has passed with the view still without it, so a restart within the
  *     delay moves nothing;
- *   - once a walk completes under a view where this node is draining, it calls
- *     member_leave() (the drain hook of member.h only marks that a drain was asked).
+ *   - once a walk completes under a view where this node is draining, and member.c's drain
+ *     hook said it is registered so, it calls member_leave().
  *
  * Threads: one thread of its own; it blocks only on its peer calls (each bounded by
  * peer_timeout) and its rate limit. It calls the store (thread safe) and the peer pool.
@@ -56,6 +56,14 @@ int rebalance_start(const struct rebalance_config *cfg, struct rebalance **out);
 
 /* rebalance_stop: stop the thread (a walk ends at its next key batch) and free. NULL ok. */
 void rebalance_stop(struct rebalance *rb);
+
+/*
+ * rebalance_drain_hook: member.h's drain hook (arg: the struct rebalance): this node is
+ * registered as draining; it leaves once a walk under such a view has handed its keys off.
+ * The daemon sets it after member_start (member_set_drain_hook) and clears it before
+ * rebalance_stop.
+ */
+void rebalance_drain_hook(void *arg);
 
 /* rebalance_stats: a snapshot. Any thread. */
 void rebalance_stats(struct rebalance *rb, struct rebalance_stats *out);

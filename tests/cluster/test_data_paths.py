@@ -91,7 +91,7 @@ class Pool:
 
 
 @pytest.fixture
-def pool():
+def fixed_pool():
     kvtest.require_kvstashd()
     with tempfile.TemporaryDirectory(prefix="kvstash-cluster-data-") as work:
         pools = []
@@ -120,8 +120,8 @@ def wait_for(pred, what, timeout=20.0):
         time.sleep(0.05)
 
 
-def test_put_reaches_owners_and_a_miss_is_served_by_an_owner_then_locally(pool):
-    p = pool()
+def test_put_reaches_owners_and_a_miss_is_served_by_an_owner_then_locally(fixed_pool):
+    p = fixed_pool()
     vals = values(30)
     digest = {k: hashlib.sha256(v).digest() for k, v in vals.items()}
     c0 = p.daemons[0].tcp()
@@ -155,8 +155,8 @@ def test_put_reaches_owners_and_a_miss_is_served_by_an_owner_then_locally(pool):
     assert p.metric(0, "kvstash_cluster_checksum_mismatches_total") == 0
 
 
-def test_batch_reads_ask_the_owners_of_what_is_missing(pool):
-    p = pool()
+def test_batch_reads_ask_the_owners_of_what_is_missing(fixed_pool):
+    p = fixed_pool()
     vals = values(24, size=5000, tag=b"b")
     keys = list(vals)
     c1 = p.daemons[1].tcp()
@@ -178,8 +178,8 @@ def test_batch_reads_ask_the_owners_of_what_is_missing(pool):
     assert c0.call("prefix_match", far2[:3] + [b"absent"] + far2[3:]) == 3
 
 
-def test_an_owner_killed_loses_nothing_with_two_replicas(pool):
-    p = pool()
+def test_an_owner_killed_loses_nothing_with_two_replicas(fixed_pool):
+    p = fixed_pool()
     vals = values(24, size=8000, tag=b"k")
     c0 = p.daemons[0].tcp()
     assert c0.call("batch_put", list(vals), list(vals.values())) == [0] * len(vals)
@@ -192,8 +192,8 @@ def test_an_owner_killed_loses_nothing_with_two_replicas(pool):
         assert c1.call("get", k) == v, "a key lost with one of its two owners"
 
 
-def test_a_stopped_owner_costs_peer_timeout_then_the_next_owner_answers(pool):
-    p = pool(extra=["--peer_timeout=300ms"])
+def test_a_stopped_owner_costs_peer_timeout_then_the_next_owner_answers(fixed_pool):
+    p = fixed_pool(extra=["--peer_timeout=300ms"])
     vals = values(40, size=2000, tag=b"s")
     c0 = p.daemons[0].tcp()
     assert c0.call("batch_put", list(vals), list(vals.values())) == [0] * len(vals)
@@ -215,8 +215,8 @@ def test_a_stopped_owner_costs_peer_timeout_then_the_next_owner_answers(pool):
         os.kill(p.daemons[1].pid, signal.SIGCONT)
 
 
-def test_a_peer_put_that_fails_its_checksum_is_refused(pool):
-    p = pool(n=1)
+def test_a_peer_put_that_fails_its_checksum_is_refused(fixed_pool):
+    p = fixed_pool(n=1)
     c = p.daemons[0].tcp()
     small, big = b"x" * 100, os.urandom(300000)
     for v in (small, big):
@@ -227,8 +227,8 @@ def test_a_peer_put_that_fails_its_checksum_is_refused(pool):
     assert p.metric(0, "kvstash_cluster_checksum_mismatches_total") == 2
 
 
-def test_two_writers_of_one_key_with_different_bytes(pool):
-    p = pool()
+def test_two_writers_of_one_key_with_different_bytes(fixed_pool):
+    p = fixed_pool()
     # a key owned by node 2 and one other, written on nodes 0 and 1 at once
     key = next(b"dup-%d" % i for i in range(1000) if p.owners(b"dup-%d" % i)[0] == 2)
     a, b = os.urandom(200000), os.urandom(200000)
@@ -263,8 +263,8 @@ def test_two_writers_of_one_key_with_different_bytes(pool):
         assert conflicts >= 1
 
 
-def test_write_ack_all_answers_once_every_owner_has_the_value(pool):
-    p = pool(extra=["--write_ack=all"])
+def test_write_ack_all_answers_once_every_owner_has_the_value(fixed_pool):
+    p = fixed_pool(extra=["--write_ack=all"])
     vals = values(16, size=30000, tag=b"w")
     c = p.daemons[1].tcp()
     for k, v in vals.items():
