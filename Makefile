@@ -81,7 +81,7 @@ DAEMON_SRC := src/main.c src/server.c src/worker.c src/conn.c src/conn_read.c sr
               src/stats.c src/tls.c src/transport.c src/transport_tls.c src/metrics.c src/admin.c
 CLIENT_SRC := client/kvstash.c client/kvstash_buffer.c client/kvstash_async.c client/kvstash_wire.c \
               client/kvstash_reply.c client/kvstash_rdma.c $(UTIL_SRC) $(PROTO_SRC) $(RDMA_SRC)
-CLI_SRC := client/kvstash_cli.c client/cli_monitor.c
+CLI_SRC := client/kvstash_cli.c client/cli_monitor.c client/cli_cluster.c
 EMU_SRC := rdma/rdma_emu.c
 BENCH_SRC := tests/bench/kvstash_bench.c tests/bench/bench_util.c
 MCBENCH_SRC := tests/bench/mc_bench.c tests/bench/bench_util.c util/tcpopt.c
@@ -105,11 +105,13 @@ LIBCLIENT_A := $(BUILD)/libkvstash.a
 LIBCLIENT_SO := $(BUILD)/libkvstash.so
 # the ABI's major version (the library's SONAME libkvstash.so.N; client/libkvstash.map)
 SOVERSION := 0
+PLACESIM := $(BUILD)/place-sim
 UNIT := $(BUILD)/unit-tests
 INTEG := $(BUILD)/integration-tests
 
 .PHONY: all run test deps bench-deps asan fuzz bench soak install uninstall man deb format clean help \
-        test-layers test-unit test-integration test-python test-fuzz check-deps
+        test-layers test-unit test-integration test-python test-fuzz check-deps \
+        test-cluster cluster-test cluster-sim
 
 all: $(KVSTASHD) $(KVSTASH) $(BENCH) $(LIBCLIENT_A) $(LIBCLIENT_SO)
 
@@ -153,12 +155,16 @@ $(INTEG): $(call obj,$(INTEG_SRC) $(EMU_SRC)) $(call obj,$(filter-out src/main.c
           $(LIBCLIENT_A) $(LIBCORE)
 	$(call say,LD,$@)$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LIBS_ALL) -lcriterion
 
+# the placement simulator (tests/cluster/place_sim.c): place.c alone, nothing of the daemon
+$(PLACESIM): $(call obj,tests/cluster/place_sim.c src/cluster/place.c)
+	$(call say,LD,$@)$(CC) $(LDFLAGS_ALL) -o $@ $^ -lpthread -lm
+
 # ---- dependencies (Debian 12 packages) ----
 DEB_PKGS := build-essential pkg-config libevent-dev libmsgpack-dev libssl-dev liblmdb-dev \
             libibverbs-dev libcriterion-dev python3 python3-msgpack python3-pytest \
             clang libclang-rt-14-dev openssl python3-numpy \
             lintian man-db tmux python3-yaml python3-redis redis-tools prometheus \
-            python3-prometheus-client
+            python3-prometheus-client etcd-server
 
 # tools only `make bench` uses (fio: the SSD section's device baseline; gnuplot: the chart)
 BENCH_PKGS := fio gnuplot-nox redis-server
@@ -193,7 +199,8 @@ TEST_JOBS ?= 2
 
 test: deps
 	$(Q)$(MAKE) --no-print-directory all $(UNIT) $(INTEG)
-	$(Q)$(MAKE) --no-print-directory test-layers test-unit test-integration test-python test-fuzz
+	$(Q)$(MAKE) --no-print-directory test-layers test-unit test-integration test-python \
+	    test-cluster test-fuzz
 
 # make asan's sanitizer settings; a variable set in the environment is used instead.
 # handle_sigbus=0: SIGBUS is kvstashd's own (storage/shmbuf.c guards clients' buffers that may
@@ -233,6 +240,24 @@ endef
 else
   criterion_run = $(2)
 endif
+
+# the pool (tests/cluster/, docs/cluster.md): a real etcd and daemons on 127.0.0.x.
+# make test runs the quick set (placement against the reference, boot and one view, a
+# duplicate node_id); make cluster-test runs them all (about a minute and a half)
+CLUSTER_PYTEST = KVSTASHD=$(abspath $(KVSTASHD)) KVSTASH_CLI=$(abspath $(KVSTASH)) \
+                 /usr/bin/python3 -m pytest -q -rs -p no:cacheprovider
+
+test-cluster: $(KVSTASHD) $(KVSTASH)
+	$(CLUSTER_PYTEST) -m quick tests/cluster
+
+cluster-test: deps
+	$(Q)$(MAKE) --no-print-directory all
+	$(CLUSTER_PYTEST) tests/cluster
+
+# 1,000 nodes, 10M keys: movement on a join and a leave against the ideal, load against
+# weight (PLACE_SIM_ARGS: e.g. -k 1000000 for a quicker run)
+cluster-sim: $(PLACESIM)
+	$(PLACESIM) $(PLACE_SIM_ARGS)
 
 # the include lines keep the layers of docs/architecture.md
 test-layers:
@@ -408,6 +433,7 @@ clean:
 
 help:
 	@echo "targets: all run test deps bench-deps asan fuzz bench soak install uninstall format clean help"
+	@echo "         cluster-test (the pool's tests, a real etcd) cluster-sim (placement simulator)"
 	@echo "vars:    VARIANT=release|debug|asan  V=1 (verbose)  PREFIX=$(PREFIX)"
 
 -include $(shell find build -name '*.d' -type f 2>/dev/null)

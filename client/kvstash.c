@@ -1365,3 +1365,70 @@ kvstash_stat_get(const struct kvstash_stat *items, size_t n, const char *name, u
     }
     return dflt;
 }
+
+void
+kvstash_cluster_free(struct kvstash_cluster *ci)
+{
+    if (ci != NULL) {
+        free(ci->nodes);
+        free(ci->owners);
+        free(ci->nowners);
+        free(ci);
+    }
+}
+
+int
+kvstash_cluster_info(struct kvstash *c, const void *const *keys, const size_t *klens, size_t n,
+                     struct kvstash_cluster **out)
+{
+    struct kvstash_cluster *ci;
+    int rc;
+
+    if (out == NULL || (n > 0 && (keys == NULL || klens == NULL)) || n > UINT32_MAX) {
+        return KVSTASH_EINVAL;
+    }
+    *out = NULL;
+    rc = kvstash_begin(c);
+    if (rc != 0) {
+        return rc;
+    }
+    ci = calloc(1, sizeof(*ci));
+    if (ci == NULL) {
+        return kvstash_done(c, -ENOMEM);
+    }
+    ci->self = -1;
+    kvstash_wire_req_begin(c, "cluster_info", n > 0 ? 1 : 0);
+    if (n > 0) {
+        kvstash_wire_req_array(c, (uint32_t)n);
+        for (size_t i = 0; i < n; i++) {
+            kvstash_wire_req_key(c, keys[i], klens[i]);
+        }
+    }
+    rc = kvstash_wire_call(c, KVSTASH_STATS_REPLY);
+    if (rc == 0) {
+        rc = kvstash_wire_read_cluster(c, ci);
+    }
+    rc = kvstash_done(c, rc);
+    if (rc != 0) {
+        kvstash_cluster_free(ci);
+        return rc;
+    }
+    *out = ci;
+    return 0;
+}
+
+int
+kvstash_cluster_drain(struct kvstash *c)
+{
+    int rc = kvstash_begin(c);
+
+    if (rc != 0) {
+        return rc;
+    }
+    kvstash_wire_req_begin(c, "cluster_drain", 0);
+    rc = kvstash_wire_call(c, KVSTASH_STATS_REPLY);
+    if (rc == 0) {
+        rc = kvstash_wire_skip(c);
+    }
+    return kvstash_done(c, rc);
+}

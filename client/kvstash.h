@@ -453,6 +453,51 @@ int kvstash_stats(struct kvstash *c, struct kvstash_stat **items, size_t *n);
 uint64_t kvstash_stat_get(const struct kvstash_stat *items, size_t n, const char *name,
                           uint64_t dflt);
 
+/* ==== The pool (docs/cluster.md) ==== */
+
+#define KVSTASH_CLUSTER_R_MAX 16
+
+/* One member of the pool as the daemon sees it. */
+struct kvstash_cluster_node {
+    char id[65];
+    char addr[256];                  /* host:port peers dial */
+    double weight;
+    char state[16];                  /* "joining", "active", "draining" */
+};
+
+/* The daemon's view of its pool (cluster_info); "" and 0 when it is a single node. */
+struct kvstash_cluster {
+    char cluster[65];                /* cluster_name */
+    char node_id[65];                /* this daemon's */
+    char state[16];                  /* this daemon's registered-or-wanted state */
+    char etcd_endpoint[256];
+    bool registered;                 /* its key is in etcd */
+    bool etcd_ok;                    /* etcd answered its last call */
+    uint64_t revision;               /* the view's etcd revision */
+    unsigned replicas;
+    int self;                        /* its index in nodes, or -1 */
+    size_t nnodes;
+    struct kvstash_cluster_node *nodes; /* sorted by id */
+    size_t nkeys;                    /* the keys asked about */
+    uint32_t (*owners)[KVSTASH_CLUSTER_R_MAX]; /* owners[k][0..nowners[k]): indices into nodes */
+    unsigned *nowners;
+};
+
+/*
+ * kvstash_cluster_info: the daemon's view of its pool, and the owners of each of keys[0..n)
+ * (klens[i] bytes each; n may be 0, keys NULL), into a malloc'd *out (free it with
+ * kvstash_cluster_free). 0, or an error as every call.
+ */
+int kvstash_cluster_info(struct kvstash *c, const void *const *keys, const size_t *klens,
+                         size_t n, struct kvstash_cluster **out);
+
+/* kvstash_cluster_free: free what kvstash_cluster_info gave. NULL is fine. */
+void kvstash_cluster_free(struct kvstash_cluster *ci);
+
+/* kvstash_cluster_drain: register the daemon as draining (it hands its keys off, then
+ * leaves the pool). KV_UNSUPPORTED when it is not in a pool, KV_FORBIDDEN for a tenant. */
+int kvstash_cluster_drain(struct kvstash *c);
+
 /* ==== Asynchronous batches (kvstash_async.c) ====
  *
  * An async context owns its own connection and one worker thread. The

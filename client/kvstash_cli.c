@@ -1,6 +1,6 @@
 /*
  * kvstash_cli: the `kvstash` command, a thin shell over libkvstash for
- * scripts and operators (ping, hello, put, get, exists, rm, size, stats).
+ * scripts and operators (ping, hello, put, get, exists, rm, size, stats, cluster).
  *
  * It owns argument parsing, reading a value from a file or stdin (bounded by
  * the server's max_value_size, learned at connect), writing a value to stdout
@@ -26,6 +26,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "cli_cluster.h"
 #include "cli_monitor.h"
 #include "kverr.h"
 #include "kvstash.h"
@@ -67,6 +68,9 @@ static const char cli_usage_text[] =
     "  bench [-n ops] [-s bytes] [--keep]\n"
     "                        a quick put/get load with a progress line, then\n"
     "                        kvstash-bench's result lines\n"
+    "  cluster [members]     the pool: members, their states, the view's revision\n"
+    "  cluster where KEY...  the nodes that own each key, in the daemon's view\n"
+    "  cluster drain         hand this node's keys off, then leave the pool\n"
     "\n"
     "options:\n"
     "  -H host:port          TCP address ([v6]:port for IPv6)\n"
@@ -93,7 +97,7 @@ cli_usage(const char *synopsis, const char *fmt, const char *arg)
         fputs("\n", stderr);
     }
     fprintf(stderr, "usage: kvstash [-H host:port | -S socket] [-t timeout_ms] %s\n",
-            synopsis ? synopsis : "ping|hello|put|get|exists|rm|size|stats|top|bench ...");
+            synopsis ? synopsis : "ping|hello|put|get|exists|rm|size|stats|top|bench|cluster ...");
     fputs("       kvstash --help for details\n", stderr);
     return CLI_USAGE;
 }
@@ -410,6 +414,7 @@ static const struct cli_cmd cli_cmds[] = {
     { "stats", "", 0, -1, false, "stats [--json|--raw]", NULL, cli_stats },
     { "top", "", 0, -1, false, "top [-d seconds] [-n count]", NULL, cli_top },
     { "bench", "", 0, -1, false, "bench [-n ops] [-s bytes] [--keep]", NULL, cli_bench },
+    { "cluster", "", 0, -1, false, "cluster [members | where KEY... | drain]", NULL, cli_cluster },
 };
 
 /* cli_parse: a command's options and operands (argv[0] is the command). 0 or CLI_USAGE. */

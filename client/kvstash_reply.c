@@ -245,6 +245,10 @@ kvstash_wire_head_read(struct kvstash *c, struct kvstash_wire_head *h)
             h->len = v + extra;
         }
     }
+    if (h->type == RD_FLOAT) {
+        h->u = kvstash_wire_be(c->rbuf + c->rpos + 1, (int)hs - 1);  /* the IEEE-754 bits */
+        h->i = (int64_t)hs - 1;                                      /* 4 or 8 bytes */
+    }
     c->rpos += hs;
     c->msg_left -= hs;
     /* every element needs at least one byte; every body byte must fit */
@@ -911,4 +915,162 @@ kvstash_wire_read_stats(struct kvstash *c, struct kvstash_stat **items, size_t *
     *items = v;
     *n = cnt;
     return 0;
+}
+
+/* ---- cluster_info ---- */
+
+/* A str value into dst (cap bytes), or -EPROTO. */
+static int
+kvstash_wire_read_cstr(struct kvstash *c, char *dst, size_t cap, const char *what)
+{
+    struct kvstash_wire_head h;
+    int rc = kvstash_wire_head_read(c, &h);
+
+    if (rc == 0 && h.type != RD_STR && h.type != RD_BIN) {
+        return kvstash_wire_bad(c, what);
+    }
+    return rc != 0 ? rc : kvstash_wire_str_copy(c, h.len, dst, cap);
+}
+
+/* A number (float, uint or int) as a double. */
+static int
+kvstash_wire_read_double(struct kvstash *c, double *out)
+{
+    struct kvstash_wire_head h;
+    int rc = kvstash_wire_head_read(c, &h);
+
+    if (rc != 0) {
+        return rc;
+    }
+    if (h.type == RD_FLOAT && h.i == 8) {
+        memcpy(out, &h.u, sizeof(*out));
+    } else if (h.type == RD_FLOAT) {
+        uint32_t bits = (uint32_t)h.u;
+        float f;
+
+        memcpy(&f, &bits, sizeof(f));
+        *out = f;
+    } else if (h.type == RD_UINT) {
+        *out = (double)h.u;
+    } else if (h.type == RD_INT) {
+        *out = (double)h.i;
+    } else {
+        return kvstash_wire_bad(c, "cluster_info: a number expected");
+    }
+    return 0;
+}
+
+static int
+kvstash_wire_read_cluster_node(struct kvstash *c, struct kvstash_cluster_node *nd)
+{
+    struct kvstash_wire_head h;
+    int rc = kvstash_wire_head_read(c, &h);
+
+    if (rc == 0 && h.type != RD_MAP) {
+        rc = kvstash_wire_bad(c, "cluster_info: a node is not a map");
+    }
+    for (uint64_t i = 0; rc == 0 && i < h.len; i++) {
+        char k[16];
+
+        rc = kvstash_wire_read_cstr(c, k, sizeof(k), "cluster_info: a node's field name");
+        if (rc != 0) {
+            break;
+        }
+        if (strcmp(k, "id") == 0) {
+            rc = kvstash_wire_read_cstr(c, nd->id, sizeof(nd->id), "cluster_info: node id");
+        } else if (strcmp(k, "addr") == 0) {
+            rc = kvstash_wire_read_cstr(c, nd->addr, sizeof(nd->addr), "cluster_info: addr");
+        } else if (strcmp(k, "state") == 0) {
+            rc = kvstash_wire_read_cstr(c, nd->state, sizeof(nd->state), "cluster_info: state");
+        } else if (strcmp(k, "weight") == 0) {
+            rc = kvstash_wire_read_double(c, &nd->weight);
+        } else {
+            rc = kvstash_wire_skip_nested(c, 2);
+        }
+    }
+    return rc;
+}
+
+int
+kvstash_wire_read_cluster(struct kvstash *c, struct kvstash_cluster *ci)
+{
+    struct kvstash_wire_head h, a;
+    int rc = kvstash_wire_head_read(c, &h);
+
+    if (rc == 0 && h.type != RD_MAP) {
+        rc = kvstash_wire_bad(c, "cluster_info result is not a map");
+    }
+    for (uint64_t i = 0; rc == 0 && i < h.len; i++) {
+        char k[32];
+        uint64_t u;
+
+        rc = kvstash_wire_read_cstr(c, k, sizeof(k), "cluster_info: a field name");
+        if (rc != 0) {
+            break;
+        }
+        if (strcmp(k, "cluster") == 0) {
+            rc = kvstash_wire_read_cstr(c, ci->cluster, sizeof(ci->cluster), "cluster");
+        } else if (strcmp(k, "node_id") == 0) {
+            rc = kvstash_wire_read_cstr(c, ci->node_id, sizeof(ci->node_id), "node_id");
+        } else if (strcmp(k, "state") == 0) {
+            rc = kvstash_wire_read_cstr(c, ci->state, sizeof(ci->state), "state");
+        } else if (strcmp(k, "etcd_endpoint") == 0) {
+            rc = kvstash_wire_read_cstr(c, ci->etcd_endpoint, sizeof(ci->etcd_endpoint),
+                                        "etcd_endpoint");
+        } else if (strcmp(k, "registered") == 0) {
+            rc = kvstash_wire_read_bool(c, &ci->registered);
+        } else if (strcmp(k, "etcd_ok") == 0) {
+            rc = kvstash_wire_read_bool(c, &ci->etcd_ok);
+        } else if (strcmp(k, "revision") == 0) {
+            rc = kvstash_wire_read_uint(c, &ci->revision);
+        } else if (strcmp(k, "replicas") == 0) {
+            rc = kvstash_wire_read_uint(c, &u);
+            ci->replicas = (unsigned)u;
+        } else if (strcmp(k, "self") == 0) {
+            int64_t v;
+
+            rc = kvstash_wire_read_int(c, &v);
+            ci->self = (int)v;
+        } else if (strcmp(k, "nodes") == 0) {
+            rc = kvstash_wire_head_read(c, &a);
+            if (rc == 0 && (a.type != RD_ARRAY || a.len > 65536)) {
+                rc = kvstash_wire_bad(c, "cluster_info: nodes is not an array");
+            }
+            if (rc == 0 && a.len > 0) {
+                ci->nodes = calloc((size_t)a.len, sizeof(*ci->nodes));
+                rc = ci->nodes == NULL ? -ENOMEM : 0;
+            }
+            for (uint64_t j = 0; rc == 0 && j < a.len; j++) {
+                rc = kvstash_wire_read_cluster_node(c, &ci->nodes[j]);
+                ci->nnodes = (size_t)j + 1;
+            }
+        } else if (strcmp(k, "owners") == 0) {
+            rc = kvstash_wire_head_read(c, &a);
+            if (rc == 0 && a.type != RD_ARRAY) {
+                rc = kvstash_wire_bad(c, "cluster_info: owners is not an array");
+            }
+            if (rc == 0 && a.len > 0) {
+                ci->owners = calloc((size_t)a.len, sizeof(*ci->owners));
+                ci->nowners = calloc((size_t)a.len, sizeof(*ci->nowners));
+                rc = ci->owners == NULL || ci->nowners == NULL ? -ENOMEM : 0;
+            }
+            for (uint64_t j = 0; rc == 0 && j < a.len; j++) {
+                struct kvstash_wire_head o = {.len = 0};
+
+                rc = kvstash_wire_head_read(c, &o);
+                if (rc == 0 && (o.type != RD_ARRAY || o.len > KVSTASH_CLUSTER_R_MAX)) {
+                    rc = kvstash_wire_bad(c, "cluster_info: a key's owners");
+                }
+                for (uint64_t q = 0; rc == 0 && q < o.len; q++) {
+                    rc = kvstash_wire_read_uint(c, &u);
+                    ci->owners[j][q] = (uint32_t)u;
+                }
+                ci->nowners[j] = (unsigned)o.len;
+                ci->nkeys = (size_t)j + 1;
+            }
+        } else {
+            rc = kvstash_wire_skip(c);
+        }
+    }
+    return rc;
 }

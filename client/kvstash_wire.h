@@ -328,6 +328,14 @@ int kvstash_wire_read_hello(struct kvstash *c, struct kvstash_hello *hi);
 int kvstash_wire_read_stats(struct kvstash *c, struct kvstash_stat **items, size_t *n);
 
 /*
+ * kvstash_wire_read_cluster: the map answered to cluster_info into ci (zeroed by the caller;
+ * nodes, owners and nowners malloc'd, freed by kvstash_cluster_free even after a failure).
+ * Unknown fields are skipped.
+ */
+struct kvstash_cluster;
+int kvstash_wire_read_cluster(struct kvstash *c, struct kvstash_cluster *ci);
+
+/*
  * kvstash_wire_read_places: a list of pieces [segment, offset, length]
  * (at most cap of them, each in segment 0 and inside [0, arena)) into
  * places[0..*n); or an integer code instead (put_start's

@@ -21,6 +21,7 @@
 #include "config.h"
 #include "conn.h"
 #include "kverr.h"
+#include "member.h"
 #include "rpc.h"
 #include "rebalance.h"
 #include "repl.h"
@@ -29,6 +30,7 @@
 #include "stats.h"
 #include "store.h"
 #include "version.h"
+#include "view.h"
 #include "worker.h"
 
 #define METRICS_STATS_MAX 160       /* the stats method's RPC_STATS_MAX: the same pairs */
@@ -483,8 +485,8 @@ metrics_process(struct metrics_buf *b, const struct server_stats *sv, struct ser
 
 /* The cluster's data paths (src/cluster/repl.h): what this node asked of its peers and served. */
 static void
-metrics_cluster(struct metrics_buf *b, const struct metrics_sum *m, struct repl *r,
-                struct rebalance *rb)
+metrics_cluster_data(struct metrics_buf *b, const struct metrics_sum *m, struct repl *r,
+                     struct rebalance *rb)
 {
     struct repl_stats rs;
     struct rebalance_stats bs;
@@ -556,6 +558,52 @@ metrics_cluster(struct metrics_buf *b, const struct metrics_sum *m, struct repl 
               (unsigned long long)m->peer_conflicts);
 }
 
+/* The pool's membership (docs/cluster.md): only when this daemon is in one. */
+static void
+metrics_cluster(struct metrics_buf *b)
+{
+    static const enum view_state states[] = {VIEW_JOINING, VIEW_ACTIVE, VIEW_DRAINING};
+    struct member_stats ms;
+    struct cluster_view *v;
+
+    member_stats(&ms);
+    if (!ms.in_pool) {
+        return;
+    }
+    v = view_acquire();
+    fam(b, "kvstash_cluster_members", "gauge", "Members of the pool in this daemon's view, by "
+        "state.");
+    for (size_t k = 0; k < sizeof(states) / sizeof(states[0]); k++) {
+        uint64_t n = 0;
+
+        for (size_t i = 0; v != NULL && i < v->n; i++) {
+            n += v->nodes[i].state == states[k];
+        }
+        mb_printf(b, "kvstash_cluster_members{state=\"%s\"} %llu\n", view_state_name(states[k]),
+                  (unsigned long long)n);
+    }
+    one(b, "kvstash_cluster_view_revision", "gauge",
+        "The etcd revision of this daemon's view of the pool.", v != NULL ? v->revision : 0);
+    view_release(v);
+    one(b, "kvstash_cluster_registered", "gauge",
+        "1 while this node's key is in etcd under a live lease.", ms.registered);
+    one(b, "kvstash_cluster_etcd_up", "gauge", "1 when etcd answered the last call.",
+        ms.etcd_ok);
+    one(b, "kvstash_cluster_etcd_errors_total", "counter",
+        "Calls to etcd that failed (no answer or an error answer).", ms.etcd_errors);
+    one(b, "kvstash_cluster_lease_renewals_total", "counter",
+        "Lease keepalives answered with the lease alive.", ms.lease_renewals);
+    one(b, "kvstash_cluster_lease_lost_total", "counter",
+        "Leases found expired (the node then registered again).", ms.lease_lost);
+    one(b, "kvstash_cluster_registrations_total", "counter",
+        "Times this node's key was created in etcd.", ms.registrations);
+    one(b, "kvstash_cluster_views_total", "counter", "Views of the pool published.", ms.views);
+    one(b, "kvstash_cluster_full_reads_total", "counter",
+        "Member lists read whole (start, compaction, lost history).", ms.full_reads);
+    one(b, "kvstash_cluster_watch_rearms_total", "counter",
+        "Watches restarted before their idle timeout.", ms.watch_rearms);
+}
+
 int
 metrics_render(struct server *s, struct metrics_buf *out)
 {
@@ -580,8 +628,9 @@ metrics_render(struct server *s, struct metrics_buf *out)
     metrics_tiers(out, m, &st, sv.ssd != NULL ? &ss : NULL);
     metrics_connections(out, &sv, m);
     metrics_tenants(out, s, sv.store, &st);
+    metrics_cluster(out);
     if (sv.repl != NULL) {
-        metrics_cluster(out, m, sv.repl, sv.rebalance);
+        metrics_cluster_data(out, m, sv.repl, sv.rebalance);
     }
     free(m);
     return out->failed ? -ENOMEM : 0;

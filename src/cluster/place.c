@@ -1,7 +1,8 @@
 /*
- * place: weighted rendezvous hashing, exactly as place.h specifies it (the constants below
- * are part of the interface: changing one moves every key of every pool). No I/O, no state,
- * no allocation. The header is the specification; this file only computes it.
+ * place: weighted rendezvous hashing, exactly as place.h specifies it (the constants here
+ * and in place.h's inline place_pair are part of the interface: changing one moves every
+ * key of every pool). No I/O, no state, no allocation. The header is the specification;
+ * this file only computes it.
  */
 #include "place.h"
 
@@ -10,18 +11,6 @@
 
 #define PLACE_FNV_OFFSET UINT64_C(0xcbf29ce484222325)
 #define PLACE_FNV_PRIME UINT64_C(0x100000001b3)
-#define PLACE_GOLDEN UINT64_C(0x9e3779b97f4a7c15)
-
-static uint64_t
-place_fmix64(uint64_t k)
-{
-    k ^= k >> 33;
-    k *= UINT64_C(0xff51afd7ed558ccd);
-    k ^= k >> 33;
-    k *= UINT64_C(0xc4ceb9fe1a85ec53);
-    k ^= k >> 33;
-    return k;
-}
 
 uint64_t
 place_hash(const void *b, size_t n)
@@ -33,12 +22,6 @@ place_hash(const void *b, size_t n)
         h = (h ^ p[i]) * PLACE_FNV_PRIME;
     }
     return place_fmix64(h);
-}
-
-uint64_t
-place_pair(uint64_t node_hash, uint64_t key_hash)
-{
-    return place_fmix64(node_hash ^ (key_hash * PLACE_GOLDEN));
 }
 
 double

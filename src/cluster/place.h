@@ -52,8 +52,25 @@ size_t place_owners(const struct place_node *nodes, size_t n, const void *key, s
 /* place_hash: the 64-bit hash of b[0..n) defined above (fmix64 of FNV-1a 64). */
 uint64_t place_hash(const void *b, size_t n);
 
-/* place_pair: the 64-bit pair hash x of a node hash and a key hash, defined above. */
-uint64_t place_pair(uint64_t node_hash, uint64_t key_hash);
+/* place_fmix64: MurmurHash3's 64-bit finalizer, defined above. */
+static inline uint64_t
+place_fmix64(uint64_t k)
+{
+    k ^= k >> 33;
+    k *= UINT64_C(0xff51afd7ed558ccd);
+    k ^= k >> 33;
+    k *= UINT64_C(0xc4ceb9fe1a85ec53);
+    k ^= k >> 33;
+    return k;
+}
+
+/* place_pair: the 64-bit pair hash x of a node hash and a key hash, defined above. Inline:
+ * it runs once per node per key. */
+static inline uint64_t
+place_pair(uint64_t node_hash, uint64_t key_hash)
+{
+    return place_fmix64(node_hash ^ (key_hash * UINT64_C(0x9e3779b97f4a7c15)));
+}
 
 /* place_score: -weight / ln(u) for the pair hash x; -1 for a weight that never owns. */
 double place_score(uint64_t x, double weight);

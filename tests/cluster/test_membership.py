@@ -245,3 +245,49 @@ def test_compaction_past_the_watch_revision(pool):
     assert view == {"n1": "active", "n2": "active", "n4": "active"}
     assert counters(nodes[0])["full_reads"] > before
     assert "compacted" in nodes[0].output()
+
+
+def test_cli_cluster_and_metrics(pool):
+    import subprocess
+    import urllib.request
+    from clusterlib import free_port
+
+    cli = os.environ.get("KVSTASH_CLI") or os.path.join(os.path.dirname(__file__), "..", "..",
+                                                        "build", "release", "kvstash")
+    mport = free_port("127.0.0.2")
+    nodes = [pool.start(args=[f"--metrics_listen=127.0.0.2:{mport}"]), pool.start(weight=2)]
+    pool.wait_view(2)
+
+    def run(node, *args):
+        return subprocess.run([cli, "-H", node.addr, "cluster", *args], capture_output=True,
+                              text=True, timeout=30)
+
+    out = run(nodes[0])
+    assert out.returncode == 0, out.stderr
+    assert "pool pool:" in out.stdout and "2 members" in out.stdout
+    assert "n1" in out.stdout and nodes[1].addr in out.stdout and "(this node)" in out.stdout
+    where = run(nodes[0], "where", "k1", "k2")
+    assert where.returncode == 0, where.stderr
+    ids = [x["id"] for x in nodes[0].info()["nodes"]]
+    weights = {"n1": 1, "n2": 2}
+    for key in ("k1", "k2"):
+        want = [ids[i] for i in place_ref.owners([(i, weights[i]) for i in ids], key.encode(), 2)]
+        line = [ln for ln in where.stdout.splitlines() if ln.startswith(key + ":")][0]
+        assert [p.split()[0] for p in line.split(":", 1)[1].split(",")] == want, line
+    assert run(nodes[0], "bogus").returncode == 2
+    # /metrics: the members by state, the revision, lease renewals going up
+    url = f"http://127.0.0.2:{mport}/metrics"
+
+    def metric(series):
+        """The value of one series (name with its labels, as /metrics writes it)."""
+        text = urllib.request.urlopen(url, timeout=10).read().decode()
+        values = dict(ln.rsplit(" ", 1) for ln in text.splitlines() if not ln.startswith("#"))
+        return float(values[series]) if series in values else None
+
+    assert metric('kvstash_cluster_members{state="active"}') == 2
+    assert metric("kvstash_cluster_view_revision") == nodes[0].info()["revision"]
+    assert metric("kvstash_cluster_registered") == 1
+    wait_for(lambda: metric("kvstash_cluster_lease_renewals_total") >= 2, 10, "renewals")
+    assert run(nodes[1], "drain").returncode == 0
+    wait_for(lambda: metric('kvstash_cluster_members{state="draining"}') == 1, 10,
+             "a draining member in /metrics")
