@@ -32,6 +32,8 @@ from place_ref import owners  # noqa: E402
 
 R = 2
 
+pytestmark = pytest.mark.quick     # all of them are in make test's short set
+
 
 def crc32c(data):
     """CRC-32C (Castagnoli), bitwise: the checksum peers send with every value."""
