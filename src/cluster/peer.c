@@ -42,15 +42,20 @@
 #define PEER_READ_CHUNK (256u * 1024u)
 #define PEER_WAIT_MAX_MS 1000
 #define PEER_HELLO_ID 0u             /* msgid of the login; calls count from 1 */
+#define PEER_SEGS (PEER_EXTRA_MAX + 3) /* head, params, extra, tail */
 
 struct peer_msg {
     struct peer_msg *next;
     char addr[PEER_ADDR_MAX];
     uint8_t head[48];               /* [0, msgid, method, (the params follow) */
-    size_t hlen;
     uint8_t *buf;                   /* the params (or the whole login), malloc'd */
-    size_t len;                     /* hlen + the params' bytes */
-    size_t off;                     /* bytes written, head first */
+    uint8_t *tail;                  /* peer_extra's tail, malloc'd, or NULL */
+    void (*release)(void *arg);     /* peer_extra's release, once its bytes are written */
+    void *release_arg;
+    struct iovec seg[PEER_SEGS];    /* what is written, in order */
+    int nseg;
+    size_t len;                     /* the bytes of all segments */
+    size_t off;                     /* bytes written */
     uint32_t msgid;
     uint64_t deadline;              /* ms, clock_ms */
     peer_done_fn *done;             /* NULL once answered (timed out while being written) */
@@ -114,11 +119,26 @@ peer_answer(struct peer_pool *p, struct peer_msg *m, int status, const uint8_t *
     }
 }
 
+/* peer_msg_written: its bytes are on the wire (or never will be): let go of them. */
+static void
+peer_msg_written(struct peer_msg *m)
+{
+    free(m->buf);
+    m->buf = NULL;
+    free(m->tail);
+    m->tail = NULL;
+    if (m->release != NULL) {
+        m->release(m->release_arg);
+        m->release = NULL;
+    }
+    m->nseg = 0;
+}
+
 static void
 peer_msg_free(struct peer_msg *m)
 {
     if (m != NULL) {
-        free(m->buf);
+        peer_msg_written(m);
         free(m);
     }
 }
@@ -318,7 +338,9 @@ peer_hello(struct peer_pool *p)
     m->buf[n++] = (uint8_t)tl;
     memcpy(m->buf + n, p->token, tl);
     m->len = n + tl;
-    m->hlen = 0;
+    m->seg[0].iov_base = m->buf;
+    m->seg[0].iov_len = m->len;
+    m->nseg = 1;
     m->msgid = PEER_HELLO_ID;
     m->deadline = UINT64_MAX;
     return m;
@@ -340,18 +362,37 @@ int
 peer_call(struct peer_pool *p, const char *addr, const char *method, uint8_t *params,
           size_t plen, peer_done_fn *done, void *arg)
 {
+    return peer_call_ext(p, addr, method, params, plen, NULL, done, arg);
+}
+
+int
+peer_call_ext(struct peer_pool *p, const char *addr, const char *method, uint8_t *params,
+              size_t plen, const struct peer_extra *x, peer_done_fn *done, void *arg)
+{
     size_t mlen = strlen(method);
     struct peer_msg *m;
     uint64_t one = 1;
     size_t h;
 
-    if (mlen > 31 || strlen(addr) >= PEER_ADDR_MAX) {
+    if (mlen > 31 || strlen(addr) >= PEER_ADDR_MAX || (x != NULL && x->n > PEER_EXTRA_MAX)) {
         free(params);
+        if (x != NULL) {
+            free(x->tail);
+            if (x->release != NULL) {
+                x->release(x->release_arg);
+            }
+        }
         return -EINVAL;
     }
     m = calloc(1, sizeof(*m));
     if (m == NULL) {
         free(params);
+        if (x != NULL) {
+            free(x->tail);
+            if (x->release != NULL) {
+                x->release(x->release_arg);
+            }
+        }
         return -ENOMEM;
     }
     m->msgid = atomic_fetch_add_explicit(&p->next_id, 1, memory_order_relaxed);
@@ -359,9 +400,24 @@ peer_call(struct peer_pool *p, const char *addr, const char *method, uint8_t *pa
         m->msgid = atomic_fetch_add_explicit(&p->next_id, 1, memory_order_relaxed);
     }
     h = peer_head(m->head, m->msgid, method, mlen);
-    m->hlen = h;
     m->buf = params;                /* written after the head as it is: no copy */
+    m->seg[m->nseg].iov_base = m->head;
+    m->seg[m->nseg++].iov_len = h;
+    m->seg[m->nseg].iov_base = params;
+    m->seg[m->nseg++].iov_len = plen;
     m->len = h + plen;
+    if (x != NULL) {
+        for (int i = 0; i < x->n; i++) {
+            m->seg[m->nseg++] = x->iov[i];
+            m->len += x->iov[i].iov_len;
+        }
+        m->tail = x->tail;
+        m->seg[m->nseg].iov_base = x->tail;
+        m->seg[m->nseg++].iov_len = x->tail_len;
+        m->len += x->tail_len;
+        m->release = x->release;
+        m->release_arg = x->release_arg;
+    }
     snprintf(m->addr, sizeof(m->addr), "%s", addr);
     m->deadline = clock_ms() + p->cfg.timeout_ms;
     m->done = done;
@@ -433,21 +489,22 @@ static int
 peer_write(struct peer_pool *p, struct peer_conn *c)
 {
     while (c->wq != NULL) {
-        struct iovec iov[16];
+        struct iovec iov[64];
         int n = 0;
         ssize_t w;
 
-        for (struct peer_msg *m = c->wq; m != NULL && n < 15; m = m->next) {
-            if (m->off < m->hlen) {
-                iov[n].iov_base = m->head + m->off;
-                iov[n].iov_len = m->hlen - m->off;
-                n++;
-            }
-            size_t at = m->off > m->hlen ? m->off - m->hlen : 0;
-            if (m->len - m->hlen > at) {
-                iov[n].iov_base = m->buf + at;
-                iov[n].iov_len = m->len - m->hlen - at;
-                n++;
+        for (struct peer_msg *m = c->wq; m != NULL && n + PEER_SEGS <= 64; m = m->next) {
+            size_t skip = m->off;
+
+            for (int i = 0; i < m->nseg; i++) {
+                if (skip >= m->seg[i].iov_len) {
+                    skip -= m->seg[i].iov_len;
+                    continue;
+                }
+                iov[n].iov_base = (uint8_t *)m->seg[i].iov_base + skip;
+                iov[n].iov_len = m->seg[i].iov_len - skip;
+                skip = 0;
+                n += iov[n].iov_len > 0;
             }
         }
         if (n == 0) {
@@ -478,8 +535,7 @@ peer_write(struct peer_pool *p, struct peer_conn *c)
             if (c->wq == NULL) {
                 c->wq_tail = NULL;
             }
-            free(m->buf);
-            m->buf = NULL;
+            peer_msg_written(m);
             if (m->done == NULL && m->msgid != PEER_HELLO_ID) {
                 peer_msg_free(m);           /* timed out while being written */
             } else {

@@ -68,6 +68,26 @@ void peer_pool_destroy(struct peer_pool *p);
 int peer_call(struct peer_pool *p, const char *addr, const char *method, uint8_t *params,
               size_t plen, peer_done_fn *done, void *arg);
 
+/*
+ * peer_call_ext: peer_call with more bytes after params, sent by reference (no copy): iov[0..n)
+ * (borrowed until release(release_arg) is called: once they are written, or the call failed,
+ * on the pool's thread; release may be NULL), then tail[0..tail_len) (malloc'd, transferred;
+ * may be NULL). params + iov + tail together are the params array. n at most
+ * PEER_EXTRA_MAX. On an error return release has been called and tail freed.
+ */
+#define PEER_EXTRA_MAX 34
+struct iovec;
+struct peer_extra {
+    const struct iovec *iov;
+    int n;
+    uint8_t *tail;
+    size_t tail_len;
+    void (*release)(void *arg);
+    void *release_arg;
+};
+int peer_call_ext(struct peer_pool *p, const char *addr, const char *method, uint8_t *params,
+                  size_t plen, const struct peer_extra *x, peer_done_fn *done, void *arg);
+
 /* peer_stats: a snapshot of the counters. */
 void peer_stats(struct peer_pool *p, struct peer_stats *out);
 

@@ -464,17 +464,36 @@ repl_put_answer(void *arg, int status, const uint8_t *res, size_t len)
     free(p);
 }
 
-/* repl_send_put: one peer_put of o (value crc) to addr, within the queue's bound. */
+/* What a peer_put's value extents hold until they are written: a reference on the object. */
+struct repl_hold {
+    struct store *st;
+    struct store_obj *o;
+};
+
+static void
+repl_hold_release(void *arg)
+{
+    struct repl_hold *h = arg;
+
+    store_obj_unref(h->st, h->o);
+    free(h);
+}
+
+/*
+ * repl_send_put: one peer_put of o (value crc) to addr, within the queue's bound. The value
+ * goes out from the arena by reference (a reference on o is held until it is written).
+ */
 static void
 repl_send_put(struct repl *r, const char *addr, const struct kv_key *key, struct store_obj *o,
               uint32_t crc, struct repl_ticket *t)
 {
     uint64_t size = store_obj_size(o);
     struct iovec iov[STORE_MAX_EXTENTS];
-    msgpack_sbuffer sb;
-    msgpack_packer pk;
+    struct peer_extra x = {.iov = iov};
+    msgpack_sbuffer sb, tb;
+    msgpack_packer pk, tk;
     struct repl_put *p;
-    int nio;
+    struct repl_hold *h;
 
     if (atomic_fetch_add_explicit(&r->queue_bytes, size, memory_order_relaxed) + size
         > r->cfg.queue_max) {
@@ -483,6 +502,7 @@ repl_send_put(struct repl *r, const char *addr, const struct kv_key *key, struct
         return;
     }
     p = malloc(sizeof(*p));
+    h = malloc(sizeof(*h));
     msgpack_sbuffer_init(&sb);
     msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
     msgpack_pack_array(&pk, 4);
@@ -491,20 +511,28 @@ repl_send_put(struct repl *r, const char *addr, const struct kv_key *key, struct
     msgpack_pack_bin(&pk, key->len);
     msgpack_pack_bin_body(&pk, key->ptr, key->len);
     msgpack_pack_array(&pk, 1);
-    msgpack_pack_bin(&pk, (size_t)size);
-    nio = store_obj_iov(o, iov, STORE_MAX_EXTENTS);
-    for (int i = 0; i < nio; i++) {
-        msgpack_pack_bin_body(&pk, iov[i].iov_base, iov[i].iov_len);
-    }
-    msgpack_pack_array(&pk, 1);
-    msgpack_pack_uint32(&pk, crc);
-    if (p == NULL || sb.data == NULL) {
+    msgpack_pack_bin(&pk, (size_t)size);    /* the body: the object's extents, by reference */
+    msgpack_sbuffer_init(&tb);
+    msgpack_packer_init(&tk, &tb, msgpack_sbuffer_write);
+    msgpack_pack_array(&tk, 1);
+    msgpack_pack_uint32(&tk, crc);
+    if (p == NULL || h == NULL || sb.data == NULL || tb.data == NULL) {
         free(p);
+        free(h);
         msgpack_sbuffer_destroy(&sb);
+        msgpack_sbuffer_destroy(&tb);
         atomic_fetch_sub_explicit(&r->queue_bytes, size, memory_order_relaxed);
         repl_add(&r->repl_drops, 1);
         return;
     }
+    store_obj_ref(o);
+    h->st = r->cfg.store;
+    h->o = o;
+    x.n = store_obj_iov(o, iov, STORE_MAX_EXTENTS);
+    x.tail = (uint8_t *)tb.data;
+    x.tail_len = tb.size;
+    x.release = repl_hold_release;
+    x.release_arg = h;
     p->r = r;
     p->bytes = size;
     p->crc = crc;
@@ -515,8 +543,8 @@ repl_send_put(struct repl *r, const char *addr, const struct kv_key *key, struct
     }
     repl_add(&r->queue_depth, 1);
     repl_add(&r->repl_sent, 1);
-    if (peer_call(r->pool, addr, "peer_put", (uint8_t *)sb.data, sb.size, repl_put_answer, p)
-        != 0) {
+    if (peer_call_ext(r->pool, addr, "peer_put", (uint8_t *)sb.data, sb.size, &x,
+                      repl_put_answer, p) != 0) {
         repl_put_answer(p, KV_UNAVAILABLE, NULL, 0);
     }
 }

@@ -96,7 +96,8 @@ void repl_ticket_put(void *arg, void *ticket);
 
 /*
  * repl_static_view: publish a fixed view of ACTIVE nodes, spec "id@host:port,id@host:port"
- * (self_id: this node's id), for tests and benchmarks of the data paths without etcd
+ * (a "*weight" after a port sets that node's weight; 0: it owns nothing; self_id: this
+ * node's id), for tests and benchmarks of the data paths without etcd
  * (the environment variable KVSTASH_TEST_VIEW; never changes afterwards). 0, -EINVAL, -ENOMEM.
  */
 int repl_static_view(const char *spec, const char *self_id);

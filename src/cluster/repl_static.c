@@ -43,10 +43,24 @@ repl_static_view(const char *spec, const char *self_id)
             view_release(v);
             return -EINVAL;
         }
+        char *star = strchr(at + 1, '*');
+        double w = 1;
+
+        if (star != NULL) {
+            char *end;
+            *star = '\0';
+            w = strtod(star + 1, &end);
+            if (end == star + 1 || *end != '\0' || !(w >= 0)) {
+                log_error("KVSTASH_TEST_VIEW: bad weight in '%s'", tok);
+                free(copy);
+                view_release(v);
+                return -EINVAL;
+            }
+        }
         *at = '\0';
         snprintf(v->nodes[n].id, sizeof(v->nodes[n].id), "%s", tok);
         snprintf(v->nodes[n].addr, sizeof(v->nodes[n].addr), "%s", at + 1);
-        v->nodes[n].weight = 1;
+        v->nodes[n].weight = w;
         v->nodes[n].state = VIEW_ACTIVE;
         n++;
     }

@@ -47,6 +47,7 @@
 
 #define RPC_STATS_MAX 160
 #define RPC_EXISTS_BLOCK 64
+#define RPC_PREFETCH_REMOTE 64         /* keys of a queued get fetched from owners ahead */
 
 static const char *const rpc_names[RPC_METHOD_COUNT] = {
     [RPC_PING] = "ping",
@@ -956,6 +957,8 @@ rpc_overlaps(const struct rpc_ctx *ctx, const uint8_t *msg, size_t len)
 void
 rpc_prefetch(struct rpc_ctx *ctx, const uint8_t *msg, size_t len)
 {
+    struct kv_key miss[RPC_PREFETCH_REMOTE];
+    uint32_t nmiss = 0;
     struct mp_reader rd;
     uint32_t np, nkeys = 1;
     int m = rpc_peek(msg, len, &rd, &np);
@@ -981,7 +984,13 @@ rpc_prefetch(struct rpc_ctx *ctx, const uint8_t *msg, size_t len)
         key.tenant = ctx->tenant;
         key.ptr = kp;
         key.len = klen;
-        (void)store_prefetch(ctx->srv->store, &key);
+        if (store_prefetch(ctx->srv->store, &key) == 0 && ctx->srv->remote != NULL
+            && nmiss < RPC_PREFETCH_REMOTE && store_exists(ctx->srv->store, &key) == 0) {
+            miss[nmiss++] = key;        /* in a pool: its owner is asked now, too */
+        }
+    }
+    if (nmiss > 0) {
+        (void)ctx->srv->remote->fetch(ctx->srv->remote->arg, miss, nmiss, false);
     }
 }
 

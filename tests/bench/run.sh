@@ -36,6 +36,7 @@
 # each engine script: rounds until then, medians), PYTHON (/usr/bin/python3, with python3-msgpack and python3-numpy),
 # BENCH_SSD (1; 0 skips the SSD section; its other settings are in ssd.sh),
 # BENCH_RESP (1; 0 skips the Redis-protocol section; its settings are in resp.sh),
+# BENCH_CLUSTER (1; 0 skips the pool's section; its settings are in cluster.sh),
 # BENCH_DAEMON_ARGS (more kvstashd flags for the matrix's daemon, e.g. --io_threads=8; the
 # SSD section has its own, BENCH_SSD_DAEMON_ARGS), BENCH_COPY (0; 1 makes kvstash-bench,
 # raw-bench and mc-bench send put values by copying, -C, instead of by reference).
@@ -839,6 +840,19 @@ else
     echo "== Redis protocol: skipped (BENCH_RESP=0)"
 fi
 
+# ---- the pool: remote hits against local gets, a put with R=2 against one daemon ----
+cluster_rc=0
+if [ "${BENCH_CLUSTER:-1}" != 0 ]; then
+    echo
+    echo "== Pool (tests/bench/cluster.sh): two daemons on loopback, a fixed view"
+    KVSTASHD="$KVSTASHD" BENCH="$BENCH" KVSTASH_CLI="$KVSTASH_CLI" BENCH_REPS="$REPS" \
+        timeout 1800 "$here/cluster.sh" || cluster_rc=$?
+    kvd_alive || kvd_died
+else
+    echo
+    echo "== Pool: skipped (BENCH_CLUSTER=0)"
+fi
+
 # ---- SSD tier ----
 # The DRAM daemon is done: stopped, so the SSD section has the machine to itself. ssd.sh
 # bounds its own runs (it starts none after 360 s; its restart test's fill of a million
@@ -861,6 +875,10 @@ if [ "$failures" -gt 0 ]; then
 fi
 if [ "$resp_rc" -ne 0 ]; then
     echo "run.sh: the Redis-protocol section failed (exit $resp_rc)" >&2
+    exit 1
+fi
+if [ "$cluster_rc" -ne 0 ]; then
+    echo "run.sh: the pool's section failed (exit $cluster_rc)" >&2
     exit 1
 fi
 if [ "$ssd_rc" -ne 0 ]; then
