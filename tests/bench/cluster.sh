@@ -102,8 +102,8 @@ remote=() locals=()
 for r in $(seq 1 "$REPS"); do
     id="r$r"
     # each run starts empty on both (-R: remove_all), so nothing is evicted and B has nothing
-    echo "\$ $BENCH -H 127.0.0.1:$pb -m exists -R -N -i $id -n 1 -q"
-    "$BENCH" -H "127.0.0.1:$pb" -m exists -R -N -i "$id" -n 1 -q >/dev/null \
+    echo "\$ $BENCH -H 127.0.0.1:$pb -m exists -R -k 8 -n 1 -q"
+    "$BENCH" -H "127.0.0.1:$pb" -m exists -R -k 8 -n 1 -q >/dev/null \
         || die "remove_all on B failed"
     echo "\$ $BENCH -H 127.0.0.1:$pa -m put -R -i $id -c 1 -b 8 -s 1m -n $((KEYS / 8)) -q"
     "$BENCH" -H "127.0.0.1:$pa" -m put -R -i "$id" -c 1 -b 8 -s 1m -n $((KEYS / 8)) -t 600 -q \
@@ -139,7 +139,7 @@ ticks=$(getconf CLK_TCK)
 pool_cpu=() one_cpu=()
 for r in $(seq 1 "$REPS"); do
     c0=$(( $(proc_cpu "$pid_a") + $(proc_cpu "$pid_b") ))
-    "$BENCH" -H "127.0.0.1:$pb" -m exists -R -N -i "p$r" -n 1 -q >/dev/null \
+    "$BENCH" -H "127.0.0.1:$pb" -m exists -R -k 8 -n 1 -q >/dev/null \
         || die "remove_all on B failed"
     out=$("$BENCH" -H "127.0.0.1:$pa" -m put -R -i "p$r" -c 1 -b 8 -s 1m -n $((KEYS / 8)) -t 600 -q) \
         || die "the pool put of run $r failed"
