@@ -478,6 +478,7 @@ rpc_xfer_durable(struct rpc_ctx *ctx, struct rpc_xfer *x)
         store_obj_ref(o);               /* ours, past the writer's, which commit gives back */
         d->codes[i] = store_commit(x->st, o);
         if (d->codes[i] == 0) {
+            rpc_remote_stored_obj(ctx, o);      /* in a pool: to the key's owners */
             rpc_deferred_hold(ctx, d, i, o);
         } else {
             store_obj_unref(x->st, o);
@@ -561,7 +562,14 @@ rpc_xfer_answer(struct rpc_ctx *ctx, struct outq *out)
     }
     for (uint32_t i = 0; x->put && i < x->n; i++) {
         if (x->objs[i] != NULL) {
-            x->res[i] = store_commit(x->st, x->objs[i]);
+            struct store_obj *o = x->objs[i];
+
+            store_obj_ref(o);           /* past the writer's, which commit gives back */
+            x->res[i] = store_commit(x->st, o);
+            if (x->res[i] == 0) {
+                rpc_remote_stored_obj(ctx, o);  /* in a pool: to the key's owners */
+            }
+            store_obj_unref(x->st, o);
             x->objs[i] = NULL;
         }
     }

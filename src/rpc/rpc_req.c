@@ -495,6 +495,23 @@ rpc_remote_stored(struct rpc_req *rq, const uint8_t *kp, uint32_t klen)
     }
 }
 
+void
+rpc_remote_stored_obj(struct rpc_ctx *ctx, struct store_obj *o)
+{
+    const struct rpc_remote *rm = ctx->srv->remote;
+    struct kv_key key;
+    void *t;
+
+    if (rm == NULL) {
+        return;
+    }
+    store_obj_key(o, &key);
+    t = rm->stored(rm->arg, &key, o);
+    if (t != NULL) {
+        rm->ticket_put(rm->arg, t);     /* these replies do not wait for the owners */
+    }
+}
+
 /* ---- login ---- */
 
 /*

@@ -144,6 +144,13 @@ int rpc_remote_present(struct rpc_req *rq, struct mp_reader keys, uint32_t n, ui
 void rpc_remote_stored(struct rpc_req *rq, const uint8_t *kp, uint32_t klen);
 
 /*
+ * rpc_remote_stored_obj: the same for an object a shared-memory or direct-access put just
+ * committed (o: a reference the caller holds). Its reply does not wait for the owners
+ * (write_ack local, whatever the setting).
+ */
+void rpc_remote_stored_obj(struct rpc_ctx *ctx, struct store_obj *o);
+
+/*
  * rpc_login: authenticate ctx's connection as tenant[0..tenant_len) with
  * token[0..token_len) (the msgpack hello {tenant, token} and the RESP AUTH
  * both call it). 0: its keys live in the tenant's namespace from now on;

@@ -13,8 +13,10 @@ Every value is checked against a table of digests; every wait is bounded.
 """
 
 import hashlib
+import mmap
 import os
 import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -48,7 +50,7 @@ def crc32c(data):
 class Pool:
     """n daemons on 127.0.0.1, each knowing the others through a fixed view."""
 
-    def __init__(self, work, n, extra=()):
+    def __init__(self, work, n, extra=(), unix=False):
         self.ports = [kvtest.free_port() for _ in range(n)]
         self.mports = [kvtest.free_port() for _ in range(n)]
         self.ids = [f"node-{i}" for i in range(n)]
@@ -60,7 +62,7 @@ class Pool:
                                      f"--node_id={self.ids[i]}", "--cluster_name=t",
                                      "--etcd_endpoints=http://127.0.0.1:9",
                                      f"--replicas={R}", "--memory_size=64m", *extra],
-                              unix=False, env={"KVSTASH_TEST_VIEW": view})
+                              unix=unix, env={"KVSTASH_TEST_VIEW": view})
             d.port = self.ports[i]
             self.daemons.append(d)
         for d in self.daemons:
@@ -98,8 +100,8 @@ def fixed_pool():
     with tempfile.TemporaryDirectory(prefix="kvstash-cluster-data-") as work:
         pools = []
 
-        def start(n=3, extra=()):
-            p = Pool(work, n, extra)
+        def start(n=3, extra=(), unix=False):
+            p = Pool(work, n, extra, unix)
             pools.append(p)
             return p
 
@@ -278,3 +280,36 @@ def test_write_ack_all_answers_once_every_owner_has_the_value(fixed_pool):
     assert c.call("batch_put", list(batch), list(batch.values())) == [0] * 8
     for k in batch:
         assert all(p.has(i, [k])[0] for i in p.owners(k)), k
+
+
+def test_a_shared_memory_put_reaches_the_owners(fixed_pool):
+    p = fixed_pool(unix=True)
+    vals = values(8, size=50000, tag=b"m")
+    keys = list(vals)
+    size = sum(len(v) for v in vals.values())
+    fd = os.memfd_create("kvstash-cluster-test", os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(fd, size)
+        with mmap.mmap(fd, size) as mm:
+            pieces, off = [], 0
+            for k in keys:
+                mm[off:off + len(vals[k])] = vals[k]
+                pieces.append([[0, off, len(vals[k])]])
+                off += len(vals[k])
+            c = p.daemons[0].unix()
+            msgid, data = c.request("register_buffer", [{"size": size}])
+            assert socket.send_fds(c.sock, [data], [fd]) == len(data)
+            msg = c.recv()
+            assert msg[2] is None, msg
+            pieces = [[[msg[3], o, n]] for [[_, o, n]] in pieces]
+            assert c.call("batch_put_from", keys, pieces) == [0] * len(keys)
+    finally:
+        os.close(fd)
+    for i in range(3):
+        mine = [k for k in keys if i in p.owners(k)]
+        wait_for(lambda i=i, mine=mine: all(p.has(i, mine)), f"node {i}'s copies")
+    far = {i: [k for k in keys if i not in p.owners(k)] for i in (1, 2)}
+    for i, ks in far.items():
+        c = p.daemons[i].tcp()
+        for k in ks:
+            assert c.call("get", k) == vals[k]
