@@ -111,7 +111,7 @@ INTEG := $(BUILD)/integration-tests
 
 .PHONY: all run test deps bench-deps asan fuzz bench soak install uninstall man deb format clean help \
         test-layers test-unit test-integration test-python test-fuzz check-deps \
-        test-cluster cluster-test cluster-sim
+        test-cluster cluster-test cluster-sim cluster-replay
 
 all: $(KVSTASHD) $(KVSTASH) $(BENCH) $(LIBCLIENT_A) $(LIBCLIENT_SO)
 
@@ -259,6 +259,10 @@ cluster-test: deps
 # weight (PLACE_SIM_ARGS: e.g. -k 1000000 for a quicker run)
 cluster-sim: $(PLACESIM)
 	$(PLACESIM) $(PLACE_SIM_ARGS)
+
+# Mooncake's synthetic trace over N engines: pooled hit rate against N isolated caches
+cluster-replay:
+	/usr/bin/python3 tests/cluster/trace_replay.py $(TRACE_REPLAY_ARGS)
 
 # the include lines keep the layers of docs/architecture.md
 test-layers:
@@ -435,6 +439,7 @@ clean:
 help:
 	@echo "targets: all run test deps bench-deps asan fuzz bench soak install uninstall format clean help"
 	@echo "         cluster-test (the pool's tests, a real etcd) cluster-sim (placement simulator)"
+	@echo "         cluster-replay (Mooncake's trace: pooled against isolated caches)"
 	@echo "vars:    VARIANT=release|debug|asan  V=1 (verbose)  PREFIX=$(PREFIX)"
 
 -include $(shell find build -name '*.d' -type f 2>/dev/null)

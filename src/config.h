@@ -107,7 +107,7 @@ struct kv_config {
     char resp_tls_listen[CONF_STR_MAX]; /* host:port of the RESP2 port over TLS; "" = none */
     char cluster_name[CONF_STR_MAX];  /* "" = one node, no pool (the default) */
     char etcd_endpoints[CONF_STR_MAX]; /* comma list of http(s)://host:port; "" = none */
-    char etcd_prefix[CONF_STR_MAX];   /* key prefix in etcd; /kvstash/<cluster_name> after finalize */
+    char etcd_prefix[CONF_STR_MAX];   /* key prefix in etcd; default /kvstash/<cluster_name> */
     uint64_t etcd_lease_ttl;          /* ms, whole seconds: the node key's lease; 10 s */
     char peer_advertise[CONF_STR_MAX]; /* host:port peers dial; "" before finalize = listen */
     uint64_t replicas;                /* owners of each key (R); default 2 */

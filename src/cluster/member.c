@@ -9,19 +9,22 @@
  * an event made active (libevent's pthreads locking is on).
  *
  * The node key's value is JSON: {"id", "addr", "weight", "state", "tls"}. The lease id of
- * our registration is kept in <data_dir>/cluster_lease, so that a daemon restarted after a
- * crash, finding its own node key still there under its previous lease, revokes that lease
- * and registers again instead of refusing to start as a duplicate.
+ * our registration is kept in <data_dir>/cluster_lease with our pid, so that a daemon
+ * restarted after a crash, finding its own node key still there under its previous lease
+ * (and that process gone), revokes that lease and registers again instead of refusing to
+ * start as a duplicate.
  */
 #include "member.h"
 
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <event2/event.h>
 
@@ -36,7 +39,9 @@
 #define MEMBER_BACKOFF_MAX_MS 5000
 #define MEMBER_TICK_MS 100          /* the step's timer while something is due */
 #define MEMBER_BODY_MAX 8192        /* one request body */
-#define MEMBER_TOKENS 8192          /* JSON tokens of one answer (a list of ~700 nodes) */
+/* JSON tokens for an answer of len bytes: an etcd kv object is >= 14 tokens in >= 150
+ * bytes, so a third of the length covers any real answer (a hostile one is refused) */
+#define MEMBER_TOKENS(len) ((uint32_t)((len) / 3 + 64))
 #define MEMBER_VALUE_MAX 2048       /* one node key's value */
 
 enum member_first { MEMBER_FIRST_PENDING, MEMBER_FIRST_DONE };
@@ -190,23 +195,33 @@ member_lease_save(const struct member *m, uint64_t lease)
                  "as a duplicate)", m->lease_path, strerror(errno));
         return;
     }
-    fprintf(f, "%" PRIx64 "\n", lease);
+    fprintf(f, "%" PRIx64 " %ld\n", lease, (long)getpid());
     if (fclose(f) != 0) {
         log_warn("cluster: cannot write %s: %s", m->lease_path, strerror(errno));
     }
 }
 
+/*
+ * member_lease_load: the lease this node's previous run registered under, from
+ * <data_dir>/cluster_lease ("<lease hex> <pid>"), or 0 when there is none or that run is
+ * still alive (its pid exists and is not us: two daemons on one data_dir are not a restart).
+ */
 static uint64_t
 member_lease_load(const struct member *m)
 {
     FILE *f = fopen(m->lease_path, "r");
     uint64_t v = 0;
+    long pid = 0;
 
     if (f != NULL) {
-        if (fscanf(f, "%" SCNx64, &v) != 1) {
+        if (fscanf(f, "%" SCNx64 " %ld", &v, &pid) != 2) {
             v = 0;
         }
         fclose(f);
+    }
+    if (v != 0 && pid > 0 && pid != (long)getpid() && (kill((pid_t)pid, 0) == 0 ||
+                                                      errno != ESRCH)) {
+        return 0;
     }
     return v;
 }
@@ -407,12 +422,12 @@ static void
 member_on_watch_line(const char *line, size_t len, void *arg)
 {
     struct member *m = arg;
-    struct json_tok *t = malloc(MEMBER_TOKENS * sizeof(*t));
+    struct json_tok *t = malloc(MEMBER_TOKENS(len) * sizeof(*t));
     int n, res, evs;
     uint64_t compact = 0, last = m->revision;
     bool changed = false;
 
-    if (t == NULL || (n = json_parse(line, len, t, MEMBER_TOKENS)) <= 0 ||
+    if (t == NULL || (n = json_parse(line, len, t, MEMBER_TOKENS(len))) <= 0 ||
         (res = json_get(line, t, 0, "result")) < 0) {
         log_warn("cluster: a watch message that is not etcd's: %.200s", line);
         free(t);
@@ -510,8 +525,8 @@ member_on_list(int status, const char *body, size_t len, void *arg)
         member_step(m);
         return;
     }
-    t = malloc(MEMBER_TOKENS * sizeof(*t));
-    if (t == NULL || (n = json_parse(body, len, t, MEMBER_TOKENS)) <= 0 ||
+    t = malloc(MEMBER_TOKENS(len) * sizeof(*t));
+    if (t == NULL || (n = json_parse(body, len, t, MEMBER_TOKENS(len))) <= 0 ||
         json_u64(body, t, json_get(body, t, json_get(body, t, 0, "header"), "revision"),
                  &rev) != 0) {
         free(t);
@@ -897,8 +912,8 @@ member_step(struct member *m)
     stop = m->stop;
     pthread_mutex_unlock(&m->lock);
 
-    if (m->busy || m->refused) {
-        return;
+    if (m->busy) {
+        return;                     /* its answer steps again */
     }
     if (stop) {
         if (!m->stopping) {
@@ -909,6 +924,9 @@ member_step(struct member *m)
             }
             event_base_loopbreak(m->base);
         }
+        return;
+    }
+    if (m->refused) {
         return;
     }
     if (m->watch != NULL && now - m->watch_started_ms >= m->ttl_ms) {

@@ -25,6 +25,7 @@ _Static_assert(sizeof(struct cluster_view) % 8 == 0 && sizeof(struct view_node) 
 
 static pthread_mutex_t view_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct cluster_view *view_current;
+static uint64_t view_gen;          /* bumped under view_lock, read without it */
 
 static struct view_tail *
 view_tail_of(const struct cluster_view *v)
@@ -98,8 +99,15 @@ view_publish(struct cluster_view *v)
     pthread_mutex_lock(&view_lock);
     old = view_current;
     view_current = v;
+    __atomic_add_fetch(&view_gen, 1, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&view_lock);
     view_release(old);
+}
+
+uint64_t
+view_generation(void)
+{
+    return __atomic_load_n(&view_gen, __ATOMIC_ACQUIRE);
 }
 
 struct cluster_view *

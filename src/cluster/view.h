@@ -73,6 +73,15 @@ void view_publish(struct cluster_view *v);
  * published yet). Any thread; release it with view_release. */
 struct cluster_view *view_acquire(void);
 
+/*
+ * view_generation: a number that changes on every view_publish (a relaxed atomic load, no
+ * lock). A worker that keeps a view across requests re-acquires only when it changed:
+ *     if (view_generation() != my_gen) { view_release(my); my_gen = view_generation();
+ *                                        my = view_acquire(); }
+ * (reading the generation before acquiring: at worst one needless re-acquire later).
+ */
+uint64_t view_generation(void);
+
 /* view_release: drop one reference; the last frees v. NULL is ignored. Underflow aborts. */
 void view_release(struct cluster_view *v);
 

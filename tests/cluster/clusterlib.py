@@ -13,6 +13,9 @@ kvtest.Daemon with the client pointed at that address, plus info() (the cluster_
 the view as that daemon sees it), drain(), pause()/resume() (SIGSTOP/SIGCONT).
 Pool.wait_view(n) waits until every running node sees the same view of n active members.
 
+Proxy(target) is a TCP forwarder a node can be given as its etcd endpoint, to cut that node
+from etcd alone (cut/restore).
+
 Every wait is bounded; every process started is killed at teardown (the fixtures in
 conftest.py). A machine without /usr/bin/etcd skips the tests with the reason.
 """
@@ -157,6 +160,89 @@ class Etcd:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
                 pass
+
+
+class Proxy:
+    """A TCP forwarder on 127.0.0.1 to target (host, port), in threads: a node given
+    proxy.endpoint as its etcd endpoint reaches etcd only through it. cut() closes every
+    connection and refuses new ones (the node is cut from etcd, nothing else); restore()
+    lets them through again."""
+
+    def __init__(self, target):
+        import threading
+        self.target = target
+        self.lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.lsock.bind(("127.0.0.1", 0))
+        self.lsock.listen(64)
+        self.lsock.settimeout(0.2)
+        self.endpoint = f"http://127.0.0.1:{self.lsock.getsockname()[1]}"
+        self.lock = threading.Lock()
+        self.conns = []
+        self.open = True
+        self.running = True
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _pipe(self, a, b):
+        try:
+            while True:
+                data = a.recv(65536)
+                if not data:
+                    break
+                b.sendall(data)
+        except OSError:
+            pass
+        for s in (a, b):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def _accept(self):
+        import threading
+        while self.running:
+            try:
+                c, _ = self.lsock.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            with self.lock:
+                if not self.open:
+                    c.close()
+                    continue
+                try:
+                    u = socket.create_connection(self.target, timeout=5)
+                except OSError:
+                    c.close()
+                    continue
+                u.settimeout(None)
+                c.settimeout(None)
+                self.conns += [c, u]
+            threading.Thread(target=self._pipe, args=(c, u), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(u, c), daemon=True).start()
+
+    def cut(self):
+        with self.lock:
+            self.open = False
+            for s in self.conns:
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                s.close()
+            self.conns = []
+
+    def restore(self):
+        with self.lock:
+            self.open = True
+
+    def close(self):
+        self.cut()
+        self.running = False
+        self.lsock.close()
+        self.thread.join(5)
 
 
 class Node(Daemon):

@@ -1,6 +1,7 @@
 """Fixtures of the pool tests: work (a temp dir), etcd (a real etcd, skipped when it is not
-installed), pool (a clusterlib.Pool on that etcd, ttl 2 s). Everything started is killed at
-teardown, and the logs' tails printed (pytest shows them for a failed test).
+installed), pool (a clusterlib.Pool on that etcd, ttl 2 s), daemon_single (a daemon in no
+pool). Everything started is killed at teardown, and the logs' tails printed (pytest shows
+them for a failed test).
 
 Tests marked quick are the short set `make test` runs; `make cluster-test` runs them all.
 """
@@ -15,7 +16,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
 
 from clusterlib import Etcd, Pool  # noqa: E402
-from kvtest import require_kvstashd  # noqa: E402
+from kvtest import Daemon, require_kvstashd  # noqa: E402
 
 
 def pytest_configure(config):
@@ -45,3 +46,11 @@ def pool(work, etcd):
     p.reap()
     for n in p.nodes:
         print(f"---- {n.node_id} {' '.join(n.cmd[1:])}\n{n.tail(25)}")
+
+
+@pytest.fixture
+def daemon_single(work):
+    """One kvstashd with no pool (cluster_name empty), on 127.0.0.1."""
+    d = Daemon(work, ["--ssd_dir=", "--memory_size=64m"], unix=False)
+    yield d.wait_ready()
+    d.reap()

@@ -15,7 +15,7 @@ import time
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from clusterlib import Pool  # noqa: E402
+from clusterlib import Pool, Proxy, free_port  # noqa: E402
 from kvtest import wait_for  # noqa: E402
 import place_ref  # noqa: E402
 
@@ -58,6 +58,10 @@ def test_boot_three_nodes_one_view(pool):
     assert b'"replicas":2' in keys["/kvstash/pool/config"]
     for n in nodes:
         assert pool.etcd.lease_of(f"/kvstash/pool/nodes/{n.node_id}") > 0
+        # joining until the SSD index is loaded (here: none), then active
+        out = n.output()
+        joined = out.index(f"registered /kvstash/pool/nodes/{n.node_id} (joining")
+        assert out.index(f"cluster: {n.node_id} is active") > joined
 
 
 @pytest.mark.quick
@@ -111,6 +115,43 @@ def test_restart_inside_the_lease_is_not_a_duplicate(pool):
     assert again.alive()
     pool.wait_view(3, nodes=[nodes[0], again, nodes[2]])
     assert "revoked lease" in again.output()
+
+
+def test_two_live_daemons_on_one_data_dir_are_duplicates(pool):
+    """The lease file lets a restart take its own key back; it must not let a second live
+    daemon on the same data dir (same node_id) take the first one's."""
+    first = pool.start("same")
+    pool.wait_view(1)
+    second = pool.start("same", data_dir=first.data_dir, ready=False)
+    assert second.exit_code() != 0
+    assert "already registered" in second.output()
+    first.assert_alive()
+    assert first.info()["registered"]
+    assert pool.etcd.lease_of("/kvstash/pool/nodes/same") > 0
+
+
+def test_endpoint_failover_and_https_refused(pool, work):
+    dead = f"http://127.0.0.1:{free_port()}"
+    n = pool.start(args=[f"--etcd_endpoints={dead},{pool.etcd.endpoint}"])
+    assert pool.wait_view(1) == {n.node_id: "active"}
+    assert n.info()["etcd_endpoint"] == pool.etcd.endpoint
+    tls = pool.start(args=["--etcd_endpoints=https://127.0.0.1:2379"], ready=False)
+    assert tls.exit_code() != 0
+    assert "TLS to etcd is not built" in tls.output()
+
+
+def test_cli_on_a_single_node(daemon_single):
+    import subprocess
+    cli = os.environ.get("KVSTASH_CLI") or os.path.join(os.path.dirname(__file__), "..", "..",
+                                                        "build", "release", "kvstash")
+    out = subprocess.run([cli, "-H", f"127.0.0.1:{daemon_single.port}", "cluster"],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and "single node" in out.stdout, out
+    info = daemon_single.tcp().call("cluster_info", [b"k"])
+    assert info["cluster"] == "" and info["nodes"] == [] and info["owners"] == [[]]
+    assert info["self"] == -1
+    err, _ = daemon_single.tcp().call_raw("cluster_drain")
+    assert err is not None and err[0] == 15, err      # UNSUPPORTED: not in a pool
 
 
 def test_different_config_refused(pool):
@@ -206,7 +247,30 @@ def test_lease_lost_registers_again(pool):
     assert "registering again" in nodes[1].output()
 
 
-def test_node_cut_from_etcd_only_reregisters(pool):
+def test_node_cut_from_etcd_only(pool):
+    """One daemon reaches etcd through a proxy that is then cut: it goes on serving (its
+    engine's puts and gets, its last view), its lease expires and the others drop it; when
+    the proxy lets it through again it finds the lease lost and registers again."""
+    proxy = Proxy(("127.0.0.1", pool.etcd.client_port))
+    try:
+        nodes = [pool.start(), pool.start(),
+                 pool.start(args=[f"--etcd_endpoints={proxy.endpoint}"])]
+        pool.wait_view(3)
+        proxy.cut()
+        pool.wait_view(2, nodes=nodes[:2], timeout=20)
+        for i in range(20):
+            put_get(nodes[2], b"cut-%d" % i, b"x" * 4096)
+        info = nodes[2].info()
+        assert not info["etcd_ok"] and len(info["nodes"]) == 3, "the last view stays"
+        proxy.restore()
+        pool.wait_view(3, timeout=30)
+        assert counters(nodes[2])["lease_lost"] >= 1
+        assert counters(nodes[2])["registrations"] >= 2
+    finally:
+        proxy.close()
+
+
+def test_node_stopped_past_its_lease_reregisters(pool):
     """SIGSTOP one daemon past its lease: etcd drops it, the others see it leave; once it
     runs again it finds its lease lost and registers again."""
     nodes = [pool.start() for _ in range(3)]
@@ -282,6 +346,14 @@ def test_cli_cluster_and_metrics(pool):
         line = [ln for ln in where.stdout.splitlines() if ln.startswith(key + ":")][0]
         assert [p.split()[0] for p in line.split(":", 1)[1].split(",")] == want, line
     assert run(nodes[0], "bogus").returncode == 2
+    # the Python package's call: the same view
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "client", "python"))
+    import kvstash
+    with kvstash.Client(nodes[1].addr) as c:
+        info = c.cluster_info([b"k1"])
+    assert [x["id"] for x in info["nodes"]] == ids and info["node_id"] == "n2"
+    assert [ids[i] for i in info["owners"][0]] == \
+        [ids[i] for i in place_ref.owners([(i, weights[i]) for i in ids], b"k1", 2)]
     # /metrics: the members by state, the revision, lease renewals going up
     url = f"http://127.0.0.2:{mport}/metrics"
 
@@ -301,3 +373,40 @@ def test_cli_cluster_and_metrics(pool):
              or (metric('kvstash_cluster_members{state="active"}') == 1
                  and metric("kvstash_cluster_view_revision") > 0), 10,
              "a draining member in /metrics")
+
+
+def test_many_members_written_to_etcd(pool):
+    """Members put straight into etcd (as 300 other daemons would): the list read at start,
+    then a burst of watch events in one message (a range delete), and a value that is not a
+    kvstash node ignored with a log line. Placement over 301 members still equals the
+    reference."""
+    import json as _json
+    fake = {f"f{i:03d}": 1 + (i % 4) for i in range(300)}
+    for nid, w in list(fake.items())[:150]:
+        pool.etcd.put(f"/kvstash/pool/nodes/{nid}", _json.dumps(
+            {"id": nid, "addr": f"10.9.{i_of(nid) // 256}.{i_of(nid) % 256}:7431", "weight": w,
+             "state": "active", "tls": ""}))
+    pool.etcd.put("/kvstash/pool/nodes/junk", "not json")
+    n = pool.start()
+    wait_for(lambda: len(n.view()[1]) == 151, 15, "151 members")
+    for nid, w in list(fake.items())[150:]:
+        pool.etcd.put(f"/kvstash/pool/nodes/{nid}", _json.dumps(
+            {"id": nid, "addr": "10.9.9.9:7431", "weight": w, "state": "active"}))
+    wait_for(lambda: len(n.view()[1]) == 301, 15, "301 members")
+    assert "ignoring member junk" in n.output()
+    keys = [b"key-%d" % i for i in range(300)]
+    info = n.info(keys)
+    weights = {**fake, "n1": 1}
+    ref = [(x["id"], weights[x["id"]]) for x in info["nodes"]]
+    for key, owners in zip(keys, info["owners"]):
+        assert owners == place_ref.owners(ref, key, 2)
+    # one delete of 200 keys: one watch message with 200 events
+    b64 = __import__("base64").b64encode
+    pool.etcd.call("/v3/kv/deleterange", {"key": b64(b"/kvstash/pool/nodes/f").decode(),
+                                          "range_end": b64(b"/kvstash/pool/nodes/f2").decode()})
+    wait_for(lambda: sorted(n.view()[1]) == ["f200", *[f"f{i}" for i in range(201, 300)],
+                                              "n1"], 15, "the 200 deleted gone")
+
+
+def i_of(nid):
+    return int(nid[1:])

@@ -128,7 +128,7 @@ Test(place, unusable_weights_never_own)
 Test(place, r_is_capped_and_owners_distinct)
 {
     struct place_node nodes[40];
-    char ids[40][8];
+    char ids[40][16];
     size_t out[PLACE_R_MAX];
     size_t got;
 
@@ -167,7 +167,7 @@ Test(place, ties_go_to_the_smaller_id)
 Test(place, join_and_leave_move_only_what_they_must)
 {
     struct place_node nodes[11];
-    char ids[11][8], key[16];
+    char ids[11][16], key[16];
     size_t before[2], after[2], moved = 0;
 
     for (int i = 0; i < 11; i++) {
@@ -316,6 +316,8 @@ Test(view, publish_while_readers_acquire)
     cr_assert_eq(cur->revision, 5000);
     cr_assert_eq(cur->refs, 2, "the current reference and ours");
     view_release(cur);
+    uint64_t gen = view_generation();
     view_publish(NULL);
+    cr_assert_neq(view_generation(), gen, "every publish changes the generation");
     cr_assert_null(view_acquire(), "after leaving the pool there is no view");
 }

@@ -438,6 +438,12 @@ class Client:
         """The daemon's counters: {name: int}."""
         return self._call("stats", [])
 
+    @_locked
+    def cluster_info(self, keys=None):
+        """The pool as the daemon sees it (docs/cluster.md): its map; with keys, "owners"
+        holds each key's owners as indices into "nodes"."""
+        return self._call("cluster_info", [_keys(keys)] if keys is not None else [])
+
     # ---- registered buffers ----
 
     def _register(self, fd, size, mm=None, refused_hint=""):
