@@ -478,7 +478,9 @@ rb_part(struct rebalance *rb, const struct cluster_view *old, const struct clust
             np++;
         }
     }
-    qsort(push, np, sizeof(*push), rb_push_cmp);
+    if (np > 1) {
+        qsort(push, np, sizeof(*push), rb_push_cmp);
+    }
     for (size_t i = 0; i < np && !rb_stopping(rb);) {
         size_t j = i;
         while (j < np && j - i < REBALANCE_BATCH && push[j].node == push[i].node

@@ -299,7 +299,9 @@ repl_fetch_answer(void *arg, int status, const uint8_t *res, size_t len)
     uint32_t nretry = 0, nfailed = 0;
     uint64_t now;
 
-    mp_reader_init(&rd, res, len);
+    static const uint8_t none[1];
+
+    mp_reader_init(&rd, res != NULL ? res : none, res != NULL ? len : 0);
     bool ok = status == 0 && mp_read_array(&rd, &n) == 0 && n == b->n;
     for (uint32_t i = 0; got != NULL && i < b->n; i++) {
         got[i] = ok ? (int8_t)repl_fetch_value(r, &rd, b->e[i]) : -1;
@@ -440,8 +442,9 @@ repl_put_answer(void *arg, int status, const uint8_t *res, size_t len)
     struct mp_reader rd;
     uint32_t n, two;
     uint64_t code = KV_INTERNAL, crc = 0;
+    static const uint8_t none[1];
 
-    mp_reader_init(&rd, res, len);
+    mp_reader_init(&rd, res != NULL ? res : none, res != NULL ? len : 0);
     if (status == 0 && mp_read_array(&rd, &n) == 0 && n == 1 && mp_read_array(&rd, &two) == 0
         && two == 2 && mp_read_uint(&rd, &code) == 0 && mp_read_uint(&rd, &crc) == 0) {
         if (code == 0 || (code == KV_EXISTS && crc == p->crc)) {
