@@ -243,7 +243,8 @@ endif
 
 # the pool (tests/cluster/, docs/cluster.md): a real etcd and daemons on 127.0.0.x.
 # make test runs the quick set (placement against the reference, boot and one view, a
-# duplicate node_id); make cluster-test runs them all (about a minute and a half)
+# duplicate node_id, the data paths on a fixed view, a join); make cluster-test runs them all
+# (about two minutes)
 CLUSTER_PYTEST = KVSTASHD=$(abspath $(KVSTASHD)) KVSTASH_CLI=$(abspath $(KVSTASH)) \
                  /usr/bin/python3 -m pytest -q -rs -p no:cacheprovider
 

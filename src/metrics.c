@@ -23,6 +23,8 @@
 #include "kverr.h"
 #include "member.h"
 #include "rpc.h"
+#include "rebalance.h"
+#include "repl.h"
 #include "server.h"
 #include "ssd.h"
 #include "stats.h"
@@ -102,6 +104,7 @@ struct metrics_sum {
     uint64_t protocol_errors, auth_failures, auth_revoked, inflight_pauses;
     uint64_t closed_output_max, closed_output_stalled, closed_input_stalled, closed_idle;
     uint64_t closed_buffer_memory;
+    uint64_t peer_in, peer_out, peer_bad, peer_conflicts;
 };
 
 static void
@@ -133,6 +136,10 @@ metrics_sum_workers(const struct server_stats *sv, struct metrics_sum *m)
         m->shm_out += ld(&r->shm_bytes_out);
         m->rdma_in += ld(&r->rdma_bytes_in);
         m->rdma_out += ld(&r->rdma_bytes_out);
+        m->peer_in += ld(&r->peer_bytes_in);
+        m->peer_out += ld(&r->peer_bytes_out);
+        m->peer_bad += ld(&r->peer_checksum_mismatches);
+        m->peer_conflicts += ld(&r->peer_checksum_conflicts);
         for (int k = 0; k < CONN_KINDS; k++) {
             m->kind_in[k] += ld(&w->kind_bytes_in[k]);
             m->kind_out[k] += ld(&w->kind_bytes_out[k]);
@@ -487,6 +494,81 @@ metrics_process(struct metrics_buf *b, const struct server_stats *sv, struct ser
     one(b, "kvstash_io_threads", "gauge", "Event-loop threads.", (uint64_t)sv->nworkers);
 }
 
+/* The cluster's data paths (src/cluster/repl.h): what this node asked of its peers and served. */
+static void
+metrics_cluster_data(struct metrics_buf *b, const struct metrics_sum *m, struct repl *r,
+                     struct rebalance *rb)
+{
+    struct repl_stats rs;
+    struct rebalance_stats bs;
+
+    repl_stats(r, &rs);
+    rebalance_stats(rb, &bs);
+    one(b, "kvstash_cluster_rebalance_running", "gauge",
+        "1 while a walk after a view change runs.", bs.running);
+    one(b, "kvstash_cluster_rebalance_walks_total", "counter",
+        "Walks after a view change completed.", bs.walks);
+    one(b, "kvstash_cluster_rebalance_restarts_total", "counter",
+        "Walks restarted because the view moved again.", bs.restarts);
+    one(b, "kvstash_cluster_rebalance_keys_checked_total", "counter",
+        "Keys whose owners changed, asked about at a new owner.", bs.keys_checked);
+    one(b, "kvstash_cluster_rebalance_keys_moved_total", "counter",
+        "Keys pushed to a new owner that lacked them.", bs.keys_moved);
+    one(b, "kvstash_cluster_rebalance_bytes_moved_total", "counter",
+        "Value bytes of those keys.", bs.bytes_moved);
+    one(b, "kvstash_cluster_remote_hits_total", "counter",
+        "Keys missing here that an owner had (fetched and kept here).", rs.remote_hits);
+    one(b, "kvstash_cluster_remote_misses_total", "counter",
+        "Keys missing here that no owner had (or none answered within peer_timeout).",
+        rs.remote_misses);
+    one(b, "kvstash_cluster_peer_requests_total", "counter", "Requests sent to peers.",
+        rs.peer_requests);
+    one(b, "kvstash_cluster_peer_errors_total", "counter",
+        "Requests to peers that failed: unreachable, refused, or past peer_timeout.",
+        rs.peer_errors);
+    one(b, "kvstash_cluster_peer_timeouts_total", "counter",
+        "Requests to peers that peer_timeout ended.", rs.peer_timeouts);
+    fam(b, "kvstash_cluster_peer_bytes_total", "counter",
+        "Bytes of peer traffic: sent and received by this node's requests, and value bytes "
+        "other nodes stored here (peer_put) and fetched from here (peer_get).");
+    mb_printf(b, "kvstash_cluster_peer_bytes_total{direction=\"request_out\"} %llu\n",
+              (unsigned long long)rs.peer_bytes_out);
+    mb_printf(b, "kvstash_cluster_peer_bytes_total{direction=\"request_in\"} %llu\n",
+              (unsigned long long)rs.peer_bytes_in);
+    mb_printf(b, "kvstash_cluster_peer_bytes_total{direction=\"served_in\"} %llu\n",
+              (unsigned long long)m->peer_in);
+    mb_printf(b, "kvstash_cluster_peer_bytes_total{direction=\"served_out\"} %llu\n",
+              (unsigned long long)m->peer_out);
+    one(b, "kvstash_cluster_replication_queue_depth", "gauge",
+        "Puts being sent to their owners now.", rs.repl_queue_depth);
+    one(b, "kvstash_cluster_replication_queue_bytes", "gauge",
+        "Value bytes of the puts being sent to their owners now.", rs.repl_queue_bytes);
+    one(b, "kvstash_cluster_replication_drops_total", "counter",
+        "Puts not sent to an owner: the replication queue was full.", rs.repl_drops);
+    fam(b, "kvstash_cluster_replications_total", "counter",
+        "Puts sent to owners, by outcome.");
+    mb_printf(b, "kvstash_cluster_replications_total{outcome=\"stored\"} %llu\n",
+              (unsigned long long)rs.repl_acked);
+    mb_printf(b, "kvstash_cluster_replications_total{outcome=\"conflict\"} %llu\n",
+              (unsigned long long)rs.repl_conflicts);
+    mb_printf(b, "kvstash_cluster_replications_total{outcome=\"failed\"} %llu\n",
+              (unsigned long long)rs.repl_failed);
+    fam(b, "kvstash_cluster_checksum_mismatches_total", "counter",
+        "Values that failed their CRC-32C: fetched from a peer (the next owner was asked), or "
+        "sent here by one (refused).");
+    mb_printf(b, "kvstash_cluster_checksum_mismatches_total{side=\"fetch\"} %llu\n",
+              (unsigned long long)rs.checksum_mismatches);
+    mb_printf(b, "kvstash_cluster_checksum_mismatches_total{side=\"receive\"} %llu\n",
+              (unsigned long long)m->peer_bad);
+    fam(b, "kvstash_cluster_checksum_conflicts_total", "counter",
+        "A key stored with other bytes than a second writer's (the first writer won): seen "
+        "by the sender of a put, or here as its receiver.");
+    mb_printf(b, "kvstash_cluster_checksum_conflicts_total{side=\"send\"} %llu\n",
+              (unsigned long long)rs.repl_conflicts);
+    mb_printf(b, "kvstash_cluster_checksum_conflicts_total{side=\"receive\"} %llu\n",
+              (unsigned long long)m->peer_conflicts);
+}
+
 /* The pool's membership (docs/cluster.md): only when this daemon is in one. */
 static void
 metrics_cluster(struct metrics_buf *b)
@@ -558,6 +640,9 @@ metrics_render(struct server *s, struct metrics_buf *out)
     metrics_connections(out, &sv, m);
     metrics_tenants(out, s, sv.store, &st);
     metrics_cluster(out);
+    if (sv.repl != NULL) {
+        metrics_cluster_data(out, m, sv.repl, sv.rebalance);
+    }
     free(m);
     return out->failed ? -ENOMEM : 0;
 }

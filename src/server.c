@@ -44,6 +44,8 @@
 #include "member.h"
 #include "outq.h"
 #include "rdma_port.h"
+#include "rebalance.h"
+#include "repl.h"
 #include "rpc.h"
 #include "stats.h"
 #include "sdnotify.h"
@@ -58,6 +60,7 @@
 
 #define SERVER_ACCEPTS_PER_WAKE 64
 #define SERVER_RESP_PORTS 3            /* RESP2 over TCP, the Unix socket, TLS */
+#define SERVER_REPL_QUEUE_MAX (256ull << 20) /* bytes of puts on their way to owners */
 #define SERVER_MEMBER_WAIT_MS 10000   /* start-up's wait for the first registration */
 #define SERVER_FD_RESERVE 256          /* descriptors besides connections (server_fd_limit) */
 
@@ -76,6 +79,9 @@ struct server {
     bool listen_congestion;          /* the TCP listeners were given an algorithm once */
     struct rdma_region *rdma_arena;  /* the arena registered with it */
     struct rpc_server rpc;
+    struct repl *repl;               /* the cluster's data paths, or NULL (one node) */
+    struct rpc_remote remote;        /* the request layer's table over repl */
+    struct rebalance *rebalance;     /* the walk after view changes, or NULL (one node) */
     char node_id[CONF_STR_MAX];
     const char *transports[6];
     struct event_base *base;
@@ -764,6 +770,52 @@ server_wake(void *arg)
     }
 }
 
+/* server_cluster_start: the data paths of a pool (src/cluster/repl.h). 0 or -1 (logged). */
+static int
+server_cluster_start(struct server *s, const struct kv_config *c)
+{
+    struct repl_config rc = {
+        .store = s->store,
+        .replicas = (unsigned)c->replicas,
+        .peer_timeout_ms = c->peer_timeout,
+        .max_message_size = c->max_message_size,
+        .queue_max = c->memory_size / 4 < SERVER_REPL_QUEUE_MAX ? c->memory_size / 4
+                                                                 : SERVER_REPL_QUEUE_MAX,
+        .wait_acks = c->write_ack == CONF_WRITE_ACK_ALL,
+        .wake = server_wake,
+        .wake_arg = s,
+    };
+    const char *fixed = getenv("KVSTASH_TEST_VIEW");
+    int rv = repl_create(&rc, &s->repl);
+
+    if (rv != 0) {
+        log_error("cluster: cannot start the peer connections: %s", kv_strerror(rv));
+        return -1;
+    }
+    s->remote.arg = s->repl;
+    s->remote.fetch = repl_fetch;
+    s->remote.stored = repl_stored;
+    s->remote.ticket_done = repl_ticket_done;
+    s->remote.ticket_put = repl_ticket_put;
+    s->rpc.remote = &s->remote;
+    struct rebalance_config rbc = {
+        .store = s->store,
+        .pool = repl_pool(s->repl),
+        .replicas = (unsigned)c->replicas,
+        .delay_ms = c->rebalance_delay,
+        .peer_timeout_ms = c->peer_timeout,
+    };
+    rv = rebalance_start(&rbc, &s->rebalance);
+    if (rv != 0) {
+        log_error("cluster: cannot start the rebalance thread: %s", kv_strerror(rv));
+        return -1;
+    }
+    if (fixed != NULL && repl_static_view(fixed, s->node_id) != 0) {
+        return -1;
+    }
+    return 0;
+}
+
 /* server_ssd_config: the tier's settings from a config (strings borrowed from conf). */
 static void
 server_ssd_config(struct server *s, const struct kv_config *c, struct ssd_config *sc)
@@ -1227,6 +1279,9 @@ server_create(const struct kv_config *conf, const char *config_path, int argc, c
     s->rpc.transports = s->transports;
     s->rpc.stats_fn = stats_collect;
     s->rpc.stats_arg = s;
+    if (c->cluster_name[0] != '\0' && server_cluster_start(s, c) != 0) {
+        goto fail;
+    }
 
     if (evthread_use_pthreads() != 0) {
         log_error("libevent: no pthreads support");
@@ -1254,6 +1309,7 @@ server_create(const struct kv_config *conf, const char *config_path, int argc, c
         if (rc != 0) {
             goto fail;
         }
+        member_set_drain_hook(rebalance_drain_hook, s->rebalance);  /* the hand-off */
         rc = member_wait_first(s->member, SERVER_MEMBER_WAIT_MS);
         if (rc == -EEXIST || rc == -EINVAL) {
             goto fail;
@@ -1487,6 +1543,8 @@ server_stats(struct server *s, struct server_stats *out)
     out->workers = s->workers;
     out->store = s->store;
     out->ssd = s->ssd;
+    out->repl = s->repl;
+    out->rebalance = s->rebalance;
 }
 
 void
@@ -1508,6 +1566,10 @@ server_destroy(struct server *s)
     for (int i = 0; i < s->nthreads; i++) {
         worker_join(s->workers[i]);
     }
+    rebalance_stop(s->rebalance);   /* its peer calls end within peer_timeout */
+    s->rebalance = NULL;
+    repl_destroy(s->repl);      /* peer calls in flight end (and wake) before the workers go */
+    s->repl = NULL;
     copier_destroy(s->copier);  /* copies in flight end (and wake) before the workers go */
     s->copier = NULL;
     ssd_close(s->ssd);      /* before the workers' wake events go */

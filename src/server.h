@@ -33,6 +33,8 @@
 #include <stdint.h>
 
 struct kv_config;
+struct rebalance;
+struct repl;
 struct server;
 struct ssd;
 struct store;
@@ -90,6 +92,8 @@ struct server_stats {
     struct worker *const *workers;   /* nworkers of them (worker_counters) */
     struct store *store;
     struct ssd *ssd;                 /* the SSD tier, or NULL */
+    struct repl *repl;               /* the cluster's data paths (repl.h), or NULL */
+    struct rebalance *rebalance;     /* the walk after view changes (rebalance.h), or NULL */
 };
 
 /*

@@ -676,6 +676,7 @@ store_reserve(struct store *s, const struct kv_key *key, uint64_t size, struct s
     o->tlink = NULL;
     o->cold = 0;
     o->seg = 0;
+    o->cache = 0;
     memset(o->pad, 0, sizeof(o->pad));
     atomic_init(&o->ssd, STORE_SSD_NONE);
     memset(&o->loc, 0, sizeof(o->loc));
@@ -777,6 +778,93 @@ store_put(struct store *s, const struct kv_key *key, const void *data, uint64_t 
         store_obj_write(o, 0, data, len);
     }
     return store_commit(s, o);
+}
+
+int
+store_put_cache(struct store *s, const struct kv_key *key, const void *data, uint64_t len)
+{
+    uint64_t hash = store_hash64(key);
+    struct store_shard *sh = store_shard_of(s, hash);
+    struct store_obj *o;
+    int rc;
+
+    if (len != 0 && data == NULL) {
+        return KV_INVALID_ARGUMENT;
+    }
+    rc = store_reserve(s, key, len, &o);
+    if (rc != 0) {
+        return rc;
+    }
+    if (len != 0) {
+        store_obj_write(o, 0, data, len);
+    }
+    atomic_store_explicit(&s->has_cache, true, memory_order_relaxed);
+    pthread_mutex_lock(&sh->lock);
+    o->cache = 1;
+    pthread_mutex_unlock(&sh->lock);
+    return store_commit(s, o);
+}
+
+int
+store_set_cache(struct store *s, const struct kv_key *key, bool cache)
+{
+    uint64_t hash = store_hash64(key);
+    struct store_shard *sh = store_shard_of(s, hash);
+    struct store_obj *o;
+    int rc = KV_NOT_FOUND;
+
+    pthread_mutex_lock(&sh->lock);
+    o = store_find_locked(sh, hash, key);
+    if (o != NULL && o->state == STORE_OBJ_PUBLISHED) {
+        if (cache) {
+            atomic_store_explicit(&s->has_cache, true, memory_order_relaxed);
+        }
+        o->cache = cache ? 1 : 0;
+        rc = 0;
+    }
+    pthread_mutex_unlock(&sh->lock);
+    return rc;
+}
+
+static uint64_t
+store_walk_chain(struct store_obj *o, store_walk_fn *fn, void *arg)
+{
+    uint64_t n = 0;
+
+    for (; o != NULL; o = o->hnext) {
+        struct kv_key key = {.tenant = o->tenant, .len = o->key_len};
+
+        if (o->state != STORE_OBJ_PUBLISHED) {
+            continue;
+        }
+        key.ptr = store_obj_kptr(o);
+        fn(arg, &key, o->size, o->cache != 0);
+        n++;
+    }
+    return n;
+}
+
+uint64_t
+store_walk_shard(struct store *s, unsigned shard, store_walk_fn *fn, void *arg)
+{
+    _Static_assert(STORE_WALK_PARTS == STORE_SHARDS, "a walk's part is a shard");
+    struct store_shard *sh;
+    uint64_t n = 0;
+
+    if (shard >= STORE_SHARDS) {
+        return 0;
+    }
+    sh = &s->shard[shard];
+    pthread_mutex_lock(&sh->lock);
+    for (uint64_t b = 0; b <= sh->mask; b++) {
+        n += store_walk_chain(sh->buckets[b], fn, arg);
+    }
+    /* while growing, old buckets from rehash_pos on have not moved yet */
+    for (uint64_t b = sh->rehash_pos; sh->old != NULL && b <= sh->old_mask; b++) {
+        n += store_walk_chain(sh->old[b], fn, arg);
+    }
+    pthread_mutex_unlock(&sh->lock);
+    return n;
 }
 
 /* ---- objects ---- */

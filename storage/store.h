@@ -242,6 +242,30 @@ void store_abort(struct store *s, struct store_obj *o);
  */
 int store_put(struct store *s, const struct kv_key *key, const void *data, uint64_t len);
 
+/*
+ * store_put_cache: store_put for a cluster cache copy: a value this node keeps for a key it
+ * does not own (fetched from its owner, or put here by a local client). Eviction takes cache
+ * copies before owned objects (they rank as if used ten minutes earlier). Same returns.
+ */
+int store_put_cache(struct store *s, const struct kv_key *key, const void *data, uint64_t len);
+
+/*
+ * store_set_cache: mark a PUBLISHED object as a cache copy (cache true: this node no longer
+ * owns the key after a view change) or as owned (false). Returns 0 or KV_NOT_FOUND.
+ */
+int store_set_cache(struct store *s, const struct kv_key *key, bool cache);
+
+/*
+ * store_walk_shard: call fn(arg, key, size, cache) for every PUBLISHED object of one part of
+ * the table (shard 0 .. STORE_WALK_PARTS-1; each object is in exactly one), with that part's
+ * lock held: fn must only copy what it needs (the key is borrowed for the call) and must not
+ * call the store. A part holds about 1/64 of the objects, so one call holds one lock that
+ * long; a walk of the whole store is STORE_WALK_PARTS calls. Returns the objects visited.
+ */
+#define STORE_WALK_PARTS 64
+typedef void store_walk_fn(void *arg, const struct kv_key *key, uint64_t size, bool cache);
+uint64_t store_walk_shard(struct store *s, unsigned shard, store_walk_fn *fn, void *arg);
+
 /* ---- read path ---- */
 
 /*

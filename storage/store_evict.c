@@ -107,6 +107,28 @@ store_slru_balance_locked(struct store_shard *sh, int policy, uint64_t now)
 }
 
 /*
+ * store_cache_first_locked: o is a list's candidate; when it is owned, a cluster cache copy
+ * among the STORE_CACHE_SCAN objects after it (toward the head) that may go is taken instead,
+ * so copies of keys other nodes own leave before owned objects.
+ */
+static struct store_obj *
+store_cache_first_locked(struct store *s, struct store_obj *o, uint64_t now)
+{
+    struct store_obj *c = o->lru_prev;
+
+    if (o->cache || !atomic_load_explicit(&s->has_cache, memory_order_relaxed)) {
+        return o;
+    }
+    for (int seen = 0; c != NULL && seen < STORE_CACHE_SCAN; seen++, c = c->lru_prev) {
+        if (c->cache && store_evictable_locked(c, now) && !store_quota_guarded(s, c)
+            && !store_must_offload_locked(s, c)) {
+            return c;
+        }
+    }
+    return o;
+}
+
+/*
  * store_list_candidate_locked: the next object eviction should take from
  * list l, or NULL. From the tail up, a referenced object gets its second
  * chance (to the head, mark cleared; under SLRU from the probationary list
@@ -149,7 +171,7 @@ store_list_candidate_locked(struct store *s, struct store_shard *sh, struct stor
                 o->referenced = 0;
             }
             if (!o->referenced || promoted == STORE_EVICT_PROMOTE) {
-                return o;
+                return store_cache_first_locked(s, o, now);
             }
             o->referenced = 0;
             promoted++;
@@ -195,14 +217,26 @@ store_candidate_locked(struct store *s, struct store_shard *sh, int cls, uint64_
 }
 
 /*
- * store_rank: the order of a shard's candidate across shards, oldest first:
- * its access stamp, and a protected one (SLRU, taken only when its shard's
- * probation had none) after every probationary one of the other shards.
+ * store_evict_rank: where a candidate stands in the cross-shard choice (lower
+ * goes first): its access stamp, less STORE_CACHE_HANDICAP_MS for a cluster
+ * cache copy (copies of keys this node does not own go before owned objects
+ * used up to ten minutes earlier), and a protected one (SLRU, taken only when
+ * its shard's probation had none) after every probationary one of the other
+ * shards. NULL (no candidate): STORE_NO_CANDIDATE.
  */
-static inline uint64_t
-store_rank(const struct store_obj *c)
+static uint64_t
+store_evict_rank(const struct store_obj *o)
 {
-    return (c->atime & (UINT64_MAX >> 2)) | ((uint64_t)c->seg << 62);
+    uint64_t t;
+
+    if (o == NULL) {
+        return STORE_NO_CANDIDATE;
+    }
+    t = o->atime;
+    if (o->cache) {
+        t = t > STORE_CACHE_HANDICAP_MS ? t - STORE_CACHE_HANDICAP_MS : 0;
+    }
+    return (t & (UINT64_MAX >> 2)) | ((uint64_t)o->seg << 62);
 }
 
 /* store_scan: fill cand[] with every shard's candidate stamp. Returns how many shards have one. */
@@ -218,7 +252,7 @@ store_scan(struct store *s, int cls, uint64_t now, uint64_t *cand, uint64_t *obj
 
         pthread_mutex_lock(&sh->lock);
         c = store_candidate_locked(s, sh, cls, now);
-        cand[i] = c != NULL ? store_rank(c) : STORE_NO_CANDIDATE;
+        cand[i] = store_evict_rank(c);
         *objects += sh->objects;
         pthread_mutex_unlock(&sh->lock);
         found += c != NULL;
@@ -302,15 +336,15 @@ store_evict_class(struct store *s, int cls, uint64_t target_pages, uint64_t now,
         sh = &s->shard[best];
         pthread_mutex_lock(&sh->lock);
         c = store_candidate_locked(s, sh, cls, now);
-        if (c == NULL || store_rank(c) > cand[best]) {
-            cand[best] = c != NULL ? store_rank(c) : STORE_NO_CANDIDATE;
+        if (c == NULL || store_evict_rank(c) > cand[best]) {
+            cand[best] = store_evict_rank(c);
             pthread_mutex_unlock(&sh->lock);
             misses++;
             continue;
         }
         kept = store_evict_locked(s, sh, c);
         next = store_candidate_locked(s, sh, cls, now);
-        cand[best] = next != NULL ? store_rank(next) : STORE_NO_CANDIDATE;
+        cand[best] = store_evict_rank(next);
         pthread_mutex_unlock(&sh->lock);
 
         atomic_fetch_add_explicit(&s->evictions, 1, memory_order_relaxed);

@@ -29,6 +29,8 @@
 #define STORE_EVICT_RESCANS 2       /* full rescans before a class counts as empty */
 #define STORE_SLRU_STEPS 64         /* protected objects one look may move (SLRU balance) */
 #define STORE_NO_CANDIDATE UINT64_MAX
+#define STORE_CACHE_HANDICAP_MS 600000 /* a cache copy ranks as if this much older (store_set_cache) */
+#define STORE_CACHE_SCAN 32         /* objects past a list's candidate looked at for a cache copy */
 
 _Static_assert(STORE_PAGE_SIZE == ALLOC_PAGE_SIZE, "the store and the allocator disagree on pages");
 
@@ -88,7 +90,8 @@ struct store_obj {
     _Atomic uint8_t ssd;            /* enum store_ssd_state */
     uint8_t cold;                   /* loaded without promotion: kept only until read */
     uint8_t seg;                    /* on the PROTECTED list (SLRU) */
-    uint8_t pad[2];
+    uint8_t cache;                  /* a cluster cache copy: this node does not own the key */
+    uint8_t pad[1];
     struct alloc_extent ext[];      /* ext_cap extents, then key_len key bytes */
 };
 
@@ -180,6 +183,7 @@ struct store {
     _Atomic bool promote;
     _Atomic bool degraded;
     _Atomic unsigned cold_cursor;   /* shard store_offload_cold starts at */
+    _Atomic bool has_cache;         /* a cluster cache copy was ever stored (store_set_cache) */
     int nshards_ready;              /* shard mutexes initialized (for a half-built destroy) */
     /* Removed (forced) while leased: out of the table, but their pages are not reused
      * until the lease ends, since a client may be reading them in place. */

@@ -35,6 +35,7 @@
 #include "rpc_cluster.h"
 #include "rpc_defer.h"
 #include "rpc_direct.h"
+#include "rpc_peer.h"
 #include "rpc_put.h"
 #include "rpc_rdma.h"
 #include "rpc_req.h"
@@ -46,6 +47,7 @@
 
 #define RPC_STATS_MAX 160
 #define RPC_EXISTS_BLOCK 64
+#define RPC_PREFETCH_REMOTE 64         /* keys of a queued get fetched from owners ahead */
 
 static const char *const rpc_names[RPC_METHOD_COUNT] = {
     [RPC_PING] = "ping",
@@ -77,6 +79,9 @@ static const char *const rpc_names[RPC_METHOD_COUNT] = {
     [RPC_RDMA_CONNECT] = "rdma_connect",
     [RPC_CLUSTER_INFO] = "cluster_info",
     [RPC_CLUSTER_DRAIN] = "cluster_drain",
+    [RPC_PEER_GET] = "peer_get",
+    [RPC_PEER_EXISTS] = "peer_exists",
+    [RPC_PEER_PUT] = "peer_put",
 };
 
 const char *
@@ -247,6 +252,9 @@ rpc_get(struct rpc_req *rq)
         return rpc_invalid(rq, "key must be bin or str");
     }
     rc = rpc_get_refs(rq, keys, 1, &o, NULL);
+    if (rc == 0) {
+        rc = rpc_remote_fill(rq, keys, 1, &o);     /* a miss: ask the owners */
+    }
     if (rc != 0) {
         return rc;
     }
@@ -276,6 +284,9 @@ rpc_batch_get(struct rpc_req *rq)
         }
     }
     rc = rpc_get_refs(rq, rq->rd, n, objs, NULL);
+    if (rc == 0) {
+        rc = rpc_remote_fill(rq, rq->rd, n, objs);
+    }
     if (rc == 0) {
         rpc_reply_head(rq);
         msgpack_pack_array(&rq->pk, n);
@@ -311,16 +322,58 @@ rpc_is_exist(struct rpc_req *rq)
     if (rc != 0) {
         return rc;
     }
+    struct mp_reader keys = rq->rd;
     if (rpc_read_key(&rq->rd, &kp, &klen) != 0) {
         return rpc_invalid(rq, "key must be bin or str");
     }
+    uint8_t present = rpc_exists(rq, kp, klen);
+    rc = rpc_remote_present(rq, keys, 1, &present);
+    if (rc != 0) {
+        return rc;
+    }
     rpc_reply_head(rq);
-    if (rpc_exists(rq, kp, klen)) {
+    if (present) {
         msgpack_pack_true(&rq->pk);
     } else {
         msgpack_pack_false(&rq->pk);
     }
     return 0;
+}
+
+/* batch_is_exist in a cluster: the keys missing here are asked of their owners first. */
+static int
+rpc_batch_is_exist_cluster(struct rpc_req *rq, uint32_t n)
+{
+    struct mp_reader keys = rq->rd;
+    uint8_t stack[RPC_EXISTS_BLOCK];
+    uint8_t *present = n > RPC_EXISTS_BLOCK ? malloc(n) : stack;
+    const uint8_t *kp;
+    uint32_t klen;
+    int rc;
+
+    if (present == NULL) {
+        return -ENOMEM;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        rpc_read_key(&rq->rd, &kp, &klen);
+        present[i] = rpc_exists(rq, kp, klen);
+    }
+    rc = rpc_remote_present(rq, keys, n, present);
+    if (rc == 0) {
+        rpc_reply_head(rq);
+        msgpack_pack_array(&rq->pk, n);
+        for (uint32_t i = 0; i < n; i++) {
+            if (present[i]) {
+                msgpack_pack_true(&rq->pk);
+            } else {
+                msgpack_pack_false(&rq->pk);
+            }
+        }
+    }
+    if (present != stack) {
+        free(present);
+    }
+    return rc;
 }
 
 static int
@@ -335,6 +388,9 @@ rpc_batch_is_exist(struct rpc_req *rq)
     }
     if (rc != 0) {
         return rc;
+    }
+    if (rq->ctx->srv->remote != NULL) {
+        return rpc_batch_is_exist_cluster(rq, n);
     }
     rpc_reply_head(rq);
     msgpack_pack_array(&rq->pk, n);
@@ -362,6 +418,50 @@ rpc_batch_is_exist(struct rpc_req *rq)
     return 0;
 }
 
+/*
+ * prefix_match in a cluster: the blocks from the first one missing here to the end are asked
+ * of their owners (their values come along, for the reads that follow a match), and the
+ * count goes on from *groups to the first block no owner has either.
+ */
+static int
+rpc_prefix_match_cluster(struct rpc_req *rq, struct mp_reader keys, uint32_t n, uint64_t g,
+                         uint64_t *groups)
+{
+    uint32_t from = (uint32_t)(*groups * g), m = n - from;
+    uint8_t stack[RPC_EXISTS_BLOCK];
+    uint8_t *present = m > RPC_EXISTS_BLOCK ? malloc(m) : stack;
+    const uint8_t *kp;
+    uint32_t klen;
+    int rc;
+
+    if (present == NULL) {
+        return -ENOMEM;
+    }
+    for (uint32_t i = 0; i < from; i++) {
+        rpc_read_key(&keys, &kp, &klen);
+    }
+    struct mp_reader rest = keys;
+    for (uint32_t i = 0; i < m; i++) {
+        rpc_read_key(&keys, &kp, &klen);
+        present[i] = rpc_exists(rq, kp, klen);
+    }
+    rc = rpc_remote_present(rq, rest, m, present);
+    for (uint32_t i = 0; rc == 0 && i < m; i += (uint32_t)g) {
+        bool all = true;
+        for (uint64_t j = 0; j < g; j++) {
+            all = all && present[i + j];
+        }
+        if (!all) {
+            break;
+        }
+        (*groups)++;
+    }
+    if (present != stack) {
+        free(present);
+    }
+    return rc;
+}
+
 static int
 rpc_prefix_match(struct rpc_req *rq)
 {
@@ -382,6 +482,7 @@ rpc_prefix_match(struct rpc_req *rq)
     if (rc != 0) {
         return rc;
     }
+    struct mp_reader first = keys;
     uint64_t g = opts.group_size ? opts.group_size : 1;
     if (n % g != 0) {
         return rpc_invalid(rq, "number of keys is not a multiple of group_size");
@@ -399,6 +500,12 @@ rpc_prefix_match(struct rpc_req *rq)
             break;
         }
         groups++;
+    }
+    if (groups * g < n && rq->ctx->srv->remote != NULL) {
+        rc = rpc_prefix_match_cluster(rq, first, n, g, &groups);
+        if (rc != 0) {
+            return rc;
+        }
     }
     ctr_add(&rq->ctx->ctr->prefix_asked, n / g);
     ctr_add(&rq->ctx->ctr->prefix_found, groups);
@@ -669,6 +776,9 @@ static rpc_handler_fn *const rpc_handlers[RPC_METHOD_COUNT] = {
     [RPC_RDMA_CONNECT] = rpc_rdma_connect,
     [RPC_CLUSTER_INFO] = rpc_cluster_info,
     [RPC_CLUSTER_DRAIN] = rpc_cluster_drain,
+    [RPC_PEER_GET] = rpc_peer_get,
+    [RPC_PEER_EXISTS] = rpc_peer_exists,
+    [RPC_PEER_PUT] = rpc_peer_put,
 };
 
 /* ---- dispatch ---- */
@@ -850,6 +960,8 @@ rpc_overlaps(const struct rpc_ctx *ctx, const uint8_t *msg, size_t len)
 void
 rpc_prefetch(struct rpc_ctx *ctx, const uint8_t *msg, size_t len)
 {
+    struct kv_key miss[RPC_PREFETCH_REMOTE];
+    uint32_t nmiss = 0;
     struct mp_reader rd;
     uint32_t np, nkeys = 1;
     int m = rpc_peek(msg, len, &rd, &np);
@@ -875,7 +987,13 @@ rpc_prefetch(struct rpc_ctx *ctx, const uint8_t *msg, size_t len)
         key.tenant = ctx->tenant;
         key.ptr = kp;
         key.len = klen;
-        (void)store_prefetch(ctx->srv->store, &key);
+        if (store_prefetch(ctx->srv->store, &key) == 0 && ctx->srv->remote != NULL
+            && nmiss < RPC_PREFETCH_REMOTE && store_exists(ctx->srv->store, &key) == 0) {
+            miss[nmiss++] = key;        /* in a pool: its owner is asked now, too */
+        }
+    }
+    if (nmiss > 0) {
+        (void)ctx->srv->remote->fetch(ctx->srv->remote->arg, miss, nmiss, false);
     }
 }
 

@@ -85,7 +85,8 @@ bool rpc_overlaps(const struct rpc_ctx *ctx, const uint8_t *msg, size_t len);
 /*
  * rpc_prefetch: msg[0..len) is a complete request queued behind one that
  * waits: when it is a get or batch_get, start the SSD loads its keys will
- * need, so the device works while the connection waits. Answers nothing,
+ * need, so the device works while the connection waits, and in a pool the
+ * fetches from their owners of the keys missing here. Answers nothing,
  * holds nothing; anything else is ignored.
  */
 void rpc_prefetch(struct rpc_ctx *ctx, const uint8_t *msg, size_t len);

@@ -34,8 +34,8 @@ enum rpc_method {
     RPC_BATCH_REMOVE, RPC_REMOVE_ALL, RPC_PIN, RPC_UNPIN, RPC_STATS,
     RPC_REGISTER_BUFFER, RPC_UNREGISTER_BUFFER, RPC_BATCH_PUT_FROM, RPC_BATCH_GET_INTO,
     RPC_MAP_SEGMENT, RPC_PUT_START, RPC_PUT_END, RPC_PUT_REVOKE, RPC_GET_REPLICA_LIST,
-    RPC_RDMA_CONNECT, RPC_CLUSTER_INFO, RPC_CLUSTER_DRAIN,
-    RPC_METHOD_COUNT
+    RPC_RDMA_CONNECT, RPC_CLUSTER_INFO, RPC_CLUSTER_DRAIN, RPC_PEER_GET, RPC_PEER_EXISTS,
+    RPC_PEER_PUT, RPC_METHOD_COUNT
 };
 
 /*
@@ -69,6 +69,11 @@ struct rpc_counters {
     _Atomic uint64_t shm_bytes_out; /* batch_get_into: value bytes copied to shared memory */
     _Atomic uint64_t rdma_bytes_in; /* the same, when the pieces are the client's over RDMA */
     _Atomic uint64_t rdma_bytes_out;
+    /* cluster peers (rpc_peer.c): what other nodes sent and fetched here */
+    _Atomic uint64_t peer_bytes_in;             /* peer_put: value bytes stored */
+    _Atomic uint64_t peer_bytes_out;            /* peer_get: value bytes served */
+    _Atomic uint64_t peer_checksum_mismatches;  /* peer_put: a value that failed its CRC-32C */
+    _Atomic uint64_t peer_checksum_conflicts;   /* peer_put: a stored key with other bytes */
 };
 
 /* Limits in force for one request (a config snapshot). */
@@ -90,6 +95,30 @@ struct rpc_limits {
  */
 typedef int rpc_stats_fn(void *arg, const char **names, uint64_t *values, int max);
 
+/*
+ * The cluster's data paths as the request layer sees them (src/cluster/repl.c fills it in;
+ * NULL on a single node). Any event-loop thread calls them; none blocks.
+ *   fetch: keys[0..n) of one request (one tenant) missed in the store: ask their owners.
+ *     Returns -EAGAIN while some are being fetched (the request waits, as for an SSD load,
+ *     and is dispatched again when a fetch ends or within 20 ms), 0 when every one's fetch
+ *     is over: those found are in the store now (cache copies), the rest are misses. With
+ *     final set nothing new is started and nothing waits.
+ *   stored: a client's put stored o (a reference the caller keeps): mark it a cache copy if
+ *     this node does not own key, and send it to the owners. With write_ack all it returns
+ *     a ticket the reply waits on (NULL: nothing to wait for): ticket_done is true once
+ *     every owner answered (stored it, had it, refused it, or peer_timeout passed), and
+ *     ticket_put gives it back. The layer wakes up for it as for the SSD tier.
+ */
+struct kv_key;
+struct store_obj;
+struct rpc_remote {
+    void *arg;
+    int (*fetch)(void *arg, const struct kv_key *keys, uint32_t n, bool final);
+    void *(*stored)(void *arg, const struct kv_key *key, struct store_obj *o);
+    bool (*ticket_done)(void *arg, void *ticket);
+    void (*ticket_put)(void *arg, void *ticket);
+};
+
 /* What handlers need from the daemon; borrowed, lives as long as the daemon. */
 struct rpc_server {
     struct store *store;
@@ -101,6 +130,7 @@ struct rpc_server {
     void *stats_arg;
     struct copier *copier;          /* copy threads of the shared-memory transfers */
     struct rdma_region *rdma_arena; /* the arena registered with the RDMA device; NULL: no RDMA */
+    const struct rpc_remote *remote; /* the cluster's data paths; NULL: a single node */
 };
 
 /*

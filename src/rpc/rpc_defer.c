@@ -66,7 +66,11 @@ rpc_deferred_free(struct rpc_ctx *ctx, struct rpc_deferred *d)
     }
     for (uint32_t i = 0; i < d->n; i++) {
         store_obj_unref(ctx->srv->store, d->objs[i]);
+        if (d->tickets != NULL && d->tickets[i] != NULL) {
+            ctx->srv->remote->ticket_put(ctx->srv->remote->arg, d->tickets[i]);
+        }
     }
+    free(d->tickets);
     free(d->codes);
     free(d->objs);
     free(d);
@@ -116,6 +120,17 @@ rpc_deferred_track(struct rpc_req *rq, struct rpc_deferred *d, uint32_t i, const
     rpc_deferred_hold(rq->ctx, d, i, o);
 }
 
+int
+rpc_deferred_ticket(struct rpc_ctx *ctx, struct rpc_deferred *d, uint32_t i, void *ticket)
+{
+    if (d->tickets == NULL && (d->tickets = calloc(d->n ? d->n : 1, sizeof(void *))) == NULL) {
+        ctx->srv->remote->ticket_put(ctx->srv->remote->arg, ticket);
+        return -ENOMEM;
+    }
+    d->tickets[i] = ticket;
+    return 0;
+}
+
 void
 rpc_deferred_hold(struct rpc_ctx *ctx, struct rpc_deferred *d, uint32_t i, struct store_obj *o)
 {
@@ -144,6 +159,10 @@ rpc_deferred_poll(struct rpc_ctx *ctx, struct outq *out)
     for (uint32_t i = 0; i < d->n; i++) {
         if (d->objs[i] != NULL && store_obj_ssd_state(d->objs[i]) == STORE_SSD_QUEUED) {
             return -EINPROGRESS;
+        }
+        if (d->tickets != NULL && d->tickets[i] != NULL
+            && !ctx->srv->remote->ticket_done(ctx->srv->remote->arg, d->tickets[i])) {
+            return -EINPROGRESS;        /* write_ack all: an owner has not answered yet */
         }
     }
     for (uint32_t i = 0; i < d->n; i++) {
@@ -459,6 +478,7 @@ rpc_xfer_durable(struct rpc_ctx *ctx, struct rpc_xfer *x)
         store_obj_ref(o);               /* ours, past the writer's, which commit gives back */
         d->codes[i] = store_commit(x->st, o);
         if (d->codes[i] == 0) {
+            rpc_remote_stored_obj(ctx, o);      /* in a pool: to the key's owners */
             rpc_deferred_hold(ctx, d, i, o);
         } else {
             store_obj_unref(x->st, o);
@@ -542,7 +562,14 @@ rpc_xfer_answer(struct rpc_ctx *ctx, struct outq *out)
     }
     for (uint32_t i = 0; x->put && i < x->n; i++) {
         if (x->objs[i] != NULL) {
-            x->res[i] = store_commit(x->st, x->objs[i]);
+            struct store_obj *o = x->objs[i];
+
+            store_obj_ref(o);           /* past the writer's, which commit gives back */
+            x->res[i] = store_commit(x->st, o);
+            if (x->res[i] == 0) {
+                rpc_remote_stored_obj(ctx, o);  /* in a pool: to the key's owners */
+            }
+            store_obj_unref(x->st, o);
             x->objs[i] = NULL;
         }
     }

@@ -106,6 +106,7 @@ struct rpc_deferred {
     uint32_t next;
     int *codes;
     struct store_obj **objs;
+    void **tickets;                 /* write_ack all: per key, the cluster's ticket, or NULL */
 };
 
 /* rpc_deferred_new: the reply to msgid, codes and objs for n keys all 0/NULL; NULL if no memory. */
@@ -117,6 +118,12 @@ void rpc_deferred_free(struct rpc_ctx *ctx, struct rpc_deferred *d);
 /* rpc_deferred_track: key i was stored: ask the SSD tier for it and remember it in d. */
 void rpc_deferred_track(struct rpc_req *rq, struct rpc_deferred *d, uint32_t i, const uint8_t *kp,
                         uint32_t klen);
+
+/*
+ * rpc_deferred_ticket: key i was stored and sent to its owners: the reply also waits for
+ * ticket (struct rpc_remote), which becomes d's. 0, or -ENOMEM (the ticket is given back).
+ */
+int rpc_deferred_ticket(struct rpc_ctx *ctx, struct rpc_deferred *d, uint32_t i, void *ticket);
 
 /* rpc_deferred_hold: the same for a published object o, whose reference becomes d's. */
 void rpc_deferred_hold(struct rpc_ctx *ctx, struct rpc_deferred *d, uint32_t i,

@@ -300,6 +300,9 @@ rpc_put_finish(struct rpc_req *rq, bool commit)
         }
         store_obj_ref(o);               /* ours, past the writer's, which commit gives back */
         d->codes[i] = store_commit(st, o);
+        if (d->codes[i] == 0) {
+            rpc_remote_stored_obj(ctx, o);      /* in a pool: to the key's owners */
+        }
         if (dur && d->codes[i] == 0) {
             rpc_deferred_hold(ctx, d, i, o);
             durable = true;

@@ -56,7 +56,11 @@ rpc_store_value(struct rpc_req *rq, const uint8_t *kp, uint32_t klen, const uint
             return sp->code;
         }
         sp->obj = NULL;
-        return store_commit(rq->ctx->srv->store, o);
+        int crc = store_commit(rq->ctx->srv->store, o);
+        if (crc == 0) {
+            rpc_remote_stored(rq, kp, klen);    /* in a cluster: to the key's owners */
+        }
+        return crc;
     }
     if (klen > lim->max_key_size || vlen > lim->max_value_size) {
         return KV_TOO_LARGE;
@@ -66,6 +70,9 @@ rpc_store_value(struct rpc_req *rq, const uint8_t *kp, uint32_t klen, const uint
     if (rc == -EAGAIN) {
         /* Room is coming (objects on their way to the SSD); the caller may retry. */
         return rq->ctx->final_try ? KV_NO_SPACE : -EAGAIN;
+    }
+    if (rc == 0) {
+        rpc_remote_stored(rq, kp, klen);
     }
     return rc < 0 ? KV_INTERNAL : rc;
 }
@@ -97,14 +104,22 @@ rpc_put(struct rpc_req *rq)
     if (rc == -EAGAIN) {
         return rc;                  /* nothing done: the connection retries the message */
     }
-    if (opts.durable && rc == 0) {
+    void *ticket = rq->ticket;      /* write_ack all: the owners' answers are waited for */
+    rq->ticket = NULL;
+    if ((opts.durable || ticket != NULL) && rc == 0) {
         struct rpc_deferred *d = rpc_deferred_new(rq->msgid, 1, false);
 
-        if (d != NULL) {
-            rpc_deferred_track(rq, d, 0, kp, klen);
+        if (d != NULL && (ticket == NULL || rpc_deferred_ticket(rq->ctx, d, 0, ticket) == 0)) {
+            if (opts.durable) {
+                rpc_deferred_track(rq, d, 0, kp, klen);
+            }
             rq->ctx->deferred = d;
             return 0;
         }
+        if (d == NULL && ticket != NULL) {
+            rq->ctx->srv->remote->ticket_put(rq->ctx->srv->remote->arg, ticket);
+        }
+        rpc_deferred_free(rq->ctx, d);
         rc = KV_INTERNAL;
     }
     rpc_reply_head(rq);
@@ -328,12 +343,29 @@ rpc_batch_put(struct rpc_req *rq)
             rc = KV_NO_SPACE;       /* no memory to wait with */
         }
         codes[i] = rc;
+        if (rq->ticket != NULL) {
+            /* write_ack all: the reply waits for the owners of this key too */
+            void *ticket = rq->ticket;
+            rq->ticket = NULL;
+            if (d == NULL && (d = rpc_deferred_new(rq->msgid, nkeys, true)) != NULL) {
+                memcpy(d->codes, codes, (i + 1) * sizeof(*codes));
+                if (codes != stack) {
+                    free(codes);
+                }
+                codes = d->codes;
+            }
+            if (d == NULL) {
+                rq->ctx->srv->remote->ticket_put(rq->ctx->srv->remote->arg, ticket);
+            } else {
+                (void)rpc_deferred_ticket(rq->ctx, d, i, ticket);   /* -ENOMEM: not waited */
+            }
+        }
         if (opts.durable && rc == 0) {
             rpc_deferred_track(rq, d, i, kp, klen);
         }
     }
     rc = 0;
-    if (opts.durable) {
+    if (opts.durable || (d != NULL && d->tickets != NULL)) {
         rq->ctx->deferred = d;      /* answered when the SSD says how it went */
         goto out;
     }

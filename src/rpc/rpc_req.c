@@ -383,6 +383,188 @@ rpc_get_refs(struct rpc_req *rq, struct mp_reader keys, uint32_t n, struct store
     return 0;
 }
 
+/* ---- the cluster (rpc_ctx.h, struct rpc_remote) ---- */
+
+#define RPC_REMOTE_STACK 64
+
+/*
+ * rpc_remote_ask: the keys of keys[0..n) with want[i] set, asked of the cluster. Returns what
+ * remote->fetch returns (0, -EAGAIN), or -ENOMEM.
+ */
+static int
+rpc_remote_ask(struct rpc_req *rq, struct mp_reader keys, uint32_t n, const uint8_t *want)
+{
+    const struct rpc_remote *rm = rq->ctx->srv->remote;
+    struct kv_key stack[RPC_REMOTE_STACK];
+    struct kv_key *ks = stack;
+    uint32_t m = 0;
+    int rc;
+
+    for (uint32_t i = 0; i < n; i++) {
+        m += want[i] != 0;
+    }
+    if (m == 0) {
+        return 0;
+    }
+    if (m > RPC_REMOTE_STACK && (ks = malloc(m * sizeof(*ks))) == NULL) {
+        return -ENOMEM;
+    }
+    m = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const uint8_t *kp;
+        uint32_t klen;
+
+        rpc_read_key(&keys, &kp, &klen);
+        if (want[i]) {
+            rpc_key(rq, kp, klen, &ks[m++]);
+        }
+    }
+    rc = rm->fetch(rm->arg, ks, m, rq->ctx->final_try);
+    if (ks != stack) {
+        free(ks);
+    }
+    return rc;
+}
+
+int
+rpc_remote_fill(struct rpc_req *rq, struct mp_reader keys, uint32_t n, struct store_obj **objs)
+{
+    struct store *st = rq->ctx->srv->store;
+    uint8_t stack[RPC_REMOTE_STACK];
+    uint8_t *want = stack;
+    struct mp_reader walk = keys;
+    uint32_t misses = 0;
+    int rc;
+
+    if (rq->ctx->srv->remote == NULL) {
+        return 0;
+    }
+    if (n > RPC_REMOTE_STACK && (want = malloc(n)) == NULL) {
+        rc = -ENOMEM;
+        goto fail;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        const uint8_t *kp;
+        uint32_t klen;
+
+        rpc_read_key(&walk, &kp, &klen);
+        want[i] = objs[i] == NULL && klen <= rq->ctx->lim->max_key_size;
+        misses += want[i];
+    }
+    rc = misses == 0 ? 0 : rpc_remote_ask(rq, keys, n, want);
+    if (rc != 0) {
+        goto fail;
+    }
+    walk = keys;
+    for (uint32_t i = 0; i < n && misses > 0; i++) {
+        const uint8_t *kp;
+        uint32_t klen;
+        struct kv_key key;
+
+        rpc_read_key(&walk, &kp, &klen);
+        if (want[i]) {
+            rpc_key(rq, kp, klen, &key);
+            if (store_get(st, &key, &objs[i]) != 0) {
+                objs[i] = NULL;         /* fetched copies are in DRAM: nothing to wait for */
+            }
+        }
+    }
+    if (want != stack) {
+        free(want);
+    }
+    return 0;
+fail:
+    if (want != stack) {
+        free(want);
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        store_obj_unref(st, objs[i]);
+        objs[i] = NULL;
+    }
+    return rc;
+}
+
+int
+rpc_remote_present(struct rpc_req *rq, struct mp_reader keys, uint32_t n, uint8_t *present)
+{
+    uint8_t stack[RPC_REMOTE_STACK];
+    uint8_t *want = stack;
+    struct mp_reader walk = keys;
+    uint32_t misses = 0;
+    int rc;
+
+    if (rq->ctx->srv->remote == NULL) {
+        return 0;
+    }
+    if (n > RPC_REMOTE_STACK && (want = malloc(n)) == NULL) {
+        return -ENOMEM;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        const uint8_t *kp;
+        uint32_t klen;
+
+        rpc_read_key(&walk, &kp, &klen);
+        want[i] = !present[i] && klen <= rq->ctx->lim->max_key_size;
+        misses += want[i];
+    }
+    rc = misses == 0 ? 0 : rpc_remote_ask(rq, keys, n, want);
+    walk = keys;
+    for (uint32_t i = 0; rc == 0 && i < n; i++) {
+        const uint8_t *kp;
+        uint32_t klen;
+        struct kv_key key;
+
+        rpc_read_key(&walk, &kp, &klen);
+        if (want[i]) {
+            rpc_key(rq, kp, klen, &key);
+            present[i] = store_exists(rq->ctx->srv->store, &key) == 1;
+        }
+    }
+    if (want != stack) {
+        free(want);
+    }
+    return rc;
+}
+
+void
+rpc_remote_stored(struct rpc_req *rq, const uint8_t *kp, uint32_t klen)
+{
+    const struct rpc_remote *rm = rq->ctx->srv->remote;
+    struct store_obj *o;
+    struct kv_key key;
+
+    if (rm == NULL) {
+        return;
+    }
+    rpc_key(rq, kp, klen, &key);
+    if (store_get(rq->ctx->srv->store, &key, &o) == 0) {
+        void *t = rm->stored(rm->arg, &key, o);
+
+        store_obj_unref(rq->ctx->srv->store, o);
+        if (rq->ticket != NULL) {
+            rm->ticket_put(rm->arg, rq->ticket);    /* a caller that did not take it */
+        }
+        rq->ticket = t;
+    }
+}
+
+void
+rpc_remote_stored_obj(struct rpc_ctx *ctx, struct store_obj *o)
+{
+    const struct rpc_remote *rm = ctx->srv->remote;
+    struct kv_key key;
+    void *t;
+
+    if (rm == NULL) {
+        return;
+    }
+    store_obj_key(o, &key);
+    t = rm->stored(rm->arg, &key, o);
+    if (t != NULL) {
+        rm->ticket_put(rm->arg, t);     /* these replies do not wait for the owners */
+    }
+}
+
 /* ---- login ---- */
 
 /*

@@ -33,6 +33,7 @@ struct rpc_req {
     struct outq *out;
     const char *errmsg;         /* optional text for a request-level error */
     bool replied;               /* a reply was started (rpc_reply_head, rpc_reply_error) */
+    void *ticket;               /* the cluster's ticket of the last put stored (rpc_remote_stored) */
 };
 
 /*
@@ -150,6 +151,27 @@ int rpc_get_refs(struct rpc_req *rq, struct mp_reader keys, uint32_t n, struct s
 void rpc_tier_note(struct rpc_ctx *ctx, uint32_t nkeys, uint32_t i);
 void rpc_tier_count(struct rpc_ctx *ctx, uint32_t i, const struct store_obj *o);
 void rpc_tier_forget(struct rpc_ctx *ctx);
+
+/*
+ * The cluster's side of a read (rpc_ctx.h, struct rpc_remote; all three do nothing on a
+ * single node). rpc_remote_fill: objs[0..n) are keys' lookups (NULL: a miss); ask the cluster
+ * for the misses and take references on what it brought. 0 (objs filled where found), or
+ * -EAGAIN / -ENOMEM with every reference in objs dropped and objs cleared (the request waits
+ * and comes back). rpc_remote_present: the same for presence (present[i] 0 or 1, updated).
+ * rpc_remote_stored: a client put stored the key kp[0..klen): hand it to the cluster; a
+ * ticket the reply must wait for (write_ack all) is left in rq->ticket for the caller
+ * (rpc_put.c) to take.
+ */
+int rpc_remote_fill(struct rpc_req *rq, struct mp_reader keys, uint32_t n, struct store_obj **objs);
+int rpc_remote_present(struct rpc_req *rq, struct mp_reader keys, uint32_t n, uint8_t *present);
+void rpc_remote_stored(struct rpc_req *rq, const uint8_t *kp, uint32_t klen);
+
+/*
+ * rpc_remote_stored_obj: the same for an object a shared-memory or direct-access put just
+ * committed (o: a reference the caller holds). Its reply does not wait for the owners
+ * (write_ack local, whatever the setting).
+ */
+void rpc_remote_stored_obj(struct rpc_ctx *ctx, struct store_obj *o);
 
 /*
  * rpc_login: authenticate ctx's connection as tenant[0..tenant_len) with

@@ -25,7 +25,7 @@ rpc_spill_reset(struct rpc_spill_cursor *cur)
 
 /* Parse the message prefix once: is it a put or batch_put, where are its keys? */
 static void
-rpc_spill_parse(struct rpc_spill_cursor *cur, const uint8_t *msg, size_t len)
+rpc_spill_parse(struct rpc_spill_cursor *cur, const uint8_t *msg, size_t len, bool ctx_may_peer)
 {
     struct mp_reader rd;
     uint32_t n, mlen, np;
@@ -49,6 +49,20 @@ rpc_spill_parse(struct rpc_spill_cursor *cur, const uint8_t *msg, size_t len)
         cur->state = 2;
         cur->key_idx = 0;
         cur->key_off = (size_t)(rd.p - rd.base);
+    } else if (mp_str_eq(mname, mlen, "peer_put")) {
+        uint64_t tenant;
+        /* [tenant, keys, values, crcs], from a cluster node only (rpc_peer.h) */
+        if (np != 4 || mp_read_uint(&rd, &tenant) != 0 || tenant > UINT32_MAX
+            || mp_read_array(&rd, &cur->nkeys) != 0) {
+            return;
+        }
+        if (ctx_may_peer == false) {
+            return;
+        }
+        cur->state = 3;
+        cur->tenant = (uint32_t)tenant;
+        cur->key_idx = 0;
+        cur->key_off = (size_t)(rd.p - rd.base);
     }
 }
 
@@ -64,12 +78,14 @@ rpc_spill_take(struct rpc_ctx *ctx, struct rpc_spill_cursor *cur, const uint8_t 
     bool value;
 
     if (cur->state == 0) {
-        rpc_spill_parse(cur, msg, len);
+        rpc_spill_parse(cur, msg, len, !ctx->lim->require_auth || ctx->admin);
     }
     if (cur->state == 1) {
         value = depth == 2 && path[0] == 3 && path[1] == 1;
     } else if (cur->state == 2) {
         value = depth == 3 && path[0] == 3 && path[1] == 1;
+    } else if (cur->state == 3) {
+        value = depth == 3 && path[0] == 3 && path[1] == 2;
     } else {
         value = false;
     }
@@ -86,7 +102,7 @@ rpc_spill_take(struct rpc_ctx *ctx, struct rpc_spill_cursor *cur, const uint8_t 
     mp_reader_init(&rd, msg, len);
     mp_reader_holes(&rd, holes, nholes);
     rd.p = msg + cur->key_off;
-    if (cur->state == 2) {
+    if (cur->state == 2 || cur->state == 3) {
         uint32_t want = path[2];
         if (want >= cur->nkeys || want < cur->key_idx) {
             return 1; /* dispatch will answer the arity error */
@@ -106,7 +122,7 @@ rpc_spill_take(struct rpc_ctx *ctx, struct rpc_spill_cursor *cur, const uint8_t 
         sp->code = KV_TOO_LARGE;
         return 1;
     }
-    key.tenant = ctx->tenant;
+    key.tenant = cur->state == 3 ? cur->tenant : ctx->tenant;
     key.ptr = kp;
     key.len = klen;
     int rc = store_reserve(ctx->srv->store, &key, vlen, &sp->obj);

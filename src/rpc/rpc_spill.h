@@ -31,7 +31,9 @@ struct rpc_spill {
 
 /* Where the spill decision has got to within one message (reset per message). */
 struct rpc_spill_cursor {
-    int state;               /* 0 = not parsed yet, 1 = put, 2 = batch_put, -1 = decline all */
+    int state;               /* 0 = not parsed yet, 1 = put, 2 = batch_put, 3 = peer_put,
+                                -1 = decline all */
+    uint32_t tenant;         /* peer_put: the tenant its keys belong to (its first param) */
     uint32_t nkeys;
     uint32_t key_idx;        /* index of the key at key_off */
     size_t key_off;          /* message offset of key number key_idx */

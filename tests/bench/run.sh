@@ -39,6 +39,7 @@
 # BENCH_SSD (1; 0 skips the SSD section; its other settings are in ssd.sh),
 # BENCH_RESP (1; 0 skips the Redis-protocol section; its settings are in resp.sh),
 # BENCH_TRACE (1; 0 skips the trace replay; its settings are in trace.sh),
+# BENCH_CLUSTER (1; 0 skips the pool's section; its settings are in cluster.sh),
 # BENCH_DAEMON_ARGS (more kvstashd flags for the matrix's daemon, e.g. --io_threads=8; the
 # SSD section has its own, BENCH_SSD_DAEMON_ARGS), BENCH_COPY (0; 1 makes kvstash-bench,
 # raw-bench and mc-bench send put values by copying, -C, instead of by reference).
@@ -842,6 +843,19 @@ else
     echo "== Redis protocol: skipped (BENCH_RESP=0)"
 fi
 
+# ---- the pool: remote hits against local gets, a put with R=2 against one daemon ----
+cluster_rc=0
+if [ "${BENCH_CLUSTER:-1}" != 0 ]; then
+    echo
+    echo "== Pool (tests/bench/cluster.sh): two daemons on loopback, a fixed view"
+    KVSTASHD="$KVSTASHD" BENCH="$BENCH" KVSTASH_CLI="$KVSTASH_CLI" BENCH_REPS="$REPS" \
+        timeout 1800 "$here/cluster.sh" || cluster_rc=$?
+    kvd_alive || kvd_died
+else
+    echo
+    echo "== Pool: skipped (BENCH_CLUSTER=0)"
+fi
+
 # ---- trace replay ----
 # Mooncake's synthetic trace through fresh daemons of its own (tests/bench/trace.sh), with
 # the matrix's daemon stopped so that the replays have the machine; bounded by the timeout.
@@ -882,6 +896,10 @@ if [ "$failures" -gt 0 ]; then
 fi
 if [ "$resp_rc" -ne 0 ]; then
     echo "run.sh: the Redis-protocol section failed (exit $resp_rc)" >&2
+    exit 1
+fi
+if [ "$cluster_rc" -ne 0 ]; then
+    echo "run.sh: the pool's section failed (exit $cluster_rc)" >&2
     exit 1
 fi
 if [ "$trace_rc" -ne 0 ]; then

@@ -95,14 +95,16 @@ def test_placement_equals_the_reference(pool):
     assert nodes[3].info(keys)["owners"] == info["owners"]
     # a draining node owns nothing
     nodes[1].drain()
-    pool.wait_view(4, states=("active", "draining"))
-    wait_for(lambda: nodes[0].view()[1]["n2"] == "draining", 10, "n2 draining")
+    # draining, then gone once its keys are handed off (rebalance.c; it has none here)
+    wait_for(lambda: nodes[0].view()[1].get("n2", "gone") in ("draining", "gone"), 10,
+             "n2 draining")
     info = nodes[0].info(keys)
+    ids = [x["id"] for x in info["nodes"]]
     active = [(x["id"], weights[x["id"]]) if x["state"] == "active" else (x["id"], 0)
               for x in info["nodes"]]
     for key, owners in zip(keys, info["owners"]):
         assert owners == place_ref.owners(active, key, 2)
-        assert ids.index("n2") not in owners
+        assert "n2" not in [ids[o] for o in owners]
 
 
 def test_restart_inside_the_lease_is_not_a_duplicate(pool):
@@ -166,17 +168,22 @@ def test_different_config_refused(pool):
 def test_drain_state_visible(pool):
     nodes = [pool.start() for _ in range(3)]
     pool.wait_view(3)
+    # a drained node hands its keys off (none here) and then leaves: draining, then gone
     assert nodes[1].drain() == "draining"
-    pool.wait_view(3, states=("active", "draining"))
-    wait_for(lambda: all(n.view()[1] == {"n1": "active", "n2": "draining", "n3": "active"}
-                         for n in nodes), 10, "n2 draining in every view")
+    wait_for(lambda: all(n.view()[1].get("n2", "draining") == "draining"
+                         and n.view()[1]["n1"] == "active" for n in nodes), 10,
+             "n2 draining (or handed off and gone) in every view")
+    assert nodes[1].info()["state"] == "draining"
     os.kill(nodes[2].pid, signal.SIGUSR2)
-    wait_for(lambda: all(n.view()[1]["n3"] == "draining" for n in nodes), 10,
+    wait_for(lambda: all(n.view()[1].get("n3", "draining") == "draining" for n in nodes), 10,
              "n3 draining after SIGUSR2")
     assert nodes[2].info()["state"] == "draining"
+    pool.wait_view(1, nodes=[nodes[0]], timeout=20)   # both handed off and left
     # a node leaves the pool on SIGTERM: the others drop it at once (lease revoked)
-    nodes[2].stop()
-    pool.wait_view(2, nodes=nodes[:2], states=("active", "draining"))
+    n4 = pool.start()
+    pool.wait_view(2, nodes=[nodes[0], n4])
+    n4.stop()
+    pool.wait_view(1, nodes=[nodes[0]])
 
 
 @pytest.mark.parametrize("how", ["stopped", "sigstopped"])
@@ -361,7 +368,10 @@ def test_cli_cluster_and_metrics(pool):
     assert metric("kvstash_cluster_registered") == 1
     wait_for(lambda: metric("kvstash_cluster_lease_renewals_total") >= 2, 10, "renewals")
     assert run(nodes[1], "drain").returncode == 0
-    wait_for(lambda: metric('kvstash_cluster_members{state="draining"}') == 1, 10,
+    # draining, or already handed off and gone (rebalance.c leaves once its keys moved)
+    wait_for(lambda: metric('kvstash_cluster_members{state="draining"}') == 1
+             or (metric('kvstash_cluster_members{state="active"}') == 1
+                 and metric("kvstash_cluster_view_revision") > 0), 10,
              "a draining member in /metrics")
 
 

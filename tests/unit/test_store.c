@@ -588,6 +588,45 @@ Test(store, eviction_is_near_lru)
     store_destroy(s);
 }
 
+/* A cluster cache copy (a key another node owns) is evicted before owned objects older than it. */
+Test(store, eviction_takes_cache_copies_before_owned_objects)
+{
+    struct store *s = t_store(16 * MiB, 0.9, 0.8);
+    uint64_t obj = 64 * KiB;
+    uint64_t cache_gone = 0;
+    uint64_t id = 1000;
+    uint8_t *buf = malloc(obj);
+    struct t_key tk;
+
+    cr_assert_not_null(buf);
+    for (uint64_t i = 0; i < 100; i++) {
+        cr_assert_eq(t_put(s, 0, i, obj), 0);
+    }
+    for (uint64_t i = 100; i < 200; i++) {
+        t_fill(buf, i, obj);
+        cr_assert_eq(store_put_cache(s, t_key(&tk, 0, i), buf, obj), 0);
+    }
+    cr_assert_eq(store_set_cache(s, t_key(&tk, 0, 150), false), 0);  /* owned again */
+    cr_assert_eq(store_set_cache(s, t_key(&tk, 0, 5000), true), KV_NOT_FOUND);
+    while (t_stats(s).evictions < 40) {
+        cr_assert_eq(t_put(s, 0, id++, obj), 0);
+    }
+    for (uint64_t i = 0; i < 100; i++) {
+        cr_assert_eq(t_check(s, 0, i, obj), 1, "owned object %llu was evicted before cache copies",
+                     (unsigned long long)i);
+    }
+    cr_assert_eq(t_check(s, 0, 150, obj), 1, "object 150, owned again, was evicted");
+    for (uint64_t i = 100; i < 200; i++) {
+        int c = t_check(s, 0, i, obj);
+
+        cr_assert_neq(c, -1, "cache copy %llu has wrong bytes", (unsigned long long)i);
+        cache_gone += c == 0;
+    }
+    cr_assert_eq(cache_gone, t_stats(s).evictions);
+    free(buf);
+    store_destroy(s);
+}
+
 Test(store, eviction_skips_referenced_reserved_leased_and_hard_pinned)
 {
     struct store *s = t_store(4 * MiB, 0.9, 0.5);

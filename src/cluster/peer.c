@@ -1,0 +1,836 @@
+/*
+ * peer: the pool's thread and its connections (peer.h). One epoll loop: an
+ * eventfd for calls handed over, one socket per peer address. A call's
+ * message is written whole in order behind the calls before it on its
+ * connection (pipelined), then waits in that connection's flight list for
+ * the reply with its msgid. Deadlines are checked every loop turn (the wait
+ * is bounded by the nearest one); a call whose deadline passes is answered
+ * KV_TIMEOUT at once, and if its bytes were partly written they are still
+ * finished (the stream stays whole) and the late reply is dropped.
+ *
+ * Must not: touch the store or the request layer (the callbacks do that),
+ * block anywhere but epoll_wait, or call a callback with the queue lock held.
+ */
+#include "peer.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "clock.h"
+#include "frame.h"
+#include "kverr.h"
+#include "log.h"
+#include "mp.h"
+
+#define PEER_ADDR_MAX 256
+#define PEER_BACKOFF_MIN_MS 100
+#define PEER_BACKOFF_MAX_MS 5000
+#define PEER_READ_CHUNK (256u * 1024u)
+#define PEER_WAIT_MAX_MS 1000
+#define PEER_HELLO_ID 0u             /* msgid of the login; calls count from 1 */
+#define PEER_SEGS (PEER_EXTRA_MAX + 3) /* head, params, extra, tail */
+
+struct peer_msg {
+    struct peer_msg *next;
+    char addr[PEER_ADDR_MAX];
+    uint8_t head[48];               /* [0, msgid, method, (the params follow) */
+    uint8_t *buf;                   /* the params (or the whole login), malloc'd */
+    uint8_t *tail;                  /* peer_extra's tail, malloc'd, or NULL */
+    void (*release)(void *arg);     /* peer_extra's release, once its bytes are written */
+    void *release_arg;
+    struct iovec seg[PEER_SEGS];    /* what is written, in order */
+    int nseg;
+    size_t len;                     /* the bytes of all segments */
+    size_t off;                     /* bytes written */
+    uint32_t msgid;
+    uint64_t deadline;              /* ms, clock_ms */
+    peer_done_fn *done;             /* NULL once answered (timed out while being written) */
+    void *arg;
+};
+
+enum peer_conn_state { PEER_DOWN, PEER_CONNECTING, PEER_OPEN };
+
+struct peer_conn {
+    struct peer_conn *next;
+    char addr[PEER_ADDR_MAX];
+    int fd;
+    enum peer_conn_state state;
+    uint64_t retry_at;              /* PEER_DOWN: no dial before this (ms) */
+    uint64_t backoff;
+    struct peer_msg *wq, *wq_tail;  /* to write; the first may be partly written */
+    struct peer_msg *fq, *fq_tail;  /* written, waiting for their replies */
+    bool hello_due;                 /* the login goes first on a new connection */
+    uint8_t *in;
+    size_t ilen, icap;
+    struct frame_scan fs;
+    uint32_t events;                /* what epoll watches now */
+};
+
+struct peer_pool {
+    struct peer_config cfg;
+    char token[256];
+    int epfd;
+    int evfd;
+    pthread_t thread;
+    bool started;
+    _Atomic bool stop;
+    pthread_mutex_t lock;           /* guards incoming only */
+    struct peer_msg *incoming, *incoming_tail;
+    _Atomic uint32_t next_id;
+    struct peer_conn *conns;
+    _Atomic uint64_t requests, errors, timeouts, bytes_out, bytes_in, connects, in_flight;
+};
+
+static void
+peer_add(_Atomic uint64_t *c, uint64_t n)
+{
+    atomic_fetch_add_explicit(c, n, memory_order_relaxed);
+}
+
+/* ---- answering ---- */
+
+static void
+peer_answer(struct peer_pool *p, struct peer_msg *m, int status, const uint8_t *res, size_t len)
+{
+    if (m->done != NULL) {
+        peer_done_fn *done = m->done;
+
+        m->done = NULL;
+        if (status != 0 && status != KV_NOT_FOUND) {
+            peer_add(&p->errors, 1);
+            peer_add(&p->timeouts, status == KV_TIMEOUT);
+        }
+        atomic_fetch_sub_explicit(&p->in_flight, 1, memory_order_relaxed);
+        done(m->arg, status, res, len);
+    }
+}
+
+/* peer_msg_written: its bytes are on the wire (or never will be): let go of them. */
+static void
+peer_msg_written(struct peer_msg *m)
+{
+    free(m->buf);
+    m->buf = NULL;
+    free(m->tail);
+    m->tail = NULL;
+    if (m->release != NULL) {
+        m->release(m->release_arg);
+        m->release = NULL;
+    }
+    m->nseg = 0;
+}
+
+static void
+peer_msg_free(struct peer_msg *m)
+{
+    if (m != NULL) {
+        peer_msg_written(m);
+        free(m);
+    }
+}
+
+/* peer_fail_list: answer and free every message of a list. */
+static void
+peer_fail_list(struct peer_pool *p, struct peer_msg *m, int status)
+{
+    while (m != NULL) {
+        struct peer_msg *next = m->next;
+
+        peer_answer(p, m, status, NULL, 0);
+        peer_msg_free(m);
+        m = next;
+    }
+}
+
+/* ---- connections ---- */
+
+static void
+peer_watch(struct peer_pool *p, struct peer_conn *c, uint32_t events)
+{
+    struct epoll_event ev = {.events = events, .data.ptr = c};
+
+    if (c->fd >= 0 && c->events != events) {
+        if (epoll_ctl(p->epfd, EPOLL_CTL_MOD, c->fd, &ev) == 0) {
+            c->events = events;
+        }
+    }
+}
+
+/* peer_conn_down: the connection failed: fail what it carries; dial again after the backoff. */
+static void
+peer_conn_down(struct peer_pool *p, struct peer_conn *c, const char *why, int err)
+{
+    if (c->fd >= 0) {
+        log_warn("peer %s: %s%s%s; its requests fail, next dial in %llu ms", c->addr, why,
+                 err ? ": " : "", err ? strerror(err) : "",
+                 (unsigned long long)c->backoff);
+        epoll_ctl(p->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+        close(c->fd);
+        c->fd = -1;
+    }
+    c->state = PEER_DOWN;
+    c->retry_at = clock_ms() + c->backoff;
+    c->backoff = c->backoff * 2 > PEER_BACKOFF_MAX_MS ? PEER_BACKOFF_MAX_MS : c->backoff * 2;
+    peer_fail_list(p, c->fq, KV_UNAVAILABLE);
+    c->fq = c->fq_tail = NULL;
+    peer_fail_list(p, c->wq, KV_UNAVAILABLE);
+    c->wq = c->wq_tail = NULL;
+    c->ilen = 0;
+}
+
+/* peer_split: "host:port" (or "[v6]:port") into host and port. 0 or -EINVAL. */
+static int
+peer_split(const char *addr, char *host, size_t hcap, char *port, size_t pcap)
+{
+    const char *colon = strrchr(addr, ':');
+    size_t hl;
+
+    if (colon == NULL || colon == addr || colon[1] == '\0' || strlen(colon + 1) >= pcap) {
+        return -EINVAL;
+    }
+    hl = (size_t)(colon - addr);
+    if (addr[0] == '[' && hl >= 2 && addr[hl - 1] == ']') {
+        addr++;
+        hl -= 2;
+    }
+    if (hl >= hcap) {
+        return -EINVAL;
+    }
+    memcpy(host, addr, hl);
+    host[hl] = '\0';
+    strcpy(port, colon + 1);
+    return 0;
+}
+
+/* peer_dial: start a non-blocking connect. 0 (connecting or connected) or -errno. */
+static int
+peer_dial(struct peer_pool *p, struct peer_conn *c)
+{
+    char host[PEER_ADDR_MAX], port[16];
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
+    struct addrinfo *ai = NULL;
+    struct epoll_event ev;
+    int one = 1;
+    int rc, fd;
+
+    if (peer_split(c->addr, host, sizeof(host), port, sizeof(port)) != 0) {
+        return -EINVAL;
+    }
+    hints.ai_flags = AI_NUMERICSERV;
+    rc = getaddrinfo(host, port, &hints, &ai);     /* numeric addresses: no lookup waits */
+    if (rc != 0 || ai == NULL) {
+        return -EHOSTUNREACH;
+    }
+    fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        rc = -errno;
+        freeaddrinfo(ai);
+        return rc;
+    }
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
+    freeaddrinfo(ai);
+    if (rc != 0 && errno != EINPROGRESS) {
+        rc = -errno;
+        close(fd);
+        return rc;
+    }
+    c->fd = fd;
+    c->state = PEER_CONNECTING;
+    c->events = EPOLLOUT | EPOLLIN;
+    ev.events = c->events;
+    ev.data.ptr = c;
+    if (epoll_ctl(p->epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
+        rc = -errno;
+        close(fd);
+        c->fd = -1;
+        return rc;
+    }
+    frame_scan_init(&c->fs);
+    c->ilen = 0;
+    c->hello_due = p->token[0] != '\0';
+    peer_add(&p->connects, 1);
+    return 0;
+}
+
+static struct peer_conn *
+peer_conn_get(struct peer_pool *p, const char *addr)
+{
+    struct peer_conn *c;
+
+    for (c = p->conns; c != NULL; c = c->next) {
+        if (strcmp(c->addr, addr) == 0) {
+            return c;
+        }
+    }
+    c = calloc(1, sizeof(*c));
+    if (c == NULL) {
+        return NULL;
+    }
+    snprintf(c->addr, sizeof(c->addr), "%s", addr);
+    c->fd = -1;
+    c->state = PEER_DOWN;
+    c->backoff = PEER_BACKOFF_MIN_MS;
+    c->next = p->conns;
+    p->conns = c;
+    return c;
+}
+
+/* ---- messages ---- */
+
+/* peer_head: the request header [0, msgid, method, ...] before params; returns its length. */
+static size_t
+peer_head(uint8_t *h, uint32_t msgid, const char *method, size_t mlen)
+{
+    size_t n = 0;
+
+    h[n++] = 0x94;
+    h[n++] = 0x00;
+    h[n++] = 0xce;
+    h[n++] = (uint8_t)(msgid >> 24);
+    h[n++] = (uint8_t)(msgid >> 16);
+    h[n++] = (uint8_t)(msgid >> 8);
+    h[n++] = (uint8_t)msgid;
+    h[n++] = (uint8_t)(0xa0 | mlen);
+    memcpy(h + n, method, mlen);
+    return n + mlen;
+}
+
+/* peer_hello: the login message with the pool's token, or NULL without memory. */
+static struct peer_msg *
+peer_hello(struct peer_pool *p)
+{
+    size_t tl = strlen(p->token);
+    struct peer_msg *m = calloc(1, sizeof(*m));
+    size_t n;
+
+    if (m == NULL || (m->buf = malloc(64 + tl)) == NULL) {
+        free(m);
+        return NULL;
+    }
+    n = peer_head(m->buf, PEER_HELLO_ID, "hello", 5);
+    m->buf[n++] = 0x91;             /* params: [ {tenant: "admin", token: bin} ] */
+    m->buf[n++] = 0x82;
+    m->buf[n++] = 0xa6;
+    memcpy(m->buf + n, "tenant", 6);
+    n += 6;
+    m->buf[n++] = 0xa5;
+    memcpy(m->buf + n, "admin", 5);
+    n += 5;
+    m->buf[n++] = 0xa5;
+    memcpy(m->buf + n, "token", 5);
+    n += 5;
+    m->buf[n++] = 0xc4;             /* bin 8: tokens are at most 255 bytes */
+    m->buf[n++] = (uint8_t)tl;
+    memcpy(m->buf + n, p->token, tl);
+    m->len = n + tl;
+    m->seg[0].iov_base = m->buf;
+    m->seg[0].iov_len = m->len;
+    m->nseg = 1;
+    m->msgid = PEER_HELLO_ID;
+    m->deadline = UINT64_MAX;
+    return m;
+}
+
+static void
+peer_push(struct peer_msg **head, struct peer_msg **tail, struct peer_msg *m)
+{
+    m->next = NULL;
+    if (*tail != NULL) {
+        (*tail)->next = m;
+    } else {
+        *head = m;
+    }
+    *tail = m;
+}
+
+int
+peer_call(struct peer_pool *p, const char *addr, const char *method, uint8_t *params,
+          size_t plen, peer_done_fn *done, void *arg)
+{
+    return peer_call_ext(p, addr, method, params, plen, NULL, done, arg);
+}
+
+int
+peer_call_ext(struct peer_pool *p, const char *addr, const char *method, uint8_t *params,
+              size_t plen, const struct peer_extra *x, peer_done_fn *done, void *arg)
+{
+    size_t mlen = strlen(method);
+    struct peer_msg *m;
+    uint64_t one = 1;
+    size_t h;
+
+    if (mlen > 31 || strlen(addr) >= PEER_ADDR_MAX || (x != NULL && x->n > PEER_EXTRA_MAX)) {
+        free(params);
+        if (x != NULL) {
+            free(x->tail);
+            if (x->release != NULL) {
+                x->release(x->release_arg);
+            }
+        }
+        return -EINVAL;
+    }
+    m = calloc(1, sizeof(*m));
+    if (m == NULL) {
+        free(params);
+        if (x != NULL) {
+            free(x->tail);
+            if (x->release != NULL) {
+                x->release(x->release_arg);
+            }
+        }
+        return -ENOMEM;
+    }
+    m->msgid = atomic_fetch_add_explicit(&p->next_id, 1, memory_order_relaxed);
+    if (m->msgid == PEER_HELLO_ID) {
+        m->msgid = atomic_fetch_add_explicit(&p->next_id, 1, memory_order_relaxed);
+    }
+    h = peer_head(m->head, m->msgid, method, mlen);
+    m->buf = params;                /* written after the head as it is: no copy */
+    m->seg[m->nseg].iov_base = m->head;
+    m->seg[m->nseg++].iov_len = h;
+    m->seg[m->nseg].iov_base = params;
+    m->seg[m->nseg++].iov_len = plen;
+    m->len = h + plen;
+    if (x != NULL) {
+        for (int i = 0; i < x->n; i++) {
+            m->seg[m->nseg++] = x->iov[i];
+            m->len += x->iov[i].iov_len;
+        }
+        m->tail = x->tail;
+        m->seg[m->nseg].iov_base = x->tail;
+        m->seg[m->nseg++].iov_len = x->tail_len;
+        m->len += x->tail_len;
+        m->release = x->release;
+        m->release_arg = x->release_arg;
+    }
+    snprintf(m->addr, sizeof(m->addr), "%s", addr);
+    m->deadline = clock_ms() + p->cfg.timeout_ms;
+    m->done = done;
+    m->arg = arg;
+    peer_add(&p->requests, 1);
+    peer_add(&p->in_flight, 1);
+    pthread_mutex_lock(&p->lock);
+    peer_push(&p->incoming, &p->incoming_tail, m);
+    pthread_mutex_unlock(&p->lock);
+    if (write(p->evfd, &one, sizeof(one)) < 0) {
+        /* the counter is full: the thread is awake anyway */
+    }
+    return 0;
+}
+
+/* peer_take_incoming: move handed-over calls to their connections' write queues. */
+static void
+peer_take_incoming(struct peer_pool *p)
+{
+    struct peer_msg *m;
+    uint64_t v;
+
+    if (read(p->evfd, &v, sizeof(v)) < 0) {
+        /* EAGAIN: nothing counted */
+    }
+    pthread_mutex_lock(&p->lock);
+    m = p->incoming;
+    p->incoming = p->incoming_tail = NULL;
+    pthread_mutex_unlock(&p->lock);
+    while (m != NULL) {
+        struct peer_msg *next = m->next;
+        struct peer_conn *c = peer_conn_get(p, m->addr);
+
+        if (c == NULL) {
+            peer_answer(p, m, KV_UNAVAILABLE, NULL, 0);
+            peer_msg_free(m);
+        } else if (c->state == PEER_DOWN && clock_ms() < c->retry_at) {
+            peer_answer(p, m, KV_UNAVAILABLE, NULL, 0);     /* within the backoff */
+            peer_msg_free(m);
+        } else {
+            int rc = 0;
+
+            if (c->state == PEER_DOWN) {
+                rc = peer_dial(p, c);
+            }
+            if (rc != 0) {
+                peer_push(&c->wq, &c->wq_tail, m);
+                peer_conn_down(p, c, "cannot dial", -rc);
+            } else {
+                if (c->hello_due) {
+                    struct peer_msg *hm = peer_hello(p);
+                    if (hm != NULL) {
+                        peer_push(&c->wq, &c->wq_tail, hm);
+                    }
+                    c->hello_due = false;
+                }
+                peer_push(&c->wq, &c->wq_tail, m);
+                if (c->state == PEER_OPEN) {
+                    peer_watch(p, c, EPOLLIN | EPOLLOUT);
+                }
+            }
+        }
+        m = next;
+    }
+}
+
+/* peer_write: write queued messages until the socket is full. 0 or -errno. */
+static int
+peer_write(struct peer_pool *p, struct peer_conn *c)
+{
+    while (c->wq != NULL) {
+        struct iovec iov[64];
+        int n = 0;
+        ssize_t w;
+
+        for (struct peer_msg *m = c->wq; m != NULL && n + PEER_SEGS <= 64; m = m->next) {
+            size_t skip = m->off;
+
+            for (int i = 0; i < m->nseg; i++) {
+                if (skip >= m->seg[i].iov_len) {
+                    skip -= m->seg[i].iov_len;
+                    continue;
+                }
+                iov[n].iov_base = (uint8_t *)m->seg[i].iov_base + skip;
+                iov[n].iov_len = m->seg[i].iov_len - skip;
+                skip = 0;
+                n += iov[n].iov_len > 0;
+            }
+        }
+        if (n == 0) {
+            break;
+        }
+        w = writev(c->fd, iov, n);
+        if (w < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                return 0;
+            }
+            if (errno == EINTR) {
+                continue;
+            }
+            return -errno;
+        }
+        peer_add(&p->bytes_out, (uint64_t)w);
+        while (w > 0 && c->wq != NULL) {
+            struct peer_msg *m = c->wq;
+            size_t left = m->len - m->off;
+
+            if ((size_t)w < left) {
+                m->off += (size_t)w;
+                break;
+            }
+            w -= (ssize_t)left;
+            m->off = m->len;
+            c->wq = m->next;
+            if (c->wq == NULL) {
+                c->wq_tail = NULL;
+            }
+            peer_msg_written(m);
+            if (m->done == NULL && m->msgid != PEER_HELLO_ID) {
+                peer_msg_free(m);           /* timed out while being written */
+            } else {
+                peer_push(&c->fq, &c->fq_tail, m);
+            }
+        }
+    }
+    peer_watch(p, c, EPOLLIN);
+    return 0;
+}
+
+/* peer_reply: one whole reply msg[0..len): answer its call. 0, or -EPROTO. */
+static int
+peer_reply(struct peer_pool *p, struct peer_conn *c, const uint8_t *msg, size_t len)
+{
+    struct mp_reader rd;
+    uint32_t n;
+    uint64_t type, id;
+    struct peer_msg *m, *prev = NULL;
+    int status = 0;
+
+    mp_reader_init(&rd, msg, len);
+    if (mp_read_array(&rd, &n) != 0 || mp_read_uint(&rd, &type) != 0) {
+        return -EPROTO;
+    }
+    if (type == 2) {
+        return 0;                   /* a notification (an error before closing): the close says */
+    }
+    if (n != 4 || type != 1 || mp_read_uint(&rd, &id) != 0) {
+        return -EPROTO;
+    }
+    if (mp_peek(&rd) == MP_NIL) {
+        mp_read_nil(&rd);
+    } else {
+        uint32_t en;
+        uint64_t code = KV_INTERNAL;
+        if (mp_read_array(&rd, &en) != 0 || en < 1 || mp_read_uint(&rd, &code) != 0) {
+            return -EPROTO;
+        }
+        status = code == 0 || code > KV_CODE_MAX ? KV_INTERNAL : (int)code;
+        mp_reader_init(&rd, msg + len, 0);
+    }
+    for (m = c->fq; m != NULL && m->msgid != id; prev = m, m = m->next) {
+    }
+    if (m == NULL) {
+        return 0;                   /* a call that timed out and was forgotten */
+    }
+    if (prev != NULL) {
+        prev->next = m->next;
+    } else {
+        c->fq = m->next;
+    }
+    if (c->fq_tail == m) {
+        c->fq_tail = prev;
+    }
+    if (m->msgid == PEER_HELLO_ID && status != 0) {
+        log_error("peer %s: refused the cluster login (%s); check the admin token",
+                  c->addr, kv_strerror(status));
+    }
+    peer_answer(p, m, status, status == 0 ? rd.p : NULL, status == 0 ? (size_t)(rd.end - rd.p) : 0);
+    peer_msg_free(m);
+    return 0;
+}
+
+/* peer_read: read and answer whole replies. 0, or -errno / -EPROTO (connection goes down). */
+static int
+peer_read(struct peer_pool *p, struct peer_conn *c)
+{
+    struct frame_limits lim = {.max_message_size = p->cfg.max_message_size, .max_depth = 8};
+
+    for (;;) {
+        ssize_t r;
+
+        if (c->icap - c->ilen < PEER_READ_CHUNK) {
+            size_t cap = c->icap ? c->icap * 2 : PEER_READ_CHUNK * 2;
+            uint8_t *in = realloc(c->in, cap);
+            if (in == NULL) {
+                return -ENOMEM;
+            }
+            c->in = in;
+            c->icap = cap;
+        }
+        r = read(c->fd, c->in + c->ilen, c->icap - c->ilen);
+        if (r == 0) {
+            return -ECONNRESET;
+        }
+        if (r < 0) {
+            if (errno == EINTR) {
+                continue;
+            }
+            return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -errno;
+        }
+        peer_add(&p->bytes_in, (uint64_t)r);
+        c->ilen += (size_t)r;
+        for (;;) {
+            int st = frame_scan(&c->fs, c->in, c->ilen, &lim);
+            size_t used;
+
+            if (st == FRAME_NEED_MORE) {
+                break;
+            }
+            if (st != FRAME_DONE) {
+                return -EPROTO;
+            }
+            used = c->fs.pos;
+            if (peer_reply(p, c, c->in, used) != 0) {
+                return -EPROTO;
+            }
+            memmove(c->in, c->in + used, c->ilen - used);
+            c->ilen -= used;
+            frame_scan_init(&c->fs);
+        }
+    }
+}
+
+/*
+ * peer_expire: answer calls past their deadline; returns ms to the nearest one left. One
+ * waiting for its reply is forgotten (a late reply is dropped); one on the write queue stays
+ * until written (a partly written message must be finished for the stream to stay whole).
+ */
+static uint64_t
+peer_expire(struct peer_pool *p)
+{
+    uint64_t now = clock_ms();
+    uint64_t wait = PEER_WAIT_MAX_MS;
+
+    for (struct peer_conn *c = p->conns; c != NULL; c = c->next) {
+        struct peer_msg *prev = NULL, *m = c->fq;
+        bool live = false;
+
+        while (m != NULL) {
+            struct peer_msg *next = m->next;
+
+            if (m->msgid != PEER_HELLO_ID && m->deadline <= now) {
+                peer_answer(p, m, KV_TIMEOUT, NULL, 0);
+                if (prev != NULL) {
+                    prev->next = next;
+                } else {
+                    c->fq = next;
+                }
+                if (c->fq_tail == m) {
+                    c->fq_tail = prev;
+                }
+                peer_msg_free(m);
+            } else {
+                if (m->deadline != UINT64_MAX && m->deadline - now < wait) {
+                    wait = m->deadline - now;
+                }
+                prev = m;
+            }
+            m = next;
+        }
+        for (m = c->wq; m != NULL; m = m->next) {
+            if (m->done != NULL && m->deadline <= now) {
+                peer_answer(p, m, KV_TIMEOUT, NULL, 0);
+            } else if (m->done != NULL && m->deadline - now < wait) {
+                wait = m->deadline - now;
+            }
+            live |= m->done != NULL;
+        }
+        if (c->state == PEER_CONNECTING && !live && c->fq == NULL && c->wq != NULL) {
+            peer_conn_down(p, c, "connect timed out", ETIMEDOUT);
+        }
+    }
+    return wait;
+}
+
+static void *
+peer_main(void *arg)
+{
+    struct peer_pool *p = arg;
+    struct epoll_event evs[64];
+
+    while (!atomic_load_explicit(&p->stop, memory_order_acquire)) {
+        int n = epoll_wait(p->epfd, evs, 64, (int)peer_expire(p) + 1);
+
+        for (int i = 0; i < n; i++) {
+            struct peer_conn *c = evs[i].data.ptr;
+            int rc = 0;
+
+            if (c == NULL) {
+                peer_take_incoming(p);
+                continue;
+            }
+            if (c->fd < 0) {
+                continue;
+            }
+            if (c->state == PEER_CONNECTING) {
+                int err = 0;
+                socklen_t el = sizeof(err);
+                getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &el);
+                if (err != 0) {
+                    peer_conn_down(p, c, "cannot connect", err);
+                    continue;
+                }
+                c->state = PEER_OPEN;
+                c->backoff = PEER_BACKOFF_MIN_MS;
+            }
+            if (evs[i].events & (EPOLLIN | EPOLLERR | EPOLLHUP)) {
+                rc = peer_read(p, c);
+            }
+            if (rc == 0 && c->wq != NULL) {
+                rc = peer_write(p, c);
+            } else if (rc == 0) {
+                peer_watch(p, c, EPOLLIN);
+            }
+            if (rc != 0) {
+                peer_conn_down(p, c, rc == -EPROTO ? "a reply broke the protocol" : "failed",
+                               rc == -EPROTO ? 0 : -rc);
+            }
+        }
+    }
+    return NULL;
+}
+
+int
+peer_pool_create(const struct peer_config *cfg, struct peer_pool **out)
+{
+    struct peer_pool *p = calloc(1, sizeof(*p));
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = NULL};
+    int rc;
+
+    if (p == NULL) {
+        return -ENOMEM;
+    }
+    p->cfg = *cfg;
+    p->cfg.token = NULL;
+    if (cfg->token != NULL) {
+        snprintf(p->token, sizeof(p->token), "%s", cfg->token);
+    }
+    atomic_init(&p->next_id, 1);
+    pthread_mutex_init(&p->lock, NULL);
+    p->epfd = epoll_create1(EPOLL_CLOEXEC);
+    p->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (p->epfd < 0 || p->evfd < 0 || epoll_ctl(p->epfd, EPOLL_CTL_ADD, p->evfd, &ev) != 0) {
+        rc = -errno;
+        peer_pool_destroy(p);
+        return rc;
+    }
+    rc = pthread_create(&p->thread, NULL, peer_main, p);
+    if (rc != 0) {
+        peer_pool_destroy(p);
+        return -rc;
+    }
+    p->started = true;
+    *out = p;
+    return 0;
+}
+
+void
+peer_pool_destroy(struct peer_pool *p)
+{
+    uint64_t one = 1;
+
+    if (p == NULL) {
+        return;
+    }
+    if (p->started) {
+        atomic_store_explicit(&p->stop, true, memory_order_release);
+        if (write(p->evfd, &one, sizeof(one)) < 0) {
+            /* the loop wakes within PEER_WAIT_MAX_MS anyway */
+        }
+        pthread_join(p->thread, NULL);
+    }
+    peer_fail_list(p, p->incoming, KV_UNAVAILABLE);
+    while (p->conns != NULL) {
+        struct peer_conn *c = p->conns;
+
+        p->conns = c->next;
+        peer_fail_list(p, c->wq, KV_UNAVAILABLE);
+        peer_fail_list(p, c->fq, KV_UNAVAILABLE);
+        if (c->fd >= 0) {
+            close(c->fd);
+        }
+        free(c->in);
+        free(c);
+    }
+    if (p->epfd >= 0) {
+        close(p->epfd);
+    }
+    if (p->evfd >= 0) {
+        close(p->evfd);
+    }
+    pthread_mutex_destroy(&p->lock);
+    free(p);
+}
+
+void
+peer_stats(struct peer_pool *p, struct peer_stats *out)
+{
+    out->requests = atomic_load_explicit(&p->requests, memory_order_relaxed);
+    out->errors = atomic_load_explicit(&p->errors, memory_order_relaxed);
+    out->timeouts = atomic_load_explicit(&p->timeouts, memory_order_relaxed);
+    out->bytes_out = atomic_load_explicit(&p->bytes_out, memory_order_relaxed);
+    out->bytes_in = atomic_load_explicit(&p->bytes_in, memory_order_relaxed);
+    out->connects = atomic_load_explicit(&p->connects, memory_order_relaxed);
+    out->in_flight = atomic_load_explicit(&p->in_flight, memory_order_relaxed);
+}

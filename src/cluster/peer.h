@@ -1,0 +1,94 @@
+/*
+ * peer: the outbound side of the cluster's data paths: one thread that
+ * keeps a non-blocking msgpack-rpc connection to each peer it is asked to
+ * reach (by the peer's advertised host:port), pipelines requests on it,
+ * answers each with its reply or a failure, and never lets one wait longer
+ * than peer_timeout. A connection that fails fails what it carried
+ * (KV_UNAVAILABLE) and is dialled again on the next call, not before a
+ * backoff (100 ms doubling to 5 s) has passed since the last failure, so a
+ * dead peer costs one failed call per backoff, not one per request.
+ *
+ * The wire is the daemon's own msgpack port (protocol/SPEC.md, "Cluster
+ * peers"); messages are framed with protocol/frame.h and read with
+ * protocol/mp.h, so this module needs nothing of client/. With a token set
+ * the first message on each connection is hello {tenant "admin", token}.
+ *
+ * Threads: peer_call is safe from any thread (a locked hand-off queue and an
+ * eventfd); everything else happens on the pool's thread, including every
+ * done callback, which must not block (queue work, store into the store,
+ * wake workers). Lock order: the pool's queue lock is a leaf.
+ */
+#ifndef PEER_H
+#define PEER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct peer_pool;
+
+struct peer_config {
+    uint64_t timeout_ms;            /* peer_timeout: every call is answered within this */
+    uint64_t max_message_size;      /* the largest reply accepted */
+    const char *token;              /* admin token to log in with, or NULL (borrowed: copied) */
+};
+
+/* Counters of the pool (relaxed atomics; any thread reads them). */
+struct peer_stats {
+    uint64_t requests;              /* calls sent */
+    uint64_t errors;                /* calls answered with a failure (timeout, connection) */
+    uint64_t timeouts;              /* of those, peer_timeout passed */
+    uint64_t bytes_out;             /* request bytes written */
+    uint64_t bytes_in;              /* reply bytes read */
+    uint64_t connects;              /* connections made */
+    uint64_t in_flight;             /* calls not answered yet */
+};
+
+/*
+ * peer_done_fn: the answer to one call, on the pool's thread. status 0: the
+ * peer answered; result[0..len) is the msgpack result object (valid during
+ * the call only). Otherwise a KV_* code: the peer's request-level error,
+ * KV_TIMEOUT (peer_timeout passed), KV_UNAVAILABLE (no connection), and
+ * result is NULL.
+ */
+typedef void peer_done_fn(void *arg, int status, const uint8_t *result, size_t len);
+
+/* peer_pool_create: start the thread. Returns 0 and *out, -errno. cfg is copied. */
+int peer_pool_create(const struct peer_config *cfg, struct peer_pool **out);
+
+/* peer_pool_destroy: stop the thread; calls still queued or in flight get KV_UNAVAILABLE. NULL ok. */
+void peer_pool_destroy(struct peer_pool *p);
+
+/*
+ * peer_call: send method with params (params[0..plen): one msgpack array,
+ * transferred: freed by the pool with free()) to the peer at addr
+ * ("host:port", copied) and call done(arg, ...) exactly once. Returns 0, or
+ * -ENOMEM / -EINVAL (a bad addr) when nothing was sent: then done is not
+ * called and params was freed.
+ */
+int peer_call(struct peer_pool *p, const char *addr, const char *method, uint8_t *params,
+              size_t plen, peer_done_fn *done, void *arg);
+
+/*
+ * peer_call_ext: peer_call with more bytes after params, sent by reference (no copy): iov[0..n)
+ * (borrowed until release(release_arg) is called: once they are written, or the call failed,
+ * on the pool's thread; release may be NULL), then tail[0..tail_len) (malloc'd, transferred;
+ * may be NULL). params + iov + tail together are the params array. n at most
+ * PEER_EXTRA_MAX. On an error return release has been called and tail freed.
+ */
+#define PEER_EXTRA_MAX 34
+struct iovec;
+struct peer_extra {
+    const struct iovec *iov;
+    int n;
+    uint8_t *tail;
+    size_t tail_len;
+    void (*release)(void *arg);
+    void *release_arg;
+};
+int peer_call_ext(struct peer_pool *p, const char *addr, const char *method, uint8_t *params,
+                  size_t plen, const struct peer_extra *x, peer_done_fn *done, void *arg);
+
+/* peer_stats: a snapshot of the counters. */
+void peer_stats(struct peer_pool *p, struct peer_stats *out);
+
+#endif

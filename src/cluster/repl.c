@@ -1,0 +1,673 @@
+/*
+ * repl: the fetch table, the fetches and the replication of puts (repl.h).
+ *
+ * The fetch table maps (tenant, key) to one struct repl_fetch while a key is
+ * being fetched and for REPL_FETCH_KEEP_MS after (so the request that waited
+ * finds the outcome when it is dispatched again). A pending entry holds a
+ * reference on the view its owners were computed in, and is named by the
+ * one peer_get batch that asks for it now; the batch's answer (peer
+ * thread) stores what came, moves what did not to the next owner, and
+ * marks the rest done. Done entries are freed oldest first, from a FIFO.
+ *
+ * Must not: block an event loop (everything it sends goes through the peer
+ * pool's queue), take the table lock around store calls, or keep a view
+ * past the entries that use it.
+ */
+#include "repl.h"
+
+#include <errno.h>
+#include <msgpack.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/uio.h>
+
+#include "clock.h"
+#include "crc32c.h"
+#include "kverr.h"
+#include "log.h"
+#include "mp.h"
+#include "peer.h"
+#include "place.h"
+#include "store.h"
+#include "view.h"
+
+#define REPL_BUCKETS 4096u          /* fetch table chains; a power of two */
+
+enum repl_fetch_state { REPL_PENDING = 1, REPL_DONE = 2 };
+
+struct repl_fetch {
+    struct repl_fetch *hnext;       /* table chain */
+    struct repl_fetch *dnext;       /* the done FIFO */
+    uint64_t hash;
+    uint64_t done_ms;
+    struct cluster_view *view;      /* PENDING: the view owners index into (a reference) */
+    uint32_t tenant;
+    uint32_t klen;
+    uint8_t state;
+    uint8_t nowners;
+    uint8_t next;                   /* the owner being asked */
+    bool owned;                     /* this node is one of the owners: keep it as owned */
+    uint16_t owners[PLACE_R_MAX];
+    uint8_t key[];
+};
+
+struct repl {
+    struct repl_config cfg;
+    struct peer_pool *pool;
+    pthread_mutex_t lock;           /* the fetch table */
+    struct repl_fetch *table[REPL_BUCKETS];
+    struct repl_fetch *dhead, *dtail;
+    uint64_t entries;
+    _Atomic uint64_t remote_hits, remote_misses, checksum_mismatches;
+    _Atomic uint64_t repl_sent, repl_acked, repl_failed, repl_conflicts, repl_drops;
+    _Atomic uint64_t queue_bytes, queue_depth;
+};
+
+/* One peer_get in flight: the entries it asks for, in the order of its keys. */
+struct repl_batch {
+    struct repl *r;
+    uint32_t tenant;
+    uint32_t n;
+    struct repl_fetch *e[];
+};
+
+/*
+ * What a write_ack all reply waits on: the owners not answered yet. One reference for the
+ * request layer (repl_ticket_put), one per peer_put in flight.
+ */
+struct repl_ticket {
+    _Atomic uint32_t refs;
+    _Atomic uint32_t pending;
+};
+
+/* One peer_put in flight. */
+struct repl_put {
+    struct repl *r;
+    struct repl_ticket *ticket;     /* or NULL (write_ack local) */
+    uint64_t bytes;
+    uint32_t crc;
+};
+
+static void
+repl_ticket_unref(struct repl_ticket *t)
+{
+    if (t != NULL && atomic_fetch_sub_explicit(&t->refs, 1, memory_order_acq_rel) == 1) {
+        free(t);
+    }
+}
+
+bool
+repl_ticket_done(void *arg, void *ticket)
+{
+    struct repl_ticket *t = ticket;
+
+    (void)arg;
+    return atomic_load_explicit(&t->pending, memory_order_acquire) == 0;
+}
+
+void
+repl_ticket_put(void *arg, void *ticket)
+{
+    (void)arg;
+    repl_ticket_unref(ticket);
+}
+
+static void
+repl_add(_Atomic uint64_t *c, uint64_t n)
+{
+    atomic_fetch_add_explicit(c, n, memory_order_relaxed);
+}
+
+static uint64_t
+repl_hash(uint32_t tenant, const uint8_t *key, uint32_t klen)
+{
+    return place_hash(key, klen) ^ ((uint64_t)tenant * 0x9e3779b97f4a7c15ull);
+}
+
+/* ---- the table (lock held) ---- */
+
+static struct repl_fetch *
+repl_find_locked(struct repl *r, uint64_t hash, uint32_t tenant, const uint8_t *key,
+                 uint32_t klen)
+{
+    struct repl_fetch *e = r->table[hash & (REPL_BUCKETS - 1)];
+
+    for (; e != NULL; e = e->hnext) {
+        if (e->hash == hash && e->tenant == tenant && e->klen == klen
+            && memcmp(e->key, key, klen) == 0) {
+            return e;
+        }
+    }
+    return NULL;
+}
+
+/* repl_sweep_locked: free done entries older than REPL_FETCH_KEEP_MS (the FIFO is in order). */
+static void
+repl_sweep_locked(struct repl *r, uint64_t now)
+{
+    while (r->dhead != NULL && now - r->dhead->done_ms >= REPL_FETCH_KEEP_MS) {
+        struct repl_fetch *e = r->dhead;
+        struct repl_fetch **pp = &r->table[e->hash & (REPL_BUCKETS - 1)];
+
+        r->dhead = e->dnext;
+        if (r->dhead == NULL) {
+            r->dtail = NULL;
+        }
+        while (*pp != e) {
+            pp = &(*pp)->hnext;
+        }
+        *pp = e->hnext;
+        r->entries--;
+        free(e);
+    }
+}
+
+static void
+repl_done_locked(struct repl *r, struct repl_fetch *e, uint64_t now)
+{
+    e->state = REPL_DONE;
+    e->done_ms = now;
+    e->dnext = NULL;
+    if (r->dtail != NULL) {
+        r->dtail->dnext = e;
+    } else {
+        r->dhead = e;
+    }
+    r->dtail = e;
+}
+
+/* ---- fetching ---- */
+
+static void repl_fetch_answer(void *arg, int status, const uint8_t *res, size_t len);
+
+/*
+ * repl_send: one peer_get per owner node for the entries e[0..n) (each asks its
+ * owners[next]). Entries whose batch cannot be sent are returned in *failed (their count).
+ */
+static void
+repl_send(struct repl *r, uint32_t tenant, struct repl_fetch **e, uint32_t n,
+          struct repl_fetch **failed, uint32_t *nfailed)
+{
+    bool *sent = calloc(n, sizeof(*sent));
+
+    if (sent == NULL) {
+        for (uint32_t i = 0; i < n; i++) {
+            failed[(*nfailed)++] = e[i];
+        }
+        return;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        uint16_t node = e[i]->owners[e[i]->next];
+        const struct cluster_view *v = e[i]->view;
+        struct repl_batch *b;
+        msgpack_sbuffer sb;
+        msgpack_packer pk;
+        uint32_t m = 0;
+
+        if (sent[i]) {
+            continue;
+        }
+        for (uint32_t j = i; j < n; j++) {
+            m += !sent[j] && e[j]->view == v && e[j]->owners[e[j]->next] == node;
+        }
+        b = malloc(sizeof(*b) + m * sizeof(b->e[0]));
+        if (b == NULL) {
+            for (uint32_t j = i; j < n; j++) {
+                if (!sent[j] && e[j]->view == v && e[j]->owners[e[j]->next] == node) {
+                    sent[j] = true;
+                    failed[(*nfailed)++] = e[j];
+                }
+            }
+            continue;
+        }
+        b->r = r;
+        b->tenant = tenant;
+        b->n = 0;
+        msgpack_sbuffer_init(&sb);
+        msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+        msgpack_pack_array(&pk, 2);
+        msgpack_pack_uint32(&pk, tenant);
+        msgpack_pack_array(&pk, m);
+        for (uint32_t j = i; j < n; j++) {
+            if (!sent[j] && e[j]->view == v && e[j]->owners[e[j]->next] == node) {
+                sent[j] = true;
+                b->e[b->n++] = e[j];
+                msgpack_pack_bin(&pk, e[j]->klen);
+                msgpack_pack_bin_body(&pk, e[j]->key, e[j]->klen);
+            }
+        }
+        if (sb.data == NULL
+            || peer_call(r->pool, v->nodes[node].addr, "peer_get", (uint8_t *)sb.data, sb.size,
+                         repl_fetch_answer, b) != 0) {
+            if (sb.data == NULL) {
+                msgpack_sbuffer_destroy(&sb);
+            }
+            for (uint32_t j = 0; j < b->n; j++) {
+                failed[(*nfailed)++] = b->e[j];
+            }
+            free(b);
+        }
+    }
+    free(sent);
+}
+
+/*
+ * repl_fetch_value: read one key's answer ([crc, bin] or nil) and keep the value when its
+ * checksum holds. Returns 1 kept (or there already), 0 not there, -1 damaged or unreadable.
+ */
+static int
+repl_fetch_value(struct repl *r, struct mp_reader *rd, const struct repl_fetch *e)
+{
+    const uint8_t *vp;
+    uint32_t n, vlen;
+    uint64_t crc;
+    struct kv_key key = {.tenant = e->tenant, .len = e->klen, .ptr = e->key};
+    int rc;
+
+    if (mp_peek(rd) == MP_NIL) {
+        mp_read_nil(rd);
+        return 0;
+    }
+    if (mp_read_array(rd, &n) != 0 || n != 2 || mp_read_uint(rd, &crc) != 0
+        || mp_read_bin(rd, &vp, &vlen) != 0) {
+        return -1;
+    }
+    if (crc32c_extend(0, vp, vlen) != (uint32_t)crc) {
+        repl_add(&r->checksum_mismatches, 1);
+        log_warn("cluster: a value fetched from %s failed its CRC-32C; asking the next owner",
+                 e->view->nodes[e->owners[e->next]].addr);
+        return -1;
+    }
+    rc = e->owned ? store_put(r->cfg.store, &key, vp, vlen)
+                  : store_put_cache(r->cfg.store, &key, vp, vlen);
+    return rc == 0 || rc == KV_EXISTS || rc == KV_BUSY ? 1 : 0;
+}
+
+/* The answer to one peer_get (peer thread). */
+static void
+repl_fetch_answer(void *arg, int status, const uint8_t *res, size_t len)
+{
+    struct repl_batch *b = arg;
+    struct repl *r = b->r;
+    struct mp_reader rd;
+    uint32_t n = 0;
+    int8_t *got = calloc(b->n ? b->n : 1, sizeof(*got));   /* 1 kept, 0 absent, -1 failed */
+    struct repl_fetch **retry = malloc((b->n ? b->n : 1) * sizeof(*retry));
+    struct repl_fetch **failed = malloc((b->n ? b->n : 1) * sizeof(*failed));
+    uint32_t nretry = 0, nfailed = 0;
+    uint64_t now;
+
+    static const uint8_t none[1];
+
+    mp_reader_init(&rd, res != NULL ? res : none, res != NULL ? len : 0);
+    bool ok = status == 0 && mp_read_array(&rd, &n) == 0 && n == b->n;
+    for (uint32_t i = 0; got != NULL && i < b->n; i++) {
+        got[i] = ok ? (int8_t)repl_fetch_value(r, &rd, b->e[i]) : -1;
+        if (got[i] < 0) {
+            ok = false;             /* a broken reply: the rest is not read */
+        }
+    }
+    now = clock_ms();
+    pthread_mutex_lock(&r->lock);
+    for (uint32_t i = 0; i < b->n; i++) {
+        struct repl_fetch *e = b->e[i];
+        int g = got != NULL ? got[i] : -1;
+
+        if (g != 1 && e->next + 1 < e->nowners && retry != NULL) {
+            e->next++;
+            retry[nretry++] = e;
+            continue;
+        }
+        repl_add(g == 1 ? &r->remote_hits : &r->remote_misses, 1);
+        view_release(e->view);
+        e->view = NULL;
+        repl_done_locked(r, e, now);
+    }
+    pthread_mutex_unlock(&r->lock);
+    if (nretry > 0) {
+        repl_send(r, b->tenant, retry, nretry, failed, &nfailed);
+    }
+    if (nfailed > 0) {
+        pthread_mutex_lock(&r->lock);
+        for (uint32_t i = 0; i < nfailed; i++) {
+            repl_add(&r->remote_misses, 1);
+            view_release(failed[i]->view);
+            failed[i]->view = NULL;
+            repl_done_locked(r, failed[i], now);
+        }
+        pthread_mutex_unlock(&r->lock);
+    }
+    free(got);
+    free(retry);
+    free(failed);
+    free(b);
+    r->cfg.wake(r->cfg.wake_arg);   /* the requests that waited look again */
+}
+
+int
+repl_fetch(void *arg, const struct kv_key *keys, uint32_t n, bool final)
+{
+    struct repl *r = arg;
+    struct cluster_view *v;
+    struct repl_fetch **fresh, **failed;
+    uint32_t nfresh = 0, nfailed = 0;
+    bool wait = false;
+    uint64_t now = clock_ms();
+
+    if (final || n == 0 || (v = view_acquire()) == NULL) {
+        return 0;                   /* a single node, or no view yet: a miss is a miss */
+    }
+    fresh = malloc(n * sizeof(*fresh));
+    failed = malloc(n * sizeof(*failed));
+    if (fresh == NULL || failed == NULL) {
+        free(fresh);
+        free(failed);
+        view_release(v);
+        return 0;
+    }
+    pthread_mutex_lock(&r->lock);
+    repl_sweep_locked(r, now);
+    for (uint32_t i = 0; i < n; i++) {
+        const struct kv_key *k = &keys[i];
+        uint64_t hash = repl_hash(k->tenant, k->ptr, k->len);
+        struct repl_fetch *e = repl_find_locked(r, hash, k->tenant, k->ptr, k->len);
+        size_t own[PLACE_R_MAX];
+        size_t no;
+
+        if (e != NULL) {
+            wait |= e->state == REPL_PENDING;
+            continue;
+        }
+        if (r->entries >= REPL_FETCH_MAX) {
+            continue;               /* too many at once: a miss */
+        }
+        no = view_owners(v, k->ptr, k->len, r->cfg.replicas, own);
+        e = calloc(1, sizeof(*e) + k->len);
+        if (e == NULL) {
+            continue;
+        }
+        for (size_t j = 0; j < no; j++) {
+            if ((int)own[j] == v->self) {
+                e->owned = true;
+            } else {
+                e->owners[e->nowners++] = (uint16_t)own[j];
+            }
+        }
+        if (e->nowners == 0) {
+            free(e);                /* no other node to ask */
+            continue;
+        }
+        e->hash = hash;
+        e->tenant = k->tenant;
+        e->klen = k->len;
+        memcpy(e->key, k->ptr, k->len);
+        e->state = REPL_PENDING;
+        e->view = v;
+        __atomic_add_fetch(&v->refs, 1, __ATOMIC_RELAXED);  /* the entry's (as view_acquire) */
+        e->hnext = r->table[hash & (REPL_BUCKETS - 1)];
+        r->table[hash & (REPL_BUCKETS - 1)] = e;
+        r->entries++;
+        fresh[nfresh++] = e;
+        wait = true;
+    }
+    pthread_mutex_unlock(&r->lock);
+    if (nfresh > 0) {
+        repl_send(r, keys[0].tenant, fresh, nfresh, failed, &nfailed);
+    }
+    if (nfailed > 0) {
+        pthread_mutex_lock(&r->lock);
+        for (uint32_t i = 0; i < nfailed; i++) {
+            repl_add(&r->remote_misses, 1);
+            view_release(failed[i]->view);
+            failed[i]->view = NULL;
+            repl_done_locked(r, failed[i], now);
+        }
+        pthread_mutex_unlock(&r->lock);
+    }
+    free(fresh);
+    free(failed);
+    view_release(v);
+    return wait ? -EAGAIN : 0;
+}
+
+/* ---- replication of puts ---- */
+
+static void
+repl_put_answer(void *arg, int status, const uint8_t *res, size_t len)
+{
+    struct repl_put *p = arg;
+    struct repl *r = p->r;
+    struct mp_reader rd;
+    uint32_t n, two;
+    uint64_t code = KV_INTERNAL, crc = 0;
+    static const uint8_t none[1];
+
+    mp_reader_init(&rd, res != NULL ? res : none, res != NULL ? len : 0);
+    if (status == 0 && mp_read_array(&rd, &n) == 0 && n == 1 && mp_read_array(&rd, &two) == 0
+        && two == 2 && mp_read_uint(&rd, &code) == 0 && mp_read_uint(&rd, &crc) == 0) {
+        if (code == 0 || (code == KV_EXISTS && crc == p->crc)) {
+            repl_add(&r->repl_acked, 1);
+        } else if (code == KV_EXISTS) {
+            repl_add(&r->repl_conflicts, 1);    /* another writer's bytes won there */
+        } else {
+            repl_add(&r->repl_failed, 1);
+        }
+    } else {
+        repl_add(&r->repl_failed, 1);
+    }
+    atomic_fetch_sub_explicit(&r->queue_bytes, p->bytes, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&r->queue_depth, 1, memory_order_relaxed);
+    if (p->ticket != NULL) {
+        atomic_fetch_sub_explicit(&p->ticket->pending, 1, memory_order_release);
+        repl_ticket_unref(p->ticket);
+        r->cfg.wake(r->cfg.wake_arg);   /* a write_ack all reply may go now */
+    }
+    free(p);
+}
+
+/* What a peer_put's value extents hold until they are written: a reference on the object. */
+struct repl_hold {
+    struct store *st;
+    struct store_obj *o;
+};
+
+static void
+repl_hold_release(void *arg)
+{
+    struct repl_hold *h = arg;
+
+    store_obj_unref(h->st, h->o);
+    free(h);
+}
+
+/*
+ * repl_send_put: one peer_put of o (value crc) to addr, within the queue's bound. The value
+ * goes out from the arena by reference (a reference on o is held until it is written).
+ */
+static void
+repl_send_put(struct repl *r, const char *addr, const struct kv_key *key, struct store_obj *o,
+              uint32_t crc, struct repl_ticket *t)
+{
+    uint64_t size = store_obj_size(o);
+    struct iovec iov[STORE_MAX_EXTENTS];
+    struct peer_extra x = {.iov = iov};
+    msgpack_sbuffer sb, tb;
+    msgpack_packer pk, tk;
+    struct repl_put *p;
+    struct repl_hold *h;
+
+    if (atomic_fetch_add_explicit(&r->queue_bytes, size, memory_order_relaxed) + size
+        > r->cfg.queue_max) {
+        atomic_fetch_sub_explicit(&r->queue_bytes, size, memory_order_relaxed);
+        repl_add(&r->repl_drops, 1);
+        return;
+    }
+    p = malloc(sizeof(*p));
+    h = malloc(sizeof(*h));
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    msgpack_pack_array(&pk, 4);
+    msgpack_pack_uint32(&pk, key->tenant);
+    msgpack_pack_array(&pk, 1);
+    msgpack_pack_bin(&pk, key->len);
+    msgpack_pack_bin_body(&pk, key->ptr, key->len);
+    msgpack_pack_array(&pk, 1);
+    msgpack_pack_bin(&pk, (size_t)size);    /* the body: the object's extents, by reference */
+    msgpack_sbuffer_init(&tb);
+    msgpack_packer_init(&tk, &tb, msgpack_sbuffer_write);
+    msgpack_pack_array(&tk, 1);
+    msgpack_pack_uint32(&tk, crc);
+    if (p == NULL || h == NULL || sb.data == NULL || tb.data == NULL) {
+        free(p);
+        free(h);
+        msgpack_sbuffer_destroy(&sb);
+        msgpack_sbuffer_destroy(&tb);
+        atomic_fetch_sub_explicit(&r->queue_bytes, size, memory_order_relaxed);
+        repl_add(&r->repl_drops, 1);
+        return;
+    }
+    store_obj_ref(o);
+    h->st = r->cfg.store;
+    h->o = o;
+    x.n = store_obj_iov(o, iov, STORE_MAX_EXTENTS);
+    x.tail = (uint8_t *)tb.data;
+    x.tail_len = tb.size;
+    x.release = repl_hold_release;
+    x.release_arg = h;
+    p->r = r;
+    p->bytes = size;
+    p->crc = crc;
+    p->ticket = t;
+    if (t != NULL) {
+        atomic_fetch_add_explicit(&t->refs, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&t->pending, 1, memory_order_relaxed);
+    }
+    repl_add(&r->queue_depth, 1);
+    repl_add(&r->repl_sent, 1);
+    if (peer_call_ext(r->pool, addr, "peer_put", (uint8_t *)sb.data, sb.size, &x,
+                      repl_put_answer, p) != 0) {
+        repl_put_answer(p, KV_UNAVAILABLE, NULL, 0);
+    }
+}
+
+void *
+repl_stored(void *arg, const struct kv_key *key, struct store_obj *o)
+{
+    struct repl *r = arg;
+    struct cluster_view *v = view_acquire();
+    struct iovec iov[STORE_MAX_EXTENTS];
+    size_t own[PLACE_R_MAX];
+    struct repl_ticket *t = NULL;
+    bool owned = false;
+    uint32_t crc = 0;
+    size_t no;
+    int nio;
+
+    if (v == NULL) {
+        return NULL;
+    }
+    no = view_owners(v, key->ptr, key->len, r->cfg.replicas, own);
+    for (size_t j = 0; j < no; j++) {
+        owned |= (int)own[j] == v->self;
+    }
+    if (!owned && no > 0) {
+        (void)store_set_cache(r->cfg.store, key, true);
+    }
+    if (r->cfg.wait_acks && no > (owned ? 1u : 0u) && (t = calloc(1, sizeof(*t))) != NULL) {
+        atomic_init(&t->refs, 1);   /* the request layer's */
+        atomic_init(&t->pending, 0);
+    }
+    nio = store_obj_iov(o, iov, STORE_MAX_EXTENTS);
+    for (int i = 0; i < nio; i++) {
+        crc = crc32c_extend(crc, iov[i].iov_base, iov[i].iov_len);
+    }
+    for (size_t j = 0; j < no; j++) {
+        if ((int)own[j] != v->self) {
+            repl_send_put(r, v->nodes[own[j]].addr, key, o, crc, t);
+        }
+    }
+    view_release(v);
+    return t;
+}
+
+/* ---- life ---- */
+
+int
+repl_create(const struct repl_config *cfg, struct repl **out)
+{
+    struct peer_config pc = {
+        .timeout_ms = cfg->peer_timeout_ms,
+        .max_message_size = cfg->max_message_size,
+        .token = cfg->token,
+    };
+    struct repl *r = calloc(1, sizeof(*r));
+    int rc;
+
+    if (r == NULL) {
+        return -ENOMEM;
+    }
+    r->cfg = *cfg;
+    r->cfg.token = NULL;
+    pthread_mutex_init(&r->lock, NULL);
+    rc = peer_pool_create(&pc, &r->pool);
+    if (rc != 0) {
+        pthread_mutex_destroy(&r->lock);
+        free(r);
+        return rc;
+    }
+    *out = r;
+    return 0;
+}
+
+void
+repl_destroy(struct repl *r)
+{
+    if (r == NULL) {
+        return;
+    }
+    peer_pool_destroy(r->pool);     /* every call is answered before it returns */
+    for (unsigned i = 0; i < REPL_BUCKETS; i++) {
+        while (r->table[i] != NULL) {
+            struct repl_fetch *e = r->table[i];
+
+            r->table[i] = e->hnext;
+            view_release(e->view);
+            free(e);
+        }
+    }
+    pthread_mutex_destroy(&r->lock);
+    free(r);
+}
+
+struct peer_pool *
+repl_pool(struct repl *r)
+{
+    return r->pool;
+}
+
+void
+repl_stats(struct repl *r, struct repl_stats *out)
+{
+    struct peer_stats ps;
+
+    memset(out, 0, sizeof(*out));
+    out->remote_hits = atomic_load_explicit(&r->remote_hits, memory_order_relaxed);
+    out->remote_misses = atomic_load_explicit(&r->remote_misses, memory_order_relaxed);
+    out->checksum_mismatches = atomic_load_explicit(&r->checksum_mismatches,
+                                                    memory_order_relaxed);
+    out->repl_sent = atomic_load_explicit(&r->repl_sent, memory_order_relaxed);
+    out->repl_acked = atomic_load_explicit(&r->repl_acked, memory_order_relaxed);
+    out->repl_failed = atomic_load_explicit(&r->repl_failed, memory_order_relaxed);
+    out->repl_conflicts = atomic_load_explicit(&r->repl_conflicts, memory_order_relaxed);
+    out->repl_drops = atomic_load_explicit(&r->repl_drops, memory_order_relaxed);
+    out->repl_queue_bytes = atomic_load_explicit(&r->queue_bytes, memory_order_relaxed);
+    out->repl_queue_depth = atomic_load_explicit(&r->queue_depth, memory_order_relaxed);
+    peer_stats(r->pool, &ps);
+    out->peer_requests = ps.requests;
+    out->peer_errors = ps.errors;
+    out->peer_timeouts = ps.timeouts;
+    out->peer_bytes_out = ps.bytes_out;
+    out->peer_bytes_in = ps.bytes_in;
+}

@@ -1,0 +1,29 @@
+/*
+ * rpc_peer: the methods one cluster node calls on another (protocol/SPEC.md,
+ * "Cluster peers"): peer_get (values with their CRC-32C), peer_exists (local
+ * presence only) and peer_put (values with their CRC-32C, checked on
+ * arrival; first writer wins, a stored key answers EXISTS with its own
+ * checksum). None of them asks other nodes in turn: a peer method answers
+ * from this node's store only, so a request never travels further than one
+ * hop. Each names the tenant its keys belong to (tenant ids are hashes of
+ * tenant names, the same on every node); with require_auth on, only a
+ * connection logged in as the admin tenant may call them.
+ *
+ * A handler file of the request layer: rpc.c calls it; it calls rpc_req.c
+ * and the store. Event-loop thread only.
+ */
+#ifndef RPC_PEER_H
+#define RPC_PEER_H
+
+struct rpc_req;
+
+/* peer_get [tenant, keys] -> per key nil or [crc, bin]. */
+int rpc_peer_get(struct rpc_req *rq);
+
+/* peer_exists [tenant, keys] -> per key true/false (this node's store only). */
+int rpc_peer_exists(struct rpc_req *rq);
+
+/* peer_put [tenant, keys, values, crcs] -> per key [code, crc]. */
+int rpc_peer_put(struct rpc_req *rq);
+
+#endif
