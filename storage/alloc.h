@@ -60,11 +60,15 @@ struct alloc_stats {
 int alloc_create(uint64_t size, struct alloc **out);
 
 /*
- * alloc_prefault_start: populate the arena's page tables from a background
- * thread (MADV_POPULATE_WRITE, 64 MiB at a time; the page contents are not
- * touched, so the arena may be in use meanwhile), so that first-touch faults
- * are not paid on the put path. Stops at alloc_destroy. Without kernel
- * support it ends quietly. Returns 0 or -errno (no thread).
+ * alloc_prefault_start: warm the arena from a background thread, 64 MiB at a
+ * time from its first page up (the order alloc_take hands pages out, so warm
+ * pages go first): MADV_POPULATE_WRITE, then one distinct non-zero word
+ * written into each free page through the arena mapping, under the mutex a
+ * few dozen pages at a time (pages taken are never written, so the arena may
+ * be in use meanwhile). The word keeps a host that shares idle zero pages
+ * from making the first write of a value slow (alloc.c says why). Logs the
+ * time taken when done. Stops at alloc_destroy. Without MADV_POPULATE_WRITE
+ * the stamps fault the pages in themselves. Returns 0 or -errno (no thread).
  */
 int alloc_prefault_start(struct alloc *a);
 

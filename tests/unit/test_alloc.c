@@ -14,6 +14,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define MiB (1024ull * 1024ull)
 
@@ -475,4 +476,81 @@ Test(alloc, threads_take_and_give_concurrently)
     cr_assert_eq(alloc_used_pages(a), 0);
     cr_assert_eq(alloc_largest_free(a), alloc_total_pages(a));
     alloc_destroy(a);
+}
+
+/* t_wait_prefault: until the population has ended (30 s at most, a guard against a hang). */
+static int
+t_wait_prefault(struct alloc *a)
+{
+    for (int i = 0; i < 30000 && !alloc_prefault_done(a); i++) {
+        usleep(1000);
+    }
+    return alloc_prefault_done(a);
+}
+
+/*
+ * The population writes one word into each free page (so a host cannot share idle zero
+ * pages), and never into a taken one: values stored before it runs stay byte-exact, and
+ * afterwards every free page holds a non-zero word, the tail past the last whole stamp unit
+ * included.
+ */
+Test(alloc, prefault_stamps_free_pages_only)
+{
+    struct alloc *a;
+    struct t_alloc held[3] = {{.pages = 1, .id = 11}, {.pages = 37, .id = 12},
+                              {.pages = 300, .id = 13}};
+    uint8_t *taken;
+    uint8_t *base;
+
+    cr_assert_eq(alloc_create(8 * MiB + 3 * ALLOC_PAGE_SIZE, &a), 0);
+    base = alloc_base(a);
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(alloc_take(a, held[i].pages, held[i].ext, 32, &held[i].n), 0);
+        t_fill(base, &held[i]);
+    }
+    cr_assert_eq(alloc_prefault_start(a), 0);
+    cr_assert(t_wait_prefault(a), "the population did not end in 30 s");
+    cr_assert_eq(alloc_prefaulted(a), alloc_total_pages(a) * ALLOC_PAGE_SIZE);
+    taken = calloc(alloc_total_pages(a), 1);
+    cr_assert_not_null(taken);
+    for (int i = 0; i < 3; i++) {
+        cr_assert(t_check(base, &held[i]), "a taken extent was written by the population");
+        for (int k = 0; k < held[i].n; k++) {
+            memset(taken + held[i].ext[k].page, 1, 1ull << held[i].ext[k].order);
+        }
+    }
+    for (uint64_t p = 0; p < alloc_total_pages(a); p++) {
+        uint64_t w;
+
+        memcpy(&w, base + (p << ALLOC_PAGE_SHIFT), sizeof(w));
+        if (!taken[p]) {
+            cr_assert_neq(w, 0, "free page %llu was not stamped", (unsigned long long)p);
+        }
+    }
+    free(taken);
+    alloc_destroy(a);
+}
+
+/* Threads take, fill, check and give pages while the population runs: no value is touched. */
+Test(alloc, prefault_while_in_use_keeps_values)
+{
+    for (int round = 0; round < 10; round++) {
+        struct alloc *a;
+        struct t_thread th[2];
+        pthread_t tid[2];
+
+        cr_assert_eq(alloc_create(8 * MiB, &a), 0);
+        for (int i = 0; i < 2; i++) {
+            th[i].a = a;
+            th[i].seed = 0x2545f4914f6cdd1dull * (uint64_t)(round * 2 + i + 1);
+            cr_assert_eq(pthread_create(&tid[i], NULL, t_churn_thread, &th[i]), 0);
+        }
+        cr_assert_eq(alloc_prefault_start(a), 0);
+        for (int i = 0; i < 2; i++) {
+            pthread_join(tid[i], NULL);
+            cr_assert(th[i].ok, "round %d: thread %d found its memory overwritten", round, i);
+        }
+        cr_assert(t_wait_prefault(a), "the population did not end in 30 s");
+        alloc_destroy(a);
+    }
 }
