@@ -14,6 +14,8 @@
 #include "kverr.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -28,18 +30,36 @@ struct ssd_win {
     uint64_t size;      /* the file's size */
 };
 
-/* ssd_win_fill: read the window from off (as much as fits, up to the file's size). 0 or -errno. */
+/*
+ * ssd_win_fill: read the window from off (as much as fits, up to the file's size). 0 or
+ * -errno. The read starts at off rounded down to SSD_REC_ALIGN and its length is rounded
+ * up to it, so an O_DIRECT descriptor works (the buffer is aligned by contract); one that
+ * refuses O_DIRECT reads (EINVAL) is switched to buffered reads and the read retried.
+ */
 static int
 ssd_win_fill(struct ssd_win *w, uint64_t off)
 {
-    uint64_t want = w->size - off < w->cap ? w->size - off : w->cap;
+    uint64_t from = off & ~(uint64_t)(SSD_REC_ALIGN - 1);
+    uint64_t want = w->size - from < w->cap ? w->size - from : w->cap;
+    uint64_t ask = (want + SSD_REC_ALIGN - 1) & ~(uint64_t)(SSD_REC_ALIGN - 1);
     uint64_t got = 0;
+    bool retried = false;
 
+    if (ask > w->cap) {
+        ask = w->cap;
+    }
     while (got < want) {
-        ssize_t n = pread(w->fd, w->buf + got, (size_t)(want - got), (off_t)(off + got));
+        ssize_t n = pread(w->fd, w->buf + got, (size_t)(ask - got), (off_t)(from + got));
 
         if (n < 0) {
+            int fl = fcntl(w->fd, F_GETFL);
+
             if (errno == EINTR) {
+                continue;
+            }
+            if (errno == EINVAL && !retried && fl >= 0 && (fl & O_DIRECT) != 0
+                && fcntl(w->fd, F_SETFL, fl & ~O_DIRECT) == 0) {
+                retried = true;
                 continue;
             }
             return -errno;
@@ -49,10 +69,13 @@ ssd_win_fill(struct ssd_win *w, uint64_t off)
         }
         got += (uint64_t)n;
     }
-    w->start = off;
+    if (got > want) {
+        got = want;     /* read past the size the walk began with: not part of this walk */
+    }
+    w->start = from;
     w->len = got;
     if (got < want) {
-        w->size = off + got;    /* the file shrank under the walk: its end is here now */
+        w->size = from + got;   /* the file shrank under the walk: its end is here now */
     }
     return 0;
 }

@@ -48,8 +48,10 @@ typedef int ssd_scan_fn(void *arg, const struct ssd_rec *rec, uint64_t value_off
 
 /*
  * ssd_scan_fd: walk the records of the bucket file open at fd (read with
- * pread; any open mode that allows reading, buffered preferred: the walk
- * reads the whole file in order, with bufsize-byte reads). buf is the
+ * pread; any open mode that allows reading: the walk reads the whole file in
+ * order, with reads of up to bufsize bytes at SSD_REC_ALIGN-aligned offsets,
+ * so O_DIRECT works and saves the copy out of the page cache; a descriptor
+ * whose file system refuses O_DIRECT reads is switched to buffered ones). buf is the
  * caller's buffer of bufsize bytes (at least 2 x the largest header block,
  * SSD_REC_ALIGN aligned); max_key/max_value bound the lengths a header may
  * declare. Fills *res. Returns 0 (whatever damage was found: res says), or
