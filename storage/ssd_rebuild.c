@@ -142,6 +142,7 @@ ssd_count_bucket_files(struct ssd *t)
  */
 #define SSD_REBUILD_SCANNERS 3
 #define SSD_REBUILD_AHEAD 6
+#define SSD_REBUILD_TXN 32768   /* entries per index transaction (a few hundred MB of dirty pages at most) */
 
 /* One verified record of a job: the key lives in the job's key arena. */
 struct ssd_rb_ent {
@@ -299,7 +300,7 @@ ssd_rb_job_free(struct ssd_rb_job *j)
     j->keys = NULL;
 }
 
-/* ssd_rb_index: the job's entries into the index, SSD_REBUILD_BATCH per transaction. */
+/* ssd_rb_index: the job's entries into the index, SSD_REBUILD_TXN per transaction. */
 static int
 ssd_rb_index(struct ssd *t, const struct ssd_rb_job *j, struct idx_op *ops)
 {
@@ -307,7 +308,7 @@ ssd_rb_index(struct ssd *t, const struct ssd_rb_job *j, struct idx_op *ops)
         size_t k = 0;
         int rc;
 
-        for (; i < j->n && k < SSD_REBUILD_BATCH; i++, k++) {
+        for (; i < j->n && k < SSD_REBUILD_TXN; i++, k++) {
             const struct ssd_rb_ent *e = &j->ents[i];
             struct idx_op *op = &ops[k];
 
@@ -504,7 +505,7 @@ ssd_rb_walk(struct ssd *t, const uint64_t *ids, size_t n, struct ssd_rb_totals *
     struct ssd_rb_pipe p;
     pthread_t tid[SSD_REBUILD_SCANNERS];
     int nthreads = 0;
-    struct idx_op *ops = calloc(SSD_REBUILD_BATCH, sizeof(*ops));
+    struct idx_op *ops = calloc(SSD_REBUILD_TXN, sizeof(*ops));
     int rc = 0;
 
     memset(&p, 0, sizeof(p));
