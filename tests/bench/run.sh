@@ -26,7 +26,9 @@
 # eviction policy next to exact LRU and the trace's maximum, DRAM alone and with the SSD tier.
 # Last, the SSD section (tests/bench/ssd.sh): fio and kvstashd's SSD tier on one
 # directory of the same disk, sequential 1 MiB writes and reads, DRAM probes under SSD
-# reads, and restarts with a million objects on the SSD.
+# reads, and restarts with a million objects on the SSD. Then the first fill
+# (tests/bench/fill.sh: puts into a fresh 4 GiB tier against the steady rate) and the restart
+# after an index rebuild (tests/bench/rebuild.sh: 1M objects of 4 KiB, the index zeroed).
 # Exits non-zero only if kvstashd dies or a kvstash-bench or raw-bench run fails.
 #
 # Environment: KVSTASHD, BENCH, MCBENCH, RAWBENCH (binaries; set by make bench),
@@ -40,6 +42,8 @@
 # BENCH_RESP (1; 0 skips the Redis-protocol section; its settings are in resp.sh),
 # BENCH_TRACE (1; 0 skips the trace replay; its settings are in trace.sh),
 # BENCH_CLUSTER (1; 0 skips the pool's section; its settings are in cluster.sh),
+# BENCH_FILL (1; 0 skips the first-fill section; fill.sh), BENCH_REBUILD (1; 0 skips the
+# rebuild section; rebuild.sh),
 # BENCH_DAEMON_ARGS (more kvstashd flags for the matrix's daemon, e.g. --io_threads=8; the
 # SSD section has its own, BENCH_SSD_DAEMON_ARGS), BENCH_COPY (0; 1 makes kvstash-bench,
 # raw-bench and mc-bench send put values by copying, -C, instead of by reference).
@@ -890,6 +894,33 @@ else
     echo
     echo "== SSD tier: skipped (BENCH_SSD=0)"
 fi
+# ---- first fill and restart after an index rebuild ----
+# Each starts its own daemons (a fresh 4 GiB DRAM tier; an SSD tier of a million records),
+# so the matrix's daemon is stopped first. fill.sh bounds its waits (600 s for the
+# population, 60 slices a pass); rebuild.sh its fill (900 s) and rebuild (300 s).
+fill_rc=0
+rebuild_rc=0
+if [ -n "$kvd_pid" ]; then
+    kill "$kvd_pid" 2>/dev/null
+    wait "$kvd_pid" 2>/dev/null
+    kvd_pid=""
+fi
+if [ "${BENCH_FILL:-1}" != 0 ]; then
+    echo
+    KVSTASHD="$KVSTASHD" BENCH="$BENCH" KVSTASH_CLI="$KVSTASH_CLI" \
+        timeout 1800 "$here/fill.sh" || fill_rc=$?
+else
+    echo
+    echo "== first fill: skipped (BENCH_FILL=0)"
+fi
+if [ "${BENCH_REBUILD:-1}" != 0 ]; then
+    echo
+    KVSTASHD="$KVSTASHD" BENCH="$BENCH" KVSTASH_CLI="$KVSTASH_CLI" \
+        timeout 1800 "$here/rebuild.sh" || rebuild_rc=$?
+else
+    echo
+    echo "== restart after an index rebuild: skipped (BENCH_REBUILD=0)"
+fi
 if [ "$failures" -gt 0 ]; then
     echo "run.sh: $failures kvstash-bench run(s) failed" >&2
     exit 1
@@ -908,6 +939,10 @@ if [ "$trace_rc" -ne 0 ]; then
 fi
 if [ "$ssd_rc" -ne 0 ]; then
     echo "run.sh: the SSD section failed (exit $ssd_rc)" >&2
+    exit 1
+fi
+if [ "$fill_rc" -ne 0 ] || [ "$rebuild_rc" -ne 0 ]; then
+    echo "run.sh: the first-fill (exit $fill_rc) or rebuild (exit $rebuild_rc) section failed" >&2
     exit 1
 fi
 exit 0

@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# fill.sh: the first-fill section of `make bench`: how fast puts go into a DRAM tier whose
+# pages have never held a value, against the same daemon's rate once every page has been
+# written once ("steady"). Two cases, each on a fresh kvstashd with BENCH_FILL_MEMORY of
+# DRAM and no SSD tier:
+#   fresh: puts start the moment the daemon answers (the arena is being populated meanwhile);
+#   idle:  the daemon is left alone until memory_prefaulted covers the arena, then
+#          BENCH_FILL_IDLE seconds more (a host may share idle zero pages; see
+#          docs/architecture.md, DRAM tier), then the puts start.
+# Each case runs kvstash-bench in 1-second slices (batch_put_from of 8 x 1 MiB over the
+# Unix socket, one connection, depth 2, then batch_put over TCP the same way) until the
+# slices have put BENCH_FILL_MEMORY bytes (the first pass: every page written once), then
+# removes everything and runs BENCH_FILL_STEADY more slices (the steady rate: the median).
+# It prints each slice, then per case and mode: the first slice, the slowest slice of the
+# first pass, the steady median and the ratios (target: the first second >= 0.70 of steady).
+# Every loop is bounded (at most 60 slices a pass, 600 s waiting for the population).
+#
+# Environment: KVSTASHD, BENCH, KVSTASH_CLI (binaries; set by make bench),
+# BENCH_FILL_MEMORY (4g), BENCH_FILL_IDLE (120), BENCH_FILL_STEADY (5),
+# BENCH_FILL_CASES ("fresh idle"), BENCH_FILL_MODES ("put_from put").
+set -u -o pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+KVSTASHD=${KVSTASHD:-$root/build/release/kvstashd}
+BENCH=${BENCH:-$root/build/release/kvstash-bench}
+KVSTASH_CLI=${KVSTASH_CLI:-$(dirname "$BENCH")/kvstash}
+MEM=${BENCH_FILL_MEMORY:-4g}
+IDLE=${BENCH_FILL_IDLE:-120}
+STEADY=${BENCH_FILL_STEADY:-5}
+CASES=${BENCH_FILL_CASES:-fresh idle}
+MODES=${BENCH_FILL_MODES:-put_from put}
+
+# shellcheck source=lib.sh
+. "$here/lib.sh"       # die, show, field, free_port
+
+[ -x "$KVSTASHD" ] || die "no daemon at $KVSTASHD (run make first)"
+[ -x "$BENCH" ] || die "no kvstash-bench at $BENCH"
+
+mem_bytes=$(numfmt --from=iec "${MEM^^}") || die "BENCH_FILL_MEMORY=$MEM: not a size"
+work=$(mktemp -d /tmp/kvstash-fill-XXXXXX) || die "mktemp failed"
+pid=""
+cleanup() {
+    [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+# start_daemon: a fresh kvstashd in $work; sets pid, port, sock. 1 if it never answers.
+start_daemon() {
+    rm -rf "$work/data"
+    mkdir -p "$work/data"
+    port=$(free_port) || die "no free port"
+    sock="$work/data/kv.sock"
+    show "$KVSTASHD" --listen="127.0.0.1:$port" --unix_socket="$sock" --data_dir="$work/data" \
+        --memory_size="$MEM" --ssd_dir= --metrics_listen= --log_level=info
+    "$KVSTASHD" --listen="127.0.0.1:$port" --unix_socket="$sock" --data_dir="$work/data" \
+        --memory_size="$MEM" --ssd_dir= --metrics_listen= --log_level=info \
+        >"$work/kvstashd.log" 2>&1 &
+    pid=$!
+    answers_ping "$KVSTASH_CLI" "$port" "$pid" 100 0.05
+}
+
+stop_daemon() {
+    kill "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+    pid=""
+}
+
+# wait_populated: until memory_prefaulted reaches the arena's size (600 s at most).
+wait_populated() {
+    local t0=$SECONDS s
+    while [ $((SECONDS - t0)) -lt 600 ]; do
+        s=$("$KVSTASH_CLI" -S "$sock" stats --json 2>/dev/null \
+            | tr ',{}' '\n\n\n' | awk -F: '/"memory_prefaulted"/ { gsub(/ /, "", $2); print $2 }')
+        [ "${s:-0}" -ge "$mem_bytes" ] && { echo "   populated after $((SECONDS - t0)) s"; return 0; }
+        sleep 1
+    done
+    echo "   not populated after 600 s"
+    return 1
+}
+
+# slice MODE ID [-R]: one 1-second kvstash-bench run; its line on stderr, its GB/s on stdout.
+slice() {
+    local mode=$1 id=$2 extra=${3:-} target line
+    if [ "$mode" = put_from ]; then target=(-S "$sock"); else target=(-H "127.0.0.1:$port"); fi
+    # shellcheck disable=SC2086
+    line=$("$BENCH" "${target[@]}" -m "$mode" -s 1m -b 8 -c 1 -d 2 -t 1 -i "$id" -p "$pid" \
+           -q $extra) || { echo "   kvstash-bench failed" >&2; return 1; }
+    echo "   $line" >&2
+    field GB/s "$line"
+}
+
+declare -a summary
+run_case() {
+    local case=$1 mode=$2 first="" slowest="" written=0 gbs n steady=()
+    echo "== first fill: $case, $mode 8 x 1 MiB, 1 connection, depth 2, memory_size $MEM"
+    start_daemon || { echo "   kvstashd did not start"; summary+=("$case $mode: failed"); return 1; }
+    if [ "$case" = idle ]; then
+        wait_populated || { stop_daemon; summary+=("$case $mode: failed"); return 1; }
+        echo "   idle $IDLE s"
+        sleep "$IDLE"
+    fi
+    for n in $(seq 1 60); do
+        gbs=$(slice "$mode" "f$n") || break
+        [ -n "$gbs" ] || break
+        [ -z "$first" ] && first=$gbs
+        if [ -z "$slowest" ] || awk -v a="$gbs" -v b="$slowest" 'BEGIN { exit !(a < b) }'; then
+            slowest=$gbs
+        fi
+        written=$(awk -v w="$written" -v g="$gbs" 'BEGIN { printf "%.0f", w + g * 1e9 }')
+        [ "$written" -ge "$mem_bytes" ] && break
+    done
+    echo "   first pass: $n slices, $(awk -v w="$written" 'BEGIN { printf "%.2f", w / 1e9 }') GB"
+    for n in $(seq 1 "$STEADY"); do
+        if [ "$n" = 1 ]; then
+            gbs=$(slice "$mode" "s$n" -R)   # remove_all first: the pages are all written once
+        else
+            gbs=$(slice "$mode" "s$n")
+        fi
+        [ -n "$gbs" ] && steady+=("$gbs")
+    done
+    grep -m1 "arena of" "$work/kvstashd.log" | sed 's/^/   log: /'
+    stop_daemon
+    if [ -z "$first" ] || [ "${#steady[@]}" -eq 0 ]; then
+        summary+=("$(printf '%-6s %-9s failed' "$case" "$mode")")
+        return 1
+    fi
+    local med
+    med=$(printf '%s\n' "${steady[@]}" | sort -g | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')
+    summary+=("$(printf '%-6s %-9s first 1 s %6.2f GB/s  slowest %6.2f  steady %6.2f  first/steady %.2f  slowest/steady %.2f' \
+        "$case" "$mode" "$first" "$slowest" "$med" \
+        "$(awk -v a="$first" -v b="$med" 'BEGIN { print a / b }')" \
+        "$(awk -v a="$slowest" -v b="$med" 'BEGIN { print a / b }')")")
+}
+
+rc=0
+for c in $CASES; do
+    for m in $MODES; do
+        run_case "$c" "$m" || rc=1
+        echo
+    done
+done
+echo "== first fill summary (memory_size $MEM; target: first/steady >= 0.70)"
+printf '%s\n' "${summary[@]}"
+exit $rc
