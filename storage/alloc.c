@@ -485,7 +485,8 @@ alloc_prefault_main(void *arg)
         alloc_stamp_chunk(a, off >> ALLOC_PAGE_SHIFT, len >> ALLOC_PAGE_SHIFT);
         atomic_store_explicit(&a->prefaulted, off + len, memory_order_relaxed);
     }
-    if (atomic_load_explicit(&a->prefaulted, memory_order_relaxed) == a->map_len) {
+    if (atomic_load_explicit(&a->prefaulted, memory_order_relaxed) == a->map_len
+        && clock_ms() - t0 >= 1000) {         /* worth a line: small arenas (tests) stay quiet */
         uint64_t ms = clock_ms() - t0;
 
         log_info("alloc: arena of %zu MiB populated in %llu ms (%.2f GB/s)", a->map_len >> 20,

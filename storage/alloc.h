@@ -67,8 +67,9 @@ int alloc_create(uint64_t size, struct alloc **out);
  * few dozen pages at a time (pages taken are never written, so the arena may
  * be in use meanwhile). The word keeps a host that shares idle zero pages
  * from making the first write of a value slow (alloc.c says why). Logs the
- * time taken when done. Stops at alloc_destroy. Without MADV_POPULATE_WRITE
- * the stamps fault the pages in themselves. Returns 0 or -errno (no thread).
+ * time taken when done, if a second or more. Stops at alloc_destroy. Without
+ * MADV_POPULATE_WRITE the stamps fault the pages in themselves. Returns 0 or
+ * -errno (no thread).
  */
 int alloc_prefault_start(struct alloc *a);
 

@@ -4,7 +4,9 @@
  * writer thread while the daemon already serves DRAM. It owns the rebuild's
  * order and accounting; it must not run anywhere but the writer thread (it
  * creates bucket table entries and writes the index, which only that thread
- * may do), and it reads bucket files only through ssd_scan.h.
+ * may do), and it reads bucket files only through ssd_scan.h. The reading
+ * and checking run on scanner threads it starts and joins itself (below,
+ * "The walk runs as a pipeline"); they touch nothing but their own job.
  *
  * Order: bucket files are walked oldest first (ids grow with creation) and
  * each from its start, and every verified record is put in the index,
