@@ -144,7 +144,8 @@ ssd_count_bucket_files(struct ssd *t)
  */
 #define SSD_REBUILD_SCANNERS 3
 #define SSD_REBUILD_AHEAD 6
-#define SSD_REBUILD_TXN 32768   /* entries per index transaction (a few hundred MB of dirty pages at most) */
+#define SSD_REBUILD_TXN 32768   /* entries per index transaction: a few leaf pages an entry
+                                   at most stays under LMDB's 131,071-page dirty list */
 
 /* One verified record of a job: the key lives in the job's key arena. */
 struct ssd_rb_ent {
@@ -688,8 +689,8 @@ done:
     atomic_store(&t->rebuild_ms, clock_ms() - t->rebuild_t0);
     if (rc == 0) {
         log_info("ssd: index of %s rebuilt in %" PRIu64 " ms (%" PRIu64 " ms reading, checking "
-                 "and indexing the buckets, the rest loading the table): %zu bucket file(s), %" PRIu64
-                 " whole records verified, %" PRIu64 " objects indexed (%" PRIu64
+                 "and indexing the buckets, the rest loading the table): %zu bucket file(s), "
+                 "%" PRIu64 " whole records verified, %" PRIu64 " objects indexed (%" PRIu64
                  " older copies of keys written again later), %" PRIu64
                  " loaded (the others were put by clients meanwhile), %" PRIu64
                  " records with a bad value skipped, %" PRIu64 " file(s) cut at damage or a torn"
