@@ -204,6 +204,7 @@ static const struct conf_option conf_options[] = {
     OPT_UINT(ssd_io_threads,            1,        64,        "2",     RESTART),
     OPT_DOUBLE(ssd_high_watermark,      0.0,      1.0,       "0.90",  RELOAD),
     OPT_DOUBLE(ssd_low_watermark,       0.0,      1.0,       "0.80",  RELOAD),
+    OPT_SIZE(ssd_write_rate_limit,      0,        NO_MAX,    "0",     RELOAD),
     /*       name                       value names              noun         default     reload */
     OPT_ENUM(ssd_eviction,              conf_ssd_eviction_names, "value",     "fifo",     RELOAD),
     OPT_ENUM(ssd_offload,               conf_ssd_offload_names,  "value",     "on_evict", RELOAD),

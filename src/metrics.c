@@ -355,7 +355,17 @@ metrics_tiers(struct metrics_buf *b, const struct metrics_sum *m, const struct s
     one(b, "kvstash_ssd_load_queue_objects", "gauge", "Loads from the SSD tier pending.",
         ss->load_queue);
     one(b, "kvstash_ssd_offload_dropped_total", "counter",
-        "Objects the SSD tier could not write (dropped from the offload).", ss->write_failed);
+        "Objects that left DRAM without an SSD copy: the tier could not write them, the "
+        "offload queue was over its bound, or the write-rate admission refused them.",
+        ss->write_failed + ss->offload_dropped);
+    one(b, "kvstash_ssd_rate_limited_total", "counter",
+        "On-evict offloads refused by the admission of ssd_write_rate_limit.", ss->rate_limited);
+    one(b, "kvstash_ssd_live_bytes", "gauge",
+        "Record bytes of the objects indexed on the SSD tier (what ssd_size holds live).",
+        ss->live_bytes);
+    fam(b, "kvstash_ssd_utilization_ratio", "gauge", "SSD live record bytes over ssd_size.");
+    mb_printf(b, "kvstash_ssd_utilization_ratio %.4f\n",
+              ss->capacity != 0 ? (double)ss->live_bytes / (double)ss->capacity : 0.0);
     one(b, "kvstash_ssd_checksum_failures_total", "counter",
         "Values read back from SSD that failed their CRC (dropped, never served).",
         ss->checksum_errors);

@@ -150,6 +150,10 @@ stats_collect(void *arg, const char **names, uint64_t *values, int max)
         STAT("ssd_write_failed", ss.write_failed);
         STAT("ssd_offload_queue", ss.queue_objects);
         STAT("ssd_offload_queue_bytes", ss.queue_bytes);
+        STAT("ssd_offload_dropped", ss.offload_dropped);
+        STAT("ssd_rate_limited", ss.rate_limited);
+        STAT("ssd_live_bytes", ss.live_bytes);
+        STAT("ssd_utilization_pct", ss.capacity != 0 ? ss.live_bytes * 100 / ss.capacity : 0);
         STAT("ssd_load_queue", ss.load_queue);
         STAT("ssd_degraded", ss.degraded);
         STAT("ssd_index_map_size", ss.index_map_size);

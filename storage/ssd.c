@@ -50,6 +50,7 @@ ssd_apply_settings(struct ssd *t, const struct ssd_config *cfg)
     atomic_store(&t->high_bytes, (uint64_t)(cfg->high_watermark * (double)cfg->size));
     atomic_store(&t->low_bytes, (uint64_t)(cfg->low_watermark * (double)cfg->size));
     atomic_store(&t->offload, cfg->offload);
+    atomic_store(&t->rate_limit, cfg->write_rate_limit);
 }
 
 static int64_t
@@ -951,7 +952,8 @@ ssd_open(const struct ssd_config *cfg, struct store *s, struct ssd **out, char *
         goto fail;
     }
     t->hdr_cap = ssd_rec_hdr_block(cfg->max_key_size > 65536 ? 65536 : cfg->max_key_size);
-    if (posix_memalign((void **)&t->hdr, SSD_REC_ALIGN, t->hdr_cap) != 0) {
+    /* One header block per record of a group: they are all in flight at once. */
+    if (posix_memalign((void **)&t->hdr, SSD_REC_ALIGN, t->hdr_cap * SSD_GROUP_OBJECTS) != 0) {
         rc = -ENOMEM;
         kv_errorf(err, errlen, "ssd: out of memory");
         goto fail;
@@ -974,6 +976,7 @@ ssd_open(const struct ssd_config *cfg, struct store *s, struct ssd **out, char *
     tier.write_through = cfg->offload == SSD_WRITE_THROUGH;
     tier.on_evict = cfg->offload == SSD_ON_EVICT;
     tier.promote = cfg->promote;
+    tier.offload_max = SSD_QUEUE_MAX;
     store_set_tier(s, &tier);
 
     if (!t->rebuild) {
@@ -1121,6 +1124,8 @@ ssd_reconfigure(struct ssd *t, const struct ssd_config *cfg)
 void
 ssd_stats(struct ssd *t, struct ssd_stats *out)
 {
+    struct store_stats st;
+
     memset(out, 0, sizeof(*out));
     out->objects = CTR_GET(t, objects);
     out->bytes = CTR_GET(t, bytes);
@@ -1128,6 +1133,9 @@ ssd_stats(struct ssd *t, struct ssd_stats *out)
     out->capacity = t->cfg.size;
     pthread_mutex_lock(&t->blk);
     out->buckets = t->nbuckets;
+    for (size_t i = 0; i < t->nbuckets; i++) {
+        out->live_bytes += t->buckets[i]->live_bytes;
+    }
     pthread_mutex_unlock(&t->blk);
     out->hits = CTR_GET(t, hits);
     out->reads = CTR_GET(t, reads);
@@ -1144,6 +1152,9 @@ ssd_stats(struct ssd *t, struct ssd_stats *out)
     out->write_failed = CTR_GET(t, write_failed);
     out->queue_objects = CTR_GET(t, queue_objects);
     out->queue_bytes = CTR_GET(t, queue_bytes);
+    out->rate_limited = CTR_GET(t, rate_limited);
+    store_stats(t->store, &st);
+    out->offload_dropped = st.offload_dropped + out->rate_limited;
     out->load_queue = CTR_GET(t, load_queue);
     out->degraded = CTR_GET(t, degraded_flag);
     out->index_map_size = idx_map_size(t->idx);

@@ -45,6 +45,7 @@ struct ssd_config {
     double low_watermark;       /* ssd_low_watermark */
     int offload;                /* enum ssd_offload */
     bool promote;               /* ssd_promote */
+    uint64_t write_rate_limit;  /* ssd_write_rate_limit: bytes/s of on-evict offloads; 0: none */
     int io_threads;             /* ssd_io_threads (readers) */
     uint32_t max_key_size;      /* longest key a record may carry */
     uint64_t max_value_size;
@@ -73,6 +74,10 @@ struct ssd_stats {
     uint64_t write_failed;      /* objects that could not be written */
     uint64_t queue_objects;     /* offloads pending */
     uint64_t queue_bytes;
+    uint64_t offload_dropped;   /* evicted from DRAM uncopied: the offload queue over its bound,
+                                   or refused by the write-rate admission */
+    uint64_t rate_limited;      /* of those, refused by the admission of ssd_write_rate_limit */
+    uint64_t live_bytes;        /* record bytes of indexed objects (header blocks included) */
     uint64_t load_queue;        /* loads pending */
     uint64_t degraded;          /* 1 while writes are suspended after a fault */
     uint64_t index_map_size;

@@ -30,6 +30,13 @@ struct idx_bucket;
 #define SSD_HOUSEKEEP_MS 100            /* the writer wakes at least this often */
 #define SSD_LAST_READ_SAVE_MS 1000      /* bucket read stamps reach the index this often */
 #define SSD_COLD_BATCH (64ull << 20)    /* on-evict: bytes queued ahead per idle round */
+#define SSD_QUEUE_MAX (2 * SSD_GROUP_BYTES) /* on-evict: offload queue bound (a group being
+                                           written, the next one waiting): eviction past it
+                                           drops objects instead of waiting for the disk */
+#define SSD_PREALLOC (64ull << 20)     /* an open bucket's file is grown this far ahead, so
+                                           O_DIRECT writes land inside it and run
+                                           asynchronously (ext4 waits on extending ones) */
+#define SSD_RATE_WINDOW_MS 100          /* the admission's probability is retuned this often */
 #define SSD_MAP_INITIAL (64ull << 20)
 #define SSD_MAP_MAX (1ull << 40)
 #define SSD_PATH_MAX 4096
@@ -54,6 +61,8 @@ struct ssd_bucket {
     uint64_t live_bytes;        /* record bytes of indexed objects */
     uint64_t total_bytes;       /* bytes written */
     uint64_t committed_bytes;   /* bytes synced and indexed: what a restart keeps */
+    uint64_t alloc_bytes;       /* file length preallocated past total_bytes (open buckets;
+                                   writer only): cut back to total_bytes when sealed */
 };
 
 /* A dropped index entry waiting for the writer: removed objects, unreadable records. */
@@ -104,6 +113,14 @@ struct ssd {
     bool degraded;
     uint64_t retry_at;
     uint64_t stamps_saved_at;
+    uint64_t aio;               /* aio_context_t of the group writes; 0: synchronous pwritev */
+    /* admission under ssd_write_rate_limit (writer thread only) */
+    int64_t rate_tokens;        /* bytes the limit allows now; negative: a debt */
+    uint64_t rate_at_us;        /* when rate_tokens was last refilled */
+    uint64_t rate_window_at;    /* start of the window offered bytes are counted in */
+    uint64_t rate_offered;      /* on-evict bytes offered in the window */
+    double rate_p;              /* probability an offered object is admitted */
+    uint64_t rate_rng;          /* xorshift state */
 
     pthread_t writer;
     pthread_t *readers;
@@ -117,6 +134,7 @@ struct ssd {
     _Atomic uint64_t high_bytes;
     _Atomic uint64_t low_bytes;
     _Atomic int offload;
+    _Atomic uint64_t rate_limit;    /* ssd_write_rate_limit; 0: none */
 
     /* counters */
     _Atomic uint64_t objects;
@@ -135,6 +153,7 @@ struct ssd {
     _Atomic uint64_t io_errors;
     _Atomic uint64_t no_space;
     _Atomic uint64_t write_failed;
+    _Atomic uint64_t rate_limited;
     _Atomic uint64_t queue_objects;
     _Atomic uint64_t queue_bytes;
     _Atomic uint64_t load_queue;

@@ -19,12 +19,14 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <linux/aio_abi.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
@@ -73,11 +75,12 @@ ssd_pwritev_all(int fd, struct iovec *iov, int n, uint64_t off)
 static void
 ssd_rollback(struct ssd *t, struct ssd_bucket *b)
 {
-    if (b->total_bytes > b->committed_bytes) {
+    if (b->total_bytes > b->committed_bytes || b->alloc_bytes > b->committed_bytes) {
         if (ftruncate(b->fd, (off_t)b->committed_bytes) != 0) {
             log_error("ssd: ftruncate of bucket %" PRIu64 ": %s", b->id, strerror(errno));
         }
         CTR_SUB(t, disk_bytes, b->total_bytes - b->committed_bytes);
+        b->alloc_bytes = b->committed_bytes;
     }
     pthread_mutex_lock(&t->blk);
     b->total_bytes = b->committed_bytes;
@@ -149,6 +152,181 @@ ssd_bucket_limit(struct ssd *t, uint32_t owner)
 }
 
 /*
+ * A group: the objects one commit makes visible. Their records are written
+ * with Linux AIO (io_submit of O_DIRECT pwritevs, all in flight at once, so
+ * the device sees a deep queue while the writer checksums the next record),
+ * or with synchronous pwritev where AIO is not to be had (no context, a
+ * bucket without O_DIRECT). Each record keeps its iovecs and header block
+ * until the group's writes are reaped.
+ */
+struct ssd_group {
+    struct store_obj *obj[SSD_GROUP_OBJECTS];
+    struct store_loc loc[SSD_GROUP_OBJECTS];
+    uint64_t rec[SSD_GROUP_OBJECTS];
+    struct iovec iov[SSD_GROUP_OBJECTS][STORE_MAX_EXTENTS + 1];
+    struct iocb cb[SSD_GROUP_OBJECTS];
+    int n;
+    int inflight;               /* AIO writes submitted and not reaped */
+    int fail_fd;                /* the file of the first AIO write that failed, or -1 */
+};
+
+/* Linux AIO through its system calls (no libaio): the writer's one context. */
+static int
+ssd_aio_setup(struct ssd *t)
+{
+    aio_context_t ctx = 0;
+
+    if (syscall(SYS_io_setup, SSD_GROUP_OBJECTS, &ctx) != 0) {
+        log_warn("ssd: io_setup: %s; records are written one synchronous pwritev at a time",
+                 strerror(errno));
+        t->aio = 0;
+        return -errno;
+    }
+    t->aio = (uint64_t)ctx;
+    return 0;
+}
+
+static void
+ssd_aio_destroy(struct ssd *t)
+{
+    if (t->aio != 0) {
+        (void)syscall(SYS_io_destroy, (aio_context_t)t->aio);
+        t->aio = 0;
+    }
+}
+
+/*
+ * ssd_aio_reap: wait for every write of g in flight. A short write is
+ * finished with pwritev; returns 0 or the first error (-errno).
+ */
+static int
+ssd_aio_reap(struct ssd *t, struct ssd_group *g)
+{
+    struct io_event ev[SSD_GROUP_OBJECTS];
+    int rc = 0;
+
+    while (g->inflight > 0) {
+        long got = syscall(SYS_io_getevents, (aio_context_t)t->aio, 1, SSD_GROUP_OBJECTS, ev,
+                           NULL);
+
+        if (got < 0) {
+            if (errno == EINTR) {
+                continue;
+            }
+            /* Cannot happen with a valid context; the writes' fate is unknown. */
+            log_error("ssd: io_getevents: %s", strerror(errno));
+            g->inflight = 0;
+            return -EIO;
+        }
+        for (long i = 0; i < got; i++) {
+            struct iocb *cb = (struct iocb *)(uintptr_t)ev[i].obj;
+            int slot = (int)(cb - g->cb);
+            uint64_t want = 0;
+
+            g->inflight--;
+            for (int k = 0; k < (int)cb->aio_nbytes; k++) {
+                want += g->iov[slot][k].iov_len;
+            }
+            if (ev[i].res < 0) {
+                if (rc == 0) {
+                    rc = (int)ev[i].res;
+                    g->fail_fd = (int)cb->aio_fildes;
+                }
+            } else if ((uint64_t)ev[i].res < want && rc == 0) {
+                /* Short: write the rest synchronously (a full disk reports itself there). */
+                struct iovec rest[STORE_MAX_EXTENTS + 1];
+                uint64_t skip = (uint64_t)ev[i].res;
+                int n = 0;
+
+                for (int k = 0; k < (int)cb->aio_nbytes; k++) {
+                    struct iovec v = g->iov[slot][k];
+
+                    if (skip >= v.iov_len) {
+                        skip -= v.iov_len;
+                        continue;
+                    }
+                    v.iov_base = (uint8_t *)v.iov_base + skip;
+                    v.iov_len -= skip;
+                    skip = 0;
+                    rest[n++] = v;
+                }
+                rc = ssd_pwritev_all((int)cb->aio_fildes, rest, n,
+                                     (uint64_t)cb->aio_offset + (uint64_t)ev[i].res);
+                if (rc != 0) {
+                    g->fail_fd = (int)cb->aio_fildes;
+                }
+            }
+        }
+    }
+    return rc;
+}
+
+/*
+ * ssd_write_record: write slot's iovecs at off of b: submitted to AIO when
+ * b is O_DIRECT and the context is there, else written now.
+ */
+static int
+ssd_write_record(struct ssd *t, struct ssd_group *g, int slot, int n, struct ssd_bucket *b,
+                 uint64_t off)
+{
+    struct iocb *cb = &g->cb[slot];
+    struct iocb *cbs[1] = { cb };
+
+    if (t->aio == 0 || !b->direct) {
+        return ssd_pwritev_all(b->fd, g->iov[slot], n, off);
+    }
+    memset(cb, 0, sizeof(*cb));
+    cb->aio_lio_opcode = IOCB_CMD_PWRITEV;
+    cb->aio_fildes = (uint32_t)b->fd;
+    cb->aio_buf = (uint64_t)(uintptr_t)g->iov[slot];
+    cb->aio_nbytes = (uint64_t)n;
+    cb->aio_offset = (int64_t)off;
+    for (;;) {
+        long r = syscall(SYS_io_submit, (aio_context_t)t->aio, 1, cbs);
+
+        if (r == 1) {
+            g->inflight++;
+            return 0;
+        }
+        if (r < 0 && errno == EINTR) {
+            continue;
+        }
+        if (r < 0 && errno == EAGAIN) {
+            int rc = ssd_aio_reap(t, g);   /* the queue is full: let it drain */
+
+            if (rc != 0) {
+                return rc;
+            }
+            continue;
+        }
+        return ssd_pwritev_all(b->fd, g->iov[slot], n, off);
+    }
+}
+
+/*
+ * ssd_bucket_grow: preallocate b's file SSD_PREALLOC (at least rec bytes)
+ * past what is written, up to its bucket limit. Where the file system
+ * cannot, writes extend the file and run one at a time: slower, not wrong.
+ */
+static void
+ssd_bucket_grow(struct ssd *t, struct ssd_bucket *b, uint32_t owner, uint64_t rec)
+{
+    uint64_t end = b->total_bytes + (rec > SSD_PREALLOC ? rec : SSD_PREALLOC);
+    uint64_t limit = ssd_bucket_limit(t, owner);
+
+    if (end > limit) {
+        end = limit > b->total_bytes + rec ? limit : b->total_bytes + rec;
+    }
+    if (b->alloc_bytes < b->total_bytes) {
+        b->alloc_bytes = b->total_bytes;
+    }
+    if (end > b->alloc_bytes
+        && fallocate(b->fd, 0, (off_t)b->alloc_bytes, (off_t)(end - b->alloc_bytes)) == 0) {
+        b->alloc_bytes = end;
+    }
+}
+
+/*
  * ssd_append: write one object's record at the end of its owner's open
  * bucket (opening one when needed). Returns 0 and *loc; KV_TOO_LARGE,
  * KV_QUOTA_EXCEEDED or KV_NO_SPACE when this object alone cannot go;
@@ -156,10 +334,12 @@ ssd_bucket_limit(struct ssd *t, uint32_t owner)
  * fails the group) with *used the bucket that failed, or NULL.
  */
 static int
-ssd_append(struct ssd *t, struct store_obj *o, struct store_loc *loc, uint64_t *rec_bytes,
-           struct ssd_bucket **used)
+ssd_append(struct ssd *t, struct ssd_group *g, int slot, struct ssd_bucket **used)
 {
-    struct iovec iov[STORE_MAX_EXTENTS + 1];
+    struct store_obj *o = g->obj[slot];
+    struct store_loc *loc = &g->loc[slot];
+    struct iovec *iov = g->iov[slot];
+    uint8_t *hdr = t->hdr + (uint64_t)slot * t->hdr_cap;
     struct kv_key key;
     struct ssd_rec rec;
     struct ssd_bucket *b;
@@ -201,6 +381,9 @@ ssd_append(struct ssd *t, struct store_obj *o, struct store_loc *loc, uint64_t *
         }
     }
     *used = b;
+    if (b->direct && t->aio != 0 && b->total_bytes + rec_size > b->alloc_bytes) {
+        ssd_bucket_grow(t, b, owner, rec_size);
+    }
 
     n = store_obj_iov(o, iov + 1, STORE_MAX_EXTENTS);
     crc = ssd_rec_key_crc(key.tenant, key.ptr, key.len);
@@ -225,11 +408,11 @@ ssd_append(struct ssd *t, struct store_obj *o, struct store_loc *loc, uint64_t *
     rec.seq = ++t->seq;
     rec.value_crc = crc;
     rec.key = key.ptr;
-    ssd_rec_encode(&rec, t->hdr);
-    iov[0].iov_base = t->hdr;
+    ssd_rec_encode(&rec, hdr);
+    iov[0].iov_base = hdr;
     iov[0].iov_len = hdr_block;
 
-    rc = ssd_pwritev_all(b->fd, iov, n + 1, b->total_bytes);
+    rc = ssd_write_record(t, g, slot, n + 1, b, b->total_bytes);
     if (rc != 0) {
         return rc;
     }
@@ -242,16 +425,9 @@ ssd_append(struct ssd *t, struct store_obj *o, struct store_loc *loc, uint64_t *
     b->dirty = true;
     pthread_mutex_unlock(&t->blk);
     CTR_ADD(t, disk_bytes, rec_size);
-    *rec_bytes = rec_size;
+    g->rec[slot] = rec_size;
     return 0;
 }
-
-struct ssd_group {
-    struct store_obj *obj[SSD_GROUP_OBJECTS];
-    struct store_loc loc[SSD_GROUP_OBJECTS];
-    uint64_t rec[SSD_GROUP_OBJECTS];
-    int n;
-};
 
 static void
 ssd_group_fail(struct ssd *t, struct ssd_group *g, int from)
@@ -386,11 +562,12 @@ ssd_commit_group(struct ssd *t, struct ssd_group *g, struct ssd_forget *forgets)
         return;
     }
 
+    g->fail_fd = -1;
     for (written = 0; written < g->n; written++) {
         struct ssd_bucket *b = NULL;
         int k = 0;
 
-        rc = ssd_append(t, g->obj[written], &g->loc[written], &g->rec[written], &b);
+        rc = ssd_append(t, g, written, &b);
         if (rc == KV_TOO_LARGE || rc == KV_NO_SPACE || rc == KV_QUOTA_EXCEEDED) {
             /* This object alone cannot go to the SSD (too big, no room in its
              * tenant's share, or none it may take from others'); the others can. */
@@ -417,6 +594,21 @@ ssd_commit_group(struct ssd *t, struct ssd_group *g, struct ssd_forget *forgets)
             pthread_mutex_lock(&t->blk);
             b->in_group = true;
             pthread_mutex_unlock(&t->blk);
+        }
+    }
+    if (g->inflight > 0) {
+        /* Every write in flight ends before anything is synced, cut back or freed. */
+        int arc;
+
+        arc = ssd_aio_reap(t, g);
+        if (rc == 0 && arc != 0) {
+            rc = arc;
+            what = "write";
+            for (int i = 0; i < ntouched; i++) {
+                if (touched[i]->fd == g->fail_fd) {
+                    fault = touched[i];
+                }
+            }
         }
     }
     for (int i = 0; rc == 0 && i < ntouched; i++) {
@@ -571,6 +763,102 @@ ssd_housekeep(struct ssd *t, const uint64_t *drops, int ndrops)
     (void)ssd_make_room(t, 0, 0);
 }
 
+
+/*
+ * Admission under ssd_write_rate_limit (flash endurance). An on-evict
+ * offload is written only when the budget allows it: a token bucket filled
+ * at the limit (at most one second of it saved up, starting empty, so the
+ * bytes written since the start never pass limit x elapsed plus one
+ * record), and, in front of it, a random test whose probability follows the
+ * limit over the offered rate of the last window (CacheLib's "dynamic
+ * random" admission): when the disk is offered twice the limit, about every
+ * other object goes, spread over the evictions instead of the first ones of
+ * every second. Refused objects stay in DRAM until evicted uncopied
+ * (ssd_offload_dropped, ssd_rate_limited). Durable puts and write_through
+ * are never refused: those copies were promised.
+ */
+static uint64_t
+ssd_rng(struct ssd *t)
+{
+    uint64_t x = t->rate_rng != 0 ? t->rate_rng : 0x9e3779b97f4a7c15ull;
+
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    t->rate_rng = x;
+    return x;
+}
+
+static bool
+ssd_admit(struct ssd *t, uint64_t bytes)
+{
+    uint64_t limit = atomic_load(&t->rate_limit);
+    uint64_t now = clock_ns() / 1000;
+    double p;
+
+    if (limit == 0) {
+        t->rate_at_us = 0;
+        return true;
+    }
+    if (t->rate_at_us == 0) {
+        /* Limit just set (start or reload): the budget starts empty. */
+        t->rate_at_us = now;
+        t->rate_tokens = 0;
+        t->rate_window_at = now;
+        t->rate_offered = 0;
+        t->rate_p = 1.0;
+    }
+    if (now > t->rate_at_us) {
+        double add = (double)limit * (double)(now - t->rate_at_us) / 1e6;
+        double tokens = (double)t->rate_tokens + add;
+
+        t->rate_tokens = tokens > (double)limit ? (int64_t)limit : (int64_t)tokens;
+        t->rate_at_us = now;
+    }
+    t->rate_offered += bytes;
+    if (now - t->rate_window_at >= SSD_RATE_WINDOW_MS * 1000ull) {
+        double offered = (double)t->rate_offered * 1e6 / (double)(now - t->rate_window_at);
+
+        p = offered > 0 ? (double)limit / offered : 1.0;
+        /* Smoothed, and never so low that nothing passes while the budget fills. */
+        t->rate_p = 0.5 * t->rate_p + 0.5 * (p > 1.0 ? 1.0 : p < 0.01 ? 0.01 : p);
+        t->rate_window_at = now;
+        t->rate_offered = 0;
+    }
+    if (t->rate_p < 1.0 && (double)(ssd_rng(t) >> 11) / 9007199254740992.0 >= t->rate_p) {
+        return false;
+    }
+    /* A record over a second's budget passes once the budget is full (then owes it). */
+    if (t->rate_tokens < (int64_t)(bytes < limit ? bytes : limit)) {
+        return false;
+    }
+    t->rate_tokens -= (int64_t)bytes;
+    return true;
+}
+
+/* ssd_admit_group: refuse the on-evict offloads of g the rate limit has no room for. */
+static void
+ssd_admit_group(struct ssd *t, struct ssd_group *g)
+{
+    int kept = 0;
+
+    if (atomic_load(&t->rate_limit) == 0 && t->rate_at_us == 0) {
+        return;
+    }
+    for (int i = 0; i < g->n; i++) {
+        struct store_obj *o = g->obj[i];
+
+        if (atomic_load(&t->offload) != SSD_ON_EVICT || store_obj_must_write(o)
+            || ssd_admit(t, ssd_rec_value_span(store_obj_size(o)) + SSD_REC_ALIGN)) {
+            g->obj[kept++] = o;
+            continue;
+        }
+        store_obj_store_failed(t->store, o);
+        CTR_ADD(t, rate_limited, 1);
+    }
+    g->n = kept;
+}
+
 void *
 ssd_writer_main(void *arg)
 {
@@ -578,9 +866,12 @@ ssd_writer_main(void *arg)
     struct ssd_group g;
 
     g.n = 0;
+    g.inflight = 0;
+    g.fail_fd = -1;
     if (t->rebuild && ssd_rebuild(t) == KV_UNAVAILABLE) {
         return NULL;    /* closing mid-rebuild: its buckets must not look empty to housekeeping */
     }
+    (void)ssd_aio_setup(t);
     for (;;) {
         struct ssd_forget *forgets;
         uint64_t drops[16];
@@ -628,6 +919,7 @@ ssd_writer_main(void *arg)
         if (g.n > 0 && t->degraded && now < t->retry_at) {
             ssd_group_fail(t, &g, 0);       /* fail fast until the retry time */
         }
+        ssd_admit_group(t, &g);
         if (g.n > 0 || forgets != NULL) {
             ssd_commit_group(t, &g, forgets);
             ssd_wake(t);
@@ -656,11 +948,19 @@ ssd_writer_main(void *arg)
             pthread_mutex_lock(&t->qlock);
             bool idle = t->wq_head == NULL;
             pthread_mutex_unlock(&t->qlock);
-            if (idle && used < low) {
-                (void)store_offload_cold(t->store, low - used < SSD_COLD_BATCH ? low - used
-                                                                               : SSD_COLD_BATCH);
+            uint64_t ahead = used >= low ? 0 : low - used < SSD_COLD_BATCH ? low - used
+                                                                             : SSD_COLD_BATCH;
+
+            if (atomic_load(&t->rate_limit) != 0) {
+                /* Under a rate limit only what the budget has room for (it refuses the rest). */
+                ahead = t->rate_tokens <= 0 ? 0
+                        : (uint64_t)t->rate_tokens < ahead ? (uint64_t)t->rate_tokens : ahead;
+            }
+            if (idle && used < low && ahead > 0) {
+                (void)store_offload_cold(t->store, ahead);
             }
         }
     }
+    ssd_aio_destroy(t);
     return NULL;
 }

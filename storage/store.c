@@ -574,6 +574,7 @@ store_queue_locked(struct store *s, struct store_obj *o)
     atomic_store_explicit(&o->ssd, STORE_SSD_QUEUED, memory_order_relaxed);
     atomic_fetch_add_explicit(&o->refs, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&s->offloading, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&s->offload_bytes, o->size, memory_order_relaxed);
     s->tier.offload(s->tier.arg, o);
     return true;
 }
@@ -677,7 +678,6 @@ store_reserve(struct store *s, const struct kv_key *key, uint64_t size, struct s
     o->cold = 0;
     o->seg = 0;
     o->cache = 0;
-    memset(o->pad, 0, sizeof(o->pad));
     atomic_init(&o->ssd, STORE_SSD_NONE);
     memset(&o->loc, 0, sizeof(o->loc));
     memcpy(o->ext, ext, (size_t)n * sizeof(ext[0]));
@@ -1388,6 +1388,8 @@ store_stats(struct store *s, struct store_stats *out)
     out->memory_prefaulted = alloc_prefaulted(s->alloc);
     out->memory_prefault_done = alloc_prefault_done(s->alloc);
     out->offloading = atomic_load_explicit(&s->offloading, memory_order_relaxed);
+    out->offload_bytes = atomic_load_explicit(&s->offload_bytes, memory_order_relaxed);
+    out->offload_dropped = atomic_load_explicit(&s->offload_dropped, memory_order_relaxed);
     out->quota_exceeded = atomic_load_explicit(&s->quota_exceeded, memory_order_relaxed);
     out->evictions_inline = atomic_load_explicit(&s->evictions_inline, memory_order_relaxed);
 }

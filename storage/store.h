@@ -135,6 +135,8 @@ struct store_stats {
     uint64_t stored;           /* published objects with a copy on the SSD tier */
     uint64_t loading;          /* objects being read back from the SSD tier */
     uint64_t offloading;       /* objects queued or being written to the SSD tier */
+    uint64_t offload_bytes;    /* their value bytes */
+    uint64_t offload_dropped;  /* evicted without an SSD copy: the offload queue was full */
     uint64_t quota_exceeded;   /* reserves refused with KV_QUOTA_EXCEEDED */
     uint64_t evictions_inline; /* of evictions, made by a reserve on the request path */
 };
@@ -175,6 +177,8 @@ struct store_tier {
     bool on_evict;         /* offload an object before its pages are reused */
     bool promote;          /* a loaded object goes to the LRU head; else to the tail, and
                               once read it is the first to be evicted */
+    uint64_t offload_max;  /* on-evict: queue at most this many value bytes; past it eviction
+                              drops objects uncopied (store_offload_full). 0: no bound */
 };
 
 /*
@@ -469,6 +473,12 @@ void store_tier_flags(struct store *s, bool write_through, bool on_evict, bool p
  * for them to be written, so DRAM keeps serving.
  */
 void store_tier_degraded(struct store *s, bool degraded);
+
+/*
+ * store_obj_must_write: a durable put waits on o's SSD copy (store_sync
+ * queued or found it queued): the tier must not refuse it by admission.
+ */
+bool store_obj_must_write(const struct store_obj *o);
 
 /* store_obj_key: the object's key (borrowed; valid while a reference is held). */
 void store_obj_key(const struct store_obj *o, struct kv_key *key);

@@ -59,7 +59,8 @@ store_must_offload_locked(struct store *s, const struct store_obj *o)
     return s->has_tier && atomic_load_explicit(&s->on_evict, memory_order_relaxed)
            && !atomic_load_explicit(&s->degraded, memory_order_relaxed)
            && atomic_load_explicit(&o->ssd, memory_order_relaxed) == STORE_SSD_NONE
-           && !store_ssd_over_quota(s, o);     /* never fits its SSD share: dropped instead */
+           && !store_ssd_over_quota(s, o)      /* never fits its SSD share: dropped instead */
+           && !store_offload_full(s);          /* the disk is behind: dropped, counted */
 }
 
 /* store_protect_locked: move o (evictable, on the NORMAL list) to the PROTECTED one (SLRU). */
@@ -271,6 +272,7 @@ static int
 store_evict_locked(struct store *s, struct store_shard *sh, struct store_obj *o)
 {
     if (atomic_load_explicit(&o->ssd, memory_order_relaxed) != STORE_SSD_STORED) {
+        store_offload_count_drop_locked(s, o);
         store_detach_locked(s, sh, o);
         return 0;
     }

@@ -91,7 +91,8 @@ struct store_obj {
     uint8_t cold;                   /* loaded without promotion: kept only until read */
     uint8_t seg;                    /* on the PROTECTED list (SLRU) */
     uint8_t cache;                  /* a cluster cache copy: this node does not own the key */
-    uint8_t pad[1];
+    _Atomic uint8_t must_write;     /* a durable put waits on its copy: never refused by the
+                                       tier's admission (store_obj_must_write) */
     struct alloc_extent ext[];      /* ext_cap extents, then key_len key bytes */
 };
 
@@ -173,6 +174,8 @@ struct store {
     _Atomic uint64_t no_space;
     _Atomic uint64_t metadata_bytes;
     _Atomic uint64_t offloading;    /* objects handed to the tier's offload, not back yet */
+    _Atomic uint64_t offload_bytes; /* their value bytes */
+    _Atomic uint64_t offload_dropped; /* evicted uncopied: the offload queue was over its bound */
     _Atomic uint64_t tier_progress; /* bumped by every tier report and mode change */
     _Atomic uint64_t evict_stuck;   /* tier_progress + 1 when eviction last came up short
                                        waiting for the tier (see store_take_pages); else 0 */
@@ -295,6 +298,21 @@ void store_load_start_locked(struct store *s, struct store_shard *sh, struct sto
  * tenant's whole SSD share.
  */
 bool store_queue_locked(struct store *s, struct store_obj *o);
+
+/*
+ * store_offload_full: in on-evict mode the offload queue holds
+ * tier.offload_max bytes or more: eviction then takes objects without an
+ * SSD copy (the coldest first, as always) instead of queueing them, so puts
+ * never wait on the disk for longer than that queue takes to write.
+ */
+bool store_offload_full(struct store *s);
+
+/*
+ * store_offload_count_drop_locked: o leaves DRAM without an SSD copy; count
+ * it in offload_dropped when the offload queue's bound is the reason (the
+ * tier is writing, on-evict mode, o was never queued).
+ */
+void store_offload_count_drop_locked(struct store *s, const struct store_obj *o);
 
 /*
  * store_ssd_over_quota: o is larger than its tenant's whole SSD share, so

@@ -93,6 +93,7 @@ store_obj_stored(struct store *s, struct store_obj *o, const struct store_loc *l
 
     pthread_mutex_lock(&sh->lock);
     atomic_fetch_sub_explicit(&s->offloading, 1, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&s->offload_bytes, o->size, memory_order_relaxed);
     atomic_fetch_add_explicit(&s->tier_progress, 1, memory_order_release);
     if (o->state != STORE_OBJ_PUBLISHED) {
         atomic_store_explicit(&o->ssd, STORE_SSD_NONE, memory_order_release);
@@ -115,6 +116,7 @@ store_obj_store_failed(struct store *s, struct store_obj *o)
 
     pthread_mutex_lock(&sh->lock);
     atomic_fetch_sub_explicit(&s->offloading, 1, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&s->offload_bytes, o->size, memory_order_relaxed);
     atomic_fetch_add_explicit(&s->tier_progress, 1, memory_order_release);
     /*
      * The reference goes in the same breath as the state changes, so whoever
@@ -140,6 +142,7 @@ store_sync(struct store *s, struct store_obj *o)
         return KV_UNSUPPORTED;
     }
     pthread_mutex_lock(&sh->lock);
+    atomic_store_explicit(&o->must_write, 1, memory_order_relaxed);
     state = atomic_load_explicit(&o->ssd, memory_order_relaxed);
     if (o->state == STORE_OBJ_PUBLISHED && (state == STORE_SSD_NONE || state == STORE_SSD_FAILED)
         && !store_queue_locked(s, o)) {
@@ -148,6 +151,31 @@ store_sync(struct store *s, struct store_obj *o)
     }
     pthread_mutex_unlock(&sh->lock);
     return 0;
+}
+
+bool
+store_obj_must_write(const struct store_obj *o)
+{
+    return atomic_load_explicit(&o->must_write, memory_order_relaxed) != 0;
+}
+
+bool
+store_offload_full(struct store *s)
+{
+    uint64_t max = s->tier.offload_max;
+
+    return max != 0 && atomic_load_explicit(&s->offload_bytes, memory_order_relaxed) >= max;
+}
+
+void
+store_offload_count_drop_locked(struct store *s, const struct store_obj *o)
+{
+    if (s->has_tier && atomic_load_explicit(&s->on_evict, memory_order_relaxed)
+        && !atomic_load_explicit(&s->degraded, memory_order_relaxed)
+        && atomic_load_explicit(&o->ssd, memory_order_relaxed) == STORE_SSD_NONE
+        && o->state == STORE_OBJ_PUBLISHED && !store_ssd_over_quota(s, o)) {
+        atomic_fetch_add_explicit(&s->offload_dropped, 1, memory_order_relaxed);
+    }
 }
 
 uint64_t
