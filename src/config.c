@@ -202,8 +202,8 @@ static const struct conf_option conf_options[] = {
     OPT_SIZE(ssd_size,                  MIB,      NO_MAX,    "64g",   RESTART),
     OPT_SIZE(ssd_bucket_size,           MIB,      64 * GIB,  "256m",  RELOAD),
     OPT_UINT(ssd_io_threads,            1,        64,        "2",     RESTART),
-    OPT_DOUBLE(ssd_high_watermark,      0.0,      1.0,       "0.90",  RELOAD),
-    OPT_DOUBLE(ssd_low_watermark,       0.0,      1.0,       "0.80",  RELOAD),
+    OPT_DOUBLE(ssd_high_watermark,      0.0,      1.0,       "0.98",  RELOAD),
+    OPT_DOUBLE(ssd_low_watermark,       0.0,      1.0,       "0.95",  RELOAD),
     OPT_SIZE(ssd_write_rate_limit,      0,        NO_MAX,    "0",     RELOAD),
     /*       name                       value names              noun         default     reload */
     OPT_ENUM(ssd_eviction,              conf_ssd_eviction_names, "value",     "fifo",     RELOAD),

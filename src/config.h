@@ -85,8 +85,8 @@ struct kv_config {
     uint64_t ssd_size;                /* bytes of the SSD tier on disk; default 64 GiB */
     uint64_t ssd_bucket_size;         /* bytes per bucket file; default 256 MiB */
     uint64_t ssd_io_threads;          /* threads reading the SSD tier; default 2 */
-    double ssd_high_watermark;        /* default 0.90 */
-    double ssd_low_watermark;         /* default 0.80 */
+    double ssd_high_watermark;        /* default 0.98 */
+    double ssd_low_watermark;         /* default 0.95 */
     uint64_t ssd_write_rate_limit;    /* bytes/s of on-evict SSD writes at most; 0 (default): none */
     int ssd_eviction;                 /* enum conf_ssd_eviction; default fifo */
     int eviction_policy;              /* enum conf_eviction_policy; default lru */

@@ -383,6 +383,11 @@ metrics_tiers(struct metrics_buf *b, const struct metrics_sum *m, const struct s
     one(b, "kvstash_ssd_syncs_total", "counter", "SSD group commits.", ss->syncs);
     one(b, "kvstash_ssd_evicted_buckets_total", "counter", "SSD buckets evicted.",
         ss->evicted_buckets);
+    one(b, "kvstash_ssd_compacted_buckets_total", "counter",
+        "SSD buckets compacted: live records copied forward, then the bucket dropped.",
+        ss->compacted_buckets);
+    one(b, "kvstash_ssd_compacted_bytes_total", "counter",
+        "Record bytes SSD compaction copied forward.", ss->compacted_bytes);
     one(b, "kvstash_ssd_degraded", "gauge", "1 while SSD writes are suspended after a fault.",
         ss->degraded);
     fam(b, "kvstash_ssd_index_load_seconds", "gauge", "Time the start-up index load took.");

@@ -154,6 +154,8 @@ stats_collect(void *arg, const char **names, uint64_t *values, int max)
         STAT("ssd_rate_limited", ss.rate_limited);
         STAT("ssd_live_bytes", ss.live_bytes);
         STAT("ssd_utilization_pct", ss.capacity != 0 ? ss.live_bytes * 100 / ss.capacity : 0);
+        STAT("ssd_compacted_buckets", ss.compacted_buckets);
+        STAT("ssd_compacted_bytes", ss.compacted_bytes);
         STAT("ssd_load_queue", ss.load_queue);
         STAT("ssd_degraded", ss.degraded);
         STAT("ssd_index_map_size", ss.index_map_size);

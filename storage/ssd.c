@@ -276,25 +276,43 @@ ssd_read_ok(struct ssd *t, struct ssd_bucket *b, uint64_t size)
 static struct ssd_bucket *
 ssd_read_begin(struct ssd *t, struct store_obj *o, struct store_loc *loc, struct kv_key *key)
 {
-    store_obj_loc(o, loc);
+    struct ssd_bucket *b = NULL;
+
     store_obj_key(o, key);
     CTR_ADD(t, reads, 1);
-    return ssd_bucket_ref(t, loc->bucket);
+    store_stored_loc(t->store, o, loc);
+    /* A bucket gone under a copy that compaction moved meanwhile: read it where it went. */
+    for (int tries = 0; tries < 4; tries++) {
+        struct store_loc now;
+
+        b = ssd_bucket_ref(t, loc->bucket);
+        if (b != NULL) {
+            break;
+        }
+        store_stored_loc(t->store, o, &now);
+        if (now.bucket == loc->bucket && now.offset == loc->offset) {
+            break;
+        }
+        *loc = now;
+    }
+    return b;
 }
 
-/* ssd_load: read o's value into arena pages and check it. Returns a store_load_end rc. */
+/*
+ * ssd_load: read o's value into arena pages and check it. Returns a
+ * store_load_end rc; *used is the location it read (or tried).
+ */
 static int
-ssd_load(struct ssd *t, struct store_obj *o)
+ssd_load(struct ssd *t, struct store_obj *o, struct store_loc *used)
 {
     struct iovec iov[STORE_MAX_EXTENTS];
-    struct store_loc loc;
     struct kv_key key;
     struct ssd_bucket *b;
     uint64_t size = store_obj_size(o);
     int n = 0;
     int rc;
 
-    b = ssd_read_begin(t, o, &loc, &key);
+    b = ssd_read_begin(t, o, used, &key);
     if (b == NULL) {
         return KV_NOT_FOUND;
     }
@@ -303,9 +321,9 @@ ssd_load(struct ssd *t, struct store_obj *o)
         ssd_bucket_unref(t, b, false);
         return rc;
     }
-    rc = ssd_read_value(b, &loc, &key, size, iov, n);
+    rc = ssd_read_value(b, used, &key, size, iov, n);
     if (rc != 0) {
-        return ssd_read_failed(t, b, &loc, size, rc);
+        return ssd_read_failed(t, b, used, size, rc);
     }
     ssd_read_ok(t, b, size);
     return 0;
@@ -407,9 +425,10 @@ ssd_reader_main(void *arg)
         pthread_mutex_unlock(&t->qlock);
         CTR_SUB(t, load_queue, 1);
 
-        rc = t->stop ? KV_NO_SPACE : ssd_load(t, o);
+        memset(&loc, 0, sizeof(loc));
+        rc = t->stop ? KV_NO_SPACE : ssd_load(t, o, &loc);
         if (rc == KV_CHECKSUM_MISMATCH || rc == KV_NOT_FOUND) {
-            store_obj_loc(o, &loc);
+            /* The entry of the location read: one compaction moved meanwhile stays. */
             store_obj_key(o, &key);
             f = ssd_forget_new(&key, &loc, store_obj_size(o));
         }
@@ -1153,6 +1172,8 @@ ssd_stats(struct ssd *t, struct ssd_stats *out)
     out->queue_objects = CTR_GET(t, queue_objects);
     out->queue_bytes = CTR_GET(t, queue_bytes);
     out->rate_limited = CTR_GET(t, rate_limited);
+    out->compacted_buckets = CTR_GET(t, compacted_buckets);
+    out->compacted_bytes = CTR_GET(t, compacted_bytes);
     store_stats(t->store, &st);
     out->offload_dropped = st.offload_dropped + out->rate_limited;
     out->load_queue = CTR_GET(t, load_queue);

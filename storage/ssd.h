@@ -78,6 +78,8 @@ struct ssd_stats {
                                    or refused by the write-rate admission */
     uint64_t rate_limited;      /* of those, refused by the admission of ssd_write_rate_limit */
     uint64_t live_bytes;        /* record bytes of indexed objects (header blocks included) */
+    uint64_t compacted_buckets; /* buckets whose live records were copied forward, then dropped */
+    uint64_t compacted_bytes;   /* record bytes those copies wrote */
     uint64_t load_queue;        /* loads pending */
     uint64_t degraded;          /* 1 while writes are suspended after a fault */
     uint64_t index_map_size;

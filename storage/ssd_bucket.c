@@ -288,6 +288,16 @@ ssd_collect_fn(void *arg, uint32_t tenant, const uint8_t *key, uint32_t key_len,
     return 0;
 }
 
+struct ssd_forget *
+ssd_bucket_entries(struct ssd *t, uint64_t id, bool *oom)
+{
+    struct ssd_drop_list dl = {NULL, 0, 0};
+
+    (void)idx_scan_bucket_objects(t->idx, id, ssd_collect_fn, &dl);
+    *oom = dl.oom != 0;
+    return dl.head;
+}
+
 uint64_t
 ssd_bucket_drop(struct ssd *t, struct ssd_bucket *b, const char *why)
 {

@@ -154,6 +154,8 @@ struct ssd {
     _Atomic uint64_t no_space;
     _Atomic uint64_t write_failed;
     _Atomic uint64_t rate_limited;
+    _Atomic uint64_t compacted_buckets;
+    _Atomic uint64_t compacted_bytes;
     _Atomic uint64_t queue_objects;
     _Atomic uint64_t queue_bytes;
     _Atomic uint64_t load_queue;
@@ -303,7 +305,52 @@ uint64_t *ssd_bucket_file_ids(struct ssd *t, size_t *n);
  */
 int ssd_rebuild(struct ssd *t);
 
+/*
+ * ssd_bucket_entries: the index entries of bucket id, copied out (a list
+ * of forgets: key, location, size; the caller frees it with
+ * ssd_forget_free). *oom when some could not be copied.
+ */
+struct ssd_forget *ssd_bucket_entries(struct ssd *t, uint64_t id, bool *oom);
+
+/* ---- ssd_compact.c (writer thread) ---- */
+
+#define SSD_COMPACT_DEAD_FRACTION 8     /* a bucket is compacted once 1/8 of it is dead... */
+#define SSD_COMPACT_TIER_DEAD 50        /* ...and the tier's dead bytes pass 1/50 of ssd_size */
+#define SSD_COMPACT_CHUNK (4ull << 20)  /* values are copied in pieces this big */
+
+/*
+ * ssd_compact_some: when dead records (removed objects, dropped entries)
+ * hold more than 1/SSD_COMPACT_TIER_DEAD of ssd_size, copy the live records
+ * of the deadest sealed bucket (at least 1/SSD_COMPACT_DEAD_FRACTION dead)
+ * forward into its owner's open bucket, commit their new locations, and
+ * drop it; at most one bucket per call, and only when the copies fit in
+ * ssd_size without evicting anything.
+ */
+void ssd_compact_some(struct ssd *t);
+
+/*
+ * ssd_compact: compact b now (see ssd_compact_some). Returns the records
+ * moved, or a negative errno when a write, sync or commit failed (then
+ * logged, counted, the copies cut off and b kept).
+ */
+int64_t ssd_compact(struct ssd *t, struct ssd_bucket *b);
+
 /* ---- ssd_writer.c ---- */
+
+/* ssd_pwritev_all: the whole of iov at off (EINTR and short writes retried): 0 or -errno. */
+int ssd_pwritev_all(int fd, struct iovec *iov, int n, uint64_t off);
+
+/* ssd_bucket_limit: the size at which owner's open bucket is sealed. */
+uint64_t ssd_bucket_limit(struct ssd *t, uint32_t owner);
+
+/* ssd_rollback: cut b back to its last commit and seal it. */
+void ssd_rollback(struct ssd *t, struct ssd_bucket *b);
+
+/*
+ * ssd_fault: a write, sync or commit failed (rc, what): log, count, suspend
+ * writes for SSD_RETRY_MS; b, when not NULL, is dropped with its records.
+ */
+void ssd_fault(struct ssd *t, struct ssd_bucket *b, int rc, const char *what);
 
 /* ssd_writer_main: the writer thread (pthread start routine; arg is the struct ssd). */
 void *ssd_writer_main(void *arg);

@@ -37,8 +37,7 @@
 #include "ssd_index.h"
 #include "ssd_record.h"
 
-/* Full-length pwritev/preadv: -errno, or (read) the bytes read, short only at end of file. */
-static int
+int
 ssd_pwritev_all(int fd, struct iovec *iov, int n, uint64_t off)
 {
     while (n > 0) {
@@ -72,7 +71,7 @@ ssd_pwritev_all(int fd, struct iovec *iov, int n, uint64_t off)
  * (records after that were never indexed) and seal it. Its committed records
  * were synced by an fdatasync that succeeded, so they stay.
  */
-static void
+void
 ssd_rollback(struct ssd *t, struct ssd_bucket *b)
 {
     if (b->total_bytes > b->committed_bytes || b->alloc_bytes > b->committed_bytes) {
@@ -96,7 +95,7 @@ ssd_rollback(struct ssd *t, struct ssd_bucket *b)
  * error: its data cannot be trusted); a full disk only costs the records
  * not committed yet, which the caller rolled back.
  */
-static void
+void
 ssd_fault(struct ssd *t, struct ssd_bucket *b, int rc, const char *what)
 {
     if (rc == -ENOSPC || rc == KV_NO_SPACE) {
@@ -138,7 +137,7 @@ ssd_recovered(struct ssd *t)
  * its oldest bucket for its own new records costs it at most about a
  * quarter of what it keeps.
  */
-static uint64_t
+uint64_t
 ssd_bucket_limit(struct ssd *t, uint32_t owner)
 {
     uint64_t size = atomic_load(&t->bucket_size);
@@ -761,6 +760,9 @@ ssd_housekeep(struct ssd *t, const uint64_t *drops, int ndrops)
         ssd_bucket_drop(t, empty, "no live objects");
     }
     (void)ssd_make_room(t, 0, 0);
+    if (!t->degraded && !t->rebuild_failed) {
+        ssd_compact_some(t);
+    }
 }
 
 

@@ -537,6 +537,22 @@ int store_insert_stored(struct store *s, const struct kv_key *key, uint64_t size
                         const struct store_loc *loc);
 
 /*
+ * store_stored_loc: o's SSD location, read under its shard lock (the tier
+ * moves copies while readers look: store_move_stored).
+ */
+void store_stored_loc(struct store *s, struct store_obj *o, struct store_loc *loc);
+
+/*
+ * store_move_stored: the tier copied key's record from `from` to `to`
+ * (bucket compaction). Returns 0 when the object was stored at `from` and
+ * now is at `to`; KV_NOT_FOUND when it is not there any more (removed,
+ * dropped, or at another location): the copy at `to` is then garbage for
+ * the tier to forget.
+ */
+int store_move_stored(struct store *s, const struct kv_key *key, const struct store_loc *from,
+                      const struct store_loc *to);
+
+/*
  * store_drop_stored: the tier is dropping the copy of key at loc (bucket
  * evicted, record unreadable). A resident object only loses its SSD state;
  * a non-resident one leaves the table (even while being loaded: the loader

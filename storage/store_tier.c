@@ -261,6 +261,37 @@ store_insert_stored(struct store *s, const struct kv_key *key, uint64_t size,
     return 0;
 }
 
+void
+store_stored_loc(struct store *s, struct store_obj *o, struct store_loc *loc)
+{
+    struct store_shard *sh = store_shard_of(s, o->hash);
+
+    pthread_mutex_lock(&sh->lock);
+    *loc = o->loc;
+    pthread_mutex_unlock(&sh->lock);
+}
+
+int
+store_move_stored(struct store *s, const struct kv_key *key, const struct store_loc *from,
+                  const struct store_loc *to)
+{
+    uint64_t hash = store_hash64(key);
+    struct store_shard *sh = store_shard_of(s, hash);
+    struct store_obj *o;
+    int rc = KV_NOT_FOUND;
+
+    pthread_mutex_lock(&sh->lock);
+    o = store_find_locked(sh, hash, key);
+    if (o != NULL && o->state == STORE_OBJ_PUBLISHED
+        && atomic_load_explicit(&o->ssd, memory_order_relaxed) == STORE_SSD_STORED
+        && o->loc.bucket == from->bucket && o->loc.offset == from->offset) {
+        o->loc = *to;
+        rc = 0;
+    }
+    pthread_mutex_unlock(&sh->lock);
+    return rc;
+}
+
 int
 store_drop_stored(struct store *s, const struct kv_key *key, const struct store_loc *loc)
 {

@@ -346,8 +346,8 @@ Test(config, defaults)
     cr_expect_eq(c.ssd_size, 64ull << 30);
     cr_expect_eq(c.ssd_bucket_size, 256ull << 20);
     cr_expect_eq(c.ssd_io_threads, 2);
-    cr_expect_eq(c.ssd_high_watermark, 0.90);
-    cr_expect_eq(c.ssd_low_watermark, 0.80);
+    cr_expect_eq(c.ssd_high_watermark, 0.98);
+    cr_expect_eq(c.ssd_low_watermark, 0.95);
     cr_expect_eq(c.ssd_eviction, CONF_SSD_FIFO);
     cr_expect_eq(c.ssd_offload, CONF_SSD_ON_EVICT);
     cr_expect_eq(c.ssd_promote, 1);
@@ -1121,9 +1121,9 @@ Test(config, ssd_low_watermark_above_high_is_rejected)
     char err[512];
 
     conf_init(&c);
-    cr_assert_eq(conf_set(&c, "ssd_low_watermark", "0.95", "t", err, sizeof(err)), 0);
+    cr_assert_eq(conf_set(&c, "ssd_low_watermark", "0.99", "t", err, sizeof(err)), 0);
     cr_expect_eq(conf_finalize(&c, err, sizeof(err)), -1);
-    cr_expect_str_eq(err, "ssd_low_watermark 0.95 (t) must not be above ssd_high_watermark 0.9 "
+    cr_expect_str_eq(err, "ssd_low_watermark 0.99 (t) must not be above ssd_high_watermark 0.98 "
                           "(default)");
     cr_expect_str_eq(c.ssd_dir, "<data_dir>/ssd", "a failed finalize derives nothing");
     cr_expect_str_eq(c.unix_socket, "");
