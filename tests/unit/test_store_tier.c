@@ -3,7 +3,8 @@
  * whose hooks only queue objects on arrays; the test then plays the tier
  * (writes an object by reporting it stored at a made-up location, loads one
  * by filling the pages store_load_begin hands out). Covered: on-evict
- * offload instead of dropping, -EAGAIN while offloads are pending, stored
+ * offload instead of dropping, -EAGAIN while offloads are pending, drops
+ * (counted) once the offload queue holds its bound, copies moved by compaction, stored
  * objects that stay indexed without pages, loads started once and served
  * byte-exact, unreadable copies dropped, write-through at commit, forget on
  * remove, insert/drop of stored objects, the degraded mode, store_sync and
@@ -253,6 +254,26 @@ t_tier_attach(struct store *s, bool write_through, bool on_evict, bool promote)
     return t;
 }
 
+/* t_tier_attach_bounded: on-evict, with an offload queue bound of max bytes. */
+static struct t_tier *
+t_tier_attach_bounded(struct store *s, uint64_t max)
+{
+    struct t_tier *t = calloc(1, sizeof(*t));
+    struct store_tier hooks = {
+        .offload = t_hook_offload,
+        .load = t_hook_load,
+        .forget = t_hook_forget,
+        .on_evict = true,
+        .promote = true,
+        .offload_max = max,
+    };
+
+    cr_assert_not_null(t);
+    hooks.arg = t;
+    store_set_tier(s, &hooks);
+    return t;
+}
+
 static size_t
 t_pending_offloads(const struct t_tier *t)
 {
@@ -441,6 +462,71 @@ Test(store_tier, on_evict_queues_instead_of_dropping_until_stored)
         cr_assert_eq(size, obj);
     }
     cr_assert_eq(t->load_calls, 0, "exists/size started a load");
+    t_tier_detach(s, t);
+    store_destroy(s);
+}
+
+/*
+ * A tier that writes nothing while DRAM fills (a disk far slower than puts): once the
+ * queue holds its bound, eviction lets the coldest unwritten objects go instead of waiting,
+ * and counts them. Puts never wait; the queue never passes its bound by more than one object.
+ */
+Test(store_tier, on_evict_past_the_queue_bound_drops_uncopied_and_counts)
+{
+    struct store *s = t_store(1 * MiB, 0.9, 0.5);
+    struct t_tier *t = t_tier_attach_bounded(s, 128 * KiB);
+    struct store_stats st;
+    uint64_t obj = 64 * KiB;
+    uint64_t present = 0;
+
+    for (uint64_t id = 0; id < 200; id++) {
+        cr_assert_eq(t_put(s, id, obj), 0, "put %llu waited or failed", (unsigned long long)id);
+        st = t_stats(s);
+        cr_assert_leq(st.offload_bytes, 128 * KiB + obj, "queue past its bound");
+        cr_assert_eq(st.offload_bytes, t_pending_offloads(t) * obj);
+    }
+    st = t_stats(s);
+    cr_assert_gt(st.offload_dropped, 0);
+    cr_assert_eq(st.offload_dropped + st.objects, 200, "a drop went uncounted or twice");
+    cr_assert_eq(st.stored, 0);
+    for (uint64_t id = 0; id < 200; id++) {
+        if (t_exists(s, id) == 1) {
+            cr_assert_eq(t_check(s, id, obj), 1, "object %llu damaged", (unsigned long long)id);
+            present++;
+        }
+    }
+    cr_assert_eq(present, st.objects);
+    cr_assert_eq(t_exists(s, 199), 1, "the newest object was dropped");
+    /* The queued ones are the oldest still there; writing them stores them. */
+    cr_assert_eq(t_write_all(s, t), st.offloading);
+    cr_assert_eq(t_stats(s).offload_bytes, 0);
+    t_tier_detach(s, t);
+    store_destroy(s);
+}
+
+/* Compaction moves a copy: the store follows it, and a move from a stale place is refused. */
+Test(store_tier, move_stored_follows_a_copy_and_refuses_a_stale_one)
+{
+    struct store *s = t_store(1 * MiB, 0.9, 0.5);
+    struct t_tier *t = t_tier_attach(s, false, true, true);
+    struct store_loc a = t_loc(1);
+    struct store_loc b = t_loc(2);
+    struct store_loc got;
+    struct store_obj *o;
+    struct t_key tk;
+
+    cr_assert_eq(store_insert_stored(s, t_key(&tk, 0, 1), 4096, &a), 0);
+    cr_assert_eq(store_move_stored(s, t_key(&tk, 0, 1), &a, &b), 0);
+    cr_assert_eq(store_move_stored(s, t_key(&tk, 0, 1), &a, &b), KV_NOT_FOUND);
+    cr_assert_eq(store_move_stored(s, t_key(&tk, 0, 9), &a, &b), KV_NOT_FOUND);
+    cr_assert_eq(store_get(s, t_key(&tk, 0, 1), &o), -EAGAIN);     /* a load starts */
+    cr_assert_eq(t->load_calls, 1);
+    store_stored_loc(s, t->load[0], &got);
+    cr_assert(t_loc_eq(&got, &b), "the load reads the old place");
+    cr_assert_eq(store_drop_stored(s, t_key(&tk, 0, 1), &a), 0, "a stale drop took it");
+    cr_assert_eq(t_exists(s, 1), 1);
+    t_load(s, t_next_load(t), 1);
+    cr_assert_eq(t_check(s, 1, 4096), 1);
     t_tier_detach(s, t);
     store_destroy(s);
 }
