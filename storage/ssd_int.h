@@ -36,6 +36,7 @@ struct idx_bucket;
 #define SSD_PREALLOC (64ull << 20)     /* an open bucket's file is grown this far ahead, so
                                            O_DIRECT writes land inside it and run
                                            asynchronously (ext4 waits on extending ones) */
+#define SSD_WRITER_NICE 10              /* the writer thread's nice below the process's */
 #define SSD_RATE_WINDOW_MS 100          /* the admission's probability is retuned this often */
 #define SSD_MAP_INITIAL (64ull << 20)
 #define SSD_MAP_MAX (1ull << 40)

@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
@@ -861,12 +862,39 @@ ssd_admit_group(struct ssd *t, struct ssd_group *g)
     g->n = kept;
 }
 
+/*
+ * ssd_writer_priority: raise this thread's priority by SSD_WRITER_NICE when
+ * the process may (root, CAP_SYS_NICE, RLIMIT_NICE). The writer needs a
+ * fraction of a core to keep the disk busy (checksums, submissions), but on
+ * a loaded host it waited its turn among the event loops and the engines'
+ * threads it serves, and wrote at a third of the disk's rate while runnable
+ * most of the time. It never spins, so the priority only takes what it uses.
+ */
+static void
+ssd_writer_priority(void)
+{
+    id_t tid = (id_t)syscall(SYS_gettid);
+    int now;
+
+    errno = 0;
+    now = getpriority(PRIO_PROCESS, tid);
+    if (now == -1 && errno != 0) {
+        return;
+    }
+    if (setpriority(PRIO_PROCESS, tid, now - SSD_WRITER_NICE) != 0) {
+        log_info("ssd: the writer thread keeps the process's priority (raising it by %d: %s)",
+                 SSD_WRITER_NICE, strerror(errno));
+    }
+}
+
 void *
 ssd_writer_main(void *arg)
 {
     struct ssd *t = arg;
     struct ssd_group g;
 
+    (void)pthread_setname_np(pthread_self(), "kvstash-ssdw");
+    ssd_writer_priority();
     g.n = 0;
     g.inflight = 0;
     g.fail_fd = -1;
