@@ -26,7 +26,9 @@
 # eviction policy next to exact LRU and the trace's maximum, DRAM alone and with the SSD tier.
 # Last, the SSD section (tests/bench/ssd.sh): fio and kvstashd's SSD tier on one
 # directory of the same disk, sequential 1 MiB writes and reads, DRAM probes under SSD
-# reads, and restarts with a million objects on the SSD. Then the first fill
+# reads, and restarts with a million objects on the SSD; then the full-tier rows
+# (tests/bench/ssd_full.sh): 1 MiB puts into a DRAM tier where every put evicts, SSD tier
+# on and off, against fio on the same directory. Then the first fill
 # (tests/bench/fill.sh: puts into a fresh 4 GiB tier against the steady rate) and the restart
 # after an index rebuild (tests/bench/rebuild.sh: 1M objects of 4 KiB, the index zeroed).
 # Exits non-zero only if kvstashd dies or a kvstash-bench or raw-bench run fails.
@@ -39,6 +41,7 @@
 # BENCH_ENGINES (1; 0 skips the engines section), BENCH_ENGINE_SECS (30: the time bound of
 # each engine script: rounds until then, medians), PYTHON (/usr/bin/python3, with python3-msgpack and python3-numpy),
 # BENCH_SSD (1; 0 skips the SSD section; its other settings are in ssd.sh),
+# BENCH_SSD_FULL (1; 0 skips the full-tier rows; their settings are in ssd_full.sh),
 # BENCH_RESP (1; 0 skips the Redis-protocol section; its settings are in resp.sh),
 # BENCH_TRACE (1; 0 skips the trace replay; its settings are in trace.sh),
 # BENCH_CLUSTER (1; 0 skips the pool's section; its settings are in cluster.sh),
@@ -890,6 +893,11 @@ if [ "${BENCH_SSD:-1}" != 0 ]; then
     echo
     KVSTASHD="$KVSTASHD" BENCH="$BENCH" KVSTASH_CLI="$KVSTASH_CLI" BENCH_REPS="$REPS" \
         timeout 1800 "$here/ssd.sh" || ssd_rc=$?
+    if [ "${BENCH_SSD_FULL:-1}" != 0 ]; then
+        echo
+        KVSTASHD="$KVSTASHD" BENCH="$BENCH" KVSTASH_CLI="$KVSTASH_CLI" BENCH_REPS="$REPS" \
+            timeout 900 "$here/ssd_full.sh" || ssd_rc=$?
+    fi
 else
     echo
     echo "== SSD tier: skipped (BENCH_SSD=0)"

@@ -58,7 +58,9 @@ case "$MEMORY" in
     *m) mem_mib=${MEMORY%m} ;;
     *) die "BENCH_FULL_MEMORY must be like 2g or 512m" ;;
 esac
-isnum "$mem_mib" && [ "$mem_mib" -ge 256 ] || die "BENCH_FULL_MEMORY must be at least 256m"
+if ! isnum "$mem_mib" || [ "$mem_mib" -lt 256 ]; then
+    die "BENCH_FULL_MEMORY must be at least 256m"
+fi
 # Before eviction: 5/8 of memory_size in 8 MiB requests over 8 connections.
 before_n=$(( mem_mib * 5 / 8 / 64 ))
 [ "$before_n" -ge 1 ] || before_n=1
@@ -225,6 +227,7 @@ sw=$(median "${ssd_w[@]}")
 ob=$(median "${on_before_gbs[@]}") os=$(median "${on_steady_gbs[@]}")
 obp=$(median "${on_before_p99[@]}") osp=$(median "${on_steady_p99[@]}")
 fb=$(median "${off_before_gbs[@]}") fs=$(median "${off_steady_gbs[@]}")
+fbp=$(median "${off_before_p99[@]}") fsp=$(median "${off_steady_p99[@]}")
 r_w=$(ratio "$sw" "$fw") r_p=$(ratio "$osp" "$obp") r_off=$(ratio "$fs" "$fb")
 echo
 echo "A full DRAM tier ($MEMORY), 1 MiB puts, 8 connections, median of $REPS runs:"
@@ -233,5 +236,6 @@ printf '   SSD on:  puts %s GB/s (before eviction %s), p99 %s us (before %s: %sx
 printf '   SSD on:  SSD writes under eviction %s GB/s, fio %s GB/s: %s (target >= 90%%: %s);' \
     "$sw" "${fw:--}" "$(pct "$r_w")" "$(verdict "$r_w" 0.90 ge)"
 printf ' evicted uncopied %s objects a run\n' "$(median "${dropped[@]}")"
-printf '   SSD off: puts %s GB/s, before eviction %s: %s (target >= 90%%: %s)\n' \
-    "$fs" "$fb" "$(pct "$r_off")" "$(verdict "$r_off" 0.90 ge)"
+printf '   SSD off: puts %s GB/s, before eviction %s: %s (target >= 90%%: %s); p99 %s us' \
+    "$fs" "$fb" "$(pct "$r_off")" "$(verdict "$r_off" 0.90 ge)" "$fsp"
+printf ' (before %s)\n' "$fbp"
