@@ -850,9 +850,11 @@ ssd_admit_group(struct ssd *t, struct ssd_group *g)
     }
     for (int i = 0; i < g->n; i++) {
         struct store_obj *o = g->obj[i];
+        struct kv_key key;
 
+        store_obj_key(o, &key);
         if (atomic_load(&t->offload) != SSD_ON_EVICT || store_obj_must_write(o)
-            || ssd_admit(t, ssd_rec_value_span(store_obj_size(o)) + SSD_REC_ALIGN)) {
+            || ssd_admit(t, ssd_rec_size(key.len, store_obj_size(o)))) {
             g->obj[kept++] = o;
             continue;
         }

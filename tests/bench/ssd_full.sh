@@ -116,21 +116,30 @@ port=""
 stats() { "$KVSTASH_CLI" -H "127.0.0.1:$port" -t 2000 stats --raw 2>/dev/null; }
 stat_of() { awk -v k="$1" '$1 == k { print $2 }' <<<"$2"; }
 
-kvd_start() {     # kvd_start SSD_FLAG...: a fresh daemon on $dir/kv
-    local cmd
-    rm -rf "$dir/kv"
-    mkdir -p "$dir/kv/data"
-    port=$(free_port) || die "no free loopback port"
-    cmd=("$KVSTASHD" --listen="127.0.0.1:$port" --data_dir="$dir/kv/data" --unix_socket=
-         --metrics_listen= --memory_size="$MEMORY" "$@" "${EXTRA[@]}")
-    show "${cmd[@]}"
-    "${cmd[@]}" >>"$dir/kvstashd.log" 2>&1 &
-    kvd_pid=$!
-    if ! answers_ping "$KVSTASH_CLI" "$port" "$kvd_pid" 3000 0.01; then
-        echo "ssd_full.sh: kvstashd did not start; last lines of its log:" >&2
-        tail -n 20 "$dir/kvstashd.log" >&2
-        exit 1
-    fi
+kvd_start() {     # kvd_start SSD_FLAG...: a fresh daemon on $dir/kv (a new port if one was taken)
+    local cmd try
+    for try in 1 2 3 4 5; do
+        rm -rf "$dir/kv"
+        mkdir -p "$dir/kv/data"
+        port=$(free_port) || die "no free loopback port"
+        cmd=("$KVSTASHD" --listen="127.0.0.1:$port" --data_dir="$dir/kv/data" --unix_socket=none
+             --metrics_listen= --memory_size="$MEMORY" "$@" "${EXTRA[@]}")
+        show "${cmd[@]}"
+        "${cmd[@]}" >>"$dir/kvstashd.log" 2>&1 &
+        kvd_pid=$!
+        if answers_ping "$KVSTASH_CLI" "$port" "$kvd_pid" 3000 0.01; then
+            return 0
+        fi
+        kill -9 "$kvd_pid" 2>/dev/null
+        wait "$kvd_pid" 2>/dev/null
+        kvd_pid=""
+        grep -q "Address already in use" "$dir/kvstashd.log" || break
+        echo "   port $port was taken meanwhile; again on another (try $try)"
+        : >"$dir/kvstashd.log"
+    done
+    echo "ssd_full.sh: kvstashd did not start; last lines of its log:" >&2
+    tail -n 20 "$dir/kvstashd.log" >&2
+    exit 1
 }
 
 kvd_stop() {
