@@ -196,13 +196,6 @@ ssd_unopen(struct ssd *t, struct ssd_bucket *b)
         return;
     }
     t->open[i] = t->open[--t->nopen];
-    if (b->alloc_bytes > b->total_bytes) {
-        /* The preallocated tail goes: a sealed file is as long as its records. */
-        if (ftruncate(b->fd, (off_t)b->total_bytes) != 0) {
-            log_error("ssd: ftruncate of bucket %" PRIu64 ": %s", b->id, strerror(errno));
-        }
-        b->alloc_bytes = b->total_bytes;
-    }
     pthread_mutex_lock(&t->blk);
     b->open = false;
     b->sealed = true;

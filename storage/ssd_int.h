@@ -33,9 +33,6 @@ struct idx_bucket;
 #define SSD_QUEUE_MAX (2 * SSD_GROUP_BYTES) /* on-evict: offload queue bound (a group being
                                            written, the next one waiting): eviction past it
                                            drops objects instead of waiting for the disk */
-#define SSD_PREALLOC (64ull << 20)     /* an open bucket's file is grown this far ahead, so
-                                           O_DIRECT writes land inside it and run
-                                           asynchronously (ext4 waits on extending ones) */
 #define SSD_WRITER_NICE 10              /* the writer thread's nice below the process's */
 #define SSD_RATE_WINDOW_MS 100          /* the admission's probability is retuned this often */
 #define SSD_MAP_INITIAL (64ull << 20)

@@ -304,23 +304,40 @@ ssd_write_record(struct ssd *t, struct ssd_group *g, int slot, int n, struct ssd
 }
 
 /*
- * ssd_bucket_grow: preallocate b's file SSD_PREALLOC (at least rec bytes)
- * past what is written, up to its bucket limit. Where the file system
- * cannot, writes extend the file and run one at a time: slower, not wrong.
+ * ssd_bucket_grow: preallocate b's file up to its bucket limit (at least
+ * past rec more bytes), so that O_DIRECT writes land inside the file and
+ * run asynchronously. Done when the bucket is new, with no write in flight:
+ * fallocate waits for every direct write in flight on the file (measured:
+ * 18 ms a call, the queue drained each time, when it grew 64 MiB at a
+ * time). The preallocated tails of the open buckets count against
+ * ssd_size with the records, so the files never pass it; where there is no
+ * room, or the file system cannot, writes extend the file and run one at a
+ * time: slower, not wrong.
  */
 static void
 ssd_bucket_grow(struct ssd *t, struct ssd_bucket *b, uint32_t owner, uint64_t rec)
 {
-    uint64_t end = b->total_bytes + (rec > SSD_PREALLOC ? rec : SSD_PREALLOC);
     uint64_t limit = ssd_bucket_limit(t, owner);
+    uint64_t end = limit > b->total_bytes + rec ? limit : b->total_bytes + rec;
+    uint64_t size = atomic_load(&t->size);
+    uint64_t used = CTR_GET(t, disk_bytes);
+    uint64_t room;
 
-    if (end > limit) {
-        end = limit > b->total_bytes + rec ? limit : b->total_bytes + rec;
+    for (int i = 0; i < t->nopen; i++) {
+        const struct ssd_bucket *x = t->open[i];
+
+        if (x != b && x->alloc_bytes > x->total_bytes) {
+            used += x->alloc_bytes - x->total_bytes;
+        }
+    }
+    room = size > used ? size - used : 0;
+    if (end - b->total_bytes > room) {
+        end = b->total_bytes + room;
     }
     if (b->alloc_bytes < b->total_bytes) {
         b->alloc_bytes = b->total_bytes;
     }
-    if (end > b->alloc_bytes
+    if (end >= b->total_bytes + rec && end > b->alloc_bytes
         && fallocate(b->fd, 0, (off_t)b->alloc_bytes, (off_t)(end - b->alloc_bytes)) == 0) {
         b->alloc_bytes = end;
     }
@@ -721,6 +738,37 @@ ssd_commit_group(struct ssd *t, struct ssd_group *g, struct ssd_forget *forgets)
     }
 }
 
+/*
+ * ssd_cut_tails: cut the preallocated tails of sealed buckets, so a sealed
+ * file is as long as its records. Done here, between groups, not when the
+ * bucket is sealed: ftruncate waits for the direct writes in flight on the
+ * file, and a bucket fills up in the middle of a group.
+ */
+static void
+ssd_cut_tails(struct ssd *t)
+{
+    for (;;) {
+        struct ssd_bucket *cut = NULL;
+
+        pthread_mutex_lock(&t->blk);
+        for (size_t i = 0; i < t->nbuckets && cut == NULL; i++) {
+            struct ssd_bucket *b = t->buckets[i];
+
+            if (!b->open && !b->dropping && b->alloc_bytes > b->total_bytes) {
+                cut = b;
+            }
+        }
+        pthread_mutex_unlock(&t->blk);
+        if (cut == NULL) {
+            return;
+        }
+        if (ftruncate(cut->fd, (off_t)cut->total_bytes) != 0) {
+            log_error("ssd: ftruncate of bucket %" PRIu64 ": %s", cut->id, strerror(errno));
+        }
+        cut->alloc_bytes = cut->total_bytes;
+    }
+}
+
 /* Drop buckets that no longer hold a live object, and any readers reported failing. */
 static void
 ssd_housekeep(struct ssd *t, const uint64_t *drops, int ndrops)
@@ -742,6 +790,7 @@ ssd_housekeep(struct ssd *t, const uint64_t *drops, int ndrops)
             ssd_unopen(t, b);       /* its owner's share was taken away by a reload */
         }
     }
+    ssd_cut_tails(t);
     for (; !t->rebuild_failed;) {
         struct ssd_bucket *empty = NULL;
 
