@@ -204,6 +204,22 @@ ssd_unopen(struct ssd *t, struct ssd_bucket *b)
 }
 
 int
+ssd_dir_sync(struct ssd *t)
+{
+    if (!t->dir_unsynced) {
+        return 0;
+    }
+    if (fsync(t->dir_fd) != 0) {
+        int rc = -errno;
+
+        log_error("ssd: fsync(%s): %s", t->dir, strerror(errno));
+        return rc;
+    }
+    t->dir_unsynced = false;
+    return 0;
+}
+
+int
 ssd_bucket_create(struct ssd *t, uint32_t owner, struct ssd_bucket **out)
 {
     char path[SSD_PATH_MAX + 64];
@@ -230,14 +246,7 @@ ssd_bucket_create(struct ssd *t, uint32_t owner, struct ssd_bucket **out)
         free(b);
         return rc;
     }
-    if (fsync(t->dir_fd) != 0) {
-        rc = -errno;
-        log_error("ssd: fsync(%s): %s", t->dir, strerror(errno));
-        close(b->fd);
-        unlink(path);
-        free(b);
-        return rc;
-    }
+    t->dir_unsynced = true;     /* synced before an index commit names it (ssd_dir_sync) */
     b->created_ms = clock_wall_ms();
     b->last_read_ms = b->created_ms;
     if (t->nopen == SSD_OPEN_MAX) {

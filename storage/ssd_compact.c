@@ -292,6 +292,11 @@ ssd_compact(struct ssd *t, struct ssd_bucket *src)
             goto out;
         }
     }
+    rc = ssd_dir_sync(t);
+    if (rc != 0) {
+        ssd_compact_fail(&c, NULL, rc, "compaction directory fsync");
+        goto out;
+    }
     rc = ssd_compact_commit(&c, moved, to, nmoved);
     if (rc != 0) {
         ssd_compact_fail(&c, NULL, rc, "compaction index commit");

@@ -109,6 +109,7 @@ struct ssd {
     uint8_t *hdr;               /* aligned header block buffer */
     uint64_t hdr_cap;
     bool degraded;
+    bool dir_unsynced;          /* a bucket file was created since the directory's last fsync */
     uint64_t retry_at;
     uint64_t stamps_saved_at;
     uint64_t aio;               /* aio_context_t of the group writes; 0: synchronous pwritev */
@@ -232,10 +233,18 @@ void ssd_fold_stamp_locked(struct ssd *t, struct ssd_bucket *b);
 /* Writer thread only from here. */
 
 /*
- * ssd_bucket_create: a new empty bucket file of owner (directory synced), in
- * the table and open. 0 or -errno.
+ * ssd_bucket_create: a new empty bucket file of owner, in the table and
+ * open. Its directory entry is synced by the next ssd_dir_sync, which must
+ * come before an index commit names the bucket. 0 or -errno.
  */
 int ssd_bucket_create(struct ssd *t, uint32_t owner, struct ssd_bucket **out);
+
+/*
+ * ssd_dir_sync: fsync the tier's directory if a bucket was created since
+ * the last sync (one journal commit with the group's fdatasync, not a
+ * stall before the group's first write). 0 or -errno.
+ */
+int ssd_dir_sync(struct ssd *t);
 
 /*
  * ssd_bucket_drop: evict b: unindex its objects in one transaction, take

@@ -635,6 +635,10 @@ ssd_commit_group(struct ssd *t, struct ssd_group *g, struct ssd_forget *forgets)
             what = "fdatasync";
         }
     }
+    if (rc == 0) {
+        rc = ssd_dir_sync(t);
+        what = "directory fsync";
+    }
     pthread_mutex_lock(&t->blk);
     for (int i = 0; i < ntouched; i++) {
         touched[i]->in_group = false;
