@@ -170,7 +170,7 @@ bench() {       # bench ARGS...: one kvstash-bench run; its result line, or exit
 # named LABEL_before_gbs, LABEL_before_p99, LABEL_steady_gbs, LABEL_steady_p99 (and for the
 # SSD tier ssd_w, dropped).
 one_daemon() {
-    local label=$1 before steady s0 s1 t0 t1 w
+    local label=$1 before steady s0 s1 t0 t1 w d0 d1
     shift
     kvd_start "$@"
     bench -n "$before_n" >/dev/null                 # warm: every page written once
@@ -193,7 +193,8 @@ one_daemon() {
         w=$(awk -v a="$(stat_of ssd_write_bytes "$s0")" -v b="$(stat_of ssd_write_bytes "$s1")" \
             -v ns=$(( t1 - t0 )) 'BEGIN { printf "%.3f", (b - a) / ns }')
         ssd_w+=("$w")
-        dropped+=("$(( $(stat_of ssd_offload_dropped "$s1") - $(stat_of ssd_offload_dropped "$s0") ))")
+        d0=$(stat_of ssd_offload_dropped "$s0") d1=$(stat_of ssd_offload_dropped "$s1")
+        dropped+=("$(( ${d1:-0} - ${d0:-0} ))")
         printf '; SSD writes %s GB/s, %s objects evicted uncopied' "$w" "${dropped[-1]}"
     fi
     echo
