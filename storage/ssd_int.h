@@ -24,8 +24,8 @@
 struct idx;
 struct idx_bucket;
 
-#define SSD_GROUP_OBJECTS 64            /* objects per group commit at most */
-#define SSD_GROUP_BYTES (64ull << 20)   /* and record bytes */
+#define SSD_GROUP_OBJECTS 128           /* objects per group commit at most */
+#define SSD_GROUP_BYTES (128ull << 20)  /* and record bytes */
 #define SSD_RETRY_MS 1000               /* writes stay suspended this long after a fault */
 #define SSD_HOUSEKEEP_MS 100            /* the writer wakes at least this often */
 #define SSD_LAST_READ_SAVE_MS 1000      /* bucket read stamps reach the index this often */
