@@ -159,7 +159,10 @@ int ssd_open(const struct ssd_config *cfg, struct store *s, struct ssd **out, ch
  */
 void ssd_close(struct ssd *t);
 
-/* ssd_reconfigure: apply reloadable settings (watermarks, eviction, offload, promote, bucket size). */
+/*
+ * ssd_reconfigure: apply reloadable settings (watermarks, eviction, offload,
+ * promote, bucket size, write rate limit).
+ */
 void ssd_reconfigure(struct ssd *t, const struct ssd_config *cfg);
 
 /* ssd_stats: a snapshot of the counters. */
