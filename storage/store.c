@@ -678,6 +678,7 @@ store_reserve(struct store *s, const struct kv_key *key, uint64_t size, struct s
     o->cold = 0;
     o->seg = 0;
     o->cache = 0;
+    atomic_init(&o->must_write, 0);
     atomic_init(&o->ssd, STORE_SSD_NONE);
     memset(&o->loc, 0, sizeof(o->loc));
     memcpy(o->ext, ext, (size_t)n * sizeof(ext[0]));

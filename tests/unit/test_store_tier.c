@@ -497,6 +497,10 @@ Test(store_tier, on_evict_past_the_queue_bound_drops_uncopied_and_counts)
     }
     cr_assert_eq(present, st.objects);
     cr_assert_eq(t_exists(s, 199), 1, "the newest object was dropped");
+    /* Offloads of eviction are not durable puts' (the tier's admission may refuse them). */
+    for (size_t i = t->off_head; i < t->off_n; i++) {
+        cr_assert_not(store_obj_must_write(t->offload[i]), "an evicted object claims a waiter");
+    }
     /* The queued ones are the oldest still there; writing them stores them. */
     cr_assert_eq(t_write_all(s, t), st.offloading);
     cr_assert_eq(t_stats(s).offload_bytes, 0);
@@ -967,7 +971,9 @@ Test(store_tier, sync_queues_dirty_and_failed_objects_once)
     cr_assert_eq(t_put(s, 1, 7000), 0);
     cr_assert_eq(store_get(s, t_key(&tk, 0, 1), &o), 0);
     cr_assert_eq(store_obj_ssd_state(o), STORE_SSD_NONE);
+    cr_assert_not(store_obj_must_write(o), "a fresh object claims a durable waiter");
     cr_assert_eq(store_sync(s, o), 0);
+    cr_assert(store_obj_must_write(o), "a durable put's object may be refused by admission");
     cr_assert_eq(t->offload_calls, 1);
     cr_assert_eq(store_obj_ssd_state(o), STORE_SSD_QUEUED);
     cr_assert_eq(t_stats(s).offloading, 1);
