@@ -226,8 +226,8 @@ make_changed(struct kv_config *c)
 
 struct diff_log {
     int n;
-    char keys[64][64];
-    bool reloadable[64];
+    char keys[CONF_OPTIONS_MAX][64];
+    bool reloadable[CONF_OPTIONS_MAX];
 };
 
 static void

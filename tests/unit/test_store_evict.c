@@ -173,13 +173,15 @@ Test(store_evict, slru_keeps_objects_read_again_through_a_scan)
 
     /*
      * The protected share is per shard (half of its objects): a shard that
-     * drew more than its share of the hot ones sends the extra back to
-     * probation, so a few may go.
+     * drew more than its share of the hot ones (the shard hash is keyed per
+     * process) sends the extra back to probation, and objects stamped in one
+     * tick of the coarse clock rank by shard; so some may go: 133-159 of the
+     * 160 were kept in 16 runs on a loaded machine, LRU 19-79.
      */
-    cr_assert_geq(slru, HOT - HOT / 20, "SLRU lost %d of the %d objects read again", HOT - slru,
+    cr_assert_geq(slru, HOT - HOT / 4, "SLRU lost %d of the %d objects read again", HOT - slru,
                   HOT);
-    /* What makes the test mean something: a scan this long takes most of them from LRU. */
-    cr_assert_leq(lru, HOT / 2, "LRU kept %d of %d too: the scan is too short to tell", lru, HOT);
+    /* What makes the test mean something: the same scan takes many more of them from LRU. */
+    cr_assert_geq(slru - lru, HOT / 4, "SLRU kept %d, LRU %d: no better", slru, lru);
 }
 
 Test(store_evict, a_reload_from_slru_drains_the_protected_list)
