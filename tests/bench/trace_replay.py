@@ -19,6 +19,7 @@ Prints one line of key=value fields; exits 1 on a wrong value or a failed put.
 """
 import argparse
 import collections
+import gzip
 import json
 import os
 import sys
@@ -30,10 +31,17 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import kvstash  # noqa: E402  (after the path above)
 
 
+def open_trace(path):
+    """The trace as text lines: a .jsonl file, or gzipped (.gz, as tests/data keeps it)."""
+    if path.endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8")
+    return open(path, encoding="utf-8")
+
+
 def load_trace(path, limit=0):
     """The requests' hash_ids lists, the first `limit` of them (0: all)."""
     reqs = []
-    with open(path, encoding="utf-8") as f:
+    with open_trace(path) as f:
         for line in f:
             line = line.strip()
             if not line:

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """trace_replay: the pooled hit rate against N isolated caches, on Mooncake's synthetic
-trace (../shared/traces/synthetic_trace.jsonl), in a simulator (no daemon runs).
+trace (tests/data/mooncake_synthetic_trace.jsonl.gz), in a simulator (no daemon runs).
 
 N engines each have a sidecar with a cache of C blocks (default 5,859 blocks of 512 tokens:
 3M tokens). Request i goes to engine i mod N. Each request is replayed as an engine does:
@@ -20,6 +20,7 @@ trace's ceiling (an infinite cache, leading blocks only).
 """
 import argparse
 import collections
+import gzip
 import json
 import os
 import sys
@@ -27,8 +28,8 @@ import sys
 sys.path.insert(0, os.path.dirname(__file__))
 import place_ref  # noqa: E402
 
-DEFAULT_TRACE = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "traces",
-                             "synthetic_trace.jsonl")
+DEFAULT_TRACE = os.path.join(os.path.dirname(__file__), "..", "data",
+                             "mooncake_synthetic_trace.jsonl.gz")
 
 
 class Lru:
@@ -52,7 +53,7 @@ class Lru:
 
 
 def load(path):
-    with open(path) as f:
+    with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
         return [json.loads(line)["hash_ids"] for line in f if line.strip()]
 
 

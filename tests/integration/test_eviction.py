@@ -3,7 +3,8 @@ and keeps taking puts (every one OK, no NO_SPACE), stats report the utilization,
 of Mooncake's synthetic trace finds what an exact LRU cache of the same size finds.
 
 The trace replay is tests/bench/trace_replay.py, the same code `make bench` runs; the trace is
-../shared/traces/synthetic_trace.jsonl (the test skips, saying so, when it is absent).
+tests/data/mooncake_synthetic_trace.jsonl.gz (or $KVSTASH_TRACE; the test skips, saying so,
+when it is absent).
 """
 
 import os
@@ -22,7 +23,7 @@ import kvstash  # noqa: E402
 import trace_replay  # noqa: E402
 
 TRACE = os.environ.get("KVSTASH_TRACE",
-                       os.path.join(ROOT, "..", "shared", "traces", "synthetic_trace.jsonl"))
+                       os.path.join(ROOT, "tests", "data", "mooncake_synthetic_trace.jsonl.gz"))
 MiB = 1 << 20
 
 
