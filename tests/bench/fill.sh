@@ -21,32 +21,24 @@
 set -u -o pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/../.." && pwd)
-KVSTASHD=${KVSTASHD:-$root/build/release/kvstashd}
-BENCH=${BENCH:-$root/build/release/kvstash-bench}
-KVSTASH_CLI=${KVSTASH_CLI:-$(dirname "$BENCH")/kvstash}
+# shellcheck source=lib.sh
+. "$here/lib.sh"       # die, show, field, free_port, answers_ping, bench_exit_trap, kvd_kill
+bench_paths "$here"    # root, KVSTASHD, BENCH, KVSTASH_CLI
 MEM=${BENCH_FILL_MEMORY:-4g}
 IDLE=${BENCH_FILL_IDLE:-120}
 STEADY=${BENCH_FILL_STEADY:-5}
 CASES=${BENCH_FILL_CASES:-fresh idle}
 MODES=${BENCH_FILL_MODES:-put_from put}
 
-# shellcheck source=lib.sh
-. "$here/lib.sh"       # die, show, field, free_port
-
 [ -x "$KVSTASHD" ] || die "no daemon at $KVSTASHD (run make first)"
 [ -x "$BENCH" ] || die "no kvstash-bench at $BENCH"
 
 mem_bytes=$(numfmt --from=iec "${MEM^^}") || die "BENCH_FILL_MEMORY=$MEM: not a size"
 work=$(mktemp -d /tmp/kvstash-fill-XXXXXX) || die "mktemp failed"
-pid=""
-cleanup() {
-    [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
-    rm -rf "$work"
-}
-trap cleanup EXIT
+kvd_pid=""
+bench_exit_trap "$work"
 
-# start_daemon: a fresh kvstashd in $work; sets pid, port, sock. 1 if it never answers.
+# start_daemon: a fresh kvstashd in $work; sets kvd_pid, port, sock. 1 if it never answers.
 start_daemon() {
     rm -rf "$work/data"
     mkdir -p "$work/data"
@@ -57,14 +49,8 @@ start_daemon() {
     "$KVSTASHD" --listen="127.0.0.1:$port" --unix_socket="$sock" --data_dir="$work/data" \
         --memory_size="$MEM" --ssd_dir= --metrics_listen= --log_level=info \
         >"$work/kvstashd.log" 2>&1 &
-    pid=$!
-    answers_ping "$KVSTASH_CLI" "$port" "$pid" 100 0.05
-}
-
-stop_daemon() {
-    kill "$pid" 2>/dev/null
-    wait "$pid" 2>/dev/null
-    pid=""
+    kvd_pid=$!
+    answers_ping "$KVSTASH_CLI" "$port" "$kvd_pid" 100 0.05
 }
 
 # wait_populated: until memory_prefaulted reaches the arena's size (600 s at most).
@@ -85,7 +71,7 @@ slice() {
     local mode=$1 id=$2 extra=${3:-} target line
     if [ "$mode" = put_from ]; then target=(-S "$sock"); else target=(-H "127.0.0.1:$port"); fi
     # shellcheck disable=SC2086
-    line=$("$BENCH" "${target[@]}" -m "$mode" -s 1m -b 8 -c 1 -d 2 -t 1 -i "$id" -p "$pid" \
+    line=$("$BENCH" "${target[@]}" -m "$mode" -s 1m -b 8 -c 1 -d 2 -t 1 -i "$id" -p "$kvd_pid" \
            -q $extra) || { echo "   kvstash-bench failed" >&2; return 1; }
     echo "   $line" >&2
     field GB/s "$line"
@@ -97,7 +83,7 @@ run_case() {
     echo "== first fill: $case, $mode 8 x 1 MiB, 1 connection, depth 2, memory_size $MEM"
     start_daemon || { echo "   kvstashd did not start"; summary+=("$case $mode: failed"); return 1; }
     if [ "$case" = idle ]; then
-        wait_populated || { stop_daemon; summary+=("$case $mode: failed"); return 1; }
+        wait_populated || { kvd_kill; summary+=("$case $mode: failed"); return 1; }
         echo "   idle $IDLE s"
         sleep "$IDLE"
     fi
@@ -121,7 +107,7 @@ run_case() {
         [ -n "$gbs" ] && steady+=("$gbs")
     done
     grep -m1 "arena of" "$work/kvstashd.log" | sed 's/^/   log: /'
-    stop_daemon
+    kvd_kill
     if [ -z "$first" ] || [ "${#steady[@]}" -eq 0 ]; then
         summary+=("$(printf '%-6s %-9s failed' "$case" "$mode")")
         return 1

@@ -1,5 +1,15 @@
-# lib.sh: shell helpers the benchmark scripts share (sourced by run.sh, ssd.sh and resp.sh).
+# lib.sh: shell helpers the benchmark scripts share (sourced by every tests/bench/*.sh).
+# It only defines functions; bench_paths and bench_exit_trap set the variables they name.
 # shellcheck shell=bash
+
+# bench_paths HERE: root (the repo, two levels above HERE) and the binaries' defaults:
+# KVSTASHD, BENCH, KVSTASH_CLI (each kept when the environment sets it; make bench does).
+bench_paths() {
+    root=$(cd "$1/../.." && pwd)
+    KVSTASHD=${KVSTASHD:-$root/build/release/kvstashd}
+    BENCH=${BENCH:-$root/build/release/kvstash-bench}
+    KVSTASH_CLI=${KVSTASH_CLI:-$(dirname "$BENCH")/kvstash}
+}
 
 # die MSG: print "<script>: MSG" and exit 1.
 die() { echo "$(basename "$0"): $*" >&2; exit 1; }
@@ -44,4 +54,47 @@ proc_cpu() {
     s=${s##*) }
     # after the command name: state is field 3, utime 14, stime 15
     echo "$s" | awk '{ print $12 + $13 }'
+}
+
+# isnum S: 0 when S is a whole number (digits only, at least one).
+isnum() { case "$1" in ''|*[!0-9]*) return 1 ;; esac; }
+
+# now_ns: the wall clock in nanoseconds.
+now_ns() { date +%s%N; }
+
+# median X...: the median of the numbers (the lower one of an even count); nothing if none.
+median() { printf '%s\n' "$@" | sort -g | awk '{ l[NR] = $1 } END { if (NR) print l[int((NR + 1) / 2)] }'; }
+
+# bench_exit_trap DIR: at exit, stop the daemon $kvd_pid if one runs and remove DIR; INT and
+# TERM exit 130 through the same trap. The script keeps its daemon's pid in kvd_pid.
+bench_exit_trap() {
+    bench_exit_dir=$1
+    trap bench_exit EXIT
+    trap 'exit 130' INT TERM
+}
+
+# shellcheck disable=SC2317  # invoked by the EXIT trap
+bench_exit() {
+    if [ -n "${kvd_pid:-}" ] && kill "$kvd_pid" 2>/dev/null; then
+        wait "$kvd_pid" 2>/dev/null
+    fi
+    rm -rf "$bench_exit_dir"
+}
+
+# kvd_kill: SIGTERM the daemon $kvd_pid, wait for it, and clear kvd_pid.
+kvd_kill() {
+    kill "$kvd_pid" 2>/dev/null
+    wait "$kvd_pid" 2>/dev/null
+    kvd_pid=""
+}
+
+# disk_or_skip DIR VAR: sets fstype to DIR's file system type; when that is a tmpfs or a
+# ramfs (not a disk) says the section is skipped and exits 0 (VAR: the setting to change).
+disk_or_skip() {
+    fstype=$(stat -f -c %T "$1")
+    case "$fstype" in
+        tmpfs|ramfs)
+            echo "   skipped: $1 is on $fstype, not a disk (set $2 to a directory on one)"
+            exit 0 ;;
+    esac
 }

@@ -18,25 +18,17 @@
 set -u -o pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/../.." && pwd)
-KVSTASHD=${KVSTASHD:-$root/build/release/kvstashd}
-BENCH=${BENCH:-$root/build/release/kvstash-bench}
-KVSTASH_CLI=${KVSTASH_CLI:-$(dirname "$BENCH")/kvstash}
+# shellcheck source=lib.sh
+. "$here/lib.sh"       # die, show, field, free_port, answers_ping, bench_exit_trap, kvd_kill
+bench_paths "$here"    # root, KVSTASHD, BENCH, KVSTASH_CLI
 N=${BENCH_REBUILD_OBJECTS:-1000000}
 SIZE=${BENCH_REBUILD_SIZE:-4096}
-
-# shellcheck source=lib.sh
-. "$here/lib.sh"       # die, show, field, free_port, answers_ping
 
 [ -x "$KVSTASHD" ] || die "no daemon at $KVSTASHD (run make first)"
 [ $((N % 1000)) -eq 0 ] && [ "$N" -ge 1000 ] || die "BENCH_REBUILD_OBJECTS=$N: a multiple of 1000"
 work=$(mktemp -d "${BENCH_REBUILD_DIR:-/var/tmp}/kvstash-rebuild-XXXXXX") || die "mktemp failed"
-pid=""
-cleanup() {
-    [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
-    rm -rf "$work"
-}
-trap cleanup EXIT
+kvd_pid=""
+bench_exit_trap "$work"
 
 now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
 
@@ -53,18 +45,13 @@ start() {
     "$KVSTASHD" --listen="127.0.0.1:$port" --unix_socket= --data_dir="$work/data" \
         --metrics_listen= --memory_size=1g --ssd_size="$ssd_bytes" \
         --ssd_offload=write_through --log_level=info >>"$work/kvstashd.log" 2>&1 &
-    pid=$!
-}
-stop() {
-    kill "$pid" 2>/dev/null
-    wait "$pid" 2>/dev/null
-    pid=""
+    kvd_pid=$!
 }
 
 echo "== restart after an index rebuild: $N objects of $SIZE B on the SSD tier (write_through)"
 mkdir -p "$work/data"
 start
-answers_ping "$KVSTASH_CLI" "$port" "$pid" 200 0.05 || die "kvstashd did not start"
+answers_ping "$KVSTASH_CLI" "$port" "$kvd_pid" 200 0.05 || die "kvstashd did not start"
 conns=4
 per=$(( N / conns / 250 ))
 show "$BENCH" -H "127.0.0.1:$port" -m put -s "$SIZE" -b 250 -c "$conns" -d 4 -n "$per" -i rb -q
@@ -79,16 +66,16 @@ done
 echo "   filled: ${o:-?} objects on the SSD in $(( ($(now_ms) - t0) / 1000 )) s;" \
      "bucket files $(du -sh "$work/data/ssd" | cut -f1)"
 [ "${o:-0}" -ge "$N" ] || die "only ${o:-0} of $N objects reached the SSD"
-stop
+kvd_kill
 
 # the clean restart, for comparison (the index is checked in a child, then loaded)
 t0=$(now_ms)
 start
-answers_ping "$KVSTASH_CLI" "$port" "$pid" 600 0.05 || die "kvstashd did not restart"
+answers_ping "$KVSTASH_CLI" "$port" "$kvd_pid" 600 0.05 || die "kvstashd did not restart"
 for _ in $(seq 1 3000); do [ "$(stat_of ssd_state)" = 2 ] && break; sleep 0.1; done
 echo "   clean restart: ready (ssd_state 2) $(( $(now_ms) - t0 )) ms after exec;" \
      "ssd_start_ms $(stat_of ssd_start_ms), ssd_start_objects $(stat_of ssd_start_objects)"
-stop
+kvd_kill
 
 # damage the index, drop the page cache, restart, probe DRAM while it rebuilds
 dd if=/dev/zero of="$work/data/ssd/index/data.mdb" bs=4096 count=2 conv=notrunc status=none
@@ -101,7 +88,7 @@ else
 fi
 t0=$(now_ms)
 start
-answers_ping "$KVSTASH_CLI" "$port" "$pid" 600 0.01 || die "kvstashd did not restart"
+answers_ping "$KVSTASH_CLI" "$port" "$kvd_pid" 600 0.01 || die "kvstashd did not restart"
 t_ping=$(( $(now_ms) - t0 ))
 # DRAM probes in 1-second slices (the first one stores its 1,000 keys) until the tier is ready
 probes=0
@@ -125,4 +112,4 @@ echo "   DRAM probes during the rebuild ($probes 1-s slices of batch_get 8 x 4 K
      "p50 us $p50s; p99 us $p99s; misses+errors" \
      "$(grep -o 'misses=[0-9]* errors=[0-9]*' "$work/probe.out" | tr '\n' ' ')"
 grep -q "probe failed" "$work/probe.out" && echo "   WARNING: a probe run failed"
-stop
+kvd_kill

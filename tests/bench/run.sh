@@ -913,22 +913,18 @@ if [ -n "$kvd_pid" ]; then
     wait "$kvd_pid" 2>/dev/null
     kvd_pid=""
 fi
-if [ "${BENCH_FILL:-1}" != 0 ]; then
+# own_daemons_section VAR TITLE SCRIPT: unless VAR is 0, SCRIPT with the binaries, 1800 s at
+# most; its exit status (0 when skipped).
+own_daemons_section() {
     echo
-    KVSTASHD="$KVSTASHD" BENCH="$BENCH" KVSTASH_CLI="$KVSTASH_CLI" \
-        timeout 1800 "$here/fill.sh" || fill_rc=$?
-else
-    echo
-    echo "== first fill: skipped (BENCH_FILL=0)"
-fi
-if [ "${BENCH_REBUILD:-1}" != 0 ]; then
-    echo
-    KVSTASHD="$KVSTASHD" BENCH="$BENCH" KVSTASH_CLI="$KVSTASH_CLI" \
-        timeout 1800 "$here/rebuild.sh" || rebuild_rc=$?
-else
-    echo
-    echo "== restart after an index rebuild: skipped (BENCH_REBUILD=0)"
-fi
+    if [ "${!1:-1}" = 0 ]; then
+        echo "== $2: skipped ($1=0)"
+        return 0
+    fi
+    KVSTASHD="$KVSTASHD" BENCH="$BENCH" KVSTASH_CLI="$KVSTASH_CLI" timeout 1800 "$here/$3"
+}
+own_daemons_section BENCH_FILL "first fill" fill.sh || fill_rc=$?
+own_daemons_section BENCH_REBUILD "restart after an index rebuild" rebuild.sh || rebuild_rc=$?
 if [ "$failures" -gt 0 ]; then
     echo "run.sh: $failures kvstash-bench run(s) failed" >&2
     exit 1

@@ -46,10 +46,9 @@
 set -u -o pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/../.." && pwd)
-KVSTASHD=${KVSTASHD:-$root/build/release/kvstashd}
-BENCH=${BENCH:-$root/build/release/kvstash-bench}
-KVSTASH_CLI=${KVSTASH_CLI:-$(dirname "$BENCH")/kvstash}
+# shellcheck source=lib.sh
+. "$here/lib.sh"       # die, show, field, answers_ping, free_port, isnum, now_ns, median, ...
+bench_paths "$here"    # root, KVSTASHD, BENCH, KVSTASH_CLI
 REPS=${BENCH_REPS:-3}
 GIB=${BENCH_SSD_GIB:-4}
 PARENT=${BENCH_SSD_DIR:-$root/build}
@@ -63,10 +62,6 @@ RKEYS=${BENCH_SSD_RESTART_KEYS:-long}
 read -r -a EXTRA <<<"${BENCH_SSD_DAEMON_ARGS:-}"
 PY=/usr/bin/python3
 MIB=1048576
-
-# shellcheck source=lib.sh
-. "$here/lib.sh"       # die, show, field, answers_ping, free_port
-isnum() { case "$1" in ''|*[!0-9]*) return 1 ;; esac; }
 
 [ -x "$KVSTASHD" ] || die "no daemon at $KVSTASHD (run make first)"
 [ -x "$BENCH" ] || die "no kvstash-bench at $BENCH (run make first)"
@@ -98,22 +93,9 @@ echo "== SSD tier: fio and kvstashd on the same directory, $GIB GiB per run, 1 M
 mkdir -p "$PARENT" || die "cannot create $PARENT"
 dir=$(mktemp -d "$PARENT/bench-ssd.XXXXXX") || die "mktemp under $PARENT failed"
 kvd_pid=""
-# shellcheck disable=SC2317  # invoked by the EXIT trap
-cleanup() {
-    if [ -n "$kvd_pid" ] && kill "$kvd_pid" 2>/dev/null; then
-        wait "$kvd_pid" 2>/dev/null
-    fi
-    rm -rf "$dir"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+bench_exit_trap "$dir"
 
-fstype=$(stat -f -c %T "$dir")
-case "$fstype" in
-    tmpfs|ramfs)
-        echo "   skipped: $dir is on $fstype, not a disk (set BENCH_SSD_DIR to a directory on one)"
-        exit 0 ;;
-esac
+disk_or_skip "$dir" BENCH_SSD_DIR
 avail_kb=$(df -Pk "$dir" | awk 'NR == 2 { print $4 }')
 need_kb=$(( (GIB * 1100 + 512) * 1024 ))
 if ! isnum "${avail_kb:-}" || [ "$avail_kb" -lt "$need_kb" ]; then
@@ -131,9 +113,7 @@ drop_caches() {
     echo 3 >/proc/sys/vm/drop_caches 2>/dev/null || true
 }
 
-now_ns() { date +%s%N; }
 gbs() { awk -v b="$1" -v ns="$2" 'BEGIN { if (ns > 0) printf "%.3f", b / ns; else print "?" }'; }
-median() { printf '%s\n' "$@" | sort -g | awk '{ l[NR] = $1 } END { if (NR) print l[int((NR + 1) / 2)] }'; }
 
 # ---- fio ----
 have_fio=1

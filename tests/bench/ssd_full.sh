@@ -27,10 +27,9 @@
 set -u -o pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/../.." && pwd)
-KVSTASHD=${KVSTASHD:-$root/build/release/kvstashd}
-BENCH=${BENCH:-$root/build/release/kvstash-bench}
-KVSTASH_CLI=${KVSTASH_CLI:-$(dirname "$BENCH")/kvstash}
+# shellcheck source=lib.sh
+. "$here/lib.sh"       # die, show, field, answers_ping, free_port, isnum, now_ns, median, ...
+bench_paths "$here"    # root, KVSTASHD, BENCH, KVSTASH_CLI
 REPS=${BENCH_REPS:-3}
 PARENT=${BENCH_SSD_DIR:-$root/build}
 MEMORY=${BENCH_FULL_MEMORY:-2g}
@@ -40,10 +39,6 @@ FIO_GIB=${BENCH_FULL_FIO_GIB:-4}
 read -r -a EXTRA <<<"${BENCH_SSD_DAEMON_ARGS:-}"
 PY=/usr/bin/python3
 SHAPE=(-m put -s 1m -b 8 -c 8 -d 2 -q)
-
-# shellcheck source=lib.sh
-. "$here/lib.sh"       # die, show, field, answers_ping, free_port
-isnum() { case "$1" in ''|*[!0-9]*) return 1 ;; esac; }
 
 [ -x "$KVSTASHD" ] || die "no daemon at $KVSTASHD (run make first)"
 [ -x "$BENCH" ] || die "no kvstash-bench at $BENCH (run make first)"
@@ -70,27 +65,12 @@ echo "== A full DRAM tier: 1 MiB puts on 8 connections with every put evicting,"
 mkdir -p "$PARENT" || die "cannot create $PARENT"
 dir=$(mktemp -d "$PARENT/bench-full.XXXXXX") || die "mktemp under $PARENT failed"
 kvd_pid=""
-# shellcheck disable=SC2317  # invoked by the EXIT trap
-cleanup() {
-    if [ -n "$kvd_pid" ] && kill "$kvd_pid" 2>/dev/null; then
-        wait "$kvd_pid" 2>/dev/null
-    fi
-    rm -rf "$dir"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+bench_exit_trap "$dir"
 
-fstype=$(stat -f -c %T "$dir")
-case "$fstype" in
-    tmpfs|ramfs)
-        echo "   skipped: $dir is on $fstype, not a disk (set BENCH_SSD_DIR to a directory on one)"
-        exit 0 ;;
-esac
+disk_or_skip "$dir" BENCH_SSD_DIR
 echo "   directory $dir: $fstype on $(df -P "$dir" | awk 'NR == 2 { print $1 }'); $(nproc)" \
      "cores; memory_size $MEMORY, ssd_size $SSD_SIZE; $REPS runs, alternating, median shown"
 
-now_ns() { date +%s%N; }
-median() { printf '%s\n' "$@" | sort -g | awk '{ l[NR] = $1 } END { if (NR) print l[int((NR + 1) / 2)] }'; }
 
 have_fio=1
 command -v fio >/dev/null || { have_fio=0; echo "   fio: skipped: not installed (make bench installs it)"; }

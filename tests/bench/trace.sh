@@ -35,7 +35,7 @@ LIMIT=${TRACE_LIMIT:-0}
 read -r -a extra_args <<<"${TRACE_DAEMON_ARGS:-}"
 
 # shellcheck source=lib.sh
-. "$here/lib.sh"       # die, show, field, free_port, answers_ping
+. "$here/lib.sh"       # die, show, field, free_port, answers_ping, bench_exit_trap, kvd_kill
 
 [ -x "$KVSTASHD" ] || die "no daemon at $KVSTASHD (run make first)"
 case "$REPS" in ''|*[!0-9]*|0) die "TRACE_REPS must be a number >= 1" ;; esac
@@ -53,15 +53,7 @@ SSD_DRAM=$(( 16 * 1048576 ))
 
 tmp=$(mktemp -d "${TRACE_TMP:-/var/tmp}/kvstash-trace.XXXXXX") || die "mktemp failed"
 kvd_pid=""
-# shellcheck disable=SC2317  # invoked by the EXIT trap
-cleanup() {
-    if [ -n "$kvd_pid" ] && kill "$kvd_pid" 2>/dev/null; then
-        wait "$kvd_pid" 2>/dev/null
-    fi
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+bench_exit_trap "$tmp"
 
 # start_daemon CASE POLICY: a fresh kvstashd for one run; sets kvd_pid and addr.
 start_daemon() {
@@ -86,12 +78,6 @@ start_daemon() {
     fi
 }
 
-stop_daemon() {
-    kill "$kvd_pid" 2>/dev/null
-    wait "$kvd_pid" 2>/dev/null
-    kvd_pid=""
-}
-
 echo "== trace replay: $TRACE_FILE, 16 KiB blocks, policies: $POLICIES, $REPS run(s) each"
 declare -A med
 rc=0
@@ -107,7 +93,7 @@ for case in $CASES; do
             line=$(timeout 600 "${cmd[@]}") || { echo "   replay failed"; rc=1; }
             echo "   $line"
             kill -0 "$kvd_pid" 2>/dev/null || { tail -n 20 "$tmp/kvstashd.log" >&2; die "kvstashd died"; }
-            stop_daemon
+            kvd_kill
             [ -n "$line" ] && lines+=("$line")
         done
         if [ "${#lines[@]}" -gt 0 ]; then
