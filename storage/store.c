@@ -762,21 +762,37 @@ store_abort(struct store *s, struct store_obj *o)
     store_obj_put(s, o, detached ? 2 : 1);
 }
 
-int
-store_put(struct store *s, const struct kv_key *key, const void *data, uint64_t len)
+/*
+ * store_reserve_copy: store_put's and store_put_cache's reserved object
+ * holding the LEN bytes at DATA; the caller commits it.
+ */
+static int
+store_reserve_copy(struct store *s, const struct kv_key *key, const void *data, uint64_t len,
+                   struct store_obj **out)
 {
-    struct store_obj *o;
     int rc;
 
     if (len != 0 && data == NULL) {
         return KV_INVALID_ARGUMENT;
     }
-    rc = store_reserve(s, key, len, &o);
+    rc = store_reserve(s, key, len, out);
     if (rc != 0) {
         return rc;
     }
     if (len != 0) {
-        store_obj_write(o, 0, data, len);
+        store_obj_write(*out, 0, data, len);
+    }
+    return 0;
+}
+
+int
+store_put(struct store *s, const struct kv_key *key, const void *data, uint64_t len)
+{
+    struct store_obj *o;
+    int rc = store_reserve_copy(s, key, data, len, &o);
+
+    if (rc != 0) {
+        return rc;
     }
     return store_commit(s, o);
 }
@@ -787,17 +803,10 @@ store_put_cache(struct store *s, const struct kv_key *key, const void *data, uin
     uint64_t hash = store_hash64(key);
     struct store_shard *sh = store_shard_of(s, hash);
     struct store_obj *o;
-    int rc;
+    int rc = store_reserve_copy(s, key, data, len, &o);
 
-    if (len != 0 && data == NULL) {
-        return KV_INVALID_ARGUMENT;
-    }
-    rc = store_reserve(s, key, len, &o);
     if (rc != 0) {
         return rc;
-    }
-    if (len != 0) {
-        store_obj_write(o, 0, data, len);
     }
     atomic_store_explicit(&s->has_cache, true, memory_order_relaxed);
     pthread_mutex_lock(&sh->lock);
