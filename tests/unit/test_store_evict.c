@@ -129,18 +129,12 @@ Test(store_evict, lru_keeps_what_was_read)
                  "LRU must take the unread group 1, not the read group 0");
 }
 
-/*
- * HOT objects (2.5 MiB) read twice, then a scan: 2,400 objects stored once
- * (37 MiB through a 16 MiB arena) with the hot ones read again halfway.
- * Returns how many of them are left.
- */
 #define HOT 160
-static int
-e_hot_left_after_scan(enum store_evict_policy policy)
-{
-    struct store *s = e_store(policy, false, 0.9, 0.8);
-    int left = 0;
 
+/* e_put_hot: objects 0 to HOT-1 stored, then read twice, each read a clock tick later. */
+static void
+e_put_hot(struct store *s)
+{
     for (uint64_t i = 0; i < HOT; i++) {
         cr_assert_eq(e_put(s, i), 0);
     }
@@ -150,6 +144,20 @@ e_hot_left_after_scan(enum store_evict_policy policy)
             cr_assert_eq(e_exists(s, i), 1);
         }
     }
+}
+
+/*
+ * HOT objects (2.5 MiB) read twice, then a scan: 2,400 objects stored once
+ * (37 MiB through a 16 MiB arena) with the hot ones read again halfway.
+ * Returns how many of them are left.
+ */
+static int
+e_hot_left_after_scan(enum store_evict_policy policy)
+{
+    struct store *s = e_store(policy, false, 0.9, 0.8);
+    int left = 0;
+
+    e_put_hot(s);
     for (uint64_t id = 10000; id < 12400; id++) {
         cr_assert_eq(e_put(s, id), 0);
         if (id == 11200) {
@@ -197,15 +205,7 @@ Test(store_evict, a_reload_from_slru_drains_the_protected_list)
     uint64_t id = 10000;
     int left = 0;
 
-    for (uint64_t i = 0; i < HOT; i++) {
-        cr_assert_eq(e_put(s, i), 0);
-    }
-    for (int round = 0; round < 2; round++) {
-        e_tick();
-        for (uint64_t i = 0; i < HOT; i++) {
-            cr_assert_eq(e_exists(s, i), 1);
-        }
-    }
+    e_put_hot(s);
     /* Evictions under SLRU move the 40 to the protected list. */
     while (e_stats(s).evictions < 100) {
         cr_assert_eq(e_put(s, id++), 0);
