@@ -234,8 +234,9 @@ t_hook_forget(void *arg, const struct kv_key *key, const struct store_loc *loc, 
     f->size = size;
 }
 
+/* t_tier_attach_max: the fake tier's hooks on s; max bounds the offload queue (0: no bound). */
 static struct t_tier *
-t_tier_attach(struct store *s, bool write_through, bool on_evict, bool promote)
+t_tier_attach_max(struct store *s, bool write_through, bool on_evict, bool promote, uint64_t max)
 {
     struct t_tier *t = calloc(1, sizeof(*t));
     struct store_tier hooks = {
@@ -245,6 +246,7 @@ t_tier_attach(struct store *s, bool write_through, bool on_evict, bool promote)
         .write_through = write_through,
         .on_evict = on_evict,
         .promote = promote,
+        .offload_max = max,
     };
 
     cr_assert_not_null(t);
@@ -254,24 +256,17 @@ t_tier_attach(struct store *s, bool write_through, bool on_evict, bool promote)
     return t;
 }
 
+static struct t_tier *
+t_tier_attach(struct store *s, bool write_through, bool on_evict, bool promote)
+{
+    return t_tier_attach_max(s, write_through, on_evict, promote, 0);
+}
+
 /* t_tier_attach_bounded: on-evict, with an offload queue bound of max bytes. */
 static struct t_tier *
 t_tier_attach_bounded(struct store *s, uint64_t max)
 {
-    struct t_tier *t = calloc(1, sizeof(*t));
-    struct store_tier hooks = {
-        .offload = t_hook_offload,
-        .load = t_hook_load,
-        .forget = t_hook_forget,
-        .on_evict = true,
-        .promote = true,
-        .offload_max = max,
-    };
-
-    cr_assert_not_null(t);
-    hooks.arg = t;
-    store_set_tier(s, &hooks);
-    return t;
+    return t_tier_attach_max(s, false, true, true, max);
 }
 
 static size_t
