@@ -85,6 +85,12 @@ def _pieces_of(p):
     return [(p, 0, None)]
 
 
+def refuses_whole(err):
+    """True when the Error err is a daemon's refusal of batch_get_into's whole=True: a
+    kvstashd from before opts.whole answers INVALID_ARGUMENT about its params."""
+    return err.code == INVALID_ARGUMENT and "params" in (err.message or "")
+
+
 class _Staged:
     """A piece whose memory is not shared: copied through the staging buffer."""
     __slots__ = ("addr", "length", "soff")

@@ -35,7 +35,7 @@ import time
 import numpy as np
 
 from . import buffers
-from .client import Client
+from .client import Client, refuses_whole
 from .iovs import Iovs
 from .errors import (BUSY, EXISTS, INVALID_ARGUMENT, NOT_FOUND, OK, UNAVAILABLE, ConnectionLost,
                      Error)
@@ -638,8 +638,7 @@ class KvstashL2Adapter(L2AdapterInterface):
             except ConnectionLost:
                 raise
             except Error as e:
-                # a daemon before opts.whole refuses the third param
-                if e.code != INVALID_ARGUMENT or "params" not in (e.message or ""):
+                if not refuses_whole(e):
                     raise
                 self._whole = False
                 log.info("kvstash: kvstashd refused batch_get_into's whole option (%s); "

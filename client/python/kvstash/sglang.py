@@ -35,7 +35,7 @@ from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
 import numpy as np
 
 from . import buffers
-from .client import Client
+from .client import Client, refuses_whole
 from .iovs import Iovs, resolve
 from .errors import EXISTS, INVALID_ARGUMENT, OK, UNAVAILABLE, ConnectionLost, Error
 
@@ -468,8 +468,7 @@ class KvstashStorage(HiCacheStorage):
             except ConnectionLost:
                 raise
             except Error as e:
-                # a daemon before opts.whole refuses the third param
-                if e.code != INVALID_ARGUMENT or "params" not in (e.message or ""):
+                if not refuses_whole(e):
                     raise
                 self._whole = False
                 logger.info("kvstash: kvstashd refused batch_get_into's whole option (%s); "
