@@ -388,21 +388,31 @@ rpc_get_refs(struct rpc_req *rq, struct mp_reader keys, uint32_t n, struct store
 #define RPC_REMOTE_STACK 64
 
 /*
- * rpc_remote_ask: the keys of keys[0..n) with want[i] set, asked of the cluster. Returns what
- * remote->fetch returns (0, -EAGAIN), or -ENOMEM.
+ * rpc_remote_ask: want[i] on entry: key i of keys[0..n) missed here. Those that fit
+ * max_key_size (no node holds a longer one) are asked of the cluster; on return want[i] is
+ * set for them only and *asked counts them. Returns what remote->fetch returns (0, -EAGAIN),
+ * 0 when nothing was asked, or -ENOMEM.
  */
 static int
-rpc_remote_ask(struct rpc_req *rq, struct mp_reader keys, uint32_t n, const uint8_t *want)
+rpc_remote_ask(struct rpc_req *rq, struct mp_reader keys, uint32_t n, uint8_t *want,
+               uint32_t *asked)
 {
     const struct rpc_remote *rm = rq->ctx->srv->remote;
     struct kv_key stack[RPC_REMOTE_STACK];
     struct kv_key *ks = stack;
+    struct mp_reader walk = keys;
     uint32_t m = 0;
     int rc;
 
     for (uint32_t i = 0; i < n; i++) {
-        m += want[i] != 0;
+        const uint8_t *kp;
+        uint32_t klen;
+
+        rpc_read_key(&walk, &kp, &klen);
+        want[i] = want[i] && klen <= rq->ctx->lim->max_key_size;
+        m += want[i];
     }
+    *asked = m;
     if (m == 0) {
         return 0;
     }
@@ -444,18 +454,12 @@ rpc_remote_fill(struct rpc_req *rq, struct mp_reader keys, uint32_t n, struct st
         goto fail;
     }
     for (uint32_t i = 0; i < n; i++) {
-        const uint8_t *kp;
-        uint32_t klen;
-
-        rpc_read_key(&walk, &kp, &klen);
-        want[i] = objs[i] == NULL && klen <= rq->ctx->lim->max_key_size;
-        misses += want[i];
+        want[i] = objs[i] == NULL;
     }
-    rc = misses == 0 ? 0 : rpc_remote_ask(rq, keys, n, want);
+    rc = rpc_remote_ask(rq, keys, n, want, &misses);
     if (rc != 0) {
         goto fail;
     }
-    walk = keys;
     for (uint32_t i = 0; i < n && misses > 0; i++) {
         const uint8_t *kp;
         uint32_t klen;
@@ -500,16 +504,10 @@ rpc_remote_present(struct rpc_req *rq, struct mp_reader keys, uint32_t n, uint8_
         return -ENOMEM;
     }
     for (uint32_t i = 0; i < n; i++) {
-        const uint8_t *kp;
-        uint32_t klen;
-
-        rpc_read_key(&walk, &kp, &klen);
-        want[i] = !present[i] && klen <= rq->ctx->lim->max_key_size;
-        misses += want[i];
+        want[i] = !present[i];
     }
-    rc = misses == 0 ? 0 : rpc_remote_ask(rq, keys, n, want);
-    walk = keys;
-    for (uint32_t i = 0; rc == 0 && i < n; i++) {
+    rc = rpc_remote_ask(rq, keys, n, want, &misses);
+    for (uint32_t i = 0; rc == 0 && i < n && misses > 0; i++) {
         const uint8_t *kp;
         uint32_t klen;
         struct kv_key key;
