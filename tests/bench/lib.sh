@@ -88,6 +88,24 @@ kvd_kill() {
     kvd_pid=""
 }
 
+# kvd_stop: like kvd_kill, but a daemon that has not exited 30 s after SIGTERM (a long
+# shutdown flush) gets SIGKILL, said on stderr; nothing when kvd_pid is empty.
+kvd_stop() {
+    local pid=${kvd_pid:-}
+    [ -n "$pid" ] || return 0
+    kill "$pid" 2>/dev/null
+    for _ in $(seq 1 300); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    if kill -0 "$pid" 2>/dev/null; then
+        echo "$(basename "$0"): kvstashd did not exit within 30 s of SIGTERM; killing it" >&2
+        kill -9 "$pid" 2>/dev/null
+    fi
+    wait "$pid" 2>/dev/null
+    kvd_pid=""
+}
+
 # disk_or_skip DIR VAR: sets fstype to DIR's file system type; when that is a tmpfs or a
 # ramfs (not a disk) says the section is skipped and exits 0 (VAR: the setting to change).
 disk_or_skip() {

@@ -47,7 +47,7 @@ set -u -o pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=lib.sh
-. "$here/lib.sh"       # die, show, field, answers_ping, free_port, isnum, now_ns, median, ...
+. "$here/lib.sh"       # die, show, answers_ping, free_port, isnum, median, kvd_stop, ...
 bench_paths "$here"    # root, KVSTASHD, BENCH, KVSTASH_CLI
 REPS=${BENCH_REPS:-3}
 GIB=${BENCH_SSD_GIB:-4}
@@ -188,22 +188,6 @@ kvd_kill9() {
     [ -n "$kvd_pid" ] || return 0
     kill -9 "$kvd_pid" 2>/dev/null
     wait "$kvd_pid" 2>/dev/null
-    kvd_pid=""
-}
-
-kvd_stop() {
-    local pid=$kvd_pid
-    [ -n "$pid" ] || return 0
-    kill "$pid" 2>/dev/null
-    for _ in $(seq 1 300); do
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.1
-    done
-    if kill -0 "$pid" 2>/dev/null; then
-        echo "ssd.sh: kvstashd did not exit within 30 s of SIGTERM; killing it" >&2
-        kill -9 "$pid" 2>/dev/null
-    fi
-    wait "$pid" 2>/dev/null
     kvd_pid=""
 }
 

@@ -28,7 +28,7 @@ set -u -o pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=lib.sh
-. "$here/lib.sh"       # die, show, field, answers_ping, free_port, isnum, now_ns, median, ...
+. "$here/lib.sh"       # die, show, answers_ping, free_port, isnum, median, kvd_stop, ...
 bench_paths "$here"    # root, KVSTASHD, BENCH, KVSTASH_CLI
 REPS=${BENCH_REPS:-3}
 PARENT=${BENCH_SSD_DIR:-$root/build}
@@ -120,18 +120,6 @@ kvd_start() {     # kvd_start SSD_FLAG...: a fresh daemon on $dir/kv (a new port
     echo "ssd_full.sh: kvstashd did not start; last lines of its log:" >&2
     tail -n 20 "$dir/kvstashd.log" >&2
     exit 1
-}
-
-kvd_stop() {
-    [ -n "$kvd_pid" ] || return 0
-    kill "$kvd_pid" 2>/dev/null
-    for _ in $(seq 1 300); do
-        kill -0 "$kvd_pid" 2>/dev/null || break
-        sleep 0.1
-    done
-    kill -9 "$kvd_pid" 2>/dev/null
-    wait "$kvd_pid" 2>/dev/null
-    kvd_pid=""
 }
 
 bench() {       # bench ARGS...: one kvstash-bench run; its result line, or exit on failure
