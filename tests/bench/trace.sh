@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # trace.sh: the trace-replay section of `make bench`.
 #
-# Replays Mooncake's FAST'25 synthetic trace (../shared/traces/synthetic_trace.jsonl, 3,993
+# Replays Mooncake's FAST'25 synthetic trace (tests/data/mooncake_synthetic_trace.jsonl.gz, 3,993
 # requests of 512-token prefix blocks) through tests/bench/trace_replay.py against a fresh
 # kvstashd per case, every block a 16 KiB object, and prints each hit rate next to an exact
 # LRU simulation of the same capacity and the trace's maximum (an infinite cache). Cases,
@@ -27,7 +27,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 KVSTASHD=${KVSTASHD:-$root/build/release/kvstashd}
 PYTHON=${PYTHON:-/usr/bin/python3}
-TRACE_FILE=${TRACE_FILE:-$root/../shared/traces/synthetic_trace.jsonl}
+TRACE_FILE=${TRACE_FILE:-$root/tests/data/mooncake_synthetic_trace.jsonl.gz}
 POLICIES=${TRACE_POLICIES:-fifo lru slru}
 REPS=${TRACE_REPS:-3}
 CASES=${TRACE_CASES:-dram ssd}

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from kvtest import Client, Daemon, wait_for
+from kvtest import Client, Daemon, stop_process, wait_for
 
 MIB = 1 << 20
 
@@ -181,7 +181,7 @@ def test_pipelining_client_does_not_starve_another(work):
             get_id, get_req = b.request("get", [b"small"])
             stats_id, stats_req = b.request("stats", [])
             sender = threading.Thread(target=a.sock.sendall, args=(pipeline,), daemon=True)
-            os.kill(d.pid, signal.SIGSTOP)
+            stop_process(d.pid)     # every thread stopped: nothing of a's is read early
             try:
                 sender.start()
                 time.sleep(0.3)     # let a's socket buffers fill

@@ -30,6 +30,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "client" / "python"))
 
 import kvstash  # noqa: E402  (after the path is set)
+from kvtest import stop_process  # noqa: E402
 
 KIB = 1 << 10
 MIB = 1 << 20
@@ -652,7 +653,7 @@ def test_a_daemon_that_stops_answering_times_out(kv, clients):
     d = kv()
     c = clients(tcp_addr(d), timeout=1.0)
     c.put(b"k", b"v")
-    os.kill(d.pid, signal.SIGSTOP)
+    stop_process(d.pid)
     try:
         with pytest.raises(kvstash.ConnectionLost) as ei:
             c.batch_put([b"a%d" % i for i in range(100)], [bytes(MIB)] * 100)
