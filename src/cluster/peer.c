@@ -41,6 +41,8 @@
 #define PEER_BACKOFF_MAX_MS 5000
 #define PEER_READ_CHUNK (256u * 1024u)
 #define PEER_WAIT_MAX_MS 1000
+#define PEER_AUTH_BACKOFF_MIN_MS 1000  /* a refused login: a setup error, retried slowly */
+#define PEER_AUTH_BACKOFF_MAX_MS 60000 /* (under the 10 failures a minute that lock out an address) */
 #define PEER_HELLO_ID 0u             /* msgid of the login; calls count from 1 */
 #define PEER_SEGS (PEER_EXTRA_MAX + 3) /* head, params, extra, tail */
 
@@ -74,6 +76,8 @@ struct peer_conn {
     struct peer_msg *wq, *wq_tail;  /* to write; the first may be partly written */
     struct peer_msg *fq, *fq_tail;  /* written, waiting for their replies */
     bool hello_due;                 /* the login goes first on a new connection */
+    bool auth_refused;              /* the last login was refused (logged once until accepted) */
+    bool login_wait;                /* nothing is written behind the login until it is answered */
     uint8_t *in;
     size_t ilen, icap;
     struct frame_scan fs;
@@ -93,6 +97,7 @@ struct peer_pool {
     _Atomic uint32_t next_id;
     struct peer_conn *conns;
     _Atomic uint64_t requests, errors, timeouts, bytes_out, bytes_in, connects, in_flight;
+    _Atomic uint64_t auth_failures;
 };
 
 static void
@@ -190,6 +195,29 @@ peer_conn_down(struct peer_pool *p, struct peer_conn *c, const char *why, int er
     peer_fail_list(p, c->wq, KV_UNAVAILABLE);
     c->wq = c->wq_tail = NULL;
     c->ilen = 0;
+    c->login_wait = false;
+}
+
+/*
+ * peer_conn_refused: the peer refused the login: down without another log
+ * line (peer_login_answer logged it), dialled again after 1 s doubling to 60 s.
+ */
+static void
+peer_conn_refused(struct peer_pool *p, struct peer_conn *c)
+{
+    uint64_t next;
+
+    if (c->fd >= 0) {
+        epoll_ctl(p->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+        close(c->fd);
+        c->fd = -1;
+    }
+    if (c->backoff < PEER_AUTH_BACKOFF_MIN_MS) {
+        c->backoff = PEER_AUTH_BACKOFF_MIN_MS;
+    }
+    next = c->backoff * 2 > PEER_AUTH_BACKOFF_MAX_MS ? PEER_AUTH_BACKOFF_MAX_MS : c->backoff * 2;
+    peer_conn_down(p, c, "", 0);    /* fd closed: fails what it carried, quietly */
+    c->backoff = next;
 }
 
 /* peer_split: "host:port" (or "[v6]:port") into host and port. 0 or -EINVAL. */
@@ -342,7 +370,7 @@ peer_hello(struct peer_pool *p)
     m->seg[0].iov_len = m->len;
     m->nseg = 1;
     m->msgid = PEER_HELLO_ID;
-    m->deadline = UINT64_MAX;
+    m->deadline = clock_ms() + p->cfg.timeout_ms;   /* unanswered by then: the connection goes */
     return m;
 }
 
@@ -471,6 +499,7 @@ peer_take_incoming(struct peer_pool *p)
                     struct peer_msg *hm = peer_hello(p);
                     if (hm != NULL) {
                         peer_push(&c->wq, &c->wq_tail, hm);
+                        c->login_wait = true;
                     }
                     c->hello_due = false;
                 }
@@ -493,6 +522,9 @@ peer_write(struct peer_pool *p, struct peer_conn *c)
         int n = 0;
         ssize_t w;
 
+        if (c->login_wait && c->wq->msgid != PEER_HELLO_ID) {
+            break;                  /* a refused login would make the peer drop what follows */
+        }
         for (struct peer_msg *m = c->wq; m != NULL && n + PEER_SEGS <= 64; m = m->next) {
             size_t skip = m->off;
 
@@ -505,6 +537,9 @@ peer_write(struct peer_pool *p, struct peer_conn *c)
                 iov[n].iov_len = m->seg[i].iov_len - skip;
                 skip = 0;
                 n += iov[n].iov_len > 0;
+            }
+            if (c->login_wait) {
+                break;              /* the login alone */
             }
         }
         if (n == 0) {
@@ -547,7 +582,34 @@ peer_write(struct peer_pool *p, struct peer_conn *c)
     return 0;
 }
 
-/* peer_reply: one whole reply msg[0..len): answer its call. 0, or -EPROTO. */
+/*
+ * peer_login_answer: the peer's answer to the login. Refused: counted, logged
+ * once until a login to that peer is accepted again, and -EACCES (the
+ * connection goes down and is dialled again after the login's own backoff).
+ */
+static int
+peer_login_answer(struct peer_pool *p, struct peer_conn *c, int status)
+{
+    if (status == 0) {
+        c->login_wait = false;
+        if (c->auth_refused) {
+            log_info("peer %s: the cluster login is accepted again", c->addr);
+        }
+        c->auth_refused = false;
+        c->backoff = PEER_BACKOFF_MIN_MS;
+        return 0;
+    }
+    peer_add(&p->auth_failures, 1);
+    if (!c->auth_refused) {
+        log_error("peer %s: refused the cluster login as tenant admin (%s): its token differs "
+                  "from <data_dir>/cluster_token here; retried every %d s at most, logged once",
+                  c->addr, kv_strerror(status), PEER_AUTH_BACKOFF_MAX_MS / 1000);
+    }
+    c->auth_refused = true;
+    return -EACCES;
+}
+
+/* peer_reply: one whole reply msg[0..len): answer its call. 0, -EPROTO, or -EACCES (login refused). */
 static int
 peer_reply(struct peer_pool *p, struct peer_conn *c, const uint8_t *msg, size_t len)
 {
@@ -591,16 +653,16 @@ peer_reply(struct peer_pool *p, struct peer_conn *c, const uint8_t *msg, size_t 
     if (c->fq_tail == m) {
         c->fq_tail = prev;
     }
-    if (m->msgid == PEER_HELLO_ID && status != 0) {
-        log_error("peer %s: refused the cluster login (%s); check the admin token",
-                  c->addr, kv_strerror(status));
+    if (m->msgid == PEER_HELLO_ID) {
+        peer_msg_free(m);
+        return peer_login_answer(p, c, status);
     }
     peer_answer(p, m, status, status == 0 ? rd.p : NULL, status == 0 ? (size_t)(rd.end - rd.p) : 0);
     peer_msg_free(m);
     return 0;
 }
 
-/* peer_read: read and answer whole replies. 0, or -errno / -EPROTO (connection goes down). */
+/* peer_read: read and answer whole replies. 0, or -errno / -EPROTO / -EACCES (connection goes down). */
 static int
 peer_read(struct peer_pool *p, struct peer_conn *c)
 {
@@ -641,8 +703,9 @@ peer_read(struct peer_pool *p, struct peer_conn *c)
                 return -EPROTO;
             }
             used = c->fs.pos;
-            if (peer_reply(p, c, c->in, used) != 0) {
-                return -EPROTO;
+            int rc = peer_reply(p, c, c->in, used);
+            if (rc != 0) {
+                return rc;
             }
             memmove(c->in, c->in + used, c->ilen - used);
             c->ilen -= used;
@@ -664,11 +727,12 @@ peer_expire(struct peer_pool *p)
 
     for (struct peer_conn *c = p->conns; c != NULL; c = c->next) {
         struct peer_msg *prev = NULL, *m = c->fq;
-        bool live = false;
+        bool live = false, login_late = false;
 
         while (m != NULL) {
             struct peer_msg *next = m->next;
 
+            login_late |= m->msgid == PEER_HELLO_ID && m->deadline <= now;
             if (m->msgid != PEER_HELLO_ID && m->deadline <= now) {
                 peer_answer(p, m, KV_TIMEOUT, NULL, 0);
                 if (prev != NULL) {
@@ -698,6 +762,9 @@ peer_expire(struct peer_pool *p)
         }
         if (c->state == PEER_CONNECTING && !live && c->fq == NULL && c->wq != NULL) {
             peer_conn_down(p, c, "connect timed out", ETIMEDOUT);
+        } else if (login_late) {
+            peer_conn_down(p, c, "the cluster login was not answered within peer_timeout",
+                           ETIMEDOUT);
         }
     }
     return wait;
@@ -732,7 +799,9 @@ peer_main(void *arg)
                     continue;
                 }
                 c->state = PEER_OPEN;
-                c->backoff = PEER_BACKOFF_MIN_MS;
+                if (!c->auth_refused) {
+                    c->backoff = PEER_BACKOFF_MIN_MS;   /* else once the login is accepted */
+                }
             }
             if (evs[i].events & (EPOLLIN | EPOLLERR | EPOLLHUP)) {
                 rc = peer_read(p, c);
@@ -742,7 +811,9 @@ peer_main(void *arg)
             } else if (rc == 0) {
                 peer_watch(p, c, EPOLLIN);
             }
-            if (rc != 0) {
+            if (rc == -EACCES) {
+                peer_conn_refused(p, c);
+            } else if (rc != 0) {
                 peer_conn_down(p, c, rc == -EPROTO ? "a reply broke the protocol" : "failed",
                                rc == -EPROTO ? 0 : -rc);
             }
@@ -833,4 +904,5 @@ peer_stats(struct peer_pool *p, struct peer_stats *out)
     out->bytes_in = atomic_load_explicit(&p->bytes_in, memory_order_relaxed);
     out->connects = atomic_load_explicit(&p->connects, memory_order_relaxed);
     out->in_flight = atomic_load_explicit(&p->in_flight, memory_order_relaxed);
+    out->auth_failures = atomic_load_explicit(&p->auth_failures, memory_order_relaxed);
 }

@@ -11,7 +11,10 @@
  * The wire is the daemon's own msgpack port (protocol/SPEC.md, "Cluster
  * peers"); messages are framed with protocol/frame.h and read with
  * protocol/mp.h, so this module needs nothing of client/. With a token set
- * the first message on each connection is hello {tenant "admin", token}.
+ * the first message on each connection is hello {tenant "admin", token}; a
+ * peer that refuses it is counted (auth_failures), logged once until it
+ * accepts it again, and dialled again after 1 s doubling to 60 s (a wrong
+ * token is a setup error: fast retries would only lock the address out).
  *
  * Threads: peer_call is safe from any thread (a locked hand-off queue and an
  * eventfd); everything else happens on the pool's thread, including every
@@ -41,6 +44,7 @@ struct peer_stats {
     uint64_t bytes_in;              /* reply bytes read */
     uint64_t connects;              /* connections made */
     uint64_t in_flight;             /* calls not answered yet */
+    uint64_t auth_failures;         /* logins (hello as admin) a peer refused */
 };
 
 /*

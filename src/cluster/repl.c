@@ -670,4 +670,5 @@ repl_stats(struct repl *r, struct repl_stats *out)
     out->peer_timeouts = ps.timeouts;
     out->peer_bytes_out = ps.bytes_out;
     out->peer_bytes_in = ps.bytes_in;
+    out->peer_auth_failures = ps.auth_failures;
 }

@@ -67,6 +67,7 @@ struct repl_stats {
     uint64_t peer_timeouts;
     uint64_t peer_bytes_out;
     uint64_t peer_bytes_in;
+    uint64_t peer_auth_failures;    /* logins a peer refused (peer.h) */
 };
 
 /* repl_create: the pool's thread and an empty fetch table. 0 and *out, or -errno. */
