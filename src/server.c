@@ -795,6 +795,11 @@ server_cluster_start(struct server *s, const struct kv_config *c)
         return -1;
     }
     rc.token = token[0] != '\0' ? token : NULL;    /* copied by the peer pool */
+    if (c->tls_cert_file[0] != '\0' && c->tls_key_file[0] != '\0') {
+        rc.tls_cert = c->tls_cert_file;     /* TLS to the peers that listen for it */
+        rc.tls_key = c->tls_key_file;
+        rc.tls_ca = c->tls_ca_file;
+    }
     rv = repl_create(&rc, &s->repl);
     explicit_bzero(token, sizeof(token));
     if (rv != 0) {

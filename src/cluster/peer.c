@@ -35,6 +35,8 @@
 #include "kverr.h"
 #include "log.h"
 #include "mp.h"
+#include "peer_tls.h"
+#include "view.h"
 
 #define PEER_ADDR_MAX 256
 #define PEER_BACKOFF_MIN_MS 100
@@ -64,12 +66,15 @@ struct peer_msg {
     void *arg;
 };
 
-enum peer_conn_state { PEER_DOWN, PEER_CONNECTING, PEER_OPEN };
+/* DOWN -> CONNECTING -> (HANDSHAKE, with TLS) -> OPEN -> DOWN */
+enum peer_conn_state { PEER_DOWN, PEER_CONNECTING, PEER_HANDSHAKE, PEER_OPEN };
 
 struct peer_conn {
     struct peer_conn *next;
-    char addr[PEER_ADDR_MAX];
+    char addr[PEER_ADDR_MAX];       /* the peer's advertised address: the calls' key */
+    char dial[PEER_ADDR_MAX];       /* what was dialled: addr, or its TLS listener */
     int fd;
+    struct peer_tls *tls;           /* the session when dialled over TLS, else NULL */
     enum peer_conn_state state;
     uint64_t retry_at;              /* PEER_DOWN: no dial before this (ms) */
     uint64_t backoff;
@@ -87,6 +92,7 @@ struct peer_conn {
 struct peer_pool {
     struct peer_config cfg;
     char token[256];
+    struct peer_tls_ctx *tls;       /* this member has certificates: TLS to peers that listen */
     int epfd;
     int evfd;
     pthread_t thread;
@@ -175,17 +181,28 @@ peer_watch(struct peer_pool *p, struct peer_conn *c, uint32_t events)
     }
 }
 
+/* peer_conn_close: the socket (and its TLS session) closed, out of epoll. */
+static void
+peer_conn_close(struct peer_pool *p, struct peer_conn *c)
+{
+    if (c->fd >= 0) {
+        epoll_ctl(p->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+        peer_tls_close(c->tls);
+        c->tls = NULL;
+        close(c->fd);
+        c->fd = -1;
+    }
+}
+
 /* peer_conn_down: the connection failed: fail what it carries; dial again after the backoff. */
 static void
 peer_conn_down(struct peer_pool *p, struct peer_conn *c, const char *why, int err)
 {
     if (c->fd >= 0) {
-        log_warn("peer %s: %s%s%s; its requests fail, next dial in %llu ms", c->addr, why,
+        log_warn("peer %s: %s%s%s; its requests fail, next dial in %llu ms", c->dial, why,
                  err ? ": " : "", err ? strerror(err) : "",
                  (unsigned long long)c->backoff);
-        epoll_ctl(p->epfd, EPOLL_CTL_DEL, c->fd, NULL);
-        close(c->fd);
-        c->fd = -1;
+        peer_conn_close(p, c);
     }
     c->state = PEER_DOWN;
     c->retry_at = clock_ms() + c->backoff;
@@ -207,11 +224,7 @@ peer_conn_refused(struct peer_pool *p, struct peer_conn *c)
 {
     uint64_t next;
 
-    if (c->fd >= 0) {
-        epoll_ctl(p->epfd, EPOLL_CTL_DEL, c->fd, NULL);
-        close(c->fd);
-        c->fd = -1;
-    }
+    peer_conn_close(p, c);
     if (c->backoff < PEER_AUTH_BACKOFF_MIN_MS) {
         c->backoff = PEER_AUTH_BACKOFF_MIN_MS;
     }
@@ -244,6 +257,28 @@ peer_split(const char *addr, char *host, size_t hcap, char *port, size_t pcap)
     return 0;
 }
 
+/*
+ * peer_dial_addr: what to dial for c: with a TLS context here and a TLS listener in the
+ * current view for the member at c->addr, that listener; else c->addr.
+ */
+static void
+peer_dial_addr(struct peer_pool *p, struct peer_conn *c)
+{
+    struct cluster_view *v;
+
+    snprintf(c->dial, sizeof(c->dial), "%s", c->addr);
+    if (p->tls == NULL || (v = view_acquire()) == NULL) {
+        return;
+    }
+    for (size_t i = 0; i < v->n; i++) {
+        if (strcmp(v->nodes[i].addr, c->addr) == 0 && v->nodes[i].tls[0] != '\0') {
+            snprintf(c->dial, sizeof(c->dial), "%s", v->nodes[i].tls);
+            break;
+        }
+    }
+    view_release(v);
+}
+
 /* peer_dial: start a non-blocking connect. 0 (connecting or connected) or -errno. */
 static int
 peer_dial(struct peer_pool *p, struct peer_conn *c)
@@ -255,7 +290,8 @@ peer_dial(struct peer_pool *p, struct peer_conn *c)
     int one = 1;
     int rc, fd;
 
-    if (peer_split(c->addr, host, sizeof(host), port, sizeof(port)) != 0) {
+    peer_dial_addr(p, c);
+    if (peer_split(c->dial, host, sizeof(host), port, sizeof(port)) != 0) {
         return -EINVAL;
     }
     hints.ai_flags = AI_NUMERICSERV;
@@ -277,6 +313,10 @@ peer_dial(struct peer_pool *p, struct peer_conn *c)
         close(fd);
         return rc;
     }
+    if (strcmp(c->dial, c->addr) != 0 && (rc = peer_tls_open(p->tls, fd, &c->tls)) != 0) {
+        close(fd);
+        return rc;
+    }
     c->fd = fd;
     c->state = PEER_CONNECTING;
     c->events = EPOLLOUT | EPOLLIN;
@@ -284,6 +324,8 @@ peer_dial(struct peer_pool *p, struct peer_conn *c)
     ev.data.ptr = c;
     if (epoll_ctl(p->epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
         rc = -errno;
+        peer_tls_close(c->tls);
+        c->tls = NULL;
         close(fd);
         c->fd = -1;
         return rc;
@@ -545,9 +587,14 @@ peer_write(struct peer_pool *p, struct peer_conn *c)
         if (n == 0) {
             break;
         }
-        w = writev(c->fd, iov, n);
+        w = c->tls != NULL ? peer_tls_writev(c->tls, iov, n) : writev(c->fd, iov, n);
+        if (c->tls != NULL && w < 0) {
+            errno = (int)-w;
+            w = -1;
+        }
         if (w < 0) {
             if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                peer_watch(p, c, EPOLLIN | EPOLLOUT);
                 return 0;
             }
             if (errno == EINTR) {
@@ -680,7 +727,12 @@ peer_read(struct peer_pool *p, struct peer_conn *c)
             c->in = in;
             c->icap = cap;
         }
-        r = read(c->fd, c->in + c->ilen, c->icap - c->ilen);
+        r = c->tls != NULL ? peer_tls_read(c->tls, c->in + c->ilen, c->icap - c->ilen)
+                           : read(c->fd, c->in + c->ilen, c->icap - c->ilen);
+        if (c->tls != NULL && r < 0) {
+            errno = (int)-r;
+            r = -1;
+        }
         if (r == 0) {
             return -ECONNRESET;
         }
@@ -760,7 +812,8 @@ peer_expire(struct peer_pool *p)
             }
             live |= m->done != NULL;
         }
-        if (c->state == PEER_CONNECTING && !live && c->fq == NULL && c->wq != NULL) {
+        if ((c->state == PEER_CONNECTING || c->state == PEER_HANDSHAKE) && !live
+            && c->fq == NULL && c->wq != NULL) {
             peer_conn_down(p, c, "connect timed out", ETIMEDOUT);
         } else if (login_late) {
             peer_conn_down(p, c, "the cluster login was not answered within peer_timeout",
@@ -768,6 +821,33 @@ peer_expire(struct peer_pool *p)
         }
     }
     return wait;
+}
+
+/*
+ * peer_handshake: one TLS handshake step of c. 0: open now (go on with reads and writes);
+ * 1: waiting (the socket event it needs is armed), or the connection went down.
+ */
+static int
+peer_handshake(struct peer_pool *p, struct peer_conn *c)
+{
+    char why[256] = "";
+    bool want_write = false;
+    int rc = peer_tls_handshake(c->tls, &want_write, why, sizeof(why));
+
+    if (rc == -EAGAIN) {
+        peer_watch(p, c, want_write ? EPOLLIN | EPOLLOUT : EPOLLIN);
+        return 1;
+    }
+    if (rc != 0) {
+        if (rc == -EPROTO) {
+            log_warn("peer %s: TLS handshake failed: %s", c->dial, why);
+        }
+        peer_conn_down(p, c, "TLS handshake failed", rc == -EPROTO ? 0 : -rc);
+        return 1;
+    }
+    c->state = PEER_OPEN;
+    peer_watch(p, c, c->wq != NULL ? EPOLLIN | EPOLLOUT : EPOLLIN);
+    return 0;
 }
 
 static void *
@@ -798,10 +878,14 @@ peer_main(void *arg)
                     peer_conn_down(p, c, "cannot connect", err);
                     continue;
                 }
-                c->state = PEER_OPEN;
-                if (!c->auth_refused) {
-                    c->backoff = PEER_BACKOFF_MIN_MS;   /* else once the login is accepted */
-                }
+                c->state = c->tls != NULL ? PEER_HANDSHAKE : PEER_OPEN;
+            }
+            if (c->state == PEER_HANDSHAKE && peer_handshake(p, c) != 0) {
+                continue;                       /* going on, or down */
+            }
+            if (c->state == PEER_OPEN && c->backoff != PEER_BACKOFF_MIN_MS && !c->auth_refused
+                && !c->login_wait) {
+                c->backoff = PEER_BACKOFF_MIN_MS;   /* with a login: once it is accepted */
             }
             if (evs[i].events & (EPOLLIN | EPOLLERR | EPOLLHUP)) {
                 rc = peer_read(p, c);
@@ -813,6 +897,11 @@ peer_main(void *arg)
             }
             if (rc == -EACCES) {
                 peer_conn_refused(p, c);
+            } else if (rc == -EPROTO && c->tls != NULL && peer_tls_error(c->tls)[0] != '\0') {
+                char why[200];
+
+                snprintf(why, sizeof(why), "TLS: %s", peer_tls_error(c->tls));
+                peer_conn_down(p, c, why, 0);   /* an alert: its certificate refused, ... */
             } else if (rc != 0) {
                 peer_conn_down(p, c, rc == -EPROTO ? "a reply broke the protocol" : "failed",
                                rc == -EPROTO ? 0 : -rc);
@@ -834,8 +923,20 @@ peer_pool_create(const struct peer_config *cfg, struct peer_pool **out)
     }
     p->cfg = *cfg;
     p->cfg.token = NULL;
+    p->cfg.tls_cert = p->cfg.tls_key = p->cfg.tls_ca = NULL;
     if (cfg->token != NULL) {
         snprintf(p->token, sizeof(p->token), "%s", cfg->token);
+    }
+    if (cfg->tls_cert != NULL && cfg->tls_cert[0] != '\0') {
+        char why[512];
+
+        rc = peer_tls_ctx_new(cfg->tls_cert, cfg->tls_key != NULL ? cfg->tls_key : "",
+                              cfg->tls_ca != NULL ? cfg->tls_ca : "", &p->tls, why, sizeof(why));
+        if (rc != 0) {
+            log_error("cluster: TLS to peers: %s", why);
+            free(p);
+            return rc;
+        }
     }
     atomic_init(&p->next_id, 1);
     pthread_mutex_init(&p->lock, NULL);
@@ -878,6 +979,7 @@ peer_pool_destroy(struct peer_pool *p)
         p->conns = c->next;
         peer_fail_list(p, c->wq, KV_UNAVAILABLE);
         peer_fail_list(p, c->fq, KV_UNAVAILABLE);
+        peer_tls_close(c->tls);
         if (c->fd >= 0) {
             close(c->fd);
         }
@@ -891,6 +993,7 @@ peer_pool_destroy(struct peer_pool *p)
         close(p->evfd);
     }
     pthread_mutex_destroy(&p->lock);
+    peer_tls_ctx_free(p->tls);
     free(p);
 }
 
