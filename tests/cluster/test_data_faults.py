@@ -70,10 +70,14 @@ class SsdPool:
         self.data = [os.path.join(work, f"faults-data-{i}") for i in range(n)]
         self.view = ",".join(f"{nid}@127.0.0.1:{p}" for nid, p in zip(self.ids, self.ports))
         self.daemons = [None] * n
-        for i in range(n):
-            self.start(i)
-        for d in self.daemons:
-            d.wait_ready()
+        try:
+            for i in range(n):
+                self.start(i)
+            for d in self.daemons:
+                d.wait_ready()
+        except BaseException:
+            self.close()        # a start that failed leaves no daemon behind
+            raise
 
     def start(self, i):
         self.daemons[i] = kvtest.Daemon(

@@ -78,3 +78,35 @@ def test_batch_get_into_fetches_a_local_miss_from_the_owners(fixed_pool):
         assert p.metric(2, "kvstash_cluster_remote_hits_total") == hits
     finally:
         os.close(fd)
+
+
+def test_get_replica_list_names_every_owner_of_each_key(fixed_pool):
+    p = fixed_pool(unix=True)
+    vals = values(12, size=9000, tag=b"repl")
+    c0 = p.daemons[0].tcp()
+    assert c0.call("batch_put", list(vals), list(vals.values())) == [0] * len(vals)
+    mine = [k for k in vals if 2 in p.owners(k)]
+    far = [k for k in vals if 2 not in p.owners(k)]
+    assert mine and far, "placement gave node 2 all or none of 12 keys"
+    keys = [mine[0], far[0], b"absent-everywhere"]
+    c2 = p.daemons[2].unix()
+
+    # without opts: this node's copies only, as on a single node
+    plain = c2.call("get_replica_list", keys)
+    assert plain[0]["size"] == len(vals[mine[0]]) and plain[0]["transport"] == "shm"
+    assert plain[1] is None and plain[2] is None
+
+    got = c2.call("get_replica_list", keys, {"replicas": True})
+    for k, entry in zip(keys, got):
+        want = [{"node": p.ids[i], "addr": f"127.0.0.1:{p.ports[i]}", "tls": "",
+                 "self": i == 2} for i in p.owners(k)]
+        assert entry["replicas"] == want, (k, entry["replicas"])
+    assert got[0]["local"]["size"] == len(vals[mine[0]])
+    assert sum(n for _, _, n in got[0]["local"]["pieces"]) == len(vals[mine[0]])
+    assert got[1]["local"] is None and got[2]["local"] is None
+    # each owner named answers for its own copy on its own socket
+    for r in got[1]["replicas"]:
+        i = p.ids.index(r["node"])
+        ci = p.daemons[i].unix()
+        entry = ci.call("get_replica_list", [far[0]])[0]
+        assert entry is not None and entry["size"] == len(vals[far[0]]), r

@@ -95,8 +95,12 @@ class Pool:
                               data_dir=data, unix=False, env={"KVSTASH_TEST_VIEW": view})
             d.port = self.ports[i]
             self.daemons.append(d)
-        for d in self.daemons:
-            d.wait_ready()
+        try:
+            for d in self.daemons:
+                d.wait_ready()
+        except BaseException:
+            self.close()        # a start that failed leaves no daemon behind
+            raise
 
     def owners(self, key):
         return owners([(nid, 1.0) for nid in self.ids], key, R)
