@@ -543,6 +543,9 @@ metrics_cluster_data(struct metrics_buf *b, const struct metrics_sum *m, struct 
         rs.peer_errors);
     one(b, "kvstash_cluster_peer_timeouts_total", "counter",
         "Requests to peers that peer_timeout ended.", rs.peer_timeouts);
+    one(b, "kvstash_cluster_peer_auth_failures_total", "counter",
+        "Logins to peers (hello as admin with <data_dir>/cluster_token) they refused.",
+        rs.peer_auth_failures);
     fam(b, "kvstash_cluster_peer_bytes_total", "counter",
         "Bytes of peer traffic: sent and received by this node's requests, and value bytes "
         "other nodes stored here (peer_put) and fetched from here (peer_get).");

@@ -36,6 +36,7 @@
 #include <unistd.h>
 
 #include "admin.h"
+#include "cluster_token.h"
 #include "config.h"
 #include "conn.h"
 #include "copier.h"
@@ -786,8 +787,21 @@ server_cluster_start(struct server *s, const struct kv_config *c)
         .wake_arg = s,
     };
     const char *fixed = getenv("KVSTASH_TEST_VIEW");
-    int rv = repl_create(&rc, &s->repl);
+    char token[CLUSTER_TOKEN_MAX + 1], why[512];
+    int rv = cluster_token_load(c, token, sizeof(token), why, sizeof(why));
 
+    if (rv != 0) {
+        log_error("cluster: %s", why);
+        return -1;
+    }
+    rc.token = token[0] != '\0' ? token : NULL;    /* copied by the peer pool */
+    if (c->tls_cert_file[0] != '\0' && c->tls_key_file[0] != '\0') {
+        rc.tls_cert = c->tls_cert_file;     /* TLS to the peers that listen for it */
+        rc.tls_key = c->tls_key_file;
+        rc.tls_ca = c->tls_ca_file;
+    }
+    rv = repl_create(&rc, &s->repl);
+    explicit_bzero(token, sizeof(token));
     if (rv != 0) {
         log_error("cluster: cannot start the peer connections: %s", kv_strerror(rv));
         return -1;

@@ -245,6 +245,30 @@ member_value(const struct member *m, enum view_state st, char *out, size_t cap)
     return n < 0 || (size_t)n >= cap ? -E2BIG : 0;
 }
 
+/*
+ * member_tls_addr: tls_listen as peers dial it: a wildcard host (0.0.0.0, ::, empty) is
+ * replaced by peer_advertise's host. "" when there is no TLS listener.
+ */
+static void
+member_tls_addr(const char *tls_listen, const char *advertise, char *out, size_t cap)
+{
+    const char *colon = strrchr(tls_listen, ':');
+    const char *acolon = strrchr(advertise, ':');
+    size_t hl = colon != NULL ? (size_t)(colon - tls_listen) : 0;
+
+    out[0] = '\0';
+    if (tls_listen[0] == '\0' || colon == NULL) {
+        return;
+    }
+    if ((hl == 0 || (hl == 7 && memcmp(tls_listen, "0.0.0.0", 7) == 0)
+         || (hl == 2 && memcmp(tls_listen, "::", 2) == 0)
+         || (hl == 4 && memcmp(tls_listen, "[::]", 4) == 0)) && acolon != NULL) {
+        snprintf(out, cap, "%.*s%s", (int)(acolon - advertise), advertise, colon);
+    } else {
+        snprintf(out, cap, "%s", tls_listen);
+    }
+}
+
 /* Parse a node value (JSON) into nd; 0 or -EINVAL. */
 static int
 member_parse_value(const char *v, size_t len, struct view_node *nd)
@@ -259,6 +283,10 @@ member_parse_value(const char *v, size_t len, struct view_node *nd)
         json_double(v, t, json_get(v, t, 0, "weight"), &nd->weight) != 0 ||
         json_str(v, t, json_get(v, t, 0, "state"), state, sizeof(state)) <= 0 ||
         view_state_parse(state, &nd->state) != 0 || !(nd->weight > 0.0)) {
+        return -EINVAL;
+    }
+    int ti = json_get(v, t, 0, "tls");          /* absent (older members): no TLS */
+    if (ti >= 0 && json_str(v, t, ti, nd->tls, sizeof(nd->tls)) < 0) {
         return -EINVAL;
     }
     return 0;
@@ -1052,7 +1080,7 @@ member_start(const struct kv_config *c, const char *node_id, struct member **out
     snprintf(m->cluster, sizeof(m->cluster), "%.64s", c->cluster_name);
     snprintf(m->prefix, sizeof(m->prefix), "%s", c->etcd_prefix);
     snprintf(m->advertise, sizeof(m->advertise), "%s", c->peer_advertise);
-    snprintf(m->tls, sizeof(m->tls), "%s", c->tls_listen);
+    member_tls_addr(c->tls_listen, c->peer_advertise, m->tls, sizeof(m->tls));
     snprintf(m->lease_path, sizeof(m->lease_path), "%s/cluster_lease", c->data_dir);
     m->ttl_ms = c->etcd_lease_ttl;
     m->replicas = (unsigned)c->replicas;

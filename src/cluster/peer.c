@@ -35,12 +35,16 @@
 #include "kverr.h"
 #include "log.h"
 #include "mp.h"
+#include "peer_tls.h"
+#include "view.h"
 
 #define PEER_ADDR_MAX 256
 #define PEER_BACKOFF_MIN_MS 100
 #define PEER_BACKOFF_MAX_MS 5000
 #define PEER_READ_CHUNK (256u * 1024u)
 #define PEER_WAIT_MAX_MS 1000
+#define PEER_AUTH_BACKOFF_MIN_MS 1000  /* a refused login: a setup error, retried slowly */
+#define PEER_AUTH_BACKOFF_MAX_MS 60000 /* (under the 10 failures a minute that lock out an address) */
 #define PEER_HELLO_ID 0u             /* msgid of the login; calls count from 1 */
 #define PEER_SEGS (PEER_EXTRA_MAX + 3) /* head, params, extra, tail */
 
@@ -62,18 +66,23 @@ struct peer_msg {
     void *arg;
 };
 
-enum peer_conn_state { PEER_DOWN, PEER_CONNECTING, PEER_OPEN };
+/* DOWN -> CONNECTING -> (HANDSHAKE, with TLS) -> OPEN -> DOWN */
+enum peer_conn_state { PEER_DOWN, PEER_CONNECTING, PEER_HANDSHAKE, PEER_OPEN };
 
 struct peer_conn {
     struct peer_conn *next;
-    char addr[PEER_ADDR_MAX];
+    char addr[PEER_ADDR_MAX];       /* the peer's advertised address: the calls' key */
+    char dial[PEER_ADDR_MAX];       /* what was dialled: addr, or its TLS listener */
     int fd;
+    struct peer_tls *tls;           /* the session when dialled over TLS, else NULL */
     enum peer_conn_state state;
     uint64_t retry_at;              /* PEER_DOWN: no dial before this (ms) */
     uint64_t backoff;
     struct peer_msg *wq, *wq_tail;  /* to write; the first may be partly written */
     struct peer_msg *fq, *fq_tail;  /* written, waiting for their replies */
     bool hello_due;                 /* the login goes first on a new connection */
+    bool auth_refused;              /* the last login was refused (logged once until accepted) */
+    bool login_wait;                /* nothing is written behind the login until it is answered */
     uint8_t *in;
     size_t ilen, icap;
     struct frame_scan fs;
@@ -83,6 +92,7 @@ struct peer_conn {
 struct peer_pool {
     struct peer_config cfg;
     char token[256];
+    struct peer_tls_ctx *tls;       /* this member has certificates: TLS to peers that listen */
     int epfd;
     int evfd;
     pthread_t thread;
@@ -93,6 +103,7 @@ struct peer_pool {
     _Atomic uint32_t next_id;
     struct peer_conn *conns;
     _Atomic uint64_t requests, errors, timeouts, bytes_out, bytes_in, connects, in_flight;
+    _Atomic uint64_t auth_failures;
 };
 
 static void
@@ -170,17 +181,28 @@ peer_watch(struct peer_pool *p, struct peer_conn *c, uint32_t events)
     }
 }
 
+/* peer_conn_close: the socket (and its TLS session) closed, out of epoll. */
+static void
+peer_conn_close(struct peer_pool *p, struct peer_conn *c)
+{
+    if (c->fd >= 0) {
+        epoll_ctl(p->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+        peer_tls_close(c->tls);
+        c->tls = NULL;
+        close(c->fd);
+        c->fd = -1;
+    }
+}
+
 /* peer_conn_down: the connection failed: fail what it carries; dial again after the backoff. */
 static void
 peer_conn_down(struct peer_pool *p, struct peer_conn *c, const char *why, int err)
 {
     if (c->fd >= 0) {
-        log_warn("peer %s: %s%s%s; its requests fail, next dial in %llu ms", c->addr, why,
+        log_warn("peer %s: %s%s%s; its requests fail, next dial in %llu ms", c->dial, why,
                  err ? ": " : "", err ? strerror(err) : "",
                  (unsigned long long)c->backoff);
-        epoll_ctl(p->epfd, EPOLL_CTL_DEL, c->fd, NULL);
-        close(c->fd);
-        c->fd = -1;
+        peer_conn_close(p, c);
     }
     c->state = PEER_DOWN;
     c->retry_at = clock_ms() + c->backoff;
@@ -190,6 +212,25 @@ peer_conn_down(struct peer_pool *p, struct peer_conn *c, const char *why, int er
     peer_fail_list(p, c->wq, KV_UNAVAILABLE);
     c->wq = c->wq_tail = NULL;
     c->ilen = 0;
+    c->login_wait = false;
+}
+
+/*
+ * peer_conn_refused: the peer refused the login: down without another log
+ * line (peer_login_answer logged it), dialled again after 1 s doubling to 60 s.
+ */
+static void
+peer_conn_refused(struct peer_pool *p, struct peer_conn *c)
+{
+    uint64_t next;
+
+    peer_conn_close(p, c);
+    if (c->backoff < PEER_AUTH_BACKOFF_MIN_MS) {
+        c->backoff = PEER_AUTH_BACKOFF_MIN_MS;
+    }
+    next = c->backoff * 2 > PEER_AUTH_BACKOFF_MAX_MS ? PEER_AUTH_BACKOFF_MAX_MS : c->backoff * 2;
+    peer_conn_down(p, c, "", 0);    /* fd closed: fails what it carried, quietly */
+    c->backoff = next;
 }
 
 /* peer_split: "host:port" (or "[v6]:port") into host and port. 0 or -EINVAL. */
@@ -216,6 +257,28 @@ peer_split(const char *addr, char *host, size_t hcap, char *port, size_t pcap)
     return 0;
 }
 
+/*
+ * peer_dial_addr: what to dial for c: with a TLS context here and a TLS listener in the
+ * current view for the member at c->addr, that listener; else c->addr.
+ */
+static void
+peer_dial_addr(struct peer_pool *p, struct peer_conn *c)
+{
+    struct cluster_view *v;
+
+    snprintf(c->dial, sizeof(c->dial), "%s", c->addr);
+    if (p->tls == NULL || (v = view_acquire()) == NULL) {
+        return;
+    }
+    for (size_t i = 0; i < v->n; i++) {
+        if (strcmp(v->nodes[i].addr, c->addr) == 0 && v->nodes[i].tls[0] != '\0') {
+            snprintf(c->dial, sizeof(c->dial), "%s", v->nodes[i].tls);
+            break;
+        }
+    }
+    view_release(v);
+}
+
 /* peer_dial: start a non-blocking connect. 0 (connecting or connected) or -errno. */
 static int
 peer_dial(struct peer_pool *p, struct peer_conn *c)
@@ -227,7 +290,8 @@ peer_dial(struct peer_pool *p, struct peer_conn *c)
     int one = 1;
     int rc, fd;
 
-    if (peer_split(c->addr, host, sizeof(host), port, sizeof(port)) != 0) {
+    peer_dial_addr(p, c);
+    if (peer_split(c->dial, host, sizeof(host), port, sizeof(port)) != 0) {
         return -EINVAL;
     }
     hints.ai_flags = AI_NUMERICSERV;
@@ -249,6 +313,10 @@ peer_dial(struct peer_pool *p, struct peer_conn *c)
         close(fd);
         return rc;
     }
+    if (strcmp(c->dial, c->addr) != 0 && (rc = peer_tls_open(p->tls, fd, &c->tls)) != 0) {
+        close(fd);
+        return rc;
+    }
     c->fd = fd;
     c->state = PEER_CONNECTING;
     c->events = EPOLLOUT | EPOLLIN;
@@ -256,6 +324,8 @@ peer_dial(struct peer_pool *p, struct peer_conn *c)
     ev.data.ptr = c;
     if (epoll_ctl(p->epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
         rc = -errno;
+        peer_tls_close(c->tls);
+        c->tls = NULL;
         close(fd);
         c->fd = -1;
         return rc;
@@ -342,7 +412,7 @@ peer_hello(struct peer_pool *p)
     m->seg[0].iov_len = m->len;
     m->nseg = 1;
     m->msgid = PEER_HELLO_ID;
-    m->deadline = UINT64_MAX;
+    m->deadline = clock_ms() + p->cfg.timeout_ms;   /* unanswered by then: the connection goes */
     return m;
 }
 
@@ -471,6 +541,7 @@ peer_take_incoming(struct peer_pool *p)
                     struct peer_msg *hm = peer_hello(p);
                     if (hm != NULL) {
                         peer_push(&c->wq, &c->wq_tail, hm);
+                        c->login_wait = true;
                     }
                     c->hello_due = false;
                 }
@@ -493,6 +564,9 @@ peer_write(struct peer_pool *p, struct peer_conn *c)
         int n = 0;
         ssize_t w;
 
+        if (c->login_wait && c->wq->msgid != PEER_HELLO_ID) {
+            break;                  /* a refused login would make the peer drop what follows */
+        }
         for (struct peer_msg *m = c->wq; m != NULL && n + PEER_SEGS <= 64; m = m->next) {
             size_t skip = m->off;
 
@@ -506,13 +580,21 @@ peer_write(struct peer_pool *p, struct peer_conn *c)
                 skip = 0;
                 n += iov[n].iov_len > 0;
             }
+            if (c->login_wait) {
+                break;              /* the login alone */
+            }
         }
         if (n == 0) {
             break;
         }
-        w = writev(c->fd, iov, n);
+        w = c->tls != NULL ? peer_tls_writev(c->tls, iov, n) : writev(c->fd, iov, n);
+        if (c->tls != NULL && w < 0) {
+            errno = (int)-w;
+            w = -1;
+        }
         if (w < 0) {
             if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                peer_watch(p, c, EPOLLIN | EPOLLOUT);
                 return 0;
             }
             if (errno == EINTR) {
@@ -547,7 +629,34 @@ peer_write(struct peer_pool *p, struct peer_conn *c)
     return 0;
 }
 
-/* peer_reply: one whole reply msg[0..len): answer its call. 0, or -EPROTO. */
+/*
+ * peer_login_answer: the peer's answer to the login. Refused: counted, logged
+ * once until a login to that peer is accepted again, and -EACCES (the
+ * connection goes down and is dialled again after the login's own backoff).
+ */
+static int
+peer_login_answer(struct peer_pool *p, struct peer_conn *c, int status)
+{
+    if (status == 0) {
+        c->login_wait = false;
+        if (c->auth_refused) {
+            log_info("peer %s: the cluster login is accepted again", c->addr);
+        }
+        c->auth_refused = false;
+        c->backoff = PEER_BACKOFF_MIN_MS;
+        return 0;
+    }
+    peer_add(&p->auth_failures, 1);
+    if (!c->auth_refused) {
+        log_error("peer %s: refused the cluster login as tenant admin (%s): its token differs "
+                  "from <data_dir>/cluster_token here; retried every %d s at most, logged once",
+                  c->addr, kv_strerror(status), PEER_AUTH_BACKOFF_MAX_MS / 1000);
+    }
+    c->auth_refused = true;
+    return -EACCES;
+}
+
+/* peer_reply: one whole reply msg[0..len): answer its call. 0, -EPROTO, or -EACCES (login refused). */
 static int
 peer_reply(struct peer_pool *p, struct peer_conn *c, const uint8_t *msg, size_t len)
 {
@@ -591,16 +700,16 @@ peer_reply(struct peer_pool *p, struct peer_conn *c, const uint8_t *msg, size_t 
     if (c->fq_tail == m) {
         c->fq_tail = prev;
     }
-    if (m->msgid == PEER_HELLO_ID && status != 0) {
-        log_error("peer %s: refused the cluster login (%s); check the admin token",
-                  c->addr, kv_strerror(status));
+    if (m->msgid == PEER_HELLO_ID) {
+        peer_msg_free(m);
+        return peer_login_answer(p, c, status);
     }
     peer_answer(p, m, status, status == 0 ? rd.p : NULL, status == 0 ? (size_t)(rd.end - rd.p) : 0);
     peer_msg_free(m);
     return 0;
 }
 
-/* peer_read: read and answer whole replies. 0, or -errno / -EPROTO (connection goes down). */
+/* peer_read: read and answer whole replies. 0, or -errno / -EPROTO / -EACCES (connection goes down). */
 static int
 peer_read(struct peer_pool *p, struct peer_conn *c)
 {
@@ -618,7 +727,12 @@ peer_read(struct peer_pool *p, struct peer_conn *c)
             c->in = in;
             c->icap = cap;
         }
-        r = read(c->fd, c->in + c->ilen, c->icap - c->ilen);
+        r = c->tls != NULL ? peer_tls_read(c->tls, c->in + c->ilen, c->icap - c->ilen)
+                           : read(c->fd, c->in + c->ilen, c->icap - c->ilen);
+        if (c->tls != NULL && r < 0) {
+            errno = (int)-r;
+            r = -1;
+        }
         if (r == 0) {
             return -ECONNRESET;
         }
@@ -641,8 +755,9 @@ peer_read(struct peer_pool *p, struct peer_conn *c)
                 return -EPROTO;
             }
             used = c->fs.pos;
-            if (peer_reply(p, c, c->in, used) != 0) {
-                return -EPROTO;
+            int rc = peer_reply(p, c, c->in, used);
+            if (rc != 0) {
+                return rc;
             }
             memmove(c->in, c->in + used, c->ilen - used);
             c->ilen -= used;
@@ -664,11 +779,12 @@ peer_expire(struct peer_pool *p)
 
     for (struct peer_conn *c = p->conns; c != NULL; c = c->next) {
         struct peer_msg *prev = NULL, *m = c->fq;
-        bool live = false;
+        bool live = false, login_late = false;
 
         while (m != NULL) {
             struct peer_msg *next = m->next;
 
+            login_late |= m->msgid == PEER_HELLO_ID && m->deadline <= now;
             if (m->msgid != PEER_HELLO_ID && m->deadline <= now) {
                 peer_answer(p, m, KV_TIMEOUT, NULL, 0);
                 if (prev != NULL) {
@@ -696,11 +812,42 @@ peer_expire(struct peer_pool *p)
             }
             live |= m->done != NULL;
         }
-        if (c->state == PEER_CONNECTING && !live && c->fq == NULL && c->wq != NULL) {
+        if ((c->state == PEER_CONNECTING || c->state == PEER_HANDSHAKE) && !live
+            && c->fq == NULL && c->wq != NULL) {
             peer_conn_down(p, c, "connect timed out", ETIMEDOUT);
+        } else if (login_late) {
+            peer_conn_down(p, c, "the cluster login was not answered within peer_timeout",
+                           ETIMEDOUT);
         }
     }
     return wait;
+}
+
+/*
+ * peer_handshake: one TLS handshake step of c. 0: open now (go on with reads and writes);
+ * 1: waiting (the socket event it needs is armed), or the connection went down.
+ */
+static int
+peer_handshake(struct peer_pool *p, struct peer_conn *c)
+{
+    char why[256] = "";
+    bool want_write = false;
+    int rc = peer_tls_handshake(c->tls, &want_write, why, sizeof(why));
+
+    if (rc == -EAGAIN) {
+        peer_watch(p, c, want_write ? EPOLLIN | EPOLLOUT : EPOLLIN);
+        return 1;
+    }
+    if (rc != 0) {
+        if (rc == -EPROTO) {
+            log_warn("peer %s: TLS handshake failed: %s", c->dial, why);
+        }
+        peer_conn_down(p, c, "TLS handshake failed", rc == -EPROTO ? 0 : -rc);
+        return 1;
+    }
+    c->state = PEER_OPEN;
+    peer_watch(p, c, c->wq != NULL ? EPOLLIN | EPOLLOUT : EPOLLIN);
+    return 0;
 }
 
 static void *
@@ -731,8 +878,14 @@ peer_main(void *arg)
                     peer_conn_down(p, c, "cannot connect", err);
                     continue;
                 }
-                c->state = PEER_OPEN;
-                c->backoff = PEER_BACKOFF_MIN_MS;
+                c->state = c->tls != NULL ? PEER_HANDSHAKE : PEER_OPEN;
+            }
+            if (c->state == PEER_HANDSHAKE && peer_handshake(p, c) != 0) {
+                continue;                       /* going on, or down */
+            }
+            if (c->state == PEER_OPEN && c->backoff != PEER_BACKOFF_MIN_MS && !c->auth_refused
+                && !c->login_wait) {
+                c->backoff = PEER_BACKOFF_MIN_MS;   /* with a login: once it is accepted */
             }
             if (evs[i].events & (EPOLLIN | EPOLLERR | EPOLLHUP)) {
                 rc = peer_read(p, c);
@@ -742,7 +895,14 @@ peer_main(void *arg)
             } else if (rc == 0) {
                 peer_watch(p, c, EPOLLIN);
             }
-            if (rc != 0) {
+            if (rc == -EACCES) {
+                peer_conn_refused(p, c);
+            } else if (rc == -EPROTO && c->tls != NULL && peer_tls_error(c->tls)[0] != '\0') {
+                char why[200];
+
+                snprintf(why, sizeof(why), "TLS: %s", peer_tls_error(c->tls));
+                peer_conn_down(p, c, why, 0);   /* an alert: its certificate refused, ... */
+            } else if (rc != 0) {
                 peer_conn_down(p, c, rc == -EPROTO ? "a reply broke the protocol" : "failed",
                                rc == -EPROTO ? 0 : -rc);
             }
@@ -763,8 +923,20 @@ peer_pool_create(const struct peer_config *cfg, struct peer_pool **out)
     }
     p->cfg = *cfg;
     p->cfg.token = NULL;
+    p->cfg.tls_cert = p->cfg.tls_key = p->cfg.tls_ca = NULL;
     if (cfg->token != NULL) {
         snprintf(p->token, sizeof(p->token), "%s", cfg->token);
+    }
+    if (cfg->tls_cert != NULL && cfg->tls_cert[0] != '\0') {
+        char why[512];
+
+        rc = peer_tls_ctx_new(cfg->tls_cert, cfg->tls_key != NULL ? cfg->tls_key : "",
+                              cfg->tls_ca != NULL ? cfg->tls_ca : "", &p->tls, why, sizeof(why));
+        if (rc != 0) {
+            log_error("cluster: TLS to peers: %s", why);
+            free(p);
+            return rc;
+        }
     }
     atomic_init(&p->next_id, 1);
     pthread_mutex_init(&p->lock, NULL);
@@ -807,6 +979,7 @@ peer_pool_destroy(struct peer_pool *p)
         p->conns = c->next;
         peer_fail_list(p, c->wq, KV_UNAVAILABLE);
         peer_fail_list(p, c->fq, KV_UNAVAILABLE);
+        peer_tls_close(c->tls);
         if (c->fd >= 0) {
             close(c->fd);
         }
@@ -820,6 +993,7 @@ peer_pool_destroy(struct peer_pool *p)
         close(p->evfd);
     }
     pthread_mutex_destroy(&p->lock);
+    peer_tls_ctx_free(p->tls);
     free(p);
 }
 
@@ -833,4 +1007,5 @@ peer_stats(struct peer_pool *p, struct peer_stats *out)
     out->bytes_in = atomic_load_explicit(&p->bytes_in, memory_order_relaxed);
     out->connects = atomic_load_explicit(&p->connects, memory_order_relaxed);
     out->in_flight = atomic_load_explicit(&p->in_flight, memory_order_relaxed);
+    out->auth_failures = atomic_load_explicit(&p->auth_failures, memory_order_relaxed);
 }

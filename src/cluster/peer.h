@@ -11,7 +11,12 @@
  * The wire is the daemon's own msgpack port (protocol/SPEC.md, "Cluster
  * peers"); messages are framed with protocol/frame.h and read with
  * protocol/mp.h, so this module needs nothing of client/. With a token set
- * the first message on each connection is hello {tenant "admin", token}.
+ * the first message on each connection is hello {tenant "admin", token}; a
+ * peer that refuses it is counted (auth_failures), logged once until it
+ * accepts it again, and dialled again after 1 s doubling to 60 s (a wrong
+ * token is a setup error: fast retries would only lock the address out).
+ * With tls_cert set, a peer whose view entry has a TLS listener is dialled
+ * there, over TLS (peer_tls.h); the calls still name it by its plain address.
  *
  * Threads: peer_call is safe from any thread (a locked hand-off queue and an
  * eventfd); everything else happens on the pool's thread, including every
@@ -30,6 +35,9 @@ struct peer_config {
     uint64_t timeout_ms;            /* peer_timeout: every call is answered within this */
     uint64_t max_message_size;      /* the largest reply accepted */
     const char *token;              /* admin token to log in with, or NULL (borrowed: copied) */
+    const char *tls_cert;           /* PEM files of this member's certificate chain and key, */
+    const char *tls_key;            /* and of the CAs peers' certificates must chain to ("": */
+    const char *tls_ca;             /* none checked); tls_cert NULL or "": no TLS (read at create) */
 };
 
 /* Counters of the pool (relaxed atomics; any thread reads them). */
@@ -41,6 +49,7 @@ struct peer_stats {
     uint64_t bytes_in;              /* reply bytes read */
     uint64_t connects;              /* connections made */
     uint64_t in_flight;             /* calls not answered yet */
+    uint64_t auth_failures;         /* logins (hello as admin) a peer refused */
 };
 
 /*

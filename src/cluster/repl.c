@@ -601,6 +601,9 @@ repl_create(const struct repl_config *cfg, struct repl **out)
         .timeout_ms = cfg->peer_timeout_ms,
         .max_message_size = cfg->max_message_size,
         .token = cfg->token,
+        .tls_cert = cfg->tls_cert,
+        .tls_key = cfg->tls_key,
+        .tls_ca = cfg->tls_ca,
     };
     struct repl *r = calloc(1, sizeof(*r));
     int rc;
@@ -610,6 +613,7 @@ repl_create(const struct repl_config *cfg, struct repl **out)
     }
     r->cfg = *cfg;
     r->cfg.token = NULL;
+    r->cfg.tls_cert = r->cfg.tls_key = r->cfg.tls_ca = NULL;
     pthread_mutex_init(&r->lock, NULL);
     rc = peer_pool_create(&pc, &r->pool);
     if (rc != 0) {
@@ -670,4 +674,5 @@ repl_stats(struct repl *r, struct repl_stats *out)
     out->peer_timeouts = ps.timeouts;
     out->peer_bytes_out = ps.bytes_out;
     out->peer_bytes_in = ps.bytes_in;
+    out->peer_auth_failures = ps.auth_failures;
 }

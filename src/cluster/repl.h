@@ -46,6 +46,7 @@ struct repl_config {
     uint64_t queue_max;             /* bytes of puts being sent to owners at once */
     bool wait_acks;                 /* write_ack all: a put's reply waits for the owners */
     const char *token;              /* the admin token peers log in with, or NULL */
+    const char *tls_cert, *tls_key, *tls_ca;    /* TLS to peers (peer.h), or NULL */
     void (*wake)(void *arg);        /* wake every event loop (a fetch ended): any thread */
     void *wake_arg;
 };
@@ -67,6 +68,7 @@ struct repl_stats {
     uint64_t peer_timeouts;
     uint64_t peer_bytes_out;
     uint64_t peer_bytes_in;
+    uint64_t peer_auth_failures;    /* logins a peer refused (peer.h) */
 };
 
 /* repl_create: the pool's thread and an empty fetch table. 0 and *out, or -errno. */

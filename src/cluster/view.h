@@ -26,6 +26,7 @@ enum view_state { VIEW_JOINING, VIEW_ACTIVE, VIEW_DRAINING };
 struct view_node {
     char id[65];           /* node_id, NUL-terminated */
     char addr[256];        /* peer_advertise host:port, NUL-terminated */
+    char tls[256];         /* its TLS listener as peers dial it (host:port), "" = none */
     double weight;         /* node_weight, > 0 */
     enum view_state state;
 };

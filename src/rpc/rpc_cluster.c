@@ -26,11 +26,13 @@ rpc_cluster_uint(msgpack_packer *pk, const char *k, uint64_t v)
 static void
 rpc_cluster_node(msgpack_packer *pk, const struct view_node *nd)
 {
-    msgpack_pack_map(pk, 4);
+    msgpack_pack_map(pk, 5);
     mp_pack_cstr(pk, "id");
     mp_pack_cstr(pk, nd->id);
     mp_pack_cstr(pk, "addr");
     mp_pack_cstr(pk, nd->addr);
+    mp_pack_cstr(pk, "tls");
+    mp_pack_cstr(pk, nd->tls);
     mp_pack_cstr(pk, "weight");
     msgpack_pack_double(pk, nd->weight);
     mp_pack_cstr(pk, "state");

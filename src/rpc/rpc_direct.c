@@ -23,13 +23,16 @@
 
 #include "clock.h"
 #include "kverr.h"
+#include "member.h"
 #include "mp.h"
 #include "outq.h"
+#include "place.h"
 #include "rpc_defer.h"
 #include "rpc_rdma.h"
 #include "rpc_req.h"
 #include "rpc_resv.h"
 #include "store.h"
+#include "view.h"
 
 #define RPC_SEGMENT_ARENA 0         /* the one segment there is: the DRAM arena */
 
@@ -335,6 +338,35 @@ rpc_put_revoke(struct rpc_req *rq)
     return rpc_put_finish(rq, false);
 }
 
+/*
+ * rpc_replica_owners: with opts.replicas, the key's owners in this node's view, best first:
+ * [{"node", "addr", "tls", "self"}, ...] (empty outside a pool or without a view).
+ */
+static void
+rpc_replica_owners(struct rpc_req *rq, const struct cluster_view *v, unsigned r,
+                   const uint8_t *kp, uint32_t klen)
+{
+    size_t own[PLACE_R_MAX], n = 0;
+
+    if (v != NULL && r > 0) {
+        n = view_owners(v, kp, klen, r, own);
+    }
+    msgpack_pack_array(&rq->pk, n);
+    for (size_t j = 0; j < n; j++) {
+        const struct view_node *nd = &v->nodes[own[j]];
+
+        msgpack_pack_map(&rq->pk, 4);
+        mp_pack_cstr(&rq->pk, "node");
+        mp_pack_cstr(&rq->pk, nd->id);
+        mp_pack_cstr(&rq->pk, "addr");
+        mp_pack_cstr(&rq->pk, nd->addr);
+        mp_pack_cstr(&rq->pk, "tls");
+        mp_pack_cstr(&rq->pk, nd->tls);
+        mp_pack_cstr(&rq->pk, "self");
+        (int)own[j] == v->self ? msgpack_pack_true(&rq->pk) : msgpack_pack_false(&rq->pk);
+    }
+}
+
 int
 rpc_get_replica_list(struct rpc_req *rq)
 {
@@ -342,20 +374,25 @@ rpc_get_replica_list(struct rpc_req *rq)
     struct store *st = ctx->srv->store;
     struct store_obj *stack[64];
     struct store_obj **objs = stack;
-    struct mp_reader keys;
+    struct cluster_view *v = NULL;
+    struct member_stats ms = {0};
+    struct mp_reader keys, walk;
+    struct rpc_opts opts;
     uint32_t nkeys, ttl = (uint32_t)ctx->lim->lease_ttl_ms;
-    int rc = rpc_arity(rq, 1, 1);
+    int rc = rpc_arity(rq, 1, 2);
 
     if (rc == 0) {
         rc = rpc_direct_check(rq, true);
     }
     if (rc == 0) {
-        rc = rpc_keys_check(rq, &nkeys);
+        rc = rpc_keys_skip(rq, &nkeys, &keys);
+    }
+    if (rc == 0) {
+        rc = rpc_opts_read(rq, 1, &opts);
     }
     if (rc != 0) {
         return rc;
     }
-    keys = rq->rd;
     if (nkeys > 64) {
         objs = malloc(nkeys * sizeof(*objs));   /* nkeys <= max_batch, checked above */
         if (objs == NULL) {
@@ -366,17 +403,33 @@ rpc_get_replica_list(struct rpc_req *rq)
     if (rc != 0) {
         goto out;                   /* -EAGAIN: loads from the SSD tier started */
     }
+    if (opts.replicas && ctx->srv->remote != NULL) {
+        member_stats(&ms);
+        v = view_acquire();
+    }
+    walk = keys;
     rpc_reply_head(rq);
     msgpack_pack_array(&rq->pk, nkeys);
     for (uint32_t i = 0; i < nkeys && rc == 0; i++) {
+        const uint8_t *kp;
         struct kv_key key;
+        uint32_t klen;
         uint64_t size;
+        bool leased;
 
+        rpc_read_key(&walk, &kp, &klen);
+        if (opts.replicas) {
+            msgpack_pack_map(&rq->pk, 2);
+            mp_pack_cstr(&rq->pk, "replicas");
+            rpc_replica_owners(rq, v, ms.replicas, kp, klen);
+            mp_pack_cstr(&rq->pk, "local");
+        }
         /* Our reference keeps the key on this very object, so the lease lands on it. */
         if (objs[i] != NULL) {
             store_obj_key(objs[i], &key);
         }
-        if (objs[i] == NULL || store_lease(st, &key, ttl, &size) != 0) {
+        leased = objs[i] != NULL && store_lease(st, &key, ttl, &size) == 0;
+        if (!leased) {
             msgpack_pack_nil(&rq->pk);
             continue;
         }
@@ -390,6 +443,7 @@ rpc_get_replica_list(struct rpc_req *rq)
         mp_pack_cstr(&rq->pk, "pieces");
         rc = rpc_pack_pieces(rq, objs[i]);
     }
+    view_release(v);
     for (uint32_t i = 0; i < nkeys; i++) {
         store_obj_unref(st, objs[i]);
     }

@@ -163,6 +163,10 @@ rpc_opts_read(struct rpc_req *rq, uint32_t idx, struct rpc_opts *o)
             if (mp_read_bool(&rq->rd, &o->whole) != 0) {
                 return rpc_invalid(rq, "opts.whole must be a bool");
             }
+        } else if (mp_str_eq(name, nlen, "replicas")) {
+            if (mp_read_bool(&rq->rd, &o->replicas) != 0) {
+                return rpc_invalid(rq, "opts.replicas must be a bool");
+            }
         } else if (mp_str_eq(name, nlen, "size")) {
             if (mp_read_uint(&rq->rd, &o->size) != 0) {
                 return rpc_invalid(rq, "opts.size must be an unsigned integer");

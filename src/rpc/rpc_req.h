@@ -57,6 +57,7 @@ struct rpc_opts {
     bool force;
     bool durable;
     bool whole;                     /* batch_get_into: a value longer than its pieces fails */
+    bool replicas;                  /* get_replica_list: every owner of each key too (a pool) */
     bool has_size;
     uint64_t group_size;
     uint64_t size;                  /* register_buffer */

@@ -551,6 +551,11 @@ rpc_batch_get_into(struct rpc_req *rq)
          * comes back then. */
         rc = rpc_get_refs(rq, keys, nkeys, x->objs, skip);
     }
+    if (rc == 0) {
+        /* In a pool the local misses are asked of their owners, as batch_get's are; a fetched
+         * copy is kept in DRAM and written into the pieces like a local one. */
+        rc = rpc_remote_fill(rq, keys, nkeys, x->objs);
+    }
     for (uint32_t i = 0; rc == 0 && i < nkeys; i++) {
         uint64_t n;
 

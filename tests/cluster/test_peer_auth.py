@@ -1,0 +1,258 @@
+"""Peer authentication (docs/cluster.md, "Peer authentication"): with require_auth on, a
+member logs in to each peer as the admin tenant with the token in <data_dir>/cluster_token.
+3 daemons with a fixed view (KVSTASH_TEST_VIEW), R = 2, every value checked against a table
+of SHA-256 digests, every wait bounded.
+
+  - a pool whose members share the admin token: a put reaches its owners (write_ack all)
+    and a miss is served by an owner, for a tenant's keys; a tenant's connection may not
+    call the peer methods;
+  - a member whose token differs: its peers refuse its login (counted on both sides, logged
+    once by it, retried with backoff), store nothing it sends, and it reads their keys as
+    misses, never as wrong bytes; the two others go on between themselves;
+  - a member whose cluster_token is missing, too open, or not the admin tenant's refuses to
+    start with the reason.
+"""
+
+import hashlib
+import os
+import sys
+import tempfile
+import time
+import urllib.request
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "integration"))
+sys.path.insert(0, HERE)
+
+import kvtest  # noqa: E402
+from place_ref import owners  # noqa: E402
+
+pytestmark = pytest.mark.quick
+
+R = 2
+POOL_TOKEN = "pool-admin-token-1"
+OTHER_TOKEN = "some-other-admin-token"
+ALPHA_TOKEN = "alpha-token"
+FORBIDDEN, UNAUTHORIZED = 10, 9
+
+
+def sha(token):
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def tenant_id(name):
+    """conf_tenant_id: FNV-1a of the name, the namespace a tenant's keys live in."""
+    h = 2166136261
+    for b in name.encode():
+        h = ((h ^ b) * 16777619) & 0xFFFFFFFF
+    return h or 1
+
+
+def wait_for(pred, what, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def write_secret(path, text, mode=0o600):
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w") as f:
+        f.write(text + "\n")
+    os.chmod(path, mode)
+
+
+class Pool:
+    """n daemons with require_auth on; admin[i] is node i's admin token (its tenant line and
+    its cluster_token file alike)."""
+
+    def __init__(self, work, admin):
+        n = len(admin)
+        self.admin = admin
+        self.ports = [kvtest.free_port() for _ in range(n)]
+        self.mports = [kvtest.free_port() for _ in range(n)]
+        self.ids = [f"node-{i}" for i in range(n)]
+        view = ",".join(f"{nid}@127.0.0.1:{p}" for nid, p in zip(self.ids, self.ports))
+        self.daemons = []
+        for i in range(n):
+            data = os.path.join(work, f"auth-data-{i}")
+            os.makedirs(data)
+            write_secret(os.path.join(data, "cluster_token"), admin[i])
+            conf = os.path.join(work, f"auth-{i}.conf")
+            with open(conf, "w") as f:
+                f.write("require_auth yes\n"
+                        f"tenant admin token_sha256={sha(admin[i])}\n"
+                        f"tenant alpha token_sha256={sha(ALPHA_TOKEN)}\n")
+            d = kvtest.Daemon(work, [f"--config={conf}", f"--data_dir={data}",
+                                     f"--listen=127.0.0.1:{self.ports[i]}",
+                                     f"--metrics_listen=127.0.0.1:{self.mports[i]}",
+                                     f"--node_id={self.ids[i]}", "--cluster_name=t",
+                                     "--etcd_endpoints=http://127.0.0.1:9",
+                                     f"--replicas={R}", "--memory_size=64m", "--ssd_dir="],
+                              data_dir=data, unix=False, env={"KVSTASH_TEST_VIEW": view})
+            d.port = self.ports[i]
+            self.daemons.append(d)
+        try:
+            for d in self.daemons:
+                d.wait_ready()
+        except BaseException:
+            self.close()        # a start that failed leaves no daemon behind
+            raise
+
+    def owners(self, key):
+        return owners([(nid, 1.0) for nid in self.ids], key, R)
+
+    def login(self, i, tenant="alpha"):
+        c = self.daemons[i].tcp()
+        token = ALPHA_TOKEN if tenant == "alpha" else self.admin[i]
+        err, _ = c.call_raw("hello", {"tenant": tenant, "token": token})
+        assert err is None, f"hello as {tenant} on node {i}: {err}"
+        return c
+
+    def has(self, i, keys):
+        """Which of alpha's keys node i holds itself (peer_exists, as admin)."""
+        c = self.login(i, "admin")
+        return c.call("peer_exists", tenant_id("alpha"), list(keys))
+
+    def metric(self, i, name):
+        req = urllib.request.Request(f"http://127.0.0.1:{self.mports[i]}/metrics",
+                                     headers={"Authorization": f"Bearer {self.admin[i]}"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            text = r.read().decode()
+        total = 0
+        for line in text.splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                total += int(float(line.rsplit(" ", 1)[1]))
+        return total
+
+    def close(self):
+        for d in self.daemons:
+            d.reap()
+
+
+@pytest.fixture
+def auth_pool():
+    kvtest.require_kvstashd()
+    with tempfile.TemporaryDirectory(prefix="kvstash-cluster-auth-") as work:
+        pools = []
+
+        def start(admin):
+            p = Pool(work, admin)
+            pools.append(p)
+            return p
+
+        yield start
+        for p in pools:
+            p.close()
+            for d in p.daemons:
+                print(f"---- {' '.join(d.cmd[1:])}\n{d.tail(20)}")
+
+
+def values(n, tag, size=30000):
+    return {b"auth-%s-%d" % (tag, i): os.urandom(size + i * 331) for i in range(n)}
+
+
+def test_members_with_the_pool_token_replicate_and_serve_misses(auth_pool):
+    p = auth_pool([POOL_TOKEN] * 3)
+    vals = values(24, b"ok")
+    digest = {k: hashlib.sha256(v).digest() for k, v in vals.items()}
+    c0 = p.login(0)
+    assert c0.call("batch_put", list(vals), list(vals.values())) == [0] * len(vals)
+    # write_ack all: the put answered once every other owner answered; each stored it
+    sends = sum(1 for k in vals for o in p.owners(k) if o != 0)
+    assert p.metric(0, 'kvstash_cluster_replications_total{outcome="stored"}') == sends
+    for i in (1, 2):
+        mine = [k for k in vals if i in p.owners(k)]
+        assert mine and all(p.has(i, mine)), f"node {i} lacks keys it owns"
+    # a miss on a node that neither owns nor wrote a key is fetched from an owner
+    far = [k for k in vals if 2 not in p.owners(k)]
+    assert far and not any(p.has(2, far))
+    c2 = p.login(2)
+    for k in far:
+        got = c2.call("get", k)
+        assert got is not None and hashlib.sha256(got).digest() == digest[k]
+    assert p.metric(2, "kvstash_cluster_remote_hits_total") == len(far)
+    for i in range(3):
+        assert p.metric(i, "kvstash_cluster_peer_auth_failures_total") == 0
+        assert p.metric(i, "kvstash_auth_failures_total") == 0
+    # a tenant that is not admin may not act as a peer
+    err, _ = c2.call_raw("peer_get", tenant_id("alpha"), [far[0]])
+    assert err is not None and err[0] == FORBIDDEN, err
+
+
+def test_a_member_with_another_token_is_refused_and_stores_nothing(auth_pool):
+    p = auth_pool([POOL_TOKEN, POOL_TOKEN, OTHER_TOKEN])
+    # node 2 writes keys that nodes 0 and 1 own: its peer_puts are refused
+    theirs = [k for k in (b"auth-bad-%d" % i for i in range(200)) if 2 not in p.owners(k)][:10]
+    assert len(theirs) == 10
+    vals = {k: os.urandom(20000) for k in theirs}
+    c2 = p.login(2)
+    assert c2.call("batch_put", theirs, [vals[k] for k in theirs]) == [0] * len(theirs)
+    assert p.metric(2, "kvstash_cluster_peer_auth_failures_total") >= 1
+    assert p.metric(0, "kvstash_auth_failures_total") + \
+        p.metric(1, "kvstash_auth_failures_total") >= 1
+    assert not any(p.has(0, theirs)) and not any(p.has(1, theirs))
+    # it still serves them itself (stored locally first)
+    for k in theirs:
+        assert c2.call("get", k) == vals[k]
+
+    # retried after a backoff, refused again, logged once
+    more = iter(b"auth-retry-%d" % i for i in range(100))
+
+    def refused_twice():
+        k = next(more)
+        assert c2.call("put", k, b"x" * 100) == 0
+        return p.metric(2, "kvstash_cluster_peer_auth_failures_total") >= 4
+
+    # first refusals by nodes 0 and 1, then each of them again after its backoff
+    wait_for(refused_twice, "each peer refusing a second login (backoff 1 s)", timeout=30)
+    assert p.metric(0, "kvstash_auth_failures_total") >= 2
+    assert p.metric(1, "kvstash_auth_failures_total") >= 2
+    for i in (0, 1):
+        line = f"peer 127.0.0.1:{p.ports[i]}: refused the cluster login"
+        assert p.daemons[2].output().count(line) == 1, p.daemons[2].tail()
+
+    # keys nodes 0 and 1 hold are misses at node 2, never wrong bytes
+    good = values(12, b"good")
+    c0 = p.login(0)
+    keys01 = [k for k in good if 2 not in p.owners(k)]
+    assert keys01
+    assert c0.call("batch_put", keys01, [good[k] for k in keys01]) == [0] * len(keys01)
+    assert all(p.has(1, keys01)), "nodes 0 and 1 no longer replicate between themselves"
+    for k in keys01:
+        assert c2.call("get", k) is None
+    c1 = p.login(1)
+    for k in keys01:
+        assert c1.call("get", k) == good[k]
+
+
+@pytest.mark.parametrize("case", ["missing", "open", "mismatch"])
+def test_a_member_without_a_usable_cluster_token_refuses_to_start(case, tmp_path):
+    kvtest.require_kvstashd()
+    data = tmp_path / "data"
+    data.mkdir()
+    if case == "open":
+        write_secret(str(data / "cluster_token"), POOL_TOKEN, 0o644)
+    elif case == "mismatch":
+        write_secret(str(data / "cluster_token"), OTHER_TOKEN)
+    conf = tmp_path / "kv.conf"
+    conf.write_text(f"require_auth yes\ntenant admin token_sha256={sha(POOL_TOKEN)}\n")
+    port = kvtest.free_port()
+    d = kvtest.Daemon(str(tmp_path), [f"--config={conf}", f"--data_dir={data}",
+                                      f"--listen=127.0.0.1:{port}", "--node_id=n1",
+                                      "--cluster_name=t", "--etcd_endpoints=http://127.0.0.1:9",
+                                      "--ssd_dir=", "--memory_size=32m"],
+                      data_dir=str(data), unix=False,
+                      env={"KVSTASH_TEST_VIEW": f"n1@127.0.0.1:{port}"})
+    try:
+        assert d.exit_code() == 1
+        want = {"missing": "No such file", "open": "mode 0600 or stricter",
+                "mismatch": "not the admin tenant's token_sha256"}[case]
+        out = d.output()
+        assert "cluster_token" in out and want in out, out
+        assert POOL_TOKEN not in out and OTHER_TOKEN not in out
+    finally:
+        d.reap()
