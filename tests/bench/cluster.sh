@@ -173,7 +173,7 @@ echo
 # 4 KiB; each run measures `get` of one 4 KiB key at a time on A idle, then while a new node
 # joins and A's rebalance walk pushes about half of the 1 MiB keys to it (rate limited to
 # 256 MiB/s). The joining node of run r is b<r>; b<r-1> left (SIGTERM) before it, and
-# --rebalance_delay=600s keeps A from re-replicating what it owned.
+# A walked again (--rebalance_delay=0s) before the idle pass.
 echo "== local hit p99 on A: idle, then while a node joins and A's walk pushes its keys =="
 ETCD=${ETCD:-/usr/bin/etcd}
 RB_HOT=1000
@@ -195,7 +195,7 @@ for _ in $(seq 1 100); do
     sleep 0.1
 done
 rbpool=(--cluster_name=rb --etcd_endpoints="http://127.0.0.1:$ec" --etcd_lease_ttl=2s
-        --replicas=1 --rebalance_delay=600s --peer_timeout=10s)
+        --replicas=1 --rebalance_delay=0s --peer_timeout=10s)
 pa=$(free_port) || die "no free port"
 start a "$pa" "" --node_id=a --peer_advertise="127.0.0.1:$pa" "${rbpool[@]}"
 pid_a=$started
@@ -214,8 +214,12 @@ idle=() busy=()
 prev=""
 for r in $(seq 1 "$REPS"); do
     if [ -n "$prev" ]; then
+        # b<r-1> leaves; once its lease (2 s) is gone A walks (and, owning every key again,
+        # already holding each, pushes nothing)
+        w0=$(walks)
         kill "$prev" && wait "$prev" 2>/dev/null
-        sleep 3                     # its lease (2 s) gone: A's view is A alone again
+        for _ in $(seq 1 300); do [ "$(walks)" -gt "$w0" ] && break; sleep 0.1; done
+        [ "$(walks)" -gt "$w0" ] || die "run $r: A did not walk after b$((r - 1)) left"
     fi
     id=$(hot_pass) || die "the idle pass of run $r failed"
     w0=$(walks)
