@@ -37,6 +37,7 @@
 #include "clock.h"
 
 #include "alloc.h"
+#include "crc32c.h"
 #include "kverr.h"
 
 #include <errno.h>
@@ -679,6 +680,7 @@ store_reserve(struct store *s, const struct kv_key *key, uint64_t size, struct s
     o->seg = 0;
     o->cache = 0;
     atomic_init(&o->must_write, 0);
+    atomic_init(&o->vcrc, 0);
     atomic_init(&o->ssd, STORE_SSD_NONE);
     memset(&o->loc, 0, sizeof(o->loc));
     memcpy(o->ext, ext, (size_t)n * sizeof(ext[0]));
@@ -797,21 +799,64 @@ store_put(struct store *s, const struct kv_key *key, const void *data, uint64_t 
     return store_commit(s, o);
 }
 
+/* store_mark_cache: o (reserved by this writer) is a cluster cache copy. */
+static void
+store_mark_cache(struct store *s, struct store_obj *o)
+{
+    struct store_shard *sh = store_shard_of(s, o->hash);
+
+    atomic_store_explicit(&s->has_cache, true, memory_order_relaxed);
+    pthread_mutex_lock(&sh->lock);
+    o->cache = 1;
+    pthread_mutex_unlock(&sh->lock);
+}
+
 int
 store_put_cache(struct store *s, const struct kv_key *key, const void *data, uint64_t len)
 {
-    uint64_t hash = store_hash64(key);
-    struct store_shard *sh = store_shard_of(s, hash);
     struct store_obj *o;
     int rc = store_reserve_copy(s, key, data, len, &o);
 
     if (rc != 0) {
         return rc;
     }
-    atomic_store_explicit(&s->has_cache, true, memory_order_relaxed);
-    pthread_mutex_lock(&sh->lock);
-    o->cache = 1;
-    pthread_mutex_unlock(&sh->lock);
+    store_mark_cache(s, o);
+    return store_commit(s, o);
+}
+
+/* Checksum and copy this much at a time: well inside L2, so the copy reads cached bytes. */
+#define STORE_CRC_CHUNK (64u * 1024u)
+
+int
+store_put_crc(struct store *s, const struct kv_key *key, const void *data, uint64_t len,
+              uint32_t crc, bool cache)
+{
+    const uint8_t *src = data;
+    struct store_obj *o;
+    uint32_t got = 0;
+    int rc;
+
+    if (len != 0 && data == NULL) {
+        return KV_INVALID_ARGUMENT;
+    }
+    rc = store_reserve(s, key, len, &o);
+    if (rc != 0) {
+        return rc;
+    }
+    for (uint64_t off = 0; off < len; off += STORE_CRC_CHUNK) {
+        uint64_t n = len - off < STORE_CRC_CHUNK ? len - off : STORE_CRC_CHUNK;
+
+        got = crc32c_extend(got, src + off, (size_t)n);
+        store_obj_write(o, off, src + off, n);
+    }
+    if (got != crc) {
+        store_abort(s, o);
+        return KV_CHECKSUM_MISMATCH;
+    }
+    atomic_store_explicit(&o->vcrc, STORE_VCRC_KNOWN | crc, memory_order_release);
+    if (cache) {
+        store_mark_cache(s, o);
+    }
     return store_commit(s, o);
 }
 
@@ -894,6 +939,32 @@ store_obj_unref(struct store *s, struct store_obj *o)
     if (o != NULL) {
         store_obj_put(s, o, 1);
     }
+}
+
+uint32_t
+store_obj_crc(struct store_obj *o)
+{
+    uint64_t v = atomic_load_explicit(&o->vcrc, memory_order_acquire);
+    struct iovec iov[STORE_MAX_EXTENTS];
+    uint32_t crc = 0;
+    int n;
+
+    if (v & STORE_VCRC_KNOWN) {
+        return (uint32_t)v;
+    }
+    /* Two threads may both compute it the first time: same bytes, same answer. */
+    n = store_obj_iov(o, iov, STORE_MAX_EXTENTS);
+    for (int i = 0; i < n; i++) {
+        crc = crc32c_extend(crc, iov[i].iov_base, iov[i].iov_len);
+    }
+    atomic_store_explicit(&o->vcrc, STORE_VCRC_KNOWN | crc, memory_order_release);
+    return crc;
+}
+
+void
+store_obj_set_crc(struct store_obj *o, uint32_t crc)
+{
+    atomic_store_explicit(&o->vcrc, STORE_VCRC_KNOWN | crc, memory_order_release);
 }
 
 uint64_t

@@ -254,6 +254,18 @@ int store_put(struct store *s, const struct kv_key *key, const void *data, uint6
 int store_put_cache(struct store *s, const struct kv_key *key, const void *data, uint64_t len);
 
 /*
+ * store_put_crc: store_put (cache false) or store_put_cache (cache true) of a value sent with
+ * its CRC-32C: the bytes are checksummed as they are copied into the arena (in chunks that
+ * stay in the CPU cache between the two, so the value is read from memory once), and the
+ * object is published only when they match crc, which it then keeps (store_obj_crc answers
+ * without reading the value again). Same returns as store_reserve, and
+ * KV_CHECKSUM_MISMATCH: the bytes are not what crc covers; nothing is stored. A key already
+ * PUBLISHED answers KV_EXISTS without the bytes being checked.
+ */
+int store_put_crc(struct store *s, const struct kv_key *key, const void *data, uint64_t len,
+                  uint32_t crc, bool cache);
+
+/*
  * store_set_cache: mark a PUBLISHED object as a cache copy (cache true: this node no longer
  * owns the key after a view change) or as owned (false). Returns 0 or KV_NOT_FOUND.
  */
@@ -301,6 +313,21 @@ uint64_t store_obj_size(const struct store_obj *o);
  * the caller holds its reference; a reader must not write to it.
  */
 int store_obj_iov(const struct store_obj *o, struct iovec *iov, int max);
+
+/*
+ * store_obj_crc: the CRC-32C of the object's value. Computed on the first call (or given by
+ * store_put_crc / store_obj_set_crc) and kept on the object: values never change once
+ * written, so later calls (a peer fetching the same key again) do not read the value.
+ * Call it only on a complete value (published, or reserved with every byte written); the
+ * caller holds a reference. Any thread.
+ */
+uint32_t store_obj_crc(struct store_obj *o);
+
+/*
+ * store_obj_set_crc: record crc as the object's value checksum, for a caller that computed it
+ * over exactly these bytes (a receiver that checked what it wrote). Any thread.
+ */
+void store_obj_set_crc(struct store_obj *o, uint32_t crc);
 
 /*
  * store_obj_read: copy len bytes at offset off of the value into dst.

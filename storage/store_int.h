@@ -53,12 +53,13 @@ enum store_lru {
 };
 
 /*
- * One object: 112 bytes on LP64, then room for ext_cap extents (8 bytes
+ * One object: 120 bytes on LP64, then room for ext_cap extents (8 bytes
  * each) and the key bytes in the same heap block. What a lookup reads (hash,
  * tenant, key_len, state) and what an access writes (atime, referenced) sit
  * in the first 40 bytes. Everything but refs and ssd is guarded by the shard
  * lock, except what is immutable after store_reserve (hash, tenant, key_len,
- * ext_cap, size, base, key), which reference holders read without it. n_ext
+ * ext_cap, size, base, key), which reference holders read without it, and
+ * vcrc, an atomic that goes once from 0 to the value's checksum. n_ext
  * and ext change only while the object is not resident (evicted to the SSD
  * tier, or being loaded back), when no reader holds it through store_get.
  *
@@ -93,10 +94,13 @@ struct store_obj {
     uint8_t cache;                  /* a cluster cache copy: this node does not own the key */
     _Atomic uint8_t must_write;     /* a durable put waits on its copy: never refused by the
                                        tier's admission (store_obj_must_write) */
+    _Atomic uint64_t vcrc;          /* STORE_VCRC_KNOWN | the value's CRC-32C; 0: not known yet */
     struct alloc_extent ext[];      /* ext_cap extents, then key_len key bytes */
 };
 
-_Static_assert(sizeof(struct store_obj) <= 112, "object header grew; update the comment above");
+_Static_assert(sizeof(struct store_obj) <= 120, "object header grew; update the comment above");
+
+#define STORE_VCRC_KNOWN (1ull << 32)  /* vcrc holds a checksum (set once: values are immutable) */
 
 struct store_list {
     struct store_obj *head;

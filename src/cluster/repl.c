@@ -24,7 +24,6 @@
 #include <sys/uio.h>
 
 #include "clock.h"
-#include "crc32c.h"
 #include "kverr.h"
 #include "log.h"
 #include "mp.h"
@@ -274,14 +273,14 @@ repl_fetch_value(struct repl *r, struct mp_reader *rd, const struct repl_fetch *
         || mp_read_bin(rd, &vp, &vlen) != 0) {
         return -1;
     }
-    if (crc32c_extend(0, vp, vlen) != (uint32_t)crc) {
+    /* checked as it is copied into the arena (one read of the bytes), kept only when whole */
+    rc = store_put_crc(r->cfg.store, &key, vp, vlen, (uint32_t)crc, !e->owned);
+    if (rc == KV_CHECKSUM_MISMATCH) {
         repl_add(&r->checksum_mismatches, 1);
         log_warn("cluster: a value fetched from %s failed its CRC-32C; asking the next owner",
                  e->view->nodes[e->owners[e->next]].addr);
         return -1;
     }
-    rc = e->owned ? store_put(r->cfg.store, &key, vp, vlen)
-                  : store_put_cache(r->cfg.store, &key, vp, vlen);
     return rc == 0 || rc == KV_EXISTS || rc == KV_BUSY ? 1 : 0;
 }
 
@@ -557,13 +556,11 @@ repl_stored(void *arg, const struct kv_key *key, struct store_obj *o)
 {
     struct repl *r = arg;
     struct cluster_view *v = view_acquire();
-    struct iovec iov[STORE_MAX_EXTENTS];
     size_t own[PLACE_R_MAX];
     struct repl_ticket *t = NULL;
     bool owned = false;
-    uint32_t crc = 0;
+    uint32_t crc;
     size_t no;
-    int nio;
 
     if (v == NULL) {
         return NULL;
@@ -579,12 +576,9 @@ repl_stored(void *arg, const struct kv_key *key, struct store_obj *o)
         atomic_init(&t->refs, 1);   /* the request layer's */
         atomic_init(&t->pending, 0);
     }
-    nio = store_obj_iov(o, iov, STORE_MAX_EXTENTS);
-    for (int i = 0; i < nio; i++) {
-        crc = crc32c_extend(crc, iov[i].iov_base, iov[i].iov_len);
-    }
     for (size_t j = 0; j < no; j++) {
         if ((int)own[j] != v->self) {
+            crc = store_obj_crc(o);    /* once: kept on the object, so later peer_gets are free */
             repl_send_put(r, v->nodes[own[j]].addr, key, o, crc, t);
         }
     }

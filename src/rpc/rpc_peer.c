@@ -22,20 +22,6 @@
 
 #define RPC_PEER_STACK 64
 
-/* rpc_peer_crc: the CRC-32C of an object's value (a reference the caller holds). */
-static uint32_t
-rpc_peer_crc(const struct store_obj *o)
-{
-    struct iovec iov[STORE_MAX_EXTENTS];
-    int n = store_obj_iov(o, iov, STORE_MAX_EXTENTS);
-    uint32_t crc = 0;
-
-    for (int i = 0; i < n; i++) {
-        crc = crc32c_extend(crc, iov[i].iov_base, iov[i].iov_len);
-    }
-    return crc;
-}
-
 /*
  * rpc_peer_begin: check the caller may act for other nodes, read the tenant
  * param and switch the connection's namespace to it for this request
@@ -93,7 +79,7 @@ rpc_peer_get(struct rpc_req *rq)
                 continue;
             }
             msgpack_pack_array(&rq->pk, 2);
-            msgpack_pack_uint32(&rq->pk, rpc_peer_crc(objs[i]));
+            msgpack_pack_uint32(&rq->pk, store_obj_crc(objs[i]));
             msgpack_pack_bin(&rq->pk, (size_t)store_obj_size(objs[i]));
             bytes += store_obj_size(objs[i]);
             outq_obj(rq->out, objs[i]);     /* the reference goes with the value */
@@ -145,7 +131,7 @@ rpc_peer_stored_crc(struct store *st, const struct kv_key *key)
     uint32_t crc = 0;
 
     if (store_get(st, key, &o) == 0) {
-        crc = rpc_peer_crc(o);
+        crc = store_obj_crc(o);
         store_obj_unref(st, o);
     }
     return crc;
@@ -175,20 +161,26 @@ rpc_peer_put_one(struct rpc_req *rq, const uint8_t *kp, uint32_t klen, const uin
             rc = sp->code;
         } else {
             sp->obj = NULL;
-            if (rpc_peer_crc(o) != sent) {
+            if (store_obj_crc(o) != sent) {
                 store_abort(st, o);
                 ctr_add(&rq->ctx->ctr->peer_checksum_mismatches, 1);
                 return KV_CHECKSUM_MISMATCH;    /* damaged on the way: nothing stored */
             }
             rc = store_commit(st, o);
         }
-    } else if (crc32c_extend(0, vp, (size_t)vlen) != sent) {
-        ctr_add(&rq->ctx->ctr->peer_checksum_mismatches, 1);
-        return KV_CHECKSUM_MISMATCH;
     } else if (klen > rq->ctx->lim->max_key_size || vlen > rq->ctx->lim->max_value_size) {
         return KV_TOO_LARGE;
     } else {
-        rc = store_put(st, &key, vp, vlen);
+        /* checked as it is copied, and the checksum kept for later peer_gets */
+        rc = store_put_crc(st, &key, vp, vlen, sent, false);
+        if (rc == KV_EXISTS && rpc_peer_stored_crc(st, &key) != sent
+            && crc32c_extend(0, vp, (size_t)vlen) != sent) {
+            rc = KV_CHECKSUM_MISMATCH;  /* damaged on the way, not another writer's bytes */
+        }
+        if (rc == KV_CHECKSUM_MISMATCH) {
+            ctr_add(&rq->ctx->ctr->peer_checksum_mismatches, 1);
+            return rc;
+        }
     }
     if (rc == 0) {
         *crc = sent;

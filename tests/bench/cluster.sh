@@ -11,9 +11,13 @@
 #   put R=2  batch_put into A with replicas 2 (B owns every key too; write_ack all): the
 #            daemons' CPU (A + B, core-seconds per GB put) against one daemon alone with no
 #            pool, in the same run. Target: at most 2.2x.
+#   p99      local hits on A (`get` of one 4 KiB key per request, depth 1, 3 s) while a node
+#            joins a real pool (etcd on loopback, R=1) and A's rebalance walk pushes it about
+#            half of KEYS keys of 1 MiB, against the same pass idle just before. Target:
+#            unchanged. Skipped (with the reason) without /usr/bin/etcd (ETCD).
 #
 # Environment: KVSTASHD, BENCH (kvstash-bench), BENCH_REPS (3), BENCH_CLUSTER_KEYS (1024:
-# keys of 1 MiB per run), BENCH_CLUSTER_MEMORY (3g per daemon).
+# keys of 1 MiB per run), BENCH_CLUSTER_MEMORY (3g per daemon), ETCD (/usr/bin/etcd).
 # Prints every command before it runs; every wait is bounded; exits non-zero when a daemon
 # dies or a run fails.
 set -u -o pipefail
@@ -160,3 +164,95 @@ pmed=$(printf '%s\n' "${pool_cpu[@]}" | median)
 smed=$(printf '%s\n' "${one_cpu[@]}" | median)
 echo "median: R=2 pool $pmed core-s/GB, one daemon $smed core-s/GB, ratio" \
      "$(awk -v a="$pmed" -v b="$smed" 'BEGIN { printf "%.2f", a / b }') (target <= 2.2)"
+for pid in "${pids[@]}"; do kill "$pid"; wait "$pid" 2>/dev/null; done
+pids=()
+echo
+
+# ---- local hit p99 while a rebalance runs, against idle ----
+# A alone in a pool (etcd on loopback, R=1) holds the KEYS keys of 1 MiB and RB_HOT keys of
+# 4 KiB; each run measures `get` of one 4 KiB key at a time on A idle, then while a new node
+# joins and A's rebalance walk pushes about half of the 1 MiB keys to it (rate limited to
+# 256 MiB/s). The joining node of run r is b<r>; b<r-1> left (SIGTERM) before it, and
+# A walked again (--rebalance_delay=0s) before the idle pass.
+echo "== local hit p99 on A: idle, then while a node joins and A's walk pushes its keys =="
+ETCD=${ETCD:-/usr/bin/etcd}
+RB_HOT=1000
+if [ ! -x "$ETCD" ]; then
+    echo "skipped: no etcd at $ETCD (apt-get install etcd-server)"
+    exit 0
+fi
+ec=$(free_port) || die "no free port"
+ep=$(free_port) || die "no free port"
+ecmd=("$ETCD" --name kvb --data-dir "$tmp/etcd" --listen-client-urls "http://127.0.0.1:$ec"
+      --advertise-client-urls "http://127.0.0.1:$ec" --listen-peer-urls "http://127.0.0.1:$ep"
+      --initial-advertise-peer-urls "http://127.0.0.1:$ep" --initial-cluster "kvb=http://127.0.0.1:$ep"
+      --log-level warn)
+show "${ecmd[@]}"
+"${ecmd[@]}" >"$tmp/etcd.log" 2>&1 &
+pids+=("$!")
+for _ in $(seq 1 100); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$ec") 2>/dev/null && break
+    sleep 0.1
+done
+rbpool=(--cluster_name=rb --etcd_endpoints="http://127.0.0.1:$ec" --etcd_lease_ttl=2s
+        --replicas=1 --rebalance_delay=0s --peer_timeout=10s)
+pa=$(free_port) || die "no free port"
+start a "$pa" "" --node_id=a --peer_advertise="127.0.0.1:$pa" "${rbpool[@]}"
+pid_a=$started
+echo "\$ $BENCH -H 127.0.0.1:$pa -m put -i rb -c 1 -b 8 -s 1m -n $((KEYS / 8)) -q"
+"$BENCH" -H "127.0.0.1:$pa" -m put -i rb -c 1 -b 8 -s 1m -n $((KEYS / 8)) -t 600 -q >/dev/null \
+    || die "the put of the rebalance's keys failed"
+"$BENCH" -H "127.0.0.1:$pa" -m put -i hot -c 1 -b 8 -s 4096 -n $((RB_HOT / 8)) -t 600 -q \
+    >/dev/null || die "the put of the 4 KiB keys failed"
+# hot_pass: `get` of the 4 KiB keys, one per request, for 3 s; the result line
+hot_pass() {
+    "$BENCH" -H "127.0.0.1:$pa" -m get -N -i hot -c 1 -d 1 -b 1 -s 4096 -k "$RB_HOT" -t 3 -q
+}
+walks() { grep -c 'rebalance to view .* done' "$tmp/a.log"; }
+hot_pass >/dev/null || die "the warm-up pass failed"   # first touches, not counted
+idle=() busy=()
+prev=""
+for r in $(seq 1 "$REPS"); do
+    if [ -n "$prev" ]; then
+        # b<r-1> leaves; once its lease (2 s) is gone A walks (and, owning every key again,
+        # already holding each, pushes nothing)
+        w0=$(walks)
+        kill "$prev" && wait "$prev" 2>/dev/null
+        for _ in $(seq 1 300); do [ "$(walks)" -gt "$w0" ] && break; sleep 0.1; done
+        [ "$(walks)" -gt "$w0" ] || die "run $r: A did not walk after b$((r - 1)) left"
+    fi
+    id=$(hot_pass) || die "the idle pass of run $r failed"
+    w0=$(walks)
+    # b<r> started without waiting for it (its walk must overlap the pass that follows)
+    pb=$(free_port) || die "no free port"
+    mkdir -p "$tmp/b$r"
+    bcmd=("$KVSTASHD" --listen="127.0.0.1:$pb" --data_dir="$tmp/b$r" --unix_socket=none
+          --memory_size=2g --ssd_dir= --metrics_listen= --node_id="b$r"
+          --peer_advertise="127.0.0.1:$pb" "${rbpool[@]}")
+    show "${bcmd[@]}"
+    t0=$(date +%s.%N)
+    "${bcmd[@]}" >"$tmp/b$r.log" 2>&1 &
+    prev=$!
+    pids+=("$prev")
+    bu=$(hot_pass) || die "the pass during the walk of run $r failed"
+    t1=$(date +%s.%N)
+    for _ in $(seq 1 600); do [ "$(walks)" -gt "$w0" ] && break; sleep 0.1; done
+    line=$(grep 'rebalance to view .* done' "$tmp/a.log" | tail -n 1)
+    [ "$(walks)" -gt "$w0" ] || die "run $r: A's walk did not finish within 60 s"
+    walk=${line##*done in }
+    ms=${walk%% ms*}
+    # the walk's span from its log stamp (it ends at the stamp, began ms before)
+    tend=$(date -d "$(echo "$line" | awk '{ print $1 }')" +%s.%N)
+    span=$(awk -v a="$t0" -v b="$t1" -v e="$tend" -v m="$ms" \
+           'BEGIN { printf "walk from +%.2f s to +%.2f s of the pass (0 to %.2f s)", e - m / 1000 - a, e - a, b - a }')
+    echo "run $r: idle   $id"
+    echo "run $r: during $bu"
+    echo "run $r: A's walk: $walk; $span"
+    case "$walk" in *" 0 keys pushed"*) die "run $r: A's walk pushed nothing" ;; esac
+    idle+=("$(field p99_us "$id")")
+    busy+=("$(field p99_us "$bu")")
+done
+imed=$(printf '%s\n' "${idle[@]}" | median)
+bmed=$(printf '%s\n' "${busy[@]}" | median)
+echo "median: local 4 KiB get p99 idle $imed us, during a rebalance $bmed us, ratio" \
+     "$(awk -v a="$bmed" -v b="$imed" 'BEGIN { printf "%.2f", a / b }') (target: unchanged)"

@@ -2,7 +2,7 @@
  * test_crc32c: CRC-32C as the SSD records rely on it: the published check
  * value and the iSCSI test vectors (RFC 3720 B.4), agreement of the hardware
  * and table paths with a bit-at-a-time reference at every length and
- * alignment the three-way blocking can split on, composition through
+ * alignment the six-way blocking can split on, composition through
  * crc32c_extend, detection of every single-bit error, and a racing first use
  * from many threads (each Criterion test runs in a fresh process, so that
  * test really is the first use).
@@ -64,11 +64,13 @@ t_have_hw(void)
 #endif
 }
 
-/* Lengths where the hardware path changes strategy: 8-byte words, three
- * streams of 256 bytes, three streams of 8192 bytes, and their edges. */
+/* Lengths where the hardware path changes strategy: 8-byte words, six
+ * streams of 128 bytes (768), six streams of 8192 bytes (49,152), and their
+ * edges; the three-stream edges of the earlier blocking stay in. */
 static const size_t t_edge_lens[] = {
     7, 8, 9, 63, 64, 65, 767, 768, 769, 775, 776, 1535, 1536, 1543, 24575, 24576, 24577,
-    24583, 25344, 25345, 49151, 49152, 49153, 49152 + 768 + 7, 100000, MiB - 1, MiB, MiB + 13,
+    24583, 25344, 25345, 49151, 49152, 49153, 49152 + 768 + 7, 98303, 98304, 98305,
+    2 * 49152 + 2 * 768 + 15, 100000, MiB - 1, MiB, MiB + 13,
 };
 
 #define T_NEDGE (sizeof(t_edge_lens) / sizeof(t_edge_lens[0]))
@@ -162,7 +164,7 @@ Test(crc32c, hardware_matches_tables, .timeout = 60)
     buf = malloc(cap);
     cr_assert_not_null(buf);
     t_fill(buf, cap, 1234);
-    /* Every length up to past two short three-way blocks, every misalignment. */
+    /* Every length up to past two short six-way blocks, every misalignment. */
     for (size_t len = 0; len <= 1600; len++) {
         for (size_t off = 0; off < 16; off++) {
             cr_assert_eq(crc32c_extend(0, buf + off, len), crc32c_sw(0, buf + off, len),

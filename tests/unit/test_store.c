@@ -9,6 +9,7 @@
 #include <criterion/criterion.h>
 
 #include "clock.h"
+#include "crc32c.h"
 #include "kverr.h"
 #include "store.h"
 #include "store_keys.h"
@@ -623,6 +624,52 @@ Test(store, eviction_takes_cache_copies_before_owned_objects)
         cache_gone += c == 0;
     }
     cr_assert_eq(cache_gone, t_stats(s).evictions);
+    free(buf);
+    store_destroy(s);
+}
+
+/*
+ * store_put_crc (what a node does with a value a peer sent): stored only when the bytes match
+ * the checksum, at lengths on both sides of its 64 KiB chunks; a damaged value leaves the key
+ * free; the checksum is kept on the object, and store_obj_crc of a plain put is the CRC-32C.
+ */
+Test(store, put_crc_keeps_only_values_that_match_their_checksum)
+{
+    static const uint64_t lens[] = {0, 1, 4095, 65535, 65536, 65537, 300001, 1048576};
+    struct store *s = t_store(16 * MiB, 0.9, 0.8);
+    uint8_t *buf = malloc(MiB);
+    struct t_key tk;
+    struct store_obj *o;
+
+    cr_assert_not_null(buf);
+    for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
+        uint64_t len = lens[i];
+        uint32_t crc;
+
+        t_fill(buf, 100 + i, len);
+        crc = crc32c_extend(0, buf, len);
+        if (len > 0) {
+            buf[len / 2] ^= 0x10;   /* damaged on the way */
+            cr_assert_eq(store_put_crc(s, t_key(&tk, 0, 100 + i), buf, len, crc, false),
+                         KV_CHECKSUM_MISMATCH, "len %llu", (unsigned long long)len);
+            cr_assert_eq(t_check(s, 0, 100 + i, len), 0, "a damaged value was kept");
+            buf[len / 2] ^= 0x10;
+        }
+        cr_assert_eq(store_put_crc(s, t_key(&tk, 0, 100 + i), buf, len, crc, i % 2 == 1), 0,
+                     "len %llu", (unsigned long long)len);
+        cr_assert_eq(t_check(s, 0, 100 + i, len), 1, "len %llu", (unsigned long long)len);
+        cr_assert_eq(store_put_crc(s, t_key(&tk, 0, 100 + i), buf, len, crc, false), KV_EXISTS);
+        cr_assert_eq(store_get(s, t_key(&tk, 0, 100 + i), &o), 0);
+        cr_assert_eq(store_obj_crc(o), crc, "len %llu", (unsigned long long)len);
+        store_obj_unref(s, o);
+
+        /* a plain put: the checksum computed on first asking, the same on the second */
+        cr_assert_eq(t_put(s, 1, 100 + i, len), 0);
+        cr_assert_eq(store_get(s, t_key(&tk, 1, 100 + i), &o), 0);
+        cr_assert_eq(store_obj_crc(o), crc);
+        cr_assert_eq(store_obj_crc(o), crc);
+        store_obj_unref(s, o);
+    }
     free(buf);
     store_destroy(s);
 }
