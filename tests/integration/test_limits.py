@@ -48,6 +48,10 @@ def test_reader_that_never_reads_is_closed_and_others_are_still_served(work):
         for i in range(8):
             assert fast.call("put", f"big{i}".encode(), bytes([i]) * (8 * MIB)) == 0
         served(fast)
+        # the arena's background population makes its pages resident: RSS is compared once
+        # it has finished
+        wait_for(lambda: (lambda st: st["memory_prefaulted"] >= st["memory_capacity"])(
+            fast.call("stats")), 60, "the arena populated")
         rss0 = rss_kib(d.pid)
 
         # A client that asks for 64 MiB a request, over and over, and never reads.
