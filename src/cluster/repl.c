@@ -177,6 +177,23 @@ repl_done_locked(struct repl *r, struct repl_fetch *e, uint64_t now)
     r->dtail = e;
 }
 
+/* repl_fail: no owner could be asked for failed[0..n): each is a remote miss, done. */
+static void
+repl_fail(struct repl *r, struct repl_fetch **failed, uint32_t n, uint64_t now)
+{
+    if (n == 0) {
+        return;
+    }
+    pthread_mutex_lock(&r->lock);
+    for (uint32_t i = 0; i < n; i++) {
+        repl_add(&r->remote_misses, 1);
+        view_release(failed[i]->view);
+        failed[i]->view = NULL;
+        repl_done_locked(r, failed[i], now);
+    }
+    pthread_mutex_unlock(&r->lock);
+}
+
 /* ---- fetching ---- */
 
 static void repl_fetch_answer(void *arg, int status, const uint8_t *res, size_t len);
@@ -328,16 +345,7 @@ repl_fetch_answer(void *arg, int status, const uint8_t *res, size_t len)
     if (nretry > 0) {
         repl_send(r, b->tenant, retry, nretry, failed, &nfailed);
     }
-    if (nfailed > 0) {
-        pthread_mutex_lock(&r->lock);
-        for (uint32_t i = 0; i < nfailed; i++) {
-            repl_add(&r->remote_misses, 1);
-            view_release(failed[i]->view);
-            failed[i]->view = NULL;
-            repl_done_locked(r, failed[i], now);
-        }
-        pthread_mutex_unlock(&r->lock);
-    }
+    repl_fail(r, failed, nfailed, now);
     free(got);
     free(retry);
     free(failed);
@@ -415,16 +423,7 @@ repl_fetch(void *arg, const struct kv_key *keys, uint32_t n, bool final)
     if (nfresh > 0) {
         repl_send(r, keys[0].tenant, fresh, nfresh, failed, &nfailed);
     }
-    if (nfailed > 0) {
-        pthread_mutex_lock(&r->lock);
-        for (uint32_t i = 0; i < nfailed; i++) {
-            repl_add(&r->remote_misses, 1);
-            view_release(failed[i]->view);
-            failed[i]->view = NULL;
-            repl_done_locked(r, failed[i], now);
-        }
-        pthread_mutex_unlock(&r->lock);
-    }
+    repl_fail(r, failed, nfailed, now);
     free(fresh);
     free(failed);
     view_release(v);
