@@ -16,6 +16,13 @@ Pool.wait_view(n) waits until every running node sees the same view of n active 
 Proxy(target) is a TCP forwarder a node can be given as its etcd endpoint, to cut that node
 from etcd alone (cut/restore).
 
+ViewPool(work, n) is a pool without etcd: n daemons on 127.0.0.1 that know each other
+through a fixed view (KVSTASH_TEST_VIEW), each with its metrics port; owners(key), has(i,
+keys) (peer_exists: what node i holds itself) and metric(i, name). The view_pools fixture
+(conftest.py) starts them and kills them at teardown. metric_total(port, name) sums one
+metric's series on a /metrics page; wait_until(pred, what) is kvtest.wait_for with the
+pool tests' 20 s default.
+
 Every wait is bounded; every process started is killed at teardown (the fixtures in
 conftest.py). A machine without /usr/bin/etcd skips the tests with the reason.
 """
@@ -33,8 +40,11 @@ import urllib.request
 
 import pytest
 
+sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
+import kvtest  # noqa: E402
 from kvtest import Client, Daemon, wait_for  # noqa: E402
+from place_ref import owners  # noqa: E402
 
 ETCD = os.environ.get("ETCD") or "/usr/bin/etcd"
 ETCD_START_TIMEOUT = 20.0
@@ -50,6 +60,22 @@ def free_port(host="127.0.0.1"):
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def wait_until(pred, what, timeout=20.0):
+    """Poll pred() (every 50 ms) until it is truthy; a test failure naming what after
+    timeout seconds."""
+    return wait_for(pred, timeout, what, interval=0.05)
+
+
+def metric_total(port, name, host="127.0.0.1", headers=None):
+    """The sum of every series of metric name (bare or with labels) on host:port/metrics;
+    name may carry labels itself to pick one series."""
+    req = urllib.request.Request(f"http://{host}:{port}/metrics", headers=headers or {})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        text = r.read().decode()
+    return sum(int(float(line.rsplit(" ", 1)[1])) for line in text.splitlines()
+               if line.startswith(name + " ") or line.startswith(name + "{"))
 
 
 def b64(x):
@@ -163,20 +189,21 @@ class Etcd:
 
 
 class Proxy:
-    """A TCP forwarder on 127.0.0.1 to target (host, port), in threads: a node given
-    proxy.endpoint as its etcd endpoint reaches etcd only through it. cut() closes every
-    connection and refuses new ones (the node is cut from etcd, nothing else); restore()
-    lets them through again."""
+    """A TCP forwarder on host (127.0.0.1 unless told) to target (host, port), in threads: a
+    node given proxy.endpoint as its etcd endpoint reaches etcd only through it. cut()
+    closes every connection and refuses new ones (the node is cut from etcd, nothing else);
+    restore() lets them through again."""
 
-    def __init__(self, target):
+    def __init__(self, target, host="127.0.0.1"):
         import threading
         self.target = target
         self.lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.lsock.bind(("127.0.0.1", 0))
+        self.lsock.bind((host, 0))
         self.lsock.listen(64)
         self.lsock.settimeout(0.2)
-        self.endpoint = f"http://127.0.0.1:{self.lsock.getsockname()[1]}"
+        self.port = self.lsock.getsockname()[1]
+        self.endpoint = f"http://{host}:{self.port}"
         self.lock = threading.Lock()
         self.conns = []
         self.open = True
@@ -382,3 +409,69 @@ class Pool:
     def reap(self):
         for n in self.nodes:
             n.reap()
+
+
+class ViewPool:
+    """n daemons on 127.0.0.1 in one pool with no etcd: each knows the others through a
+    fixed view (KVSTASH_TEST_VIEW), as node-0 .. node-<n-1>, R = replicas. Node i has its
+    own port and metrics port (and data dir data[i] when data_prefix names one, so start(i)
+    brings it back as itself). extra: more flags for every node, after the pool's; a
+    subclass adds node i's own before them (node_args). A start that fails leaves no
+    daemon behind."""
+
+    def __init__(self, work, n, extra=(), unix=False, replicas=2, data_prefix=None):
+        self.work = work
+        self.extra = list(extra)
+        self.unix = unix
+        self.replicas = replicas
+        self.ports = [kvtest.free_port() for _ in range(n)]
+        self.mports = [kvtest.free_port() for _ in range(n)]
+        self.ids = [f"node-{i}" for i in range(n)]
+        self.data = [os.path.join(work, f"{data_prefix}-{i}") if data_prefix else None
+                     for i in range(n)]
+        self.view = ",".join(f"{nid}@127.0.0.1:{p}" for nid, p in zip(self.ids, self.ports))
+        self.daemons = [None] * n
+        try:
+            for i in range(n):
+                self.start(i, ready=False)
+            for d in self.daemons:
+                d.wait_ready()
+        except BaseException:
+            self.close()        # a start that failed leaves no daemon behind
+            raise
+
+    def node_args(self, i):
+        """Node i's own flags, before the pool's (a subclass's config file, say)."""
+        return []
+
+    def start(self, i, ready=True):
+        """Start node i (again, after stop()): same id, ports and data dir."""
+        args = [*self.node_args(i), f"--listen=127.0.0.1:{self.ports[i]}",
+                f"--metrics_listen=127.0.0.1:{self.mports[i]}", f"--node_id={self.ids[i]}",
+                "--cluster_name=t", "--etcd_endpoints=http://127.0.0.1:9",
+                f"--replicas={self.replicas}", "--memory_size=64m", *self.extra]
+        d = kvtest.Daemon(self.work, args, data_dir=self.data[i], unix=self.unix,
+                          env={"KVSTASH_TEST_VIEW": self.view})
+        d.port = self.ports[i]
+        self.daemons[i] = d
+        return d.wait_ready() if ready else d
+
+    def owners(self, key):
+        """Indexes of key's owners, first owner first (place_ref over the view)."""
+        return owners([(nid, 1.0) for nid in self.ids], key, self.replicas)
+
+    def has(self, i, keys):
+        """Which of keys node i holds itself (peer_exists asks no one else)."""
+        c = kvtest.Client.tcp(self.ports[i])
+        try:
+            return c.call("peer_exists", 0, list(keys))
+        finally:
+            c.close()
+
+    def metric(self, i, name):
+        return metric_total(self.mports[i], name)
+
+    def close(self):
+        for d in self.daemons:
+            if d is not None:
+                d.reap()

@@ -1,7 +1,8 @@
 """Fixtures of the pool tests: work (a temp dir), etcd (a real etcd, skipped when it is not
-installed), pool (a clusterlib.Pool on that etcd, ttl 2 s), daemon_single (a daemon in no
-pool). Everything started is killed at teardown, and the logs' tails printed (pytest shows
-them for a failed test).
+installed), pool (a clusterlib.Pool on that etcd, ttl 2 s), view_pools (starts
+clusterlib.ViewPool pools: fixed views, no etcd), daemon_single (a daemon in no pool).
+Everything started is killed at teardown, and the logs' tails printed (pytest shows them
+for a failed test).
 
 Tests marked quick are the short set `make test` runs; `make cluster-test` runs them all.
 """
@@ -15,7 +16,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
 
-from clusterlib import Etcd, Pool  # noqa: E402
+from clusterlib import Etcd, Pool, ViewPool  # noqa: E402
 from kvtest import Daemon, require_kvstashd  # noqa: E402
 
 
@@ -46,6 +47,25 @@ def pool(work, etcd):
     p.reap()
     for n in p.nodes:
         print(f"---- {n.node_id} {' '.join(n.cmd[1:])}\n{n.tail(25)}")
+
+
+@pytest.fixture
+def view_pools(work):
+    """view_pools(cls=ViewPool, ...): a pool of that class started in work (further
+    arguments go to it); every pool started is closed at teardown, its logs' tails printed."""
+    pools = []
+
+    def start(cls=ViewPool, *args, **kwargs):
+        p = cls(work, *args, **kwargs)
+        pools.append(p)
+        return p
+
+    yield start
+    for p in pools:
+        p.close()
+        for d in p.daemons:
+            if d is not None:
+                print(f"---- {' '.join(d.cmd[1:])}\n{d.tail(20)}")
 
 
 @pytest.fixture

@@ -15,13 +15,9 @@ Every value is checked against a table of SHA-256 digests; every wait is bounded
 import hashlib
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import tempfile
-import threading
 import time
-import urllib.request
 
 import pytest
 
@@ -30,103 +26,24 @@ sys.path.insert(0, os.path.join(HERE, "..", "integration"))
 sys.path.insert(0, HERE)
 
 import kvtest  # noqa: E402
+from clusterlib import Proxy, ViewPool, metric_total, wait_until  # noqa: E402
 from place_ref import owners  # noqa: E402
 from test_ssd import bucket_files, walk_records  # noqa: E402
 
 R = 2
 
 
-def wait_for(pred, what, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
-def metric(mport, name):
-    with urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    total = 0
-    for line in text.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            total += int(float(line.rsplit(" ", 1)[1]))
-    return total
-
-
 # ---------------------------------------------------------------------------------------
 # A corrupted replica (fixed view, SSD tiers)
 
 
-class SsdPool:
-    """n daemons with a fixed view and an SSD tier each (write-through), on fixed ports and
-    data dirs so a node can be stopped and started again as itself."""
-
-    def __init__(self, work, n):
-        self.work = work
-        self.ports = [kvtest.free_port() for _ in range(n)]
-        self.mports = [kvtest.free_port() for _ in range(n)]
-        self.ids = [f"node-{i}" for i in range(n)]
-        self.data = [os.path.join(work, f"faults-data-{i}") for i in range(n)]
-        self.view = ",".join(f"{nid}@127.0.0.1:{p}" for nid, p in zip(self.ids, self.ports))
-        self.daemons = [None] * n
-        try:
-            for i in range(n):
-                self.start(i)
-            for d in self.daemons:
-                d.wait_ready()
-        except BaseException:
-            self.close()        # a start that failed leaves no daemon behind
-            raise
-
-    def start(self, i):
-        self.daemons[i] = kvtest.Daemon(
-            self.work, [f"--listen=127.0.0.1:{self.ports[i]}",
-                        f"--metrics_listen=127.0.0.1:{self.mports[i]}",
-                        f"--data_dir={self.data[i]}", f"--node_id={self.ids[i]}",
-                        "--cluster_name=t", "--etcd_endpoints=http://127.0.0.1:9",
-                        f"--replicas={R}", "--memory_size=64m", "--ssd_size=256m",
-                        "--ssd_bucket_size=16m", "--ssd_offload=write_through"],
-            data_dir=self.data[i], unix=False, env={"KVSTASH_TEST_VIEW": self.view})
-        self.daemons[i].port = self.ports[i]
-        return self.daemons[i]
-
-    def owners(self, key):
-        return owners([(nid, 1.0) for nid in self.ids], key, R)
-
-    def has(self, i, keys):
-        c = kvtest.Client.tcp(self.ports[i])
-        try:
-            return c.call("peer_exists", 0, list(keys))
-        finally:
-            c.close()
-
-    def metric(self, i, name):
-        return metric(self.mports[i], name)
-
-    def close(self):
-        for d in self.daemons:
-            if d is not None:
-                d.reap()
-
-
 @pytest.fixture
-def ssd_pool():
-    kvtest.require_kvstashd()
-    with tempfile.TemporaryDirectory(prefix="kvstash-cluster-faults-") as work:
-        pools = []
-
-        def start(n=3):
-            p = SsdPool(work, n)
-            pools.append(p)
-            return p
-
-        yield start
-        for p in pools:
-            p.close()
-            for d in p.daemons:
-                if d is not None:
-                    print(f"---- {' '.join(d.cmd[1:])}\n{d.tail(20)}")
+def ssd_pool(view_pools):
+    """ssd_pool(n=3): n daemons with a fixed view and an SSD tier each (write-through), on
+    fixed ports and data dirs so a node can be stopped and started again as itself."""
+    return lambda n=3: view_pools(ViewPool, n, data_prefix="faults-data",
+                                  extra=["--ssd_size=256m", "--ssd_bucket_size=16m",
+                                         "--ssd_offload=write_through"])
 
 
 def test_a_corrupted_replica_is_detected_and_routed_around(ssd_pool):
@@ -146,8 +63,8 @@ def test_a_corrupted_replica_is_detected_and_routed_around(ssd_pool):
 
     # node 1's copies reach its SSD (write-through), then node 1 stops
     c1 = p.daemons[1].tcp()
-    wait_for(lambda: c1.call("stats")["ssd_objects"] >= len(keys), "node 1's SSD copies")
-    wait_for(lambda: c1.call("stats")["ssd_offload_queue"] == 0, "node 1's offload queue")
+    wait_until(lambda: c1.call("stats")["ssd_objects"] >= len(keys), "node 1's SSD copies")
+    wait_until(lambda: c1.call("stats")["ssd_offload_queue"] == 0, "node 1's offload queue")
     p.daemons[1].stop()
 
     # flip one byte in the middle of every value in node 1's bucket files
@@ -167,8 +84,8 @@ def test_a_corrupted_replica_is_detected_and_routed_around(ssd_pool):
             f.flush()
             os.fsync(f.fileno())
 
-    p.start(1).wait_ready()
-    wait_for(lambda: all(p.has(1, keys)), "node 1's index loaded")     # listed, not yet read
+    p.start(1)
+    wait_until(lambda: all(p.has(1, keys)), "node 1's index loaded")     # listed, not yet read
 
     # node 0 asks node 1 first: its copy fails the record's CRC there (a miss at node 1),
     # and node 2's copy answers; never the damaged bytes
@@ -207,62 +124,6 @@ def netns_unavailable():
     if shutil.which("ip") is None:
         return "no ip(8) (iproute2)"
     return None
-
-
-class Forwarder:
-    """A TCP forwarder listening on (host, port 0) to target, in threads: the cut node's way
-    to etcd (which listens on 127.0.0.1 of the host's namespace)."""
-
-    def __init__(self, host, target):
-        self.target = target
-        self.lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.lsock.bind((host, 0))
-        self.lsock.listen(64)
-        self.port = self.lsock.getsockname()[1]
-        self.endpoint = f"http://{host}:{self.port}"
-        self.closed = False
-        self.socks = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _pipe(self, a, b):
-        try:
-            while True:
-                data = a.recv(65536)
-                if not data:
-                    break
-                b.sendall(data)
-        except OSError:
-            pass
-        for s in (a, b):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    def _accept(self):
-        while not self.closed:
-            try:
-                a, _ = self.lsock.accept()
-            except OSError:
-                return
-            try:
-                b = socket.create_connection(self.target, timeout=5)
-                b.settimeout(None)
-            except OSError:
-                a.close()
-                continue
-            self.socks += [a, b]
-            threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(b, a), daemon=True).start()
-
-    def close(self):
-        self.closed = True
-        for s in [self.lsock] + self.socks:
-            try:
-                s.close()
-            except OSError:
-                pass
 
 
 class NetNs:
@@ -326,7 +187,7 @@ def netns():
 
 def test_a_node_cut_from_its_peers_but_not_from_etcd(work, etcd, netns):
     kvtest.require_kvstashd()
-    fwd = Forwarder(netns.etcd, ("127.0.0.1", int(etcd.endpoint.rsplit(":", 1)[1])))
+    fwd = Proxy(("127.0.0.1", int(etcd.endpoint.rsplit(":", 1)[1])), host=netns.etcd)
     procs = []
     try:
         _cut_node_scenario(work, etcd, netns, fwd, procs)
@@ -365,7 +226,7 @@ def _cut_node_scenario(work, etcd, netns, fwd, procs):
         procs.append(d)
         nodes.append(d)
     for d in nodes:
-        wait_for(lambda d=d: os.path.exists(d.unix_path) and _ping(d), f"{d.cmd[-1]} ready")
+        wait_until(lambda d=d: os.path.exists(d.unix_path) and _ping(d), f"{d.cmd[-1]} ready")
 
     def view_ok(d):
         nodes_seen = _client(d).call("cluster_info")["nodes"]
@@ -373,7 +234,7 @@ def _cut_node_scenario(work, etcd, netns, fwd, procs):
             all(n["state"] == "active" for n in nodes_seen)
 
     for d in nodes:
-        wait_for(lambda d=d: view_ok(d), "one view of 4 active members", timeout=20)
+        wait_until(lambda d=d: view_ok(d), "one view of 4 active members", timeout=20)
 
     def own(key):
         return owners([(nid, 1.0) for nid in ids], key, R)
@@ -395,12 +256,12 @@ def _cut_node_scenario(work, etcd, netns, fwd, procs):
     after = {b"cut-post-%d" % i: os.urandom(8000 + 711 * i) for i in range(24)}
     digest.update({k: hashlib.sha256(v).digest() for k, v in after.items()})
     cb = _client(nodes[1])
-    failed0 = metric(mports[1], 'kvstash_cluster_replications_total{outcome="failed"}')
+    failed0 = metric_total(mports[1], 'kvstash_cluster_replications_total{outcome="failed"}')
     assert cb.call("batch_put", list(after), list(after.values())) == [0] * len(after)
     # the cut is real: every copy b sent to d failed (write_ack all: counted by the reply)
     to_d = sum(1 for k in after if 3 in own(k))
     assert to_d, "placement gave d none of 24 keys"
-    assert metric(mports[1], 'kvstash_cluster_replications_total{outcome="failed"}') \
+    assert metric_total(mports[1], 'kvstash_cluster_replications_total{outcome="failed"}') \
         - failed0 == to_d
     cc = _client(nodes[2])
     for k in list(before) + list(after):
@@ -434,7 +295,7 @@ def _cut_node_scenario(work, etcd, netns, fwd, procs):
         got = cd.call("get", far[0])
         return got is not None and hashlib.sha256(got).digest() == digest[far[0]]
 
-    wait_for(fetched, "d fetching from its peers after the cut is undone", timeout=20)
+    wait_until(fetched, "d fetching from its peers after the cut is undone", timeout=20)
     for k in far[1:]:
         got = cd.call("get", k)
         assert got is not None and hashlib.sha256(got).digest() == digest[k], k

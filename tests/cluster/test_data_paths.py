@@ -18,10 +18,7 @@ import os
 import signal
 import socket
 import sys
-import tempfile
 import threading
-import time
-import urllib.request
 
 import pytest
 
@@ -29,10 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "integration"))
 sys.path.insert(0, HERE)
 
-import kvtest  # noqa: E402
-from place_ref import owners  # noqa: E402
-
-R = 2
+from clusterlib import ViewPool, wait_until  # noqa: E402
 
 pytestmark = pytest.mark.quick     # all of them are in make test's short set
 
@@ -47,81 +41,14 @@ def crc32c(data):
     return crc ^ 0xFFFFFFFF
 
 
-class Pool:
-    """n daemons on 127.0.0.1, each knowing the others through a fixed view."""
-
-    def __init__(self, work, n, extra=(), unix=False):
-        self.ports = [kvtest.free_port() for _ in range(n)]
-        self.mports = [kvtest.free_port() for _ in range(n)]
-        self.ids = [f"node-{i}" for i in range(n)]
-        view = ",".join(f"{nid}@127.0.0.1:{p}" for nid, p in zip(self.ids, self.ports))
-        self.daemons = []
-        for i in range(n):
-            d = kvtest.Daemon(work, [f"--listen=127.0.0.1:{self.ports[i]}",
-                                     f"--metrics_listen=127.0.0.1:{self.mports[i]}",
-                                     f"--node_id={self.ids[i]}", "--cluster_name=t",
-                                     "--etcd_endpoints=http://127.0.0.1:9",
-                                     f"--replicas={R}", "--memory_size=64m", *extra],
-                              unix=unix, env={"KVSTASH_TEST_VIEW": view})
-            d.port = self.ports[i]
-            self.daemons.append(d)
-        for d in self.daemons:
-            d.wait_ready()
-
-    def owners(self, key):
-        return owners([(nid, 1.0) for nid in self.ids], key, R)
-
-    def has(self, i, keys):
-        """Which of keys node i holds itself (peer_exists asks no one else)."""
-        c = kvtest.Client.tcp(self.ports[i])
-        try:
-            return c.call("peer_exists", 0, list(keys))
-        finally:
-            c.close()
-
-    def metric(self, i, name):
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.mports[i]}/metrics",
-                                    timeout=10) as r:
-            text = r.read().decode()
-        total = 0
-        for line in text.splitlines():
-            if line.startswith(name + " ") or line.startswith(name + "{"):
-                total += int(float(line.rsplit(" ", 1)[1]))
-        return total
-
-    def close(self):
-        for d in self.daemons:
-            d.reap()
-
-
 @pytest.fixture
-def fixed_pool():
-    kvtest.require_kvstashd()
-    with tempfile.TemporaryDirectory(prefix="kvstash-cluster-data-") as work:
-        pools = []
-
-        def start(n=3, extra=(), unix=False):
-            p = Pool(work, n, extra, unix)
-            pools.append(p)
-            return p
-
-        yield start
-        for p in pools:
-            p.close()
-            for d in p.daemons:
-                print(f"---- {' '.join(d.cmd[1:])}\n{d.tail(20)}")
+def fixed_pool(view_pools):
+    """fixed_pool(n=3, extra=(), unix=False): n daemons in one fixed view, R = 2."""
+    return lambda n=3, extra=(), unix=False: view_pools(ViewPool, n, extra, unix)
 
 
 def values(n, size=40000, tag=b""):
     return {b"blk-%s-%d" % (tag, i): os.urandom(size + i * 997) for i in range(n)}
-
-
-def wait_for(pred, what, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def test_put_reaches_owners_and_a_miss_is_served_by_an_owner_then_locally(fixed_pool):
@@ -135,7 +62,7 @@ def test_put_reaches_owners_and_a_miss_is_served_by_an_owner_then_locally(fixed_
     for i in range(3):
         mine = [k for k in vals if i in p.owners(k)]
         assert mine, "placement gave node %d nothing of 30 keys" % i
-        wait_for(lambda i=i, mine=mine: all(p.has(i, mine)), f"node {i}'s copies")
+        wait_until(lambda i=i, mine=mine: all(p.has(i, mine)), f"node {i}'s copies")
 
     # node 0 put them all: the keys it does not own are cache copies there, but present
     assert all(p.has(0, list(vals)))
@@ -167,7 +94,7 @@ def test_batch_reads_ask_the_owners_of_what_is_missing(fixed_pool):
     assert c1.call("batch_put", keys, list(vals.values())) == [0] * len(keys)
     far = [k for k in keys if 2 not in p.owners(k)]
     assert far
-    wait_for(lambda: all(p.has(p.owners(k)[0], [k])[0] for k in far), "the owners' copies")
+    wait_until(lambda: all(p.has(p.owners(k)[0], [k])[0] for k in far), "the owners' copies")
     c2 = p.daemons[2].tcp()
     # one absent key among them: answered as a miss, not an error
     assert c2.call("batch_is_exist", far[:2] + [b"absent"]) == [True, True, False]
@@ -189,7 +116,7 @@ def test_an_owner_killed_loses_nothing_with_two_replicas(fixed_pool):
     assert c0.call("batch_put", list(vals), list(vals.values())) == [0] * len(vals)
     for i in (1, 2):
         mine = [k for k in vals if i in p.owners(k)]
-        wait_for(lambda i=i, mine=mine: all(p.has(i, mine)), f"node {i}'s copies")
+        wait_until(lambda i=i, mine=mine: all(p.has(i, mine)), f"node {i}'s copies")
     p.daemons[2].kill9()
     c1 = p.daemons[1].tcp()
     for k, v in vals.items():
@@ -205,7 +132,7 @@ def test_a_stopped_owner_costs_peer_timeout_then_the_next_owner_answers(fixed_po
     keys = [k for k in vals if p.owners(k) == [1, 2]]
     if not keys:
         pytest.skip("placement gave no key the owners [1, 2] among 40")
-    wait_for(lambda: all(p.has(2, keys)) and all(p.has(1, keys)), "the owners' copies")
+    wait_until(lambda: all(p.has(2, keys)) and all(p.has(1, keys)), "the owners' copies")
     # node 0 wrote them, so it keeps cache copies: drop those, then stop the first owner
     assert c0.call("batch_remove", keys) == [0] * len(keys)
     assert not any(p.has(0, keys))
@@ -250,7 +177,7 @@ def test_two_writers_of_one_key_with_different_bytes(fixed_pool):
         t.join(30)
     # each is stored where it was written, unless the other's copy got there first
     assert set(results) <= {0, 2, 3} and 0 in results, results  # 3: BUSY, being stored
-    wait_for(lambda: all(p.has(i, [key])[0] for i in p.owners(key)), "the owners' copies")
+    wait_until(lambda: all(p.has(i, [key])[0] for i in p.owners(key)), "the owners' copies")
     seen = {}
     for i in range(3):
         c = p.daemons[i].tcp()
@@ -307,7 +234,7 @@ def test_a_shared_memory_put_reaches_the_owners(fixed_pool):
         os.close(fd)
     for i in range(3):
         mine = [k for k in keys if i in p.owners(k)]
-        wait_for(lambda i=i, mine=mine: all(p.has(i, mine)), f"node {i}'s copies")
+        wait_until(lambda i=i, mine=mine: all(p.has(i, mine)), f"node {i}'s copies")
     far = {i: [k for k in keys if i not in p.owners(k)] for i in (1, 2)}
     for i, ks in far.items():
         c = p.daemons[i].tcp()

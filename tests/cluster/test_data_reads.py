@@ -19,7 +19,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "integration"))
 sys.path.insert(0, HERE)
 
-from test_data_paths import fixed_pool, values, wait_for  # noqa: E402,F401  (fixture)
+from clusterlib import wait_until  # noqa: E402
+from test_data_paths import fixed_pool, values  # noqa: E402,F401  (fixture)
 
 pytestmark = pytest.mark.quick
 
@@ -44,7 +45,7 @@ def test_batch_get_into_fetches_a_local_miss_from_the_owners(fixed_pool):
     far = [k for k in vals if 2 not in p.owners(k)]
     assert len(far) >= 3, "placement left node 2 out of fewer than 3 keys of 24"
     for k in far:
-        wait_for(lambda k=k: all(p.has(i, [k])[0] for i in p.owners(k)), "the owners' copies")
+        wait_until(lambda k=k: all(p.has(i, [k])[0] for i in p.owners(k)), "the owners' copies")
     assert not any(p.has(2, far))
 
     keys = far + [b"absent-everywhere"]

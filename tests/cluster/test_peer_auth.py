@@ -16,9 +16,6 @@ of SHA-256 digests, every wait bounded.
 import hashlib
 import os
 import sys
-import tempfile
-import time
-import urllib.request
 
 import pytest
 
@@ -27,11 +24,10 @@ sys.path.insert(0, os.path.join(HERE, "..", "integration"))
 sys.path.insert(0, HERE)
 
 import kvtest  # noqa: E402
-from place_ref import owners  # noqa: E402
+from clusterlib import ViewPool, metric_total, wait_until  # noqa: E402
 
 pytestmark = pytest.mark.quick
 
-R = 2
 POOL_TOKEN = "pool-admin-token-1"
 OTHER_TOKEN = "some-other-admin-token"
 ALPHA_TOKEN = "alpha-token"
@@ -50,14 +46,6 @@ def tenant_id(name):
     return h or 1
 
 
-def wait_for(pred, what, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
 def write_secret(path, text, mode=0o600):
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     with os.fdopen(fd, "w") as f:
@@ -65,45 +53,23 @@ def write_secret(path, text, mode=0o600):
     os.chmod(path, mode)
 
 
-class Pool:
+class AuthPool(ViewPool):
     """n daemons with require_auth on; admin[i] is node i's admin token (its tenant line and
     its cluster_token file alike)."""
 
     def __init__(self, work, admin):
-        n = len(admin)
         self.admin = admin
-        self.ports = [kvtest.free_port() for _ in range(n)]
-        self.mports = [kvtest.free_port() for _ in range(n)]
-        self.ids = [f"node-{i}" for i in range(n)]
-        view = ",".join(f"{nid}@127.0.0.1:{p}" for nid, p in zip(self.ids, self.ports))
-        self.daemons = []
-        for i in range(n):
-            data = os.path.join(work, f"auth-data-{i}")
-            os.makedirs(data)
-            write_secret(os.path.join(data, "cluster_token"), admin[i])
-            conf = os.path.join(work, f"auth-{i}.conf")
-            with open(conf, "w") as f:
-                f.write("require_auth yes\n"
-                        f"tenant admin token_sha256={sha(admin[i])}\n"
-                        f"tenant alpha token_sha256={sha(ALPHA_TOKEN)}\n")
-            d = kvtest.Daemon(work, [f"--config={conf}", f"--data_dir={data}",
-                                     f"--listen=127.0.0.1:{self.ports[i]}",
-                                     f"--metrics_listen=127.0.0.1:{self.mports[i]}",
-                                     f"--node_id={self.ids[i]}", "--cluster_name=t",
-                                     "--etcd_endpoints=http://127.0.0.1:9",
-                                     f"--replicas={R}", "--memory_size=64m", "--ssd_dir="],
-                              data_dir=data, unix=False, env={"KVSTASH_TEST_VIEW": view})
-            d.port = self.ports[i]
-            self.daemons.append(d)
-        try:
-            for d in self.daemons:
-                d.wait_ready()
-        except BaseException:
-            self.close()        # a start that failed leaves no daemon behind
-            raise
+        super().__init__(work, len(admin), extra=["--ssd_dir="], data_prefix="auth-data")
 
-    def owners(self, key):
-        return owners([(nid, 1.0) for nid in self.ids], key, R)
+    def node_args(self, i):
+        os.makedirs(self.data[i], exist_ok=True)
+        write_secret(os.path.join(self.data[i], "cluster_token"), self.admin[i])
+        conf = os.path.join(self.work, f"auth-{i}.conf")
+        with open(conf, "w") as f:
+            f.write("require_auth yes\n"
+                    f"tenant admin token_sha256={sha(self.admin[i])}\n"
+                    f"tenant alpha token_sha256={sha(ALPHA_TOKEN)}\n")
+        return [f"--config={conf}"]
 
     def login(self, i, tenant="alpha"):
         c = self.daemons[i].tcp()
@@ -118,37 +84,14 @@ class Pool:
         return c.call("peer_exists", tenant_id("alpha"), list(keys))
 
     def metric(self, i, name):
-        req = urllib.request.Request(f"http://127.0.0.1:{self.mports[i]}/metrics",
-                                     headers={"Authorization": f"Bearer {self.admin[i]}"})
-        with urllib.request.urlopen(req, timeout=10) as r:
-            text = r.read().decode()
-        total = 0
-        for line in text.splitlines():
-            if line.startswith(name + " ") or line.startswith(name + "{"):
-                total += int(float(line.rsplit(" ", 1)[1]))
-        return total
-
-    def close(self):
-        for d in self.daemons:
-            d.reap()
+        return metric_total(self.mports[i], name,
+                            headers={"Authorization": f"Bearer {self.admin[i]}"})
 
 
 @pytest.fixture
-def auth_pool():
-    kvtest.require_kvstashd()
-    with tempfile.TemporaryDirectory(prefix="kvstash-cluster-auth-") as work:
-        pools = []
-
-        def start(admin):
-            p = Pool(work, admin)
-            pools.append(p)
-            return p
-
-        yield start
-        for p in pools:
-            p.close()
-            for d in p.daemons:
-                print(f"---- {' '.join(d.cmd[1:])}\n{d.tail(20)}")
+def auth_pool(view_pools):
+    """auth_pool(admin): len(admin) daemons in one fixed view, R = 2, require_auth on."""
+    return lambda admin: view_pools(AuthPool, admin)
 
 
 def values(n, tag, size=30000):
@@ -208,7 +151,7 @@ def test_a_member_with_another_token_is_refused_and_stores_nothing(auth_pool):
         return p.metric(2, "kvstash_cluster_peer_auth_failures_total") >= 4
 
     # first refusals by nodes 0 and 1, then each of them again after its backoff
-    wait_for(refused_twice, "each peer refusing a second login (backoff 1 s)", timeout=30)
+    wait_until(refused_twice, "each peer refusing a second login (backoff 1 s)", timeout=30)
     assert p.metric(0, "kvstash_auth_failures_total") >= 2
     assert p.metric(1, "kvstash_auth_failures_total") >= 2
     for i in (0, 1):
