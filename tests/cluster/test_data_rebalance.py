@@ -12,11 +12,10 @@ against a table of digests, every wait is bounded.
 import hashlib
 import os
 import time
-import urllib.request
 
 import pytest
 
-from clusterlib import free_port
+from clusterlib import free_port, metric_total, wait_until
 from place_ref import owners
 
 R = 2
@@ -28,10 +27,7 @@ def node_args(work, node_id, extra=()):
 
 def metric(node, name):
     port = next(a.split(":")[-1] for a in node.cmd if a.startswith("--metrics_listen=127"))
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    return sum(int(float(line.rsplit(" ", 1)[1])) for line in text.splitlines()
-               if line.startswith(name + " ") or line.startswith(name + "{"))
+    return metric_total(port, name)
 
 
 def has(node, keys):
@@ -72,12 +68,8 @@ def copies_complete(pool_nodes, vals):
     return all(all(has(by_id[o], ks)) for o, ks in want.items())
 
 
-def wait_until(pred, what, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.1)
+def wait_copies(pool_nodes, vals, what, timeout=30.0):
+    wait_until(lambda: copies_complete(pool_nodes, vals), what, timeout)
 
 
 def values(n, tag):
@@ -85,20 +77,27 @@ def values(n, tag):
     return vals, {k: hashlib.sha256(v).digest() for k, v in vals.items()}
 
 
+def three_with_copies(pool, work, n_keys, tag, writer=0, extra=lambda i: ()):
+    """Three members in one view (node i with flags extra(i)), n_keys values written on
+    nodes[writer] and held by each of their owners: (nodes, vals, digest)."""
+    nodes = [pool.start(args=node_args(work, None, extra(i))) for i in range(3)]
+    pool.wait_view(3)
+    vals, digest = values(n_keys, tag)
+    put_all(nodes[writer], vals)
+    wait_copies(nodes, vals, "R copies of every key on 3 nodes")
+    return nodes, vals, digest
+
+
 @pytest.mark.quick
 def test_join_moves_about_r_over_n_plus_1_and_misses_nothing(pool, work):
-    nodes = [pool.start(args=node_args(work, None)) for _ in range(3)]
-    pool.wait_view(3)
-    vals, digest = values(300, b"join")
-    put_all(nodes[0], vals)
-    wait_until(lambda: copies_complete(nodes, vals), "R copies of every key on 3 nodes")
+    nodes, vals, digest = three_with_copies(pool, work, 300, b"join")
     new = pool.start(args=node_args(work, None))
     pool.wait_view(4)
     everyone = nodes + [new]
     # reads on the old members go on while the pool rebalances: nothing is missed
     for n in nodes:
         read_all(n, vals, digest)
-    wait_until(lambda: copies_complete(everyone, vals), "R copies of every key on 4 nodes")
+    wait_copies(everyone, vals, "R copies of every key on 4 nodes")
     ids = [n.node_id for n in everyone]
     expected = sum(1 for k in vals if new.node_id in owner_ids(ids, k))
     moved = sum(metric(n, "kvstash_cluster_rebalance_keys_moved_total") for n in nodes)
@@ -110,15 +109,11 @@ def test_join_moves_about_r_over_n_plus_1_and_misses_nothing(pool, work):
 
 
 def test_drain_hands_off_then_leaves_and_nothing_is_missing(pool, work):
-    nodes = [pool.start(args=node_args(work, None)) for _ in range(3)]
-    pool.wait_view(3)
-    vals, digest = values(200, b"drain")
-    put_all(nodes[1], vals)
-    wait_until(lambda: copies_complete(nodes, vals), "R copies of every key on 3 nodes")
+    nodes, vals, digest = three_with_copies(pool, work, 200, b"drain", writer=1)
     leaving, staying = nodes[2], nodes[:2]
     leaving.drain()
     pool.wait_view(2, nodes=staying, timeout=30)
-    wait_until(lambda: copies_complete(staying, vals), "R copies on the 2 staying nodes")
+    wait_copies(staying, vals, "R copies on the 2 staying nodes")
     for n in staying:
         read_all(n, vals, digest)
     # the keys the drained node owned were pushed (by it, or by their other owner first)
@@ -126,32 +121,23 @@ def test_drain_hands_off_then_leaves_and_nothing_is_missing(pool, work):
 
 
 def test_kill9_loses_nothing_and_copies_come_back_after_the_delay(pool, work):
-    nodes = [pool.start(args=node_args(work, None, ["--rebalance_delay=2s"]))
-             for _ in range(3)]
-    pool.wait_view(3)
-    vals, digest = values(200, b"kill")
-    put_all(nodes[0], vals)
-    wait_until(lambda: copies_complete(nodes, vals), "R copies of every key on 3 nodes")
+    nodes, vals, digest = three_with_copies(pool, work, 200, b"kill",
+                                            extra=lambda i: ["--rebalance_delay=2s"])
     nodes[2].kill9()
     survivors = nodes[:2]
     for n in survivors:
         read_all(n, vals, digest)   # R = 2: the other owner of each key answers
     pool.wait_view(2, nodes=survivors, timeout=30)
-    wait_until(lambda: copies_complete(survivors, vals), "R copies on the 2 survivors",
-               timeout=40)
+    wait_copies(survivors, vals, "R copies on the 2 survivors", timeout=40)
     for n in survivors:
         read_all(n, vals, digest)
 
 
 def test_restart_inside_the_delay_moves_nothing(pool, work):
-    nodes = [pool.start(args=node_args(work, None, ["--rebalance_delay=60s",
-                                                    "--ssd_offload=write_through",
-                                                    f"--ssd_dir={work}/ssd-{i}"]))
-             for i in range(3)]
-    pool.wait_view(3)
-    vals, digest = values(150, b"restart")
-    put_all(nodes[0], vals)
-    wait_until(lambda: copies_complete(nodes, vals), "R copies of every key on 3 nodes")
+    nodes, vals, digest = three_with_copies(
+        pool, work, 150, b"restart",
+        extra=lambda i: ["--rebalance_delay=60s", "--ssd_offload=write_through",
+                         f"--ssd_dir={work}/ssd-{i}"])
     # on the SSD tier too, so the restarted node has its keys (ssd_offload write_through)
     time.sleep(1.0)
     walks = [metric(n, "kvstash_cluster_rebalance_walks_total") for n in nodes[:2]]
