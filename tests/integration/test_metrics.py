@@ -12,7 +12,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import time
@@ -24,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 redis = pytest.importorskip("redis", reason="python3-redis is not installed")
 
-from kvtest import ROOT, Client, Daemon, free_port, wait_for
+from kvtest import ROOT, Daemon, free_port, wait_for
 
 DASHBOARD = os.path.join(ROOT, "packaging", "grafana", "kvstash.json")
 ADMIN_TOKEN = "metrics-admin-token"
