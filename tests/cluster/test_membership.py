@@ -15,7 +15,7 @@ import time
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from clusterlib import Pool, Proxy, free_port  # noqa: E402
+from clusterlib import Proxy, free_port  # noqa: E402
 from kvtest import wait_for  # noqa: E402
 import place_ref  # noqa: E402
 
