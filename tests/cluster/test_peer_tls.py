@@ -19,28 +19,17 @@ import pytest
 
 from clusterlib import free_port
 from place_ref import owners
+from test_tls import make_cert, openssl  # the same certificates as the TLS port's tests
 
 R = 2
 
 
-def openssl(*args, cwd):
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
+SAN = ",".join(f"IP:127.0.0.{i}" for i in range(2, 8))    # every member's address
 
 
 def make_ca(d, name):
     openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out",
             f"{name}.pem", "-days", "2", "-subj", f"/CN=kvstash test {name}", cwd=d)
-
-
-def make_cert(d, name, ca):
-    san = ",".join(f"IP:127.0.0.{i}" for i in range(2, 8))
-    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out",
-            f"{name}.csr", "-subj", f"/CN={name}", cwd=d)
-    with open(os.path.join(d, f"{name}.ext"), "w") as f:
-        f.write(f"subjectAltName={san}\n")
-    openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key",
-            "-CAcreateserial", "-out", f"{name}.pem", "-days", "2", "-extfile", f"{name}.ext",
-            cwd=d)
 
 
 @pytest.fixture
@@ -51,8 +40,8 @@ def pki(work):
     os.makedirs(d)
     make_ca(d, "ca")
     make_ca(d, "other-ca")
-    make_cert(d, "member", "ca")
-    make_cert(d, "rogue", "other-ca")
+    make_cert(d, "member", ca="ca", cn="member", san=SAN)
+    make_cert(d, "rogue", ca="other-ca", cn="rogue", san=SAN)
     return d
 
 
