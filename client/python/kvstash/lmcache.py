@@ -434,24 +434,29 @@ class KvstashL2Adapter(L2AdapterInterface):
         self._fetch_worker.submit(lambda c: self._run_lookup(c, task_id, keys))
         return task_id
 
-    def _run_lookup(self, client, task_id, keys):
-        n = len(keys)
-        found = [False] * n
+    def _fetch_bits(self, what, task_id, client, n, fn):
+        """fn(client) on the fetch worker: a bool a key, or all False when it fails (a lost
+        connection is dropped, every failure noted). Returns (Bitmap, the bools)."""
         try:
             if client is None:
                 raise Error(UNAVAILABLE, None, "no connection to kvstashd")
-            found = self._lookup_and_lock(client, keys)
+            bits = fn(client)
         except ConnectionLost:
             self._fetch_worker.drop()
-            self._note_error(f"lookup task {task_id}: connection lost")
-            found = [False] * n
+            self._note_error(f"{what} task {task_id}: connection lost")
+            bits = [False] * n
         except Exception as e:
-            self._note_error(f"lookup task {task_id}: {type(e).__name__}: {e}")
-            found = [False] * n
+            self._note_error(f"{what} task {task_id}: {type(e).__name__}: {e}")
+            bits = [False] * n
         bm = Bitmap(n)
-        for i, f in enumerate(found):
-            if f:
+        for i, b in enumerate(bits):
+            if b:
                 bm.set(i)
+        return bm, bits
+
+    def _run_lookup(self, client, task_id, keys):
+        bm, _ = self._fetch_bits("lookup", task_id, client, len(keys),
+                                 lambda c: self._lookup_and_lock(c, keys))
         with self._lock:
             self._lookups[task_id] = bm
         self._signal(self._lookup_efd)
@@ -574,27 +579,15 @@ class KvstashL2Adapter(L2AdapterInterface):
 
     def _run_load(self, client, task_id, keys, objects):
         n = len(keys)
-        loaded = [False] * n
-        try:
+
+        def load(c):
             if len(objects) != n:
                 raise Error(INVALID_ARGUMENT, None,
                             f"load of {n} keys into {len(objects)} objects")
-            if client is None:
-                raise Error(UNAVAILABLE, None, "no connection to kvstashd")
-            loaded = self._load(client, keys, objects)
-        except ConnectionLost:
-            self._fetch_worker.drop()
-            self._note_error(f"load task {task_id}: connection lost")
-            loaded = [False] * n
-        except Exception as e:
-            self._note_error(f"load task {task_id}: {type(e).__name__}: {e}")
-            loaded = [False] * n
-        bm = Bitmap(n)
-        hits = []
-        for i, ok in enumerate(loaded):
-            if ok:
-                bm.set(i)
-                hits.append(keys[i])
+            return self._load(c, keys, objects)
+
+        bm, loaded = self._fetch_bits("load", task_id, client, n, load)
+        hits = [k for k, ok in zip(keys, loaded) if ok]
         notify = getattr(self, "_notify_keys_accessed", None)
         if notify is not None and hits:
             try:
