@@ -554,12 +554,17 @@ class MooncakeDistributedStore:
                 return False
         return sum(sizes) > 0
 
-    def _put_pieces(self, keys, all_ptrs, all_sizes, config):
+    def _todo(self, keys, all_ptrs, all_sizes):
+        """A batch of pieces per key: (out, the indexes whose pieces pass _check_pieces),
+        out INVALID_PARAMS for every key (all of them when the lists' lengths differ)."""
         n = len(keys)
-        if len(all_ptrs) != n or len(all_sizes) != n:
-            return [INVALID_PARAMS] * n
         out = [INVALID_PARAMS] * n
-        todo = [i for i in range(n) if self._check_pieces(all_ptrs[i], all_sizes[i])]
+        if len(all_ptrs) != n or len(all_sizes) != n:
+            return out, []
+        return out, [i for i in range(n) if self._check_pieces(all_ptrs[i], all_sizes[i])]
+
+    def _put_pieces(self, keys, all_ptrs, all_sizes, config):
+        out, todo = self._todo(keys, all_ptrs, all_sizes)
         if not todo:
             return out
         err = None
@@ -583,11 +588,7 @@ class MooncakeDistributedStore:
         return out
 
     def _get_pieces(self, keys, all_ptrs, all_sizes):
-        n = len(keys)
-        if len(all_ptrs) != n or len(all_sizes) != n:
-            return [INVALID_PARAMS] * n
-        out = [INVALID_PARAMS] * n
-        todo = [i for i in range(n) if self._check_pieces(all_ptrs[i], all_sizes[i])]
+        out, todo = self._todo(keys, all_ptrs, all_sizes)
         if not todo:
             return out
         for i in todo:
