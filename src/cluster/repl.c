@@ -344,7 +344,8 @@ repl_send(struct repl *r, uint32_t tenant, struct repl_fetch **e, uint32_t n,
 
 /*
  * repl_fetch_value: read one key's answer ([crc, bin] or nil) and keep the value when its
- * checksum holds. Returns 1 kept (or there already), 0 not there, -1 damaged or unreadable.
+ * checksum holds. Returns 1 kept (or there already), 0 not there, -2 damaged (its checksum
+ * failed: the rest of the reply is still read), -1 unreadable (the rest is not).
  */
 static int
 repl_fetch_value(struct repl *r, struct mp_reader *rd, const struct repl_fetch *e,
@@ -386,7 +387,7 @@ repl_fetch_value(struct repl *r, struct mp_reader *rd, const struct repl_fetch *
         repl_add(&r->checksum_mismatches, 1);
         log_warn("cluster: a value fetched from %s failed its CRC-32C; asking the next owner",
                  e->view->nodes[e->owners[e->next]].addr);
-        return -1;
+        return -2;
     }
     return rc == 0 || rc == KV_EXISTS || rc == KV_BUSY ? 1 : 0;
 }
@@ -398,7 +399,7 @@ repl_fetch_answer(void *arg, int status, struct mp_reader *res)
     struct repl_batch *b = arg;
     struct repl *r = b->r;
     uint32_t n = 0;
-    int8_t *got = calloc(b->n ? b->n : 1, sizeof(*got));   /* 1 kept, 0 absent, -1 failed */
+    int8_t *got = calloc(b->n ? b->n : 1, sizeof(*got));   /* 1 kept, 0 absent, < 0 failed */
     struct repl_fetch **retry = malloc((b->n ? b->n : 1) * sizeof(*retry));
     struct repl_fetch **failed = malloc((b->n ? b->n : 1) * sizeof(*failed));
     uint32_t nretry = 0, nfailed = 0;
@@ -407,7 +408,7 @@ repl_fetch_answer(void *arg, int status, struct mp_reader *res)
     bool ok = status == 0 && res != NULL && mp_read_array(res, &n) == 0 && n == b->n;
     for (uint32_t i = 0; got != NULL && i < b->n; i++) {
         got[i] = ok ? (int8_t)repl_fetch_value(r, res, b->e[i], &b->slot[i]) : -1;
-        if (got[i] < 0) {
+        if (got[i] == -1) {
             ok = false;             /* a broken reply: the rest is not read */
         }
     }
