@@ -861,6 +861,16 @@ store_put_crc(struct store *s, const struct kv_key *key, const void *data, uint6
 }
 
 int
+store_commit_crc(struct store *s, struct store_obj *o, uint32_t crc, bool cache)
+{
+    atomic_store_explicit(&o->vcrc, STORE_VCRC_KNOWN | crc, memory_order_release);
+    if (cache) {
+        store_mark_cache(s, o);
+    }
+    return store_commit(s, o);
+}
+
+int
 store_set_cache(struct store *s, const struct kv_key *key, bool cache)
 {
     uint64_t hash = store_hash64(key);

@@ -266,6 +266,13 @@ int store_put_crc(struct store *s, const struct kv_key *key, const void *data, u
                   uint32_t crc, bool cache);
 
 /*
+ * store_commit_crc: store_commit of a reserved object whose value the writer received whole
+ * and checked against crc, its CRC-32C (kept on the object, as store_put_crc does); cache:
+ * publish it as a cluster cache copy (as store_put_cache). Same returns as store_commit.
+ */
+int store_commit_crc(struct store *s, struct store_obj *o, uint32_t crc, bool cache);
+
+/*
  * store_set_cache: mark a PUBLISHED object as a cache copy (cache true: this node no longer
  * owns the key after a view change) or as owned (false). Returns 0 or KV_NOT_FOUND.
  */

@@ -8,6 +8,15 @@
  * KV_TIMEOUT at once, and if its bytes were partly written they are still
  * finished (the stream stays whole) and the late reply is dropped.
  *
+ * Replies are read into the connection's buffer and scanned with frame.h;
+ * a reply to a call made with a sink (peer_call_sink) has its big bin bodies
+ * offered to the sink (frame.h's spill offers) and, when taken, read
+ * straight into the sink's extents (the store's pages) with holes left in
+ * the buffered message, as the daemon's own connections receive a put. While
+ * such a reply is due the buffer is filled in small reads, so little of a
+ * body lands there first. A call that ends while its body is still arriving
+ * has the rest read into a scratch buffer and dropped.
+ *
  * Must not: touch the store or the request layer (the callbacks do that),
  * block anywhere but epoll_wait, or call a callback with the queue lock held.
  */
@@ -42,6 +51,8 @@
 #define PEER_BACKOFF_MIN_MS 100
 #define PEER_BACKOFF_MAX_MS 5000
 #define PEER_READ_CHUNK (256u * 1024u)
+#define PEER_SPILL_MIN (64u * 1024u)    /* reply bodies this long may go into a call's sink */
+#define PEER_SINK_READ (16u * 1024u)    /* reads into the buffer while such a reply is due */
 #define PEER_WAIT_MAX_MS 1000
 #define PEER_AUTH_BACKOFF_MIN_MS 1000  /* a refused login: a setup error, retried slowly */
 #define PEER_AUTH_BACKOFF_MAX_MS 60000 /* (under the 10 failures a minute that lock out an address) */
@@ -63,6 +74,8 @@ struct peer_msg {
     uint32_t msgid;
     uint64_t deadline;              /* ms, clock_ms */
     peer_done_fn *done;             /* NULL once answered (timed out while being written) */
+    peer_sink_done_fn *sink_done;   /* peer_call_sink's done (then done is a placeholder) */
+    const struct peer_sink *sink;   /* peer_call_sink's, or NULL */
     void *arg;
 };
 
@@ -86,6 +99,15 @@ struct peer_conn {
     uint8_t *in;
     size_t ilen, icap;
     struct frame_scan fs;
+    /* a reply's bin body being received into a call's sink (peer_call_sink) */
+    bool spilling;
+    struct peer_msg *sm;            /* the call whose sink takes it; NULL: dropped (it ended) */
+    struct iovec siov[PEER_SINK_IOV_MAX];
+    int sniov, sidx;                /* the extents; the one being filled */
+    size_t soff;                    /* bytes of siov[sidx] filled */
+    uint64_t sleft;                 /* body bytes still to come */
+    struct mp_hole *holes;          /* the message's taken bodies (offsets into in) */
+    size_t nholes, hcap;
     uint32_t events;                /* what epoll watches now */
 };
 
@@ -114,8 +136,9 @@ peer_add(_Atomic uint64_t *c, uint64_t n)
 
 /* ---- answering ---- */
 
+/* peer_answer: answer m once; rd is the result (status 0) or NULL. */
 static void
-peer_answer(struct peer_pool *p, struct peer_msg *m, int status, const uint8_t *res, size_t len)
+peer_answer(struct peer_pool *p, struct peer_msg *m, int status, struct mp_reader *rd)
 {
     if (m->done != NULL) {
         peer_done_fn *done = m->done;
@@ -126,8 +149,23 @@ peer_answer(struct peer_pool *p, struct peer_msg *m, int status, const uint8_t *
             peer_add(&p->timeouts, status == KV_TIMEOUT);
         }
         atomic_fetch_sub_explicit(&p->in_flight, 1, memory_order_relaxed);
-        done(m->arg, status, res, len);
+        if (m->sink_done != NULL) {
+            m->sink_done(m->arg, status, rd);
+        } else {
+            done(m->arg, status, rd != NULL ? rd->p : NULL,
+                 rd != NULL ? (size_t)(rd->end - rd->p) : 0);
+        }
     }
+}
+
+/* peer_sink_mark: the done of a peer_call_sink call (its sink_done is called instead). */
+static void
+peer_sink_mark(void *arg, int status, const uint8_t *result, size_t len)
+{
+    (void)arg;
+    (void)status;
+    (void)result;
+    (void)len;
 }
 
 /* peer_msg_written: its bytes are on the wire (or never will be): let go of them. */
@@ -161,7 +199,7 @@ peer_fail_list(struct peer_pool *p, struct peer_msg *m, int status)
     while (m != NULL) {
         struct peer_msg *next = m->next;
 
-        peer_answer(p, m, status, NULL, 0);
+        peer_answer(p, m, status, NULL);
         peer_msg_free(m);
         m = next;
     }
@@ -212,6 +250,9 @@ peer_conn_down(struct peer_pool *p, struct peer_conn *c, const char *why, int er
     peer_fail_list(p, c->wq, KV_UNAVAILABLE);
     c->wq = c->wq_tail = NULL;
     c->ilen = 0;
+    c->spilling = false;
+    c->sm = NULL;
+    c->nholes = 0;
     c->login_wait = false;
 }
 
@@ -332,6 +373,9 @@ peer_dial(struct peer_pool *p, struct peer_conn *c)
     }
     frame_scan_init(&c->fs);
     c->ilen = 0;
+    c->spilling = false;
+    c->sm = NULL;
+    c->nholes = 0;
     c->hello_due = p->token[0] != '\0';
     peer_add(&p->connects, 1);
     return 0;
@@ -435,9 +479,10 @@ peer_call(struct peer_pool *p, const char *addr, const char *method, uint8_t *pa
     return peer_call_ext(p, addr, method, params, plen, NULL, done, arg);
 }
 
-int
-peer_call_ext(struct peer_pool *p, const char *addr, const char *method, uint8_t *params,
-              size_t plen, const struct peer_extra *x, peer_done_fn *done, void *arg)
+static int
+peer_call_full(struct peer_pool *p, const char *addr, const char *method, uint8_t *params,
+               size_t plen, const struct peer_extra *x, const struct peer_sink *sink,
+               peer_done_fn *done, peer_sink_done_fn *sink_done, void *arg)
 {
     size_t mlen = strlen(method);
     struct peer_msg *m;
@@ -490,7 +535,9 @@ peer_call_ext(struct peer_pool *p, const char *addr, const char *method, uint8_t
     }
     snprintf(m->addr, sizeof(m->addr), "%s", addr);
     m->deadline = clock_ms() + p->cfg.timeout_ms;
-    m->done = done;
+    m->done = sink != NULL ? peer_sink_mark : done;
+    m->sink_done = sink != NULL ? sink_done : NULL;
+    m->sink = sink;
     m->arg = arg;
     peer_add(&p->requests, 1);
     peer_add(&p->in_flight, 1);
@@ -501,6 +548,20 @@ peer_call_ext(struct peer_pool *p, const char *addr, const char *method, uint8_t
         /* the counter is full: the thread is awake anyway */
     }
     return 0;
+}
+
+int
+peer_call_sink(struct peer_pool *p, const char *addr, const char *method, uint8_t *params,
+               size_t plen, const struct peer_sink *sink, peer_sink_done_fn *done, void *arg)
+{
+    return peer_call_full(p, addr, method, params, plen, NULL, sink, NULL, done, arg);
+}
+
+int
+peer_call_ext(struct peer_pool *p, const char *addr, const char *method, uint8_t *params,
+              size_t plen, const struct peer_extra *x, peer_done_fn *done, void *arg)
+{
+    return peer_call_full(p, addr, method, params, plen, x, NULL, done, NULL, arg);
 }
 
 /* peer_take_incoming: move handed-over calls to their connections' write queues. */
@@ -522,10 +583,10 @@ peer_take_incoming(struct peer_pool *p)
         struct peer_conn *c = peer_conn_get(p, m->addr);
 
         if (c == NULL) {
-            peer_answer(p, m, KV_UNAVAILABLE, NULL, 0);
+            peer_answer(p, m, KV_UNAVAILABLE, NULL);
             peer_msg_free(m);
         } else if (c->state == PEER_DOWN && clock_ms() < c->retry_at) {
-            peer_answer(p, m, KV_UNAVAILABLE, NULL, 0);     /* within the backoff */
+            peer_answer(p, m, KV_UNAVAILABLE, NULL);     /* within the backoff */
             peer_msg_free(m);
         } else {
             int rc = 0;
@@ -704,8 +765,213 @@ peer_reply(struct peer_pool *p, struct peer_conn *c, const uint8_t *msg, size_t 
         peer_msg_free(m);
         return peer_login_answer(p, c, status);
     }
-    peer_answer(p, m, status, status == 0 ? rd.p : NULL, status == 0 ? (size_t)(rd.end - rd.p) : 0);
+    if (status == 0 && m->sink != NULL) {
+        mp_reader_holes(&rd, c->holes, c->nholes);     /* the bodies its sink took */
+    }
+    peer_answer(p, m, status, status == 0 ? &rd : NULL);
     peer_msg_free(m);
+    return 0;
+}
+
+/* peer_spill_land: n bytes arrived into the current extent: hand them over, move on. */
+static void
+peer_spill_land(struct peer_conn *c, size_t n)
+{
+    while (n > 0) {
+        struct iovec *v = &c->siov[c->sidx];
+        size_t k = v->iov_len - c->soff < n ? v->iov_len - c->soff : n;
+
+        if (c->sm != NULL) {
+            c->sm->sink->landed(c->sm->arg, (uint8_t *)v->iov_base + c->soff, k);
+        }
+        c->soff += k;
+        c->sleft -= k;
+        n -= k;
+        if (c->soff == v->iov_len) {
+            c->sidx++;
+            c->soff = 0;
+        }
+    }
+}
+
+/*
+ * peer_spill_begin: the scanner offers a bin body (c->fs): when the call the reply answers
+ * was made with a sink and the sink takes it, the buffered part goes into the sink's extents
+ * and c->spilling is set; otherwise the body is declined (buffered). 0, or -ENOMEM.
+ */
+static int
+peer_spill_begin(struct peer_conn *c)
+{
+    struct mp_reader rd;
+    uint32_t n;
+    uint64_t type, id;
+    struct peer_msg *m;
+    size_t have = c->fs.spill_have;
+    uint64_t total = 0;
+    int k;
+
+    mp_reader_init(&rd, c->in, c->fs.pos);
+    if (c->fs.depth < 2 || c->fs.path[0] != 3 || mp_read_array(&rd, &n) != 0
+        || mp_read_uint(&rd, &type) != 0 || type != 1 || mp_read_uint(&rd, &id) != 0) {
+        frame_scan_decline(&c->fs);
+        return 0;
+    }
+    for (m = c->fq; m != NULL && m->msgid != id; m = m->next) {
+    }
+    if (m == NULL || m->sink == NULL || m->done == NULL || c->fs.spill_len < m->sink->min) {
+        frame_scan_decline(&c->fs);
+        return 0;
+    }
+    if (c->nholes == c->hcap) {
+        size_t cap = c->hcap ? c->hcap * 2 : 16;
+        struct mp_hole *h = realloc(c->holes, cap * sizeof(*h));
+
+        if (h == NULL) {
+            return -ENOMEM;
+        }
+        c->holes = h;
+        c->hcap = cap;
+    }
+    k = m->sink->take(m->arg, c->fs.path, c->fs.depth, c->fs.spill_len, c->siov,
+                      PEER_SINK_IOV_MAX);
+    for (int i = 0; i < k && k <= PEER_SINK_IOV_MAX; i++) {
+        total += c->siov[i].iov_len;
+    }
+    if (k <= 0 || k > PEER_SINK_IOV_MAX || total != c->fs.spill_len) {
+        frame_scan_decline(&c->fs);
+        return 0;
+    }
+    c->holes[c->nholes].off = c->fs.pos;
+    c->holes[c->nholes].len = c->fs.spill_len;
+    c->holes[c->nholes++].tag = NULL;
+    c->spilling = true;
+    c->sm = m;
+    c->sniov = k;
+    c->sidx = 0;
+    c->soff = 0;
+    c->sleft = c->fs.spill_len;
+    /* the part already buffered: copied once into the extents, then dropped from the buffer */
+    for (size_t done = 0; done < have;) {
+        struct iovec *v = &c->siov[c->sidx];
+        size_t cut = v->iov_len - c->soff < have - done ? v->iov_len - c->soff : have - done;
+
+        memcpy((uint8_t *)v->iov_base + c->soff, c->in + c->fs.pos + done, cut);
+        peer_spill_land(c, cut);
+        done += cut;
+    }
+    c->ilen = c->fs.pos;
+    return 0;
+}
+
+/*
+ * peer_spill_read: receive the rest of the body being spilled, in pieces of at most
+ * PEER_READ_CHUNK (each handed to the sink while it is in the CPU cache). 1: all of it is
+ * in; 0: the socket is drained for now; -errno: the connection goes down.
+ */
+static int
+peer_spill_read(struct peer_pool *p, struct peer_conn *c)
+{
+    static uint8_t drop[PEER_READ_CHUNK];   /* a dropped body's bytes (peer thread only) */
+
+    while (c->sleft > 0) {
+        struct iovec iov[PEER_SINK_IOV_MAX];
+        size_t want = c->sleft < PEER_READ_CHUNK ? (size_t)c->sleft : PEER_READ_CHUNK;
+        int n = 0;
+        ssize_t r;
+
+        if (c->sm == NULL) {
+            iov[n].iov_base = drop;             /* the call ended: nothing is written there */
+            iov[n++].iov_len = want;
+        } else {
+            size_t off = c->soff, got = 0;
+
+            for (int i = c->sidx; i < c->sniov && got < want; i++) {
+                size_t k = c->siov[i].iov_len - off;
+
+                k = k < want - got ? k : want - got;
+                iov[n].iov_base = (uint8_t *)c->siov[i].iov_base + off;
+                iov[n++].iov_len = k;
+                got += k;
+                off = 0;
+            }
+        }
+        if (c->tls != NULL) {
+            r = peer_tls_read(c->tls, iov[0].iov_base, iov[0].iov_len);
+            if (r < 0) {
+                errno = (int)-r;
+                r = -1;
+            }
+        } else {
+            r = readv(c->fd, iov, n);
+        }
+        if (r == 0) {
+            return -ECONNRESET;
+        }
+        if (r < 0) {
+            if (errno == EINTR) {
+                continue;
+            }
+            return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -errno;
+        }
+        peer_add(&p->bytes_in, (uint64_t)r);
+        if (c->sm == NULL) {
+            c->sleft -= (uint64_t)r;    /* extents no longer used: only the count moves */
+            while (c->sidx < c->sniov && (size_t)r > 0) {
+                size_t k = c->siov[c->sidx].iov_len - c->soff;
+                k = k < (size_t)r ? k : (size_t)r;
+                c->soff += k;
+                r -= (ssize_t)k;
+                if (c->soff == c->siov[c->sidx].iov_len) {
+                    c->sidx++;
+                    c->soff = 0;
+                }
+            }
+        } else {
+            peer_spill_land(c, (size_t)r);
+        }
+    }
+    c->spilling = false;
+    frame_scan_spilled(&c->fs);
+    return 1;
+}
+
+/*
+ * peer_scan: scan and answer the whole replies buffered; stop at a partial one or at a body
+ * that goes into a sink (c->spilling). Returns 1 with *rc set when the connection must go
+ * down (*rc: -EPROTO, -EACCES, -ENOMEM), else 0.
+ */
+static int
+peer_scan(struct peer_pool *p, struct peer_conn *c, const struct frame_limits *lim, int *rc)
+{
+    *rc = 0;
+    while (!c->spilling) {
+        int st = frame_scan(&c->fs, c->in, c->ilen, lim);
+        size_t used;
+
+        if (st == FRAME_NEED_MORE) {
+            return 0;
+        }
+        if (st == FRAME_SPILL) {
+            *rc = peer_spill_begin(c);
+            if (*rc != 0) {
+                return 1;
+            }
+            continue;
+        }
+        if (st != FRAME_DONE) {
+            *rc = -EPROTO;
+            return 1;
+        }
+        used = c->fs.pos;
+        *rc = peer_reply(p, c, c->in, used);
+        if (*rc != 0) {
+            return 1;
+        }
+        memmove(c->in, c->in + used, c->ilen - used);
+        c->ilen -= used;
+        c->nholes = 0;
+        frame_scan_init(&c->fs);
+    }
     return 0;
 }
 
@@ -713,10 +979,24 @@ peer_reply(struct peer_pool *p, struct peer_conn *c, const uint8_t *msg, size_t 
 static int
 peer_read(struct peer_pool *p, struct peer_conn *c)
 {
-    struct frame_limits lim = {.max_message_size = p->cfg.max_message_size, .max_depth = 8};
+    struct frame_limits lim = {.max_message_size = p->cfg.max_message_size, .max_depth = 8,
+                               .spill_min = PEER_SPILL_MIN};
 
     for (;;) {
+        size_t want;
         ssize_t r;
+
+        if (c->spilling) {
+            int rc = peer_spill_read(p, c);
+
+            if (rc <= 0) {
+                return rc;
+            }
+            if (peer_scan(p, c, &lim, &rc) != 0 || rc != 0) {
+                return rc;      /* what followed the body was buffered already: scan on */
+            }
+            continue;
+        }
 
         if (c->icap - c->ilen < PEER_READ_CHUNK) {
             size_t cap = c->icap ? c->icap * 2 : PEER_READ_CHUNK * 2;
@@ -727,8 +1007,17 @@ peer_read(struct peer_pool *p, struct peer_conn *c)
             c->in = in;
             c->icap = cap;
         }
-        r = c->tls != NULL ? peer_tls_read(c->tls, c->in + c->ilen, c->icap - c->ilen)
-                           : read(c->fd, c->in + c->ilen, c->icap - c->ilen);
+        /*
+         * While a reply whose bodies may go into a sink is due, read in small steps: what is
+         * read here past a body's header is copied once more (into the sink) instead of
+         * being received in place.
+         */
+        want = c->icap - c->ilen;
+        if (c->fq != NULL && c->fq->sink != NULL && want > PEER_SINK_READ) {
+            want = PEER_SINK_READ;
+        }
+        r = c->tls != NULL ? peer_tls_read(c->tls, c->in + c->ilen, want)
+                           : read(c->fd, c->in + c->ilen, want);
         if (c->tls != NULL && r < 0) {
             errno = (int)-r;
             r = -1;
@@ -744,24 +1033,9 @@ peer_read(struct peer_pool *p, struct peer_conn *c)
         }
         peer_add(&p->bytes_in, (uint64_t)r);
         c->ilen += (size_t)r;
-        for (;;) {
-            int st = frame_scan(&c->fs, c->in, c->ilen, &lim);
-            size_t used;
-
-            if (st == FRAME_NEED_MORE) {
-                break;
-            }
-            if (st != FRAME_DONE) {
-                return -EPROTO;
-            }
-            used = c->fs.pos;
-            int rc = peer_reply(p, c, c->in, used);
-            if (rc != 0) {
-                return rc;
-            }
-            memmove(c->in, c->in + used, c->ilen - used);
-            c->ilen -= used;
-            frame_scan_init(&c->fs);
+        int rc = 0;
+        if (peer_scan(p, c, &lim, &rc) != 0 || rc != 0) {
+            return rc;
         }
     }
 }
@@ -786,7 +1060,10 @@ peer_expire(struct peer_pool *p)
 
             login_late |= m->msgid == PEER_HELLO_ID && m->deadline <= now;
             if (m->msgid != PEER_HELLO_ID && m->deadline <= now) {
-                peer_answer(p, m, KV_TIMEOUT, NULL, 0);
+                peer_answer(p, m, KV_TIMEOUT, NULL);
+                if (c->sm == m) {
+                    c->sm = NULL;   /* the rest of its body is read and dropped */
+                }
                 if (prev != NULL) {
                     prev->next = next;
                 } else {
@@ -806,7 +1083,10 @@ peer_expire(struct peer_pool *p)
         }
         for (m = c->wq; m != NULL; m = m->next) {
             if (m->done != NULL && m->deadline <= now) {
-                peer_answer(p, m, KV_TIMEOUT, NULL, 0);
+                peer_answer(p, m, KV_TIMEOUT, NULL);
+                if (c->sm == m) {
+                    c->sm = NULL;   /* the rest of its body is read and dropped */
+                }
             } else if (m->done != NULL && m->deadline - now < wait) {
                 wait = m->deadline - now;
             }
@@ -984,6 +1264,7 @@ peer_pool_destroy(struct peer_pool *p)
             close(c->fd);
         }
         free(c->in);
+        free(c->holes);
         free(c);
     }
     if (p->epfd >= 0) {

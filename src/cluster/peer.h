@@ -17,6 +17,8 @@
  * token is a setup error: fast retries would only lock the address out).
  * With tls_cert set, a peer whose view entry has a TLS listener is dialled
  * there, over TLS (peer_tls.h); the calls still name it by its plain address.
+ * A call may name a sink (peer_call_sink): its reply's big values are then
+ * received straight into the caller's memory, not copied through a buffer.
  *
  * Threads: peer_call is safe from any thread (a locked hand-off queue and an
  * eventfd); everything else happens on the pool's thread, including every
@@ -96,6 +98,38 @@ struct peer_extra {
 };
 int peer_call_ext(struct peer_pool *p, const char *addr, const char *method, uint8_t *params,
                   size_t plen, const struct peer_extra *x, peer_done_fn *done, void *arg);
+
+/*
+ * peer_call_sink: peer_call whose reply's big bin bodies may be received straight into the
+ * caller's memory (a store reservation) instead of the connection's buffer, so a value
+ * crosses user space once. sink is borrowed for the call (its functions and min; it may be
+ * static). Every bin body of at least sink->min bytes of the reply that is not buffered whole
+ * yet is offered, on the pool's thread, with its place in the reply message
+ * (path[0..depth): path[0] the index in [1, msgid, error, result], path[1] the index in
+ * that, ...) and its length:
+ *   take(arg, path, depth, len, iov, max): 0 to decline (the body is buffered as usual), or
+ *     the number of extents iov[0..n) (n <= max, max is PEER_SINK_IOV_MAX) that together hold
+ *     exactly len bytes and stay writable until done is called;
+ *   landed(arg, p, n): bytes of the taken body just received, in order (p is inside iov;
+ *     for a checksum computed while the bytes are still in the CPU cache).
+ * done is sink_done: status as peer_done_fn's; on 0, *result is a reader over the result
+ * object in which each taken body is a hole (mp_read_bin_ref gives *hole and no bytes),
+ * valid during the call only; otherwise result is NULL. When the call fails or times out
+ * while a body is being received, nothing more is written into its extents once done has
+ * been called (the rest of the body is read and dropped). Returns as peer_call.
+ */
+#define PEER_SINK_IOV_MAX 32
+struct mp_reader;
+typedef void peer_sink_done_fn(void *arg, int status, struct mp_reader *result);
+struct peer_sink {
+    uint64_t min;
+    int (*take)(void *arg, const uint32_t *path, int depth, uint64_t len, struct iovec *iov,
+                int max);
+    void (*landed)(void *arg, const uint8_t *p, size_t n);
+};
+int peer_call_sink(struct peer_pool *p, const char *addr, const char *method, uint8_t *params,
+                   size_t plen, const struct peer_sink *sink, peer_sink_done_fn *done,
+                   void *arg);
 
 /* peer_stats: a snapshot of the counters. */
 void peer_stats(struct peer_pool *p, struct peer_stats *out);

@@ -8,6 +8,11 @@
  * one peer_get batch that asks for it now; the batch's answer (peer
  * thread) stores what came, moves what did not to the next owner, and
  * marks the rest done. Done entries are freed oldest first, from a FIFO.
+ * A peer_get's values are received straight into reservations made for them
+ * as they arrive (repl_sink: the reply's bodies cross user space once, and
+ * are checksummed in pieces while they are in the CPU cache), then published
+ * when the whole reply is in and each one's CRC-32C matches; a value that
+ * could not be reserved is buffered and copied in as before.
  *
  * Must not: block an event loop (everything it sends goes through the peer
  * pool's queue), take the table lock around store calls, or keep a view
@@ -24,6 +29,7 @@
 #include <sys/uio.h>
 
 #include "clock.h"
+#include "crc32c.h"
 #include "kverr.h"
 #include "log.h"
 #include "mp.h"
@@ -64,11 +70,19 @@ struct repl {
     _Atomic uint64_t queue_bytes, queue_depth;
 };
 
+/* A value of a peer_get's reply being received straight into its reservation. */
+struct repl_slot {
+    struct store_obj *obj;          /* reserved for entry i (writer reference), or NULL */
+    uint32_t crc;                   /* CRC-32C of the bytes landed so far */
+};
+
 /* One peer_get in flight: the entries it asks for, in the order of its keys. */
 struct repl_batch {
     struct repl *r;
     uint32_t tenant;
     uint32_t n;
+    uint32_t cur;                   /* the entry whose value is landing (peer thread) */
+    struct repl_slot *slot;         /* [n] */
     struct repl_fetch *e[];
 };
 
@@ -196,7 +210,65 @@ repl_fail(struct repl *r, struct repl_fetch **failed, uint32_t n, uint64_t now)
 
 /* ---- fetching ---- */
 
-static void repl_fetch_answer(void *arg, int status, const uint8_t *res, size_t len);
+static void repl_fetch_answer(void *arg, int status, struct mp_reader *res);
+
+/*
+ * repl_sink_take: the reply's value i ([3, i, 1] in the reply message: the bin of the pair
+ * [crc, value]) is received straight into a reservation for entry i, so it crosses user
+ * space once; declined (buffered, then copied as before) when no room can be reserved.
+ */
+static int
+repl_sink_take(void *arg, const uint32_t *path, int depth, uint64_t len, struct iovec *iov,
+               int max)
+{
+    struct repl_batch *b = arg;
+    struct repl_fetch *e;
+    struct store_obj *o;
+    struct kv_key key;
+    uint32_t i;
+
+    if (depth != 3 || path[0] != 3 || path[2] != 1 || path[1] >= b->n || max < STORE_MAX_EXTENTS
+        || b->slot[path[1]].obj != NULL) {
+        return 0;
+    }
+    i = path[1];
+    e = b->e[i];
+    key.tenant = e->tenant;
+    key.len = e->klen;
+    key.ptr = e->key;
+    if (store_reserve(b->r->cfg.store, &key, len, &o) != 0) {
+        return 0;                   /* there already, being written, or no room: buffered */
+    }
+    b->slot[i].obj = o;
+    b->slot[i].crc = 0;
+    b->cur = i;
+    return store_obj_iov(o, iov, max);
+}
+
+/* repl_sink_landed: bytes of the value landing, checksummed while they are in the cache. */
+static void
+repl_sink_landed(void *arg, const uint8_t *p, size_t n)
+{
+    struct repl_batch *b = arg;
+
+    b->slot[b->cur].crc = crc32c_extend(b->slot[b->cur].crc, p, n);
+}
+
+static const struct peer_sink repl_sink = {
+    .min = 64u * 1024u,
+    .take = repl_sink_take,
+    .landed = repl_sink_landed,
+};
+
+static void
+repl_batch_free(struct repl_batch *b)
+{
+    for (uint32_t i = 0; b->slot != NULL && i < b->n; i++) {
+        store_abort(b->r->cfg.store, b->slot[i].obj);   /* not published: its space returns */
+    }
+    free(b->slot);
+    free(b);
+}
 
 /*
  * repl_send: one peer_get per owner node for the entries e[0..n) (each asks its
@@ -241,6 +313,7 @@ repl_send(struct repl *r, uint32_t tenant, struct repl_fetch **e, uint32_t n,
         b->r = r;
         b->tenant = tenant;
         b->n = 0;
+        b->slot = calloc(m, sizeof(*b->slot));
         msgpack_sbuffer_init(&sb);
         msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
         msgpack_pack_array(&pk, 2);
@@ -254,16 +327,16 @@ repl_send(struct repl *r, uint32_t tenant, struct repl_fetch **e, uint32_t n,
                 msgpack_pack_bin_body(&pk, e[j]->key, e[j]->klen);
             }
         }
-        if (sb.data == NULL
-            || peer_call(r->pool, v->nodes[node].addr, "peer_get", (uint8_t *)sb.data, sb.size,
-                         repl_fetch_answer, b) != 0) {
-            if (sb.data == NULL) {
+        if (sb.data == NULL || b->slot == NULL
+            || peer_call_sink(r->pool, v->nodes[node].addr, "peer_get", (uint8_t *)sb.data,
+                              sb.size, &repl_sink, repl_fetch_answer, b) != 0) {
+            if (sb.data == NULL || b->slot == NULL) {
                 msgpack_sbuffer_destroy(&sb);
             }
             for (uint32_t j = 0; j < b->n; j++) {
                 failed[(*nfailed)++] = b->e[j];
             }
-            free(b);
+            repl_batch_free(b);
         }
     }
     free(sent);
@@ -271,13 +344,17 @@ repl_send(struct repl *r, uint32_t tenant, struct repl_fetch **e, uint32_t n,
 
 /*
  * repl_fetch_value: read one key's answer ([crc, bin] or nil) and keep the value when its
- * checksum holds. Returns 1 kept (or there already), 0 not there, -1 damaged or unreadable.
+ * checksum holds. Returns 1 kept (or there already), 0 not there, -2 damaged (its checksum
+ * failed: the rest of the reply is still read), -1 unreadable (the rest is not).
  */
 static int
-repl_fetch_value(struct repl *r, struct mp_reader *rd, const struct repl_fetch *e)
+repl_fetch_value(struct repl *r, struct mp_reader *rd, const struct repl_fetch *e,
+                 struct repl_slot *slot)
 {
     const uint8_t *vp;
-    uint32_t n, vlen;
+    const struct mp_hole *hole;
+    uint64_t vlen;
+    uint32_t n;
     uint64_t crc;
     struct kv_key key = {.tenant = e->tenant, .len = e->klen, .ptr = e->key};
     int rc;
@@ -287,43 +364,57 @@ repl_fetch_value(struct repl *r, struct mp_reader *rd, const struct repl_fetch *
         return 0;
     }
     if (mp_read_array(rd, &n) != 0 || n != 2 || mp_read_uint(rd, &crc) != 0
-        || mp_read_bin(rd, &vp, &vlen) != 0) {
+        || mp_read_bin_ref(rd, &vp, &vlen, &hole) != 0 || (hole != NULL) != (slot->obj != NULL)
+        || crc > UINT32_MAX) {
         return -1;
     }
-    /* checked as it is copied into the arena (one read of the bytes), kept only when whole */
-    rc = store_put_crc(r->cfg.store, &key, vp, vlen, (uint32_t)crc, !e->owned);
+    if (hole != NULL) {
+        /* received into its reservation and checksummed as it landed: published if whole */
+        struct store_obj *o = slot->obj;
+
+        slot->obj = NULL;
+        if (slot->crc != (uint32_t)crc || store_obj_size(o) != vlen) {
+            store_abort(r->cfg.store, o);
+            rc = KV_CHECKSUM_MISMATCH;
+        } else {
+            rc = store_commit_crc(r->cfg.store, o, (uint32_t)crc, !e->owned);
+        }
+    } else {
+        /* buffered (no room was reserved): checked as it is copied into the arena */
+        rc = store_put_crc(r->cfg.store, &key, vp, vlen, (uint32_t)crc, !e->owned);
+    }
     if (rc == KV_CHECKSUM_MISMATCH) {
         repl_add(&r->checksum_mismatches, 1);
         log_warn("cluster: a value fetched from %s failed its CRC-32C; asking the next owner",
                  e->view->nodes[e->owners[e->next]].addr);
-        return -1;
+        return -2;
     }
     return rc == 0 || rc == KV_EXISTS || rc == KV_BUSY ? 1 : 0;
 }
 
 /* The answer to one peer_get (peer thread). */
 static void
-repl_fetch_answer(void *arg, int status, const uint8_t *res, size_t len)
+repl_fetch_answer(void *arg, int status, struct mp_reader *res)
 {
     struct repl_batch *b = arg;
     struct repl *r = b->r;
-    struct mp_reader rd;
     uint32_t n = 0;
-    int8_t *got = calloc(b->n ? b->n : 1, sizeof(*got));   /* 1 kept, 0 absent, -1 failed */
+    int8_t *got = calloc(b->n ? b->n : 1, sizeof(*got));   /* 1 kept, 0 absent, < 0 failed */
     struct repl_fetch **retry = malloc((b->n ? b->n : 1) * sizeof(*retry));
     struct repl_fetch **failed = malloc((b->n ? b->n : 1) * sizeof(*failed));
     uint32_t nretry = 0, nfailed = 0;
     uint64_t now;
 
-    static const uint8_t none[1];
-
-    mp_reader_init(&rd, res != NULL ? res : none, res != NULL ? len : 0);
-    bool ok = status == 0 && mp_read_array(&rd, &n) == 0 && n == b->n;
+    bool ok = status == 0 && res != NULL && mp_read_array(res, &n) == 0 && n == b->n;
     for (uint32_t i = 0; got != NULL && i < b->n; i++) {
-        got[i] = ok ? (int8_t)repl_fetch_value(r, &rd, b->e[i]) : -1;
-        if (got[i] < 0) {
+        got[i] = ok ? (int8_t)repl_fetch_value(r, res, b->e[i], &b->slot[i]) : -1;
+        if (got[i] == -1) {
             ok = false;             /* a broken reply: the rest is not read */
         }
+    }
+    for (uint32_t i = 0; i < b->n; i++) {
+        store_abort(r->cfg.store, b->slot[i].obj);  /* a reply cut short: before any retry */
+        b->slot[i].obj = NULL;
     }
     now = clock_ms();
     pthread_mutex_lock(&r->lock);
@@ -349,7 +440,7 @@ repl_fetch_answer(void *arg, int status, const uint8_t *res, size_t len)
     free(got);
     free(retry);
     free(failed);
-    free(b);
+    repl_batch_free(b);
     r->cfg.wake(r->cfg.wake_arg);   /* the requests that waited look again */
 }
 

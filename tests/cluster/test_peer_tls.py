@@ -63,7 +63,8 @@ def test_members_with_certificates_talk_over_tls_and_a_stranger_is_refused(pool,
     def own(key, members=ids):
         return [members[i] for i in owners([(m, 1.0) for m in members], key, R)]
 
-    vals = {b"tls-%d" % i: os.urandom(20000 + 977 * i) for i in range(24)}
+    # 20 KB to 250 KB: a fetch's values both buffered and read into their reservations
+    vals = {b"tls-%d" % i: os.urandom(20000 + 9973 * i) for i in range(24)}
     digest = {k: hashlib.sha256(v).digest() for k, v in vals.items()}
     c1 = nodes[0].tcp()
     assert c1.call("batch_put", list(vals), list(vals.values())) == [0] * len(vals)
