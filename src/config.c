@@ -114,6 +114,11 @@ static const char *const conf_write_ack_names[] = {
     [CONF_WRITE_ACK_ALL] = "all",
     [CONF_WRITE_ACK_LOCAL] = "local",
 };
+static const char *const conf_hugepages_names[] = {
+    [CONF_HUGEPAGES_AUTO] = "auto",
+    [CONF_HUGEPAGES_ON] = "on",
+    [CONF_HUGEPAGES_OFF] = "off",
+};
 static const char *const conf_rdma_names[] = {
     [CONF_RDMA_OFF] = "off",
     [CONF_RDMA_AUTO] = "auto",
@@ -172,6 +177,9 @@ static const struct conf_option conf_options[] = {
     OPT_STRING(node_id,                 "",               RESTART, conf_check_node_id),
     /*         name                     min       max        default  reload */
     OPT_SIZE(memory_size,               MIB,      NO_MAX,    "1g",    RESTART),
+    /*       name                       value names              noun         default   reload */
+    OPT_ENUM(memory_hugepages,          conf_hugepages_names,    "value",     "auto",   RESTART),
+    /*         name                     min       max        default  reload */
     OPT_SIZE(max_key_size,              1,        64 * KIB,  "1k",    RELOAD),
     OPT_SIZE(max_value_size,            1,        4 * GIB,   "256m",  RELOAD),
     OPT_UINT(max_batch,                 1,        1048576,   "16384", RELOAD),

@@ -32,6 +32,8 @@ enum conf_ssd_eviction { CONF_SSD_FIFO = 0, CONF_SSD_LRU = 1 };
 
 /* ssd_offload: when a block is written to the SSD tier. */
 enum conf_ssd_offload { CONF_SSD_ON_EVICT = 0, CONF_SSD_WRITE_THROUGH = 1, CONF_SSD_OFF = 2 };
+/* memory_hugepages: which pages back the arena (storage/store.h, enum store_hugepages). */
+enum conf_hugepages { CONF_HUGEPAGES_AUTO = 0, CONF_HUGEPAGES_ON = 1, CONF_HUGEPAGES_OFF = 2 };
 enum conf_rdma { CONF_RDMA_OFF = 0, CONF_RDMA_AUTO = 1, CONF_RDMA_REQUIRED = 2 };
 
 /* write_ack: when a put to a pool answers (docs/cluster.md). */
@@ -61,6 +63,7 @@ struct kv_config {
     char data_dir[CONF_STR_MAX];      /* default ./var */
     char node_id[CONF_STR_MAX];       /* "" = generated once and kept in <data_dir>/node_id */
     uint64_t memory_size;             /* DRAM tier bytes; default 1 GiB */
+    int memory_hugepages;             /* enum conf_hugepages; default auto */
     uint64_t max_key_size;            /* default 1 KiB */
     uint64_t max_value_size;          /* default 256 MiB */
     uint64_t max_batch;               /* keys per batch request; default 16384 */

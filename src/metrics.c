@@ -294,6 +294,9 @@ metrics_tiers(struct metrics_buf *b, const struct metrics_sum *m, const struct s
         st->memory_used);
     one(b, "kvstash_memory_prefaulted_bytes", "gauge", "Arena bytes whose pages are populated.",
         st->memory_prefaulted);
+    one(b, "kvstash_memory_hugepages", "gauge",
+        "The arena's pages: 0 4 KiB, 1 transparent huge pages, 2 hugetlb (memory_hugepages).",
+        st->memory_hugepages);
     one(b, "kvstash_metadata_bytes", "gauge", "Bytes of the store's own bookkeeping.",
         st->metadata_bytes);
 

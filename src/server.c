@@ -1280,12 +1280,24 @@ server_create(const struct kv_config *conf, const char *config_path, int argc, c
         .low_watermark = c->eviction_low_watermark,
         .policy = server_evict_policy(c->eviction_policy),
         .evict_background = true,
+        .hugepages = c->memory_hugepages == CONF_HUGEPAGES_ON    ? STORE_HUGEPAGES_ON
+                     : c->memory_hugepages == CONF_HUGEPAGES_OFF ? STORE_HUGEPAGES_OFF
+                                                                 : STORE_HUGEPAGES_AUTO,
     };
     rc = store_create(&sc, &s->store);
     if (rc != 0) {
         log_error("cannot create the DRAM tier of %llu bytes: %s",
                   (unsigned long long)c->memory_size, kv_strerror(rc));
         goto fail;
+    }
+    {
+        const char *why;
+        uint8_t *base;
+        uint64_t size;
+
+        (void)store_arena(s->store, &base, &size);
+        (void)store_arena_backing(s->store, &why);
+        log_info("memory: the arena of %llu bytes is on %s", (unsigned long long)size, why);
     }
 
     s->rpc.store = s->store;

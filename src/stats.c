@@ -117,6 +117,7 @@ stats_collect(void *arg, const char **names, uint64_t *values, int max)
     STAT("pinned_soft", st.pinned_soft);
     STAT("metadata_bytes", st.metadata_bytes);
     STAT("memory_prefaulted", st.memory_prefaulted);
+    STAT("memory_hugepages", st.memory_hugepages);
     STAT("dram_objects", st.resident);
     STAT("dram_bytes", st.resident_bytes);
     /* objects' bytes / memory_size, in thousandths */

@@ -55,6 +55,8 @@ struct alloc {
     uint64_t *words;                    /* every bitmap level of every order, one calloc */
     uint8_t *state;                     /* one byte per page */
     uint64_t metadata_bytes;
+    enum alloc_backing backing;         /* which pages back the arena (alloc_back) */
+    char backing_why[512];              /* the log's sentence for it */
     pthread_t prefault_thread;          /* populates the arena's page tables in the background */
     int prefault_started;
     _Atomic int prefault_stop;
@@ -207,11 +209,12 @@ alloc_block_give_locked(struct alloc *a, uint64_t page, int order)
  * arena is then private memory and cannot be shared). The seals keep its
  * size fixed for good, so no one holding the descriptor can shrink it under
  * the daemon's feet (which would make the daemon's own accesses SIGBUS).
+ * flags adds MFD_HUGETLB (and its page size); len is then whole huge pages.
  */
 static int
-alloc_memfd(uint64_t len)
+alloc_memfd(uint64_t len, unsigned int flags)
 {
-    int fd = memfd_create("kvstash-arena", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    int fd = memfd_create("kvstash-arena", MFD_CLOEXEC | MFD_ALLOW_SEALING | flags);
 
     if (fd < 0) {
         return -1;
@@ -264,16 +267,203 @@ alloc_map(struct alloc *a, uint64_t len)
         return -err;
     }
     a->map_len = (size_t)len;
-#ifdef MADV_HUGEPAGE
-    (void)madvise(a->base, a->map_len, MADV_HUGEPAGE);
+    return 0;
+}
+
+#ifndef MFD_HUGETLB
+#define MFD_HUGETLB 0x0004u
 #endif
+#define ALLOC_MFD_HUGE_2MB (21u << 26)  /* MFD_HUGE_2MB of linux/memfd.h: log2(2 MiB) << 26 */
+#define ALLOC_POOL_DIR "/sys/kernel/mm/hugepages/hugepages-2048kB/"
+#define ALLOC_THP_DIR "/sys/kernel/mm/transparent_hugepage/"
+
+/* alloc_sysfs_read: the first line of a sysfs file into buf (no newline); false if unreadable. */
+static bool
+alloc_sysfs_read(const char *path, char *buf, size_t len)
+{
+    FILE *f = fopen(path, "re");
+    bool ok = f != NULL && fgets(buf, (int)len, f) != NULL;
+
+    if (f != NULL) {
+        fclose(f);
+    }
+    if (!ok) {
+        buf[0] = '\0';
+        return false;
+    }
+    buf[strcspn(buf, "\n")] = '\0';
+    return true;
+}
+
+/*
+ * alloc_pool_room: 2 MiB pages of the hugetlb pool that a new mapping can reserve (free
+ * minus reserved by other mappings), or -1 when the kernel has no such pool.
+ */
+static long long
+alloc_pool_room(void)
+{
+    char f[32], r[32];
+
+    if (!alloc_sysfs_read(ALLOC_POOL_DIR "free_hugepages", f, sizeof(f))
+        || !alloc_sysfs_read(ALLOC_POOL_DIR "resv_hugepages", r, sizeof(r))) {
+        return -1;
+    }
+    return strtoll(f, NULL, 10) - strtoll(r, NULL, 10);
+}
+
+/*
+ * alloc_cgroup_hugetlb: the hugetlb limit of this process's cgroup for 2 MiB pages, in bytes
+ * (cgroup v2 hugetlb.2MB.max, v1 hugetlb.2MB.limit_in_bytes), or UINT64_MAX when none is
+ * set or readable. The limit is charged when a page is first faulted, so an arena over it
+ * would take SIGBUS later: such an arena is not made on hugetlb pages.
+ */
+static uint64_t
+alloc_cgroup_hugetlb(void)
+{
+    char line[512], path[640], val[64];
+    uint64_t limit = UINT64_MAX;
+    FILE *f = fopen("/proc/self/cgroup", "re");
+
+    while (f != NULL && fgets(line, sizeof(line), f) != NULL) {
+        char *rel = NULL;
+
+        line[strcspn(line, "\n")] = '\0';
+        if (strncmp(line, "0::", 3) == 0) {
+            rel = line + 3;
+            snprintf(path, sizeof(path), "/sys/fs/cgroup%s/hugetlb.2MB.max", rel);
+        } else if ((rel = strstr(line, ":hugetlb:")) != NULL) {
+            rel += strlen(":hugetlb:");
+            snprintf(path, sizeof(path), "/sys/fs/cgroup/hugetlb%s/hugetlb.2MB.limit_in_bytes",
+                     rel);
+        } else {
+            continue;
+        }
+        if (alloc_sysfs_read(path, val, sizeof(val)) && val[0] >= '0' && val[0] <= '9') {
+            uint64_t v = strtoull(val, NULL, 10);
+
+            limit = v < limit ? v : limit;
+        }
+    }
+    if (f != NULL) {
+        fclose(f);
+    }
+    return limit;
+}
+
+/*
+ * alloc_thp_mode: the selected word ("[advise]") of the THP setting that applies to the
+ * arena (shmem_enabled for a memfd, enabled for private memory) into buf; true when it lets
+ * MADV_HUGEPAGE memory have huge pages (always, within_size, advise, force).
+ */
+static bool
+alloc_thp_mode(bool shmem, char *buf, size_t len)
+{
+    char line[160];
+    const char *open_b, *close_b;
+
+    snprintf(buf, len, "unavailable");
+    if (!alloc_sysfs_read(shmem ? ALLOC_THP_DIR "shmem_enabled" : ALLOC_THP_DIR "enabled", line,
+                          sizeof(line))) {
+        return false;
+    }
+    open_b = strchr(line, '[');
+    close_b = open_b != NULL ? strchr(open_b, ']') : NULL;
+    if (close_b == NULL) {
+        return false;
+    }
+    snprintf(buf, len, "%.*s", (int)(close_b - open_b - 1), open_b + 1);
+    return strcmp(buf, "never") != 0 && strcmp(buf, "deny") != 0;
+}
+
+/*
+ * alloc_back: make and map the arena for npages 4 KiB pages as `huge` says (alloc.h,
+ * alloc_create), setting fd, base, map_len, npages, backing and backing_why. A hugetlb arena
+ * is npages rounded down to whole 2 MiB pages; its mmap reserves them from the pool (fails
+ * with ENOMEM when another process took them since the pool was read: then shmem).
+ */
+static int
+alloc_back(struct alloc *a, uint64_t npages, enum alloc_huge huge)
+{
+    const uint64_t per_huge = ALLOC_HUGE_PAGE_SIZE >> ALLOC_PAGE_SHIFT;
+    uint64_t hpages = npages / per_huge;
+    long long room = alloc_pool_room();
+    uint64_t cg = alloc_cgroup_hugetlb();
+    char pool[160], thp[32];
+    bool thp_on;
+    int rc;
+
+    if (room < 0) {
+        snprintf(pool, sizeof(pool), "this kernel has no 2 MiB hugetlb pool");
+    } else {
+        snprintf(pool, sizeof(pool), "the hugetlb pool has %lld free 2 MiB pages of %llu needed",
+                 room, (unsigned long long)hpages);
+    }
+    if (room >= (long long)hpages && cg < hpages * ALLOC_HUGE_PAGE_SIZE) {
+        snprintf(pool, sizeof(pool), "this cgroup's hugetlb limit (%llu MiB) is under the "
+                 "arena's %llu MiB", (unsigned long long)(cg >> 20),
+                 (unsigned long long)(hpages * ALLOC_HUGE_PAGE_SIZE >> 20));
+        room = -2;      /* not taken: faults past the limit would be SIGBUS */
+    }
+    if (huge != ALLOC_HUGE_OFF && hpages > 0 && room >= (long long)hpages) {
+        a->fd = alloc_memfd(hpages * ALLOC_HUGE_PAGE_SIZE, MFD_HUGETLB | ALLOC_MFD_HUGE_2MB);
+        rc = a->fd >= 0 ? alloc_map(a, hpages * ALLOC_HUGE_PAGE_SIZE) : -errno;
+        if (rc == 0) {
+            a->npages = hpages * per_huge;
+            a->backing = ALLOC_BACKING_HUGETLB;
+            snprintf(a->backing_why, sizeof(a->backing_why),
+                     "hugetlb pages of 2 MiB: %llu reserved from the pool, which had %lld free",
+                     (unsigned long long)hpages, room);
+            return 0;
+        }
+        snprintf(pool, sizeof(pool), "a hugetlb arena of %llu 2 MiB pages failed: %s",
+                 (unsigned long long)hpages, strerror(-rc));
+        if (a->fd >= 0) {
+            close(a->fd);
+            a->fd = -1;
+        }
+    } else if (hpages == 0) {
+        snprintf(pool, sizeof(pool), "the arena is under one 2 MiB page");
+    }
+
+    a->fd = alloc_memfd(npages << ALLOC_PAGE_SHIFT, 0);
+    rc = alloc_map(a, npages << ALLOC_PAGE_SHIFT);
+    if (rc != 0) {
+        return rc;
+    }
+    a->npages = npages;
+    if (huge == ALLOC_HUGE_OFF) {
+#ifdef MADV_NOHUGEPAGE
+        (void)madvise(a->base, a->map_len, MADV_NOHUGEPAGE);
+#endif
+        snprintf(a->backing_why, sizeof(a->backing_why), "4 KiB pages (memory_hugepages off)");
+        return 0;
+    }
+    thp_on = alloc_thp_mode(a->fd >= 0, thp, sizeof(thp));
+#ifdef MADV_HUGEPAGE
+    if (thp_on && madvise(a->base, a->map_len, MADV_HUGEPAGE) == 0) {
+        a->backing = ALLOC_BACKING_THP;
+        snprintf(a->backing_why, sizeof(a->backing_why),
+                 "transparent huge pages (MADV_HUGEPAGE, %s THP %s): %s",
+                 a->fd >= 0 ? "shmem" : "anonymous", thp, pool);
+        return 0;
+    }
+#endif
+    snprintf(a->backing_why, sizeof(a->backing_why),
+             "4 KiB pages: %s (reserve them: sysctl vm.nr_hugepages), and %s transparent huge "
+             "pages are %s (" ALLOC_THP_DIR "%s)", pool, a->fd >= 0 ? "shmem" : "anonymous",
+             thp, a->fd >= 0 ? "shmem_enabled" : "enabled");
+    if (huge == ALLOC_HUGE_ON) {
+        log_error("alloc: memory_hugepages on, but no huge pages for the arena: %s",
+                  a->backing_why + strlen("4 KiB pages: "));
+        return KV_UNSUPPORTED;
+    }
     return 0;
 }
 
 /* ---- public ---- */
 
 int
-alloc_create(uint64_t size, struct alloc **out)
+alloc_create(uint64_t size, enum alloc_huge huge, struct alloc **out)
 {
     struct alloc *a;
     uint64_t npages = size >> ALLOC_PAGE_SHIFT;
@@ -290,15 +480,20 @@ alloc_create(uint64_t size, struct alloc **out)
         return -ENOMEM;
     }
     a->fd = -1;
-    a->npages = npages;
-    a->max_order = 63 - __builtin_clzll(npages);
-    if (a->max_order > ALLOC_ORDERS - 1) {
-        a->max_order = ALLOC_ORDERS - 1;
-    }
     rc = pthread_mutex_init(&a->lock, NULL);
     if (rc != 0) {
         free(a);
         return -rc;
+    }
+    /* The mapping first: a hugetlb arena is whole 2 MiB pages, which sets npages. */
+    rc = alloc_back(a, npages, huge);
+    if (rc != 0) {
+        goto fail;
+    }
+    npages = a->npages;
+    a->max_order = 63 - __builtin_clzll(npages);
+    if (a->max_order > ALLOC_ORDERS - 1) {
+        a->max_order = ALLOC_ORDERS - 1;
     }
 
     for (int o = 0; o <= a->max_order; o++) {
@@ -323,12 +518,6 @@ alloc_create(uint64_t size, struct alloc **out)
         }
     }
 
-    a->fd = alloc_memfd(npages << ALLOC_PAGE_SHIFT);
-    rc = alloc_map(a, npages << ALLOC_PAGE_SHIFT);
-    if (rc != 0) {
-        goto fail;
-    }
-
     /* Carve the arena into maximal aligned blocks. */
     for (uint64_t page = 0; page < npages;) {
         int o = a->max_order;
@@ -345,6 +534,15 @@ alloc_create(uint64_t size, struct alloc **out)
 fail:
     alloc_destroy(a);
     return rc;
+}
+
+enum alloc_backing
+alloc_backing(const struct alloc *a, const char **why)
+{
+    if (why != NULL) {
+        *why = a->backing_why;
+    }
+    return a->backing;
 }
 
 /* ---- prefault ---- */

@@ -46,18 +46,53 @@ struct alloc_stats {
     uint64_t metadata_bytes;            /* heap bytes of the bookkeeping */
 };
 
+/* alloc_huge: which pages may back the arena (memory_hugepages). */
+enum alloc_huge {
+    ALLOC_HUGE_AUTO = 0,    /* hugetlb if the pool has room, else shmem THP if enabled, else 4 KiB */
+    ALLOC_HUGE_ON = 1,      /* as auto, but 4 KiB pages are an error */
+    ALLOC_HUGE_OFF = 2,     /* 4 KiB pages (MADV_NOHUGEPAGE) */
+};
+
+/* alloc_backing: which pages back the arena (what alloc_create chose). */
+enum alloc_backing {
+    ALLOC_BACKING_4K = 0,       /* 4 KiB pages */
+    ALLOC_BACKING_THP = 1,      /* shmem (or anonymous) memory advised MADV_HUGEPAGE, THP enabled */
+    ALLOC_BACKING_HUGETLB = 2,  /* a MFD_HUGETLB memfd of 2 MiB pages, reserved at mmap */
+};
+
+#define ALLOC_HUGE_PAGE_SIZE (2u << 20) /* the hugetlb page size used (x86-64 2 MiB) */
+
 /*
  * alloc_create: map an arena of `size` bytes rounded down to whole pages,
  * every page free. The arena is a memfd mapped MAP_SHARED, sealed against
  * shrinking and growing, so that it can be handed to same-host clients
  * (alloc_fd); where no memfd can be made it is private anonymous memory.
- * It is aligned to 2 MiB and advised MADV_HUGEPAGE (best-effort). The arena's
- * pages are not touched, so untouched memory costs nothing until used.
+ * It is aligned to 2 MiB. `huge` chooses its pages:
+ *  - ALLOC_HUGE_AUTO: a MFD_HUGETLB memfd of 2 MiB pages when the hugetlb pool
+ *    (vm.nr_hugepages) has room for the whole arena, then `size` is rounded
+ *    down to whole 2 MiB pages (the mapping reserves the pool's pages, so a
+ *    later fault never finds the pool empty); else, when the host enables
+ *    transparent huge pages for shmem (shmem_enabled not never/deny), 4 KiB
+ *    pages advised MADV_HUGEPAGE; else 4 KiB pages.
+ *  - ALLOC_HUGE_ON: the same, but when neither kind of huge page is there it
+ *    fails with KV_UNSUPPORTED and logs why (the pool's free pages, the THP
+ *    setting).
+ *  - ALLOC_HUGE_OFF: 4 KiB pages, advised MADV_NOHUGEPAGE.
+ * alloc_backing tells which was used and why. The arena's pages are not
+ * touched, so untouched memory costs nothing until used (hugetlb pages are
+ * reserved from the pool, not touched either).
  * Returns 0 and *out, KV_INVALID_ARGUMENT when size is under one page or over
- * ALLOC_MAX_PAGES pages, -ENOMEM (or the mmap errno) when the arena or the
- * bookkeeping cannot be allocated.
+ * ALLOC_MAX_PAGES pages, KV_UNSUPPORTED (ALLOC_HUGE_ON without huge pages),
+ * -ENOMEM (or the mmap errno) when the arena or the bookkeeping cannot be
+ * allocated.
  */
-int alloc_create(uint64_t size, struct alloc **out);
+int alloc_create(uint64_t size, enum alloc_huge huge, struct alloc **out);
+
+/*
+ * alloc_backing: which pages back the arena; *why (may be NULL) gets a
+ * sentence for the log saying which and why (valid until alloc_destroy).
+ */
+enum alloc_backing alloc_backing(const struct alloc *a, const char **why);
 
 /*
  * alloc_prefault_start: warm the arena from a background thread, 64 MiB at a

@@ -420,7 +420,11 @@ store_create(const struct store_config *cfg, struct store **out)
     }
     s->grave_ready = true;
 
-    rc = alloc_create(cfg->memory_size, &s->alloc);
+    rc = alloc_create(cfg->memory_size,
+                      cfg->hugepages == STORE_HUGEPAGES_ON    ? ALLOC_HUGE_ON
+                      : cfg->hugepages == STORE_HUGEPAGES_OFF ? ALLOC_HUGE_OFF
+                                                              : ALLOC_HUGE_AUTO,
+                      &s->alloc);
     if (rc != 0) {
         goto fail;
     }
@@ -1425,6 +1429,12 @@ store_arena(const struct store *s, uint8_t **base, uint64_t *size)
 }
 
 int
+store_arena_backing(const struct store *s, const char **why)
+{
+    return (int)alloc_backing(s->alloc, why);
+}
+
+int
 store_lease(struct store *s, const struct kv_key *key, uint32_t ttl_ms, uint64_t *size)
 {
     uint64_t hash = store_hash64(key);
@@ -1478,6 +1488,7 @@ store_stats(struct store *s, struct store_stats *out)
     out->metadata_bytes = atomic_load_explicit(&s->metadata_bytes, memory_order_relaxed);
     out->memory_prefaulted = alloc_prefaulted(s->alloc);
     out->memory_prefault_done = alloc_prefault_done(s->alloc);
+    out->memory_hugepages = (uint64_t)alloc_backing(s->alloc, NULL);
     out->offloading = atomic_load_explicit(&s->offloading, memory_order_relaxed);
     out->offload_bytes = atomic_load_explicit(&s->offload_bytes, memory_order_relaxed);
     out->offload_dropped = atomic_load_explicit(&s->offload_dropped, memory_order_relaxed);

@@ -99,6 +99,9 @@ enum store_evict_policy {
 
 #define STORE_SLRU_PROTECTED_PCT 50
 
+/* store_config.hugepages: which pages may back the arena. */
+enum store_hugepages { STORE_HUGEPAGES_AUTO = 0, STORE_HUGEPAGES_ON = 1, STORE_HUGEPAGES_OFF = 2 };
+
 struct store_config {
     uint64_t memory_size;      /* arena bytes; rounded down to whole pages */
     uint32_t max_key_size;     /* keys longer than this: KV_TOO_LARGE */
@@ -114,6 +117,13 @@ struct store_config {
      * down to the low one itself. Fixed at create.
      */
     bool evict_background;
+    /*
+     * Which pages may back the arena (memory_hugepages; storage/alloc.h, alloc_create):
+     * STORE_HUGEPAGES_AUTO (0, the default) hugetlb when the pool has room, else
+     * transparent huge pages where enabled, else 4 KiB; _ON as auto but refused
+     * (KV_UNSUPPORTED) without huge pages; _OFF 4 KiB pages. Fixed at create.
+     */
+    enum store_hugepages hugepages;
 };
 
 struct store_stats {
@@ -130,6 +140,7 @@ struct store_stats {
     uint64_t metadata_bytes;   /* heap bytes held by object metadata and the table */
     uint64_t memory_prefaulted; /* arena bytes whose pages are populated (see alloc.h) */
     uint64_t memory_prefault_done; /* 1 once populating the arena has ended (alloc.h) */
+    uint64_t memory_hugepages;  /* the arena's pages: 0 4 KiB, 1 transparent huge, 2 hugetlb */
     uint64_t resident;         /* published objects whose bytes are in the arena */
     uint64_t resident_bytes;   /* their value bytes */
     uint64_t stored;           /* published objects with a copy on the SSD tier */
@@ -620,6 +631,13 @@ int store_load_end(struct store *s, struct store_obj *o, int rc);
  * cannot be shared.
  */
 int store_arena(const struct store *s, uint8_t **base, uint64_t *size);
+
+/*
+ * store_arena_backing: which pages back the arena (as memory_hugepages in
+ * store_stats: 0 4 KiB, 1 transparent huge pages, 2 hugetlb) and a sentence
+ * for the log saying which and why (valid until store_destroy). Any thread.
+ */
+int store_arena_backing(const struct store *s, const char **why);
 
 /*
  * store_hash64: the key hash used by the table (exported for tests and

@@ -1,12 +1,22 @@
 #!/usr/bin/env bash
 # fill.sh: the first-fill section of `make bench`: how fast puts go into a DRAM tier whose
 # pages have never held a value, against the same daemon's rate once every page has been
-# written once ("steady"). Two cases, each on a fresh kvstashd with BENCH_FILL_MEMORY of
+# written once ("steady"). Five cases, each on a fresh kvstashd with BENCH_FILL_MEMORY of
 # DRAM and no SSD tier:
-#   fresh: puts start the moment the daemon answers (the arena is being populated meanwhile);
-#   idle:  the daemon is left alone until memory_prefaulted covers the arena, then
-#          BENCH_FILL_IDLE seconds more (a host may share idle zero pages; see
-#          docs/architecture.md, DRAM tier), then the puts start.
+#   fresh:   4 KiB pages (memory_hugepages off); puts start the moment the daemon answers
+#            (the arena is being populated meanwhile);
+#   idle:    4 KiB pages; the daemon is left alone until memory_prefaulted covers the arena,
+#            then BENCH_FILL_IDLE seconds more (a host may share idle zero pages; see
+#            docs/architecture.md, DRAM tier), then the puts start;
+#   hugetlb: memory_hugepages on, from a 2 MiB hugetlb pool; puts from the first second. When
+#            the pool lacks room for the arena and this runs as root, the script reserves it
+#            (vm.nr_hugepages raised by what is missing; put back at exit): the first start on
+#            a newly reserved pool, whose pages the host has not backed yet;
+#   restart: the same again on the same pool, its pages now touched once (a daemon restarted
+#            on a pool reserved at boot: the operator's case; docs/operations.md); when no
+#            case before it touched the pool, a daemon is started and stopped once first;
+#   ready:   as restart, but the puts start once memory_prefaulted covers the arena (when
+#            /readyz says ready, as an orchestrator that waits for readiness would).
 # Each case runs kvstash-bench in 1-second slices (batch_put_from of 8 x 1 MiB over the
 # Unix socket, one connection, depth 2, then batch_put over TCP the same way) until the
 # slices have put BENCH_FILL_MEMORY bytes (the first pass: every page written once), then
@@ -17,7 +27,7 @@
 #
 # Environment: KVSTASHD, BENCH, KVSTASH_CLI (binaries; set by make bench),
 # BENCH_FILL_MEMORY (4g), BENCH_FILL_IDLE (120), BENCH_FILL_STEADY (5),
-# BENCH_FILL_CASES ("fresh idle"), BENCH_FILL_MODES ("put_from put").
+# BENCH_FILL_CASES ("fresh idle hugetlb restart ready"), BENCH_FILL_MODES ("put_from put").
 set -u -o pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -27,7 +37,7 @@ bench_paths "$here"    # root, KVSTASHD, BENCH, KVSTASH_CLI
 MEM=${BENCH_FILL_MEMORY:-4g}
 IDLE=${BENCH_FILL_IDLE:-120}
 STEADY=${BENCH_FILL_STEADY:-5}
-CASES=${BENCH_FILL_CASES:-fresh idle}
+CASES=${BENCH_FILL_CASES:-fresh idle hugetlb restart ready}
 MODES=${BENCH_FILL_MODES:-put_from put}
 
 [ -x "$KVSTASHD" ] || die "no daemon at $KVSTASHD (run make first)"
@@ -37,18 +47,49 @@ mem_bytes=$(numfmt --from=iec "${MEM^^}") || die "BENCH_FILL_MEMORY=$MEM: not a 
 work=$(mktemp -d /tmp/kvstash-fill-XXXXXX) || die "mktemp failed"
 kvd_pid=""
 bench_exit_trap "$work"
+pool=/proc/sys/vm/nr_hugepages
+pool_dir=/sys/kernel/mm/hugepages/hugepages-2048kB
+pool_orig=""
+pool_warm=0
 
-# start_daemon: a fresh kvstashd in $work; sets kvd_pid, port, sock. 1 if it never answers.
+# pool_restore: put vm.nr_hugepages back if this script raised it (at exit, with the trap).
+pool_restore() {
+    if [ -n "$pool_orig" ]; then
+        echo "$pool_orig" > "$pool" && echo "   vm.nr_hugepages back to $pool_orig"
+        pool_orig=""
+    fi
+}
+trap 'pool_restore; bench_exit' EXIT
+
+# pool_ready: the hugetlb pool has room for the arena, reserving what is missing when root
+# (at most the arena's 2 MiB pages). 1 (with the reason) when it cannot.
+pool_ready() {
+    local need=$((mem_bytes / 2097152)) room cur
+    [ -r "$pool_dir/free_hugepages" ] || { echo "   no 2 MiB hugetlb pool on this kernel"; return 1; }
+    room=$(( $(cat "$pool_dir/free_hugepages") - $(cat "$pool_dir/resv_hugepages") ))
+    [ "$room" -ge "$need" ] && return 0
+    [ "$(id -u)" = 0 ] || { echo "   the pool has $room of $need pages; not root"; return 1; }
+    cur=$(cat "$pool")
+    [ -n "$pool_orig" ] || pool_orig=$cur
+    echo $((cur + need - room)) > "$pool" || { echo "   cannot raise vm.nr_hugepages"; return 1; }
+    room=$(( $(cat "$pool_dir/free_hugepages") - $(cat "$pool_dir/resv_hugepages") ))
+    echo "   vm.nr_hugepages $cur -> $(cat "$pool") (room $room of $need pages)"
+    [ "$room" -ge "$need" ] || { echo "   the kernel gave only $room pages"; return 1; }
+}
+
+# start_daemon HUGEPAGES: a fresh kvstashd in $work with memory_hugepages HUGEPAGES; sets
+# kvd_pid, port, sock. 1 if it never answers.
 start_daemon() {
     rm -rf "$work/data"
     mkdir -p "$work/data"
     port=$(free_port) || die "no free port"
     sock="$work/data/kv.sock"
     show "$KVSTASHD" --listen="127.0.0.1:$port" --unix_socket="$sock" --data_dir="$work/data" \
-        --memory_size="$MEM" --ssd_dir= --metrics_listen= --log_level=info
+        --memory_size="$MEM" --memory_hugepages="$1" --ssd_dir= --metrics_listen= \
+        --log_level=info
     "$KVSTASHD" --listen="127.0.0.1:$port" --unix_socket="$sock" --data_dir="$work/data" \
-        --memory_size="$MEM" --ssd_dir= --metrics_listen= --log_level=info \
-        >"$work/kvstashd.log" 2>&1 &
+        --memory_size="$MEM" --memory_hugepages="$1" --ssd_dir= --metrics_listen= \
+        --log_level=info >"$work/kvstashd.log" 2>&1 &
     kvd_pid=$!
     answers_ping "$KVSTASH_CLI" "$port" "$kvd_pid" 100 0.05
 }
@@ -80,8 +121,35 @@ slice() {
 declare -a summary
 run_case() {
     local case=$1 mode=$2 first="" slowest="" written=0 gbs n steady=()
+    local huge=off
     echo "== first fill: $case, $mode 8 x 1 MiB, 1 connection, depth 2, memory_size $MEM"
-    start_daemon || { echo "   kvstashd did not start"; summary+=("$case $mode: failed"); return 1; }
+    if [ "$case" = hugetlb ] || [ "$case" = restart ] || [ "$case" = ready ]; then
+        huge=on
+        if [ "$case" = hugetlb ] && [ -n "$pool_orig" ]; then
+            # a pool this script reserved and a daemon touched: give it back and wait for the
+            # guest to report the free pages to the host, so the new pool is untouched again
+            pool_restore
+            pool_warm=0
+            sleep 10
+        fi
+        pool_ready || { summary+=("$(printf '%-7s %-9s skipped: no hugetlb pool' "$case" "$mode")")
+                        return 0; }
+        if [ "$case" != hugetlb ] && [ "$pool_warm" = 0 ]; then
+            # restart and ready are a daemon started again on a pool a daemon has touched
+            echo "   warming the pool: one daemon started and stopped once populated"
+            start_daemon on || { echo "   kvstashd did not start"; summary+=("$case $mode: failed")
+                                 return 1; }
+            wait_populated || { kvd_kill; summary+=("$case $mode: failed"); return 1; }
+            kvd_kill
+        fi
+        pool_warm=1
+    fi
+    start_daemon "$huge" || { echo "   kvstashd did not start"; sed 's/^/   log: /' \
+                              "$work/kvstashd.log"; summary+=("$case $mode: failed"); return 1; }
+    grep -m1 "memory: the arena" "$work/kvstashd.log" | sed 's/^.*memory: /   /'
+    if [ "$case" = ready ]; then
+        wait_populated || { kvd_kill; summary+=("$case $mode: failed"); return 1; }
+    fi
     if [ "$case" = idle ]; then
         wait_populated || { kvd_kill; summary+=("$case $mode: failed"); return 1; }
         echo "   idle $IDLE s"
@@ -106,15 +174,15 @@ run_case() {
         fi
         [ -n "$gbs" ] && steady+=("$gbs")
     done
-    grep -m1 "arena of" "$work/kvstashd.log" | sed 's/^/   log: /'
+    grep -m1 "populated in" "$work/kvstashd.log" | sed 's/^/   log: /'
     kvd_kill
     if [ -z "$first" ] || [ "${#steady[@]}" -eq 0 ]; then
-        summary+=("$(printf '%-6s %-9s failed' "$case" "$mode")")
+        summary+=("$(printf '%-7s %-9s failed' "$case" "$mode")")
         return 1
     fi
     local med
     med=$(printf '%s\n' "${steady[@]}" | sort -g | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')
-    summary+=("$(printf '%-6s %-9s first 1 s %6.2f GB/s  slowest %6.2f  steady %6.2f  first/steady %.2f  slowest/steady %.2f' \
+    summary+=("$(printf '%-7s %-9s first 1 s %6.2f GB/s  slowest %6.2f  steady %6.2f  first/steady %.2f  slowest/steady %.2f' \
         "$case" "$mode" "$first" "$slowest" "$med" \
         "$(awk -v a="$first" -v b="$med" 'BEGIN { print a / b }')" \
         "$(awk -v a="$slowest" -v b="$med" 'BEGIN { print a / b }')")")

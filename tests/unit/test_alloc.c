@@ -9,11 +9,16 @@
 #include "alloc.h"
 #include "kverr.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #define MiB (1024ull * 1024ull)
@@ -125,7 +130,7 @@ Test(alloc, takes_and_gives_back_all_pages)
     uint64_t got = 0;
     int n;
 
-    cr_assert_eq(alloc_create(16 * MiB, &a), 0);
+    cr_assert_eq(alloc_create(16 * MiB, ALLOC_HUGE_AUTO, &a), 0);
     total = alloc_total_pages(a);
     cr_assert_eq(total, 4096);
     ext = calloc(total + 1, sizeof(*ext));
@@ -164,7 +169,7 @@ Test(alloc, odd_sized_arena_is_fully_usable)
     int n;
 
     /* 5000 pages and change: rounded down, carved into 4096 + 512 + 256 + 128 + 8. */
-    cr_assert_eq(alloc_create(5000ull * ALLOC_PAGE_SIZE + 123, &a), 0);
+    cr_assert_eq(alloc_create(5000ull * ALLOC_PAGE_SIZE + 123, ALLOC_HUGE_OFF, &a), 0);
     alloc_stats(a, &fresh);
     cr_assert_eq(fresh.total_pages, 5000);
     cr_assert_eq(fresh.largest_free_pages, 4096);
@@ -183,7 +188,7 @@ Test(alloc, odd_sized_arena_is_fully_usable)
     alloc_destroy(a);
 
     /* The same arena taken page by page and given back in a scramble coalesces to the carve. */
-    cr_assert_eq(alloc_create(5000ull * ALLOC_PAGE_SIZE, &a), 0);
+    cr_assert_eq(alloc_create(5000ull * ALLOC_PAGE_SIZE, ALLOC_HUGE_OFF, &a), 0);
     {
         struct alloc_extent *one = calloc(5000, sizeof(*one));
         uint64_t seed = 42;
@@ -217,7 +222,7 @@ Test(alloc, never_hands_out_overlapping_extents)
     uint64_t next_id = 1;
     int nlive = 0;
 
-    cr_assert_eq(alloc_create(64 * MiB, &a), 0);
+    cr_assert_eq(alloc_create(64 * MiB, ALLOC_HUGE_AUTO, &a), 0);
     total = alloc_total_pages(a);
     owner = malloc(total * sizeof(*owner));
     memset(owner, 0xff, total * sizeof(*owner));
@@ -290,7 +295,7 @@ Test(alloc, mixed_sizes_under_churn_stay_usable)
     uint64_t extents = 0;
     int nlive = 0;
 
-    cr_assert_eq(alloc_create(256 * MiB, &a), 0);
+    cr_assert_eq(alloc_create(256 * MiB, ALLOC_HUGE_AUTO, &a), 0);
     alloc_stats(a, &fresh);
     total = fresh.total_pages;
     live = calloc(total, sizeof(*live));
@@ -360,7 +365,7 @@ Test(alloc, failure_takes_nothing)
     struct alloc_extent *one;
     int n;
 
-    cr_assert_eq(alloc_create(4 * MiB, &a), 0);     /* 1024 pages */
+    cr_assert_eq(alloc_create(4 * MiB, ALLOC_HUGE_AUTO, &a), 0);     /* 1024 pages */
     cr_assert_eq(alloc_take(a, 1014, ext, 32, &n), 0);
     cr_assert_eq(alloc_take(a, 11, ext + n, 32, &n), KV_NO_SPACE);
     cr_assert_eq(n, 0);
@@ -368,7 +373,7 @@ Test(alloc, failure_takes_nothing)
     alloc_destroy(a);
 
     /* Every other page free: 512 pages free, but only as single pages. */
-    cr_assert_eq(alloc_create(4 * MiB, &a), 0);
+    cr_assert_eq(alloc_create(4 * MiB, ALLOC_HUGE_AUTO, &a), 0);
     one = calloc(1024, sizeof(*one));
     for (int i = 0; i < 1024; i++) {
         cr_assert_eq(alloc_take(a, 1, &one[i], 1, &n), 0);
@@ -395,10 +400,10 @@ Test(alloc, rejects_arena_under_one_page)
 {
     struct alloc *a = (struct alloc *)&a;
 
-    cr_assert_eq(alloc_create(0, &a), KV_INVALID_ARGUMENT);
+    cr_assert_eq(alloc_create(0, ALLOC_HUGE_AUTO, &a), KV_INVALID_ARGUMENT);
     cr_assert_null(a);
-    cr_assert_eq(alloc_create(ALLOC_PAGE_SIZE - 1, &a), KV_INVALID_ARGUMENT);
-    cr_assert_eq(alloc_create(ALLOC_PAGE_SIZE, &a), 0);
+    cr_assert_eq(alloc_create(ALLOC_PAGE_SIZE - 1, ALLOC_HUGE_AUTO, &a), KV_INVALID_ARGUMENT);
+    cr_assert_eq(alloc_create(ALLOC_PAGE_SIZE, ALLOC_HUGE_AUTO, &a), 0);
     cr_assert_eq(alloc_total_pages(a), 1);
     alloc_destroy(a);
     alloc_destroy(NULL);
@@ -410,7 +415,7 @@ Test(alloc, double_give_aborts, .signal = SIGABRT)
     struct alloc_extent ext[32];
     int n;
 
-    cr_assert_eq(alloc_create(1 * MiB, &a), 0);
+    cr_assert_eq(alloc_create(1 * MiB, ALLOC_HUGE_AUTO, &a), 0);
     cr_assert_eq(alloc_take(a, 3, ext, 32, &n), 0);
     alloc_give(a, ext, n);
     alloc_give(a, ext, n);
@@ -463,7 +468,7 @@ Test(alloc, threads_take_and_give_concurrently)
     struct t_thread th[4];
     pthread_t tid[4];
 
-    cr_assert_eq(alloc_create(8 * MiB, &a), 0);     /* small: threads compete for pages */
+    cr_assert_eq(alloc_create(8 * MiB, ALLOC_HUGE_AUTO, &a), 0);     /* small: threads compete for pages */
     for (int i = 0; i < 4; i++) {
         th[i].a = a;
         th[i].seed = 0x9e3779b97f4a7c15ull * (uint64_t)(i + 1);
@@ -502,7 +507,7 @@ Test(alloc, prefault_stamps_free_pages_only)
     uint8_t *taken;
     uint8_t *base;
 
-    cr_assert_eq(alloc_create(8 * MiB + 3 * ALLOC_PAGE_SIZE, &a), 0);
+    cr_assert_eq(alloc_create(8 * MiB + 3 * ALLOC_PAGE_SIZE, ALLOC_HUGE_OFF, &a), 0);
     base = alloc_base(a);
     for (int i = 0; i < 3; i++) {
         cr_assert_eq(alloc_take(a, held[i].pages, held[i].ext, 32, &held[i].n), 0);
@@ -539,7 +544,7 @@ Test(alloc, prefault_while_in_use_keeps_values)
         struct t_thread th[2];
         pthread_t tid[2];
 
-        cr_assert_eq(alloc_create(8 * MiB, &a), 0);
+        cr_assert_eq(alloc_create(8 * MiB, ALLOC_HUGE_AUTO, &a), 0);
         for (int i = 0; i < 2; i++) {
             th[i].a = a;
             th[i].seed = 0x2545f4914f6cdd1dull * (uint64_t)(round * 2 + i + 1);
@@ -553,4 +558,147 @@ Test(alloc, prefault_while_in_use_keeps_values)
         cr_assert(t_wait_prefault(a), "the population did not end in 30 s");
         alloc_destroy(a);
     }
+}
+
+/* ---- which pages back the arena (memory_hugepages) ---- */
+
+/* t_sysfs_ll: a number from a sysfs file, or -1. */
+static long long
+t_sysfs_ll(const char *path)
+{
+    FILE *f = fopen(path, "re");
+    long long v = -1;
+
+    if (f != NULL) {
+        if (fscanf(f, "%lld", &v) != 1) {
+            v = -1;
+        }
+        fclose(f);
+    }
+    return v;
+}
+
+/* t_pool_room: 2 MiB hugetlb pages a new mapping could reserve now (-1: no pool). */
+static long long
+t_pool_room(void)
+{
+    long long f = t_sysfs_ll("/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages");
+    long long r = t_sysfs_ll("/sys/kernel/mm/hugepages/hugepages-2048kB/resv_hugepages");
+
+    return f < 0 || r < 0 ? -1 : f - r;
+}
+
+/* t_hugetlb_kb: kB of hugetlb pages this process maps (HugetlbPages), or -1. */
+static long long
+t_hugetlb_kb(void)
+{
+    char line[256];
+    long long kb = -1;
+    FILE *f = fopen("/proc/self/status", "re");
+
+    while (f != NULL && fgets(line, sizeof(line), f) != NULL) {
+        if (sscanf(line, "HugetlbPages: %lld kB", &kb) == 1) {
+            break;
+        }
+    }
+    if (f != NULL) {
+        fclose(f);
+    }
+    return kb;
+}
+
+/* t_thp_shmem: shmem transparent huge pages are enabled (not never, deny or absent). */
+static bool
+t_thp_shmem(void)
+{
+    char line[160] = "";
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/shmem_enabled", "re");
+
+    if (f != NULL) {
+        if (fgets(line, sizeof(line), f) == NULL) {
+            line[0] = '\0';
+        }
+        fclose(f);
+    }
+    return line[0] != '\0' && strstr(line, "[never]") == NULL && strstr(line, "[deny]") == NULL;
+}
+
+/* off: 4 KiB pages whatever the host offers, the exact size, a memfd to share. */
+Test(alloc, hugepages_off_is_4k_pages)
+{
+    struct alloc *a;
+    const char *why = NULL;
+
+    cr_assert_eq(alloc_create(8 * MiB + 3 * ALLOC_PAGE_SIZE, ALLOC_HUGE_OFF, &a), 0);
+    cr_assert_eq(alloc_backing(a, &why), ALLOC_BACKING_4K);
+    cr_assert(why != NULL && strstr(why, "memory_hugepages off") != NULL, "why: %s", why);
+    cr_assert_eq(alloc_total_pages(a), 2051);
+    cr_assert_geq(alloc_fd(a), 0);
+    alloc_destroy(a);
+}
+
+/*
+ * With a hugetlb pool that has room, auto and on take it: the arena is whole 2 MiB pages
+ * (memory_size rounded down), its memfd is sealed and maps the same bytes elsewhere (what a
+ * shared-memory client does), the population covers it and stamps it, and values stored
+ * before and during the population stay byte-exact.
+ */
+Test(alloc, hugetlb_pool_backs_the_arena)
+{
+    long long room = t_pool_room();
+    struct alloc *a;
+    struct t_alloc held = {.pages = 300, .id = 21};
+    const char *why = NULL;
+    uint8_t *base, *other;
+    int fd, seals;
+
+    if (room < 8) {
+        cr_skip_test("no hugetlb pool with 8 free 2 MiB pages (%lld): reserve one with "
+                     "`echo 64 > /proc/sys/vm/nr_hugepages` to run this test", room);
+    }
+    for (int mode = 0; mode < 2; mode++) {
+        cr_assert_eq(alloc_create(8 * MiB + 3 * ALLOC_PAGE_SIZE,
+                                  mode == 0 ? ALLOC_HUGE_AUTO : ALLOC_HUGE_ON, &a), 0);
+        cr_assert_eq(alloc_backing(a, &why), ALLOC_BACKING_HUGETLB, "why: %s", why);
+        cr_assert(strstr(why, "hugetlb") != NULL, "why: %s", why);
+        cr_assert_eq(alloc_total_pages(a), 2048, "rounded down to whole 2 MiB pages");
+        fd = alloc_fd(a);
+        cr_assert_geq(fd, 0);
+        seals = fcntl(fd, F_GET_SEALS);
+        cr_assert(seals >= 0 && (seals & F_SEAL_SHRINK) && (seals & F_SEAL_GROW),
+                  "the hugetlb memfd is sealed (%d)", seals);
+        cr_assert_neq(ftruncate(fd, 2 * MiB), 0, "a sealed arena cannot shrink");
+        base = alloc_base(a);
+        cr_assert_eq(alloc_take(a, held.pages, held.ext, 32, &held.n), 0);
+        t_fill(base, &held);
+        cr_assert_eq(alloc_prefault_start(a), 0);
+        cr_assert(t_wait_prefault(a), "the population did not end in 30 s");
+        cr_assert_eq(alloc_prefaulted(a), 8 * MiB);
+        cr_assert_eq(t_hugetlb_kb(), 8192, "the populated arena is 4 hugetlb pages (%lld kB)",
+                     t_hugetlb_kb());
+        cr_assert(t_check(base, &held), "a taken extent was written by the population");
+        other = mmap(NULL, 8 * MiB, PROT_READ, MAP_SHARED, fd, 0);
+        cr_assert_neq(other, MAP_FAILED, "mapping the hugetlb memfd again: %s", strerror(errno));
+        cr_assert_eq(memcmp(other, base, 8 * MiB), 0, "the second mapping shows the arena");
+        cr_assert_eq(munmap(other, 8 * MiB), 0);
+        alloc_give(a, held.ext, held.n);
+        alloc_destroy(a);
+        cr_assert_eq(t_hugetlb_kb(), 0, "the pages went back to the pool");
+    }
+}
+
+/* on without any huge pages: refused with KV_UNSUPPORTED and nothing made. */
+Test(alloc, hugepages_on_refused_without_them)
+{
+    struct alloc *a = (struct alloc *)&a;
+
+    if (t_pool_room() >= 4 || t_thp_shmem()) {
+        cr_skip_test("this host has huge pages (a hugetlb pool with room or shmem THP "
+                     "enabled): the refusal cannot be shown");
+    }
+    cr_assert_eq(alloc_create(8 * MiB, ALLOC_HUGE_ON, &a), KV_UNSUPPORTED);
+    cr_assert_null(a);
+    cr_assert_eq(alloc_create(8 * MiB, ALLOC_HUGE_AUTO, &a), 0, "auto falls back to 4 KiB");
+    cr_assert_eq(alloc_backing(a, NULL), ALLOC_BACKING_4K);
+    alloc_destroy(a);
 }

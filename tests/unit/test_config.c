@@ -120,6 +120,7 @@ static const char *const changed_values[][2] = {
     {"data_dir", "/tmp/kvstash-data"},
     {"node_id", "node-7"},
     {"memory_size", "2g"},
+    {"memory_hugepages", "off"},
     {"max_key_size", "2k"},
     {"max_value_size", "128m"},
     {"max_batch", "100"},
@@ -797,7 +798,7 @@ Test(config, apply_reloadable_copies_only_reloadable_keys)
     conf_apply_reloadable(&running, &fresh);
 
     /* What still differs from the new config is exactly the restart-only keys... */
-    cr_expect_eq(conf_diff(&running, &fresh, diff_collect, &d), 25);
+    cr_expect_eq(conf_diff(&running, &fresh, diff_collect, &d), 26);
     for (int i = 0; i < d.n; i++) {
         cr_expect_not(d.reloadable[i], "%s should have been applied", d.keys[i]);
     }
