@@ -125,6 +125,7 @@ struct ssd {
     pthread_t *readers;
     int nreaders;
     bool writer_started;
+    bool opened;                /* ssd_open succeeded: a close may leave the clean mark */
 
     /* reloadable settings */
     _Atomic uint64_t size;      /* ssd_size */
