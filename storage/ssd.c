@@ -313,6 +313,12 @@ ssd_load(struct ssd *t, struct store_obj *o, struct store_loc *used)
     int n = 0;
     int rc;
 
+    if (atomic_load(&t->state) == SSD_STATE_LOADING) {
+        /* A rebuild puts each bucket's objects in the table as it goes, but a later record
+         * of a key may still replace one: nothing is read from the SSD until it is done
+         * (the object stays; the reader gets a miss, as before the bucket was in). */
+        return KV_UNAVAILABLE;
+    }
     b = ssd_read_begin(t, o, used, &key);
     if (b == NULL) {
         return KV_NOT_FOUND;
@@ -347,6 +353,9 @@ ssd_hook_read(void *arg, struct store_obj *o, const struct iovec *iov, int n)
     uint64_t size = store_obj_size(o);
     int rc;
 
+    if (atomic_load(&t->state) == SSD_STATE_LOADING) {
+        return KV_UNAVAILABLE;      /* a rebuild runs: see ssd_load */
+    }
     b = ssd_read_begin(t, o, &loc, &key);
     if (b == NULL) {
         return KV_NOT_FOUND;
