@@ -74,8 +74,8 @@ else
     per=$(( N / conns / 250 ))
     show "$BENCH" -H "127.0.0.1:$port" -m put -s "$SIZE" -b 250 -c "$conns" -d 4 -n "$per" -i rb -q
     t0=$(now_ms)
-    "$BENCH" -H "127.0.0.1:$port" -m put -s "$SIZE" -b 250 -c "$conns" -d 4 -n "$per" -i rb -t 900 -q \
-        || die "the fill failed"
+    "$BENCH" -H "127.0.0.1:$port" -m put -s "$SIZE" -b 250 -c "$conns" -d 4 -n "$per" -i rb \
+        -t 900 -q || die "the fill failed"
     for _ in $(seq 1 900); do
         o=$(stat_of ssd_objects)
         [ "${o:-0}" -ge "$N" ] && break
