@@ -484,6 +484,59 @@ idx_op_obj_put(struct idx *x, MDB_txn *txn, const struct idx_op *op)
     return 0;
 }
 
+/*
+ * idx_op_obj_append: IDX_OBJ_APPEND. MDB_NOOVERWRITE finds a new key's slot and fills it in
+ * one search (a key already there, or a digest-form key whose slot needs the full-key check,
+ * goes the way of idx_op_obj_put); MDB_APPEND puts the bkeys row after the last without a
+ * search, and refuses (MDB_KEYEXIST) a row that is not past it, which then takes the
+ * checked way. The pages MDB_APPEND fills are full, not split in halves.
+ */
+static int
+idx_op_obj_append(struct idx *x, MDB_txn *txn, const struct idx_op *op)
+{
+    uint8_t mbuf[IDX_MKEY_MAX];
+    uint8_t bbuf[IDX_BKEY_SIZE];
+    MDB_val mk, k, v;
+    int rc;
+
+    if (op->key_len > IDX_DIRECT_KEY_MAX) {
+        return idx_op_obj_put(x, txn, op);
+    }
+    idx_mkey(op->tenant, op->key, op->key_len, mbuf, &mk);
+    v.mv_size = IDX_OBJ_VAL_SIZE;
+    v.mv_data = NULL;
+    rc = mdb_put(txn, x->objects, &mk, &v, MDB_NOOVERWRITE | MDB_RESERVE);
+    if (rc == MDB_KEYEXIST) {
+        return idx_op_obj_put(x, txn, op);
+    }
+    if (rc != 0) {
+        return rc;
+    }
+    idx_objval_encode(v.mv_data, &op->loc, op->key, op->key_len);
+
+    idx_bkey(op->loc.bucket, op->loc.offset, bbuf, &k);
+    v.mv_size = 4u + (size_t)op->key_len;
+    v.mv_data = NULL;
+    rc = mdb_put(txn, x->bkeys, &k, &v, MDB_APPEND | MDB_RESERVE);
+    if (rc == MDB_KEYEXIST) {
+        /* Not past the last row: a row of another key may sit at this location. */
+        rc = idx_bkey_evict(x, txn, op);
+        if (rc == 0) {
+            v.mv_size = 4u + (size_t)op->key_len;
+            v.mv_data = NULL;
+            rc = mdb_put(txn, x->bkeys, &k, &v, MDB_RESERVE);
+        }
+    }
+    if (rc != 0) {
+        return rc;
+    }
+    idx_put_be32(v.mv_data, op->tenant);
+    if (op->key_len > 0) {
+        memcpy((uint8_t *)v.mv_data + 4, op->key, op->key_len);
+    }
+    return 0;
+}
+
 static int
 idx_op_obj_del(struct idx *x, MDB_txn *txn, const struct idx_op *op)
 {
@@ -601,6 +654,7 @@ idx_op_valid(const struct idx_op *op)
 
     switch (op->kind) {
     case IDX_OBJ_PUT:
+    case IDX_OBJ_APPEND:
     case IDX_OBJ_DEL:
         return op->key != NULL || op->key_len == 0;
     case IDX_BUCKET_PUT:
@@ -634,6 +688,9 @@ idx_apply_once(struct idx *x, const struct idx_op *ops, size_t n)
         switch (op->kind) {
         case IDX_OBJ_PUT:
             rc = idx_op_obj_put(x, txn, op);
+            break;
+        case IDX_OBJ_APPEND:
+            rc = idx_op_obj_append(x, txn, op);
             break;
         case IDX_OBJ_DEL:
             rc = idx_op_obj_del(x, txn, op);

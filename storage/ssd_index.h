@@ -55,7 +55,12 @@ enum idx_op_kind {
     IDX_BUCKET_PUT = 3,  /* bucket record upsert */
     IDX_BUCKET_DROP = 4, /* delete bucket record, its bkeys range, and every object
                             entry that still points into the bucket */
-    IDX_META_PUT = 5     /* meta[name] = value */
+    IDX_META_PUT = 5,    /* meta[name] = value */
+    IDX_OBJ_APPEND = 6   /* IDX_OBJ_PUT with the same result, for a caller whose locations
+                            mostly come in ascending (bucket, offset) order, past every
+                            entry already indexed (a rebuild's walk): one search of objects
+                            when the key is new and its bkeys row appended without one;
+                            anything else takes IDX_OBJ_PUT's path */
 };
 
 /* One operation of a batch. Pointers are borrowed for the idx_apply call. */

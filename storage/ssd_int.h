@@ -125,6 +125,8 @@ struct ssd {
     pthread_t *readers;
     int nreaders;
     bool writer_started;
+    bool opened;                /* ssd_open succeeded: a close may leave the clean mark */
+    bool clean_start;           /* the index is as a clean stop left it (ssd_clean.h) */
 
     /* reloadable settings */
     _Atomic uint64_t size;      /* ssd_size */

@@ -15,9 +15,13 @@
  * record removed after it was written comes back (a removal lives only in
  * the index). Commits are not synced during the walk (a crash redoes the
  * rebuild: the "format" mark that says an index is whole is written last,
- * after one sync). Only then are the entries loaded into the store, each
- * bucket's live bytes counted from them; a key a client put meanwhile keeps
- * the client's value and the record's entry is forgotten.
+ * after one sync). Each bucket's entries go into the store as soon as the
+ * bucket is indexed and registered, so the table fills while the disk is
+ * still being read (and a key is served from the SSD as soon as its bucket
+ * is in); a later record of a key already loaded replaces it there as in the
+ * index (the store's copy is dropped and the newer one inserted), and a key
+ * a client put meanwhile keeps the client's value and the record's entry is
+ * forgotten. Each bucket's live bytes are counted from what is loaded.
  */
 #include "ssd_int.h"
 #include "clock.h"
@@ -183,6 +187,7 @@ struct ssd_rb_pipe {
     size_t next;                /* the next job a scanner takes */
     size_t consumed;            /* jobs the writer has finished */
     bool stop;
+    _Atomic uint64_t scan_cpu_ms;   /* the scanner threads' CPU time, added as they end */
 };
 
 static int
@@ -259,6 +264,18 @@ ssd_rb_scan_job(struct ssd *t, struct ssd_rb_job *j, uint8_t *buf)
     atomic_fetch_add_explicit(&t->rebuild_records, j->n, memory_order_relaxed);
 }
 
+/* ssd_rb_thread_cpu_ms: the CPU time of the calling thread (for the rebuild's log line). */
+static uint64_t
+ssd_rb_thread_cpu_ms(void)
+{
+    struct timespec ts;
+
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) {
+        return 0;
+    }
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
 static void *
 ssd_rb_scanner_main(void *arg)
 {
@@ -287,6 +304,7 @@ ssd_rb_scanner_main(void *arg)
     }
     pthread_mutex_unlock(&p->lock);
     free(buf);
+    atomic_fetch_add_explicit(&p->scan_cpu_ms, ssd_rb_thread_cpu_ms(), memory_order_relaxed);
     return NULL;
 }
 
@@ -316,7 +334,7 @@ ssd_rb_index(struct ssd *t, const struct ssd_rb_job *j, struct idx_op *ops)
             struct idx_op *op = &ops[k];
 
             memset(op, 0, sizeof(*op));
-            op->kind = IDX_OBJ_PUT;
+            op->kind = IDX_OBJ_APPEND;
             op->tenant = e->tenant;
             op->key_len = e->key_len;
             op->key = j->keys + e->key_off;
@@ -333,6 +351,87 @@ ssd_rb_index(struct ssd *t, const struct ssd_rb_job *j, struct idx_op *ops)
     return 0;
 }
 
+/* Loading the rebuilt entries into the store, bucket by bucket. */
+struct ssd_rb_load {
+    struct ssd_forget *stale;   /* entries of keys put meanwhile, or of unknown buckets */
+    uint64_t loaded;            /* entries inserted (replaced ones included) */
+    uint64_t replaced;          /* of them, newer records of a key loaded from an older one */
+    uint64_t kept;              /* entries left out: a client's put of the key wins */
+};
+
+/*
+ * ssd_rb_replace: key, loaded earlier in this rebuild from an older record,
+ * has a newer one at sl: the older copy leaves the table (counted out of its
+ * bucket) and the newer goes in. 0 when replaced; KV_EXISTS when the key is
+ * not an older record of this rebuild (a client's put: it wins); -ENOMEM.
+ */
+static int
+ssd_rb_replace(struct ssd *t, const struct kv_key *k, uint64_t length, const struct store_loc *sl)
+{
+    struct store_obj *o = NULL;
+    struct store_loc old;
+    uint64_t size;
+
+    /* Only this rebuild gives an object a location while it runs (the writer is busy with
+     * it), so a stored, non-resident object of the key is an older record of the walk. */
+    if (store_get_stored(t->store, k, &o) != 0) {
+        return KV_EXISTS;
+    }
+    store_stored_loc(t->store, o, &old);
+    size = store_obj_size(o);
+    store_obj_unref(t->store, o);
+    if (store_drop_stored(t->store, k, &old) != 1) {
+        return KV_EXISTS;       /* read into DRAM meanwhile: that copy stays */
+    }
+    (void)ssd_bucket_account(t, old.bucket, -(int64_t)ssd_rec_size(k->len, size));
+    CTR_SUB(t, objects, 1);
+    CTR_SUB(t, bytes, size);
+    return store_insert_stored(t->store, k, length, sl);
+}
+
+/* ssd_rb_load_job: a registered bucket's verified entries into the store (writer thread). */
+static int
+ssd_rb_load_job(struct ssd *t, const struct ssd_rb_job *j, struct ssd_rb_load *c)
+{
+    for (size_t i = 0; i < j->n; i++) {
+        const struct ssd_rb_ent *e = &j->ents[i];
+        struct kv_key k = {.tenant = e->tenant, .len = e->key_len, .ptr = j->keys + e->key_off};
+        struct store_loc sl = {.bucket = (uint32_t)j->id, .crc = e->crc,
+                               .offset = e->value_off};
+        int rc;
+
+        /* Counted in (objects, bytes, the bucket's live bytes) whether loaded or not: a
+         * stale entry is counted out again by ssd_forget_done when its delete commits. */
+        if (!ssd_bucket_account(t, j->id, (int64_t)ssd_rec_size(e->key_len, e->value_len))) {
+            rc = KV_NOT_FOUND;      /* its bucket file could not be reopened */
+        } else {
+            CTR_ADD(t, objects, 1);
+            CTR_ADD(t, bytes, e->value_len);
+            rc = store_insert_stored(t->store, &k, e->value_len, &sl);
+            if (rc == KV_EXISTS) {
+                rc = ssd_rb_replace(t, &k, e->value_len, &sl);
+                c->replaced += rc == 0;
+            }
+        }
+        if (rc == -ENOMEM) {
+            return rc;
+        }
+        if (rc == 0) {
+            c->loaded++;
+            continue;
+        }
+        /* KV_EXISTS: a client put the key meanwhile, and its value wins. */
+        struct ssd_forget *f = ssd_forget_new(&k, &sl, e->value_len);
+
+        c->kept++;
+        if (f != NULL) {
+            f->next = c->stale;
+            c->stale = f;
+        }
+    }
+    return 0;
+}
+
 /* Totals of a rebuild, for its log line. */
 struct ssd_rb_totals {
     uint64_t records;
@@ -341,16 +440,19 @@ struct ssd_rb_totals {
     uint64_t cut_bytes;     /* bytes cut off after the last whole record */
     uint64_t empty;         /* bucket files without a whole record (removed) */
     uint64_t unreadable;    /* bucket files that could not be opened */
+    uint64_t wait_ms;       /* the writer waiting for the scanners (the disk, or CRC) */
+    uint64_t scan_cpu_ms;   /* CPU time of the scanner threads (reads, CRC) */
 };
 
 /*
  * ssd_rb_bucket: on the writer thread, a scanned bucket: index its records,
- * cut the file back to its last whole record and add the bucket to the table
- * (sealed). 0, or an index error (the rebuild stops).
+ * cut the file back to its last whole record, add the bucket to the table
+ * (sealed) and its entries to the store. 0, or an index error or -ENOMEM
+ * (the rebuild stops).
  */
 static int
 ssd_rb_bucket(struct ssd *t, struct ssd_rb_job *j, struct idx_op *ops,
-              struct ssd_rb_totals *tot)
+              struct ssd_rb_totals *tot, struct ssd_rb_load *load)
 {
     char path[SSD_PATH_MAX + 64];
     const struct ssd_scan_result *res = &j->res;
@@ -436,54 +538,11 @@ ssd_rb_bucket(struct ssd *t, struct ssd_rb_job *j, struct idx_op *ops,
     memset(&op, 0, sizeof(op));
     op.kind = IDX_BUCKET_PUT;
     ssd_bucket_record(b, &op.bucket);
-    return idx_apply(t->idx, &op, 1);
-}
-
-/* Loading the rebuilt entries into the store. */
-struct ssd_rb_load {
-    struct ssd *t;
-    struct ssd_forget *stale;   /* entries of keys put meanwhile, or of unknown buckets */
-    uint64_t entries;
-    uint64_t loaded;
-    int rc;
-};
-
-static int
-ssd_rb_load_fn(void *arg, uint32_t tenant, const uint8_t *key, uint32_t key_len,
-               const struct idx_loc *loc)
-{
-    struct ssd_rb_load *c = arg;
-    struct ssd *t = c->t;
-    struct kv_key k = {.tenant = tenant, .len = key_len, .ptr = key};
-    struct store_loc sl = {.bucket = (uint32_t)loc->bucket, .crc = loc->crc, .offset = loc->offset};
-    int rc;
-
-    c->entries++;
-    /* Counted in (objects, bytes, the bucket's live bytes) whether loaded or not: a stale
-     * entry is counted out again by ssd_forget_done when its delete commits. */
-    if (!ssd_bucket_account(t, loc->bucket, (int64_t)ssd_rec_size(key_len, loc->length))) {
-        rc = KV_NOT_FOUND;      /* its bucket file could not be reopened */
-    } else {
-        CTR_ADD(t, objects, 1);
-        CTR_ADD(t, bytes, loc->length);
-        rc = store_insert_stored(t->store, &k, loc->length, &sl);
-    }
-    if (rc == -ENOMEM) {
-        c->rc = rc;
+    rc = idx_apply(t->idx, &op, 1);
+    if (rc != 0) {
         return rc;
     }
-    if (rc == 0) {
-        c->loaded++;
-        return 0;
-    }
-    /* KV_EXISTS: a client put the key meanwhile, and its value wins. */
-    struct ssd_forget *f = ssd_forget_new(&k, &sl, loc->length);
-
-    if (f != NULL) {
-        f->next = c->stale;
-        c->stale = f;
-    }
-    return 0;
+    return ssd_rb_load_job(t, j, load);
 }
 
 static bool
@@ -503,7 +562,8 @@ ssd_rb_stopping(struct ssd *t)
  * KV_UNAVAILABLE when shutdown stopped it, or the first index error.
  */
 static int
-ssd_rb_walk(struct ssd *t, const uint64_t *ids, size_t n, struct ssd_rb_totals *tot)
+ssd_rb_walk(struct ssd *t, const uint64_t *ids, size_t n, struct ssd_rb_totals *tot,
+            struct ssd_rb_load *load)
 {
     struct ssd_rb_pipe p;
     pthread_t tid[SSD_REBUILD_SCANNERS];
@@ -546,6 +606,8 @@ ssd_rb_walk(struct ssd *t, const uint64_t *ids, size_t n, struct ssd_rb_totals *
             free(buf);
             j->done = true;
         }
+        uint64_t w0 = clock_ms();
+
         pthread_mutex_lock(&p.lock);
         while (!j->done) {
             struct timespec ts;
@@ -563,13 +625,14 @@ ssd_rb_walk(struct ssd *t, const uint64_t *ids, size_t n, struct ssd_rb_totals *
             }
         }
         pthread_mutex_unlock(&p.lock);
+        tot->wait_ms += clock_ms() - w0;
         if (ssd_rb_stopping(t)) {
             log_warn("ssd: rebuild of %s stopped by shutdown after %zu of %zu buckets; the next "
                      "start rebuilds again", t->dir, i, n);
             rc = KV_UNAVAILABLE;
             break;
         }
-        rc = ssd_rb_bucket(t, j, ops, tot);
+        rc = ssd_rb_bucket(t, j, ops, tot, load);
         ssd_rb_job_free(j);
         if (rc != 0) {
             log_error("ssd: rebuild of %s: bucket %" PRIu64 ": %s", t->dir, ids[i],
@@ -590,6 +653,7 @@ ssd_rb_walk(struct ssd *t, const uint64_t *ids, size_t n, struct ssd_rb_totals *
     for (int k = 0; k < nthreads; k++) {
         pthread_join(tid[k], NULL);
     }
+    tot->scan_cpu_ms = atomic_load(&p.scan_cpu_ms);
     for (size_t i = 0; i < n; i++) {
         ssd_rb_job_free(&p.jobs[i]);
     }
@@ -609,6 +673,7 @@ ssd_rebuild(struct ssd *t)
     size_t n;
     bool stopped = false;
     uint64_t walk_ms = 0;
+    uint64_t cpu_ms = ssd_rb_thread_cpu_ms();
     int rc = 0;
 
     memset(&tot, 0, sizeof(tot));
@@ -622,7 +687,7 @@ ssd_rebuild(struct ssd *t)
         goto done;
     }
     (void)idx_set_sync(t->idx, 0);
-    rc = ssd_rb_walk(t, ids, n, &tot);
+    rc = ssd_rb_walk(t, ids, n, &tot, &load);
     walk_ms = clock_ms() - t->rebuild_t0;
     if (rc == KV_UNAVAILABLE) {
         stopped = true;
@@ -631,21 +696,6 @@ ssd_rebuild(struct ssd *t)
         goto done;
     }
 
-    load.t = t;
-    rc = idx_scan_objects(t->idx, ssd_rb_load_fn, &load);
-    if (rc == 0) {
-        rc = load.rc;
-    }
-    while (load.stale != NULL) {
-        struct ssd_forget *f = load.stale;
-
-        load.stale = f->next;
-        ssd_forget_push(t, f);
-    }
-    if (rc != 0) {
-        log_error("ssd: rebuild of %s: loading the rebuilt index: %s", t->dir, kv_strerror(rc));
-        goto done;
-    }
     {
         /* Every bucket's record with its live bytes, then the marks of a whole index. */
         size_t cap = t->nbuckets + 2;
@@ -682,22 +732,33 @@ ssd_rebuild(struct ssd *t)
             goto done;
         }
     }
-    t->start_objects = load.loaded;
+    t->start_objects = load.loaded - load.replaced;
 
 done:
+    while (load.stale != NULL) {
+        struct ssd_forget *f = load.stale;
+
+        load.stale = f->next;
+        ssd_forget_push(t, f);
+    }
     (void)idx_set_sync(t->idx, 1);
     atomic_store(&t->rebuild_ms, clock_ms() - t->rebuild_t0);
+    cpu_ms = ssd_rb_thread_cpu_ms() - cpu_ms;
     if (rc == 0) {
-        log_info("ssd: index of %s rebuilt in %" PRIu64 " ms (%" PRIu64 " ms reading, checking "
-                 "and indexing the buckets, the rest loading the table): %zu bucket file(s), "
-                 "%" PRIu64 " whole records verified, %" PRIu64 " objects indexed (%" PRIu64
-                 " older copies of keys written again later), %" PRIu64
-                 " loaded (the others were put by clients meanwhile), %" PRIu64
+        log_info("ssd: index of %s rebuilt in %" PRIu64 " ms (%" PRIu64 " ms reading, checking, "
+                 "indexing and loading the buckets, %" PRIu64 " of it waiting for the reads, the "
+                 "rest the final commit; CPU: %" PRIu64 " ms indexing and loading, %" PRIu64
+                 " ms reading and checking): %zu bucket "
+                 "file(s), %" PRIu64 " whole records verified, %" PRIu64 " loaded into the "
+                 "table (%" PRIu64 " of them replacing an older copy of the same key), %" PRIu64
+                 " left to keys clients put meanwhile, %" PRIu64
                  " records with a bad value skipped, %" PRIu64 " file(s) cut at damage or a torn"
                  " end (%" PRIu64 " bytes), %" PRIu64 " without a whole record removed, %" PRIu64
                  " unreadable",
-                 t->dir, atomic_load(&t->rebuild_ms), walk_ms, n, tot.records, load.entries,
-                 tot.records - load.entries, load.loaded, tot.bad_values, tot.damaged,
+                 t->dir, atomic_load(&t->rebuild_ms), walk_ms, tot.wait_ms, cpu_ms, tot.scan_cpu_ms,
+                 n, tot.records,
+                 load.loaded,
+                 load.replaced, load.kept, tot.bad_values, tot.damaged,
                  tot.cut_bytes, tot.empty, tot.unreadable);
     }
     free(ids);

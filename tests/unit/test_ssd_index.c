@@ -385,6 +385,83 @@ Test(ssd_index, obj_put_at_a_taken_location_evicts_the_previous_key)
     idx_close(x);
 }
 
+/* t_lists_equal: the two scans list the same entries at the same locations, in order. */
+static void
+t_lists_equal(const struct t_list *a, const struct t_list *b, const char *what)
+{
+    cr_assert_eq(a->n, b->n, "%s: %zu entries against %zu", what, a->n, b->n);
+    for (size_t i = 0; i < a->n; i++) {
+        cr_assert(t_item_is(&a->v[i], b->v[i].tenant, b->v[i].key, b->v[i].key_len),
+                  "%s: entry %zu differs", what, i);
+        cr_assert_eq(a->v[i].loc.bucket, b->v[i].loc.bucket, "%s: entry %zu", what, i);
+        cr_assert_eq(a->v[i].loc.offset, b->v[i].loc.offset, "%s: entry %zu", what, i);
+        cr_assert_eq(a->v[i].loc.length, b->v[i].loc.length, "%s: entry %zu", what, i);
+        cr_assert_eq(a->v[i].loc.crc, b->v[i].loc.crc, "%s: entry %zu", what, i);
+    }
+}
+
+Test(ssd_index, obj_append_ends_exactly_as_obj_put)
+{
+    /* A rebuild's walk, with every case IDX_OBJ_APPEND must hand to the checked way: a key
+     * written again later, a location before the last one, a taken location, long keys. */
+    char other[160];
+    char longkey[600], longkey2[600];
+    struct idx *put = t_open(1 * MiB, 64 * MiB, NULL);
+    struct idx *app = NULL;
+    struct idx_op ops[400];
+    size_t n = 0;
+    char err[256] = "";
+
+    snprintf(other, sizeof(other), "%s/index-append", t_root);
+    cr_assert_eq(idx_open(other, 1 * MiB, 64 * MiB, NULL, &app, err, sizeof(err)), 0, "%s", err);
+    memset(longkey, 'L', sizeof(longkey));
+    memcpy(longkey2, longkey, sizeof(longkey));
+    longkey2[599] = 'M';
+    for (uint64_t b = 1; b <= 4; b++) {
+        for (uint64_t i = 0; i < 80; i++) {
+            static char keys[4][80][16];
+            char *k = keys[b - 1][i];
+
+            /* keys 0-19 of every bucket are the same keys: written again in each bucket */
+            snprintf(k, 16, "k%02llu-%llu", (unsigned long long)(i % 20 == i ? i : i + 100 * b),
+                     (unsigned long long)(i < 20 ? 0 : b));
+            ops[n++] = t_put(1 + (uint32_t)(i % 3), k, (uint32_t)strlen(k), b, 8192 * (i + 1));
+        }
+    }
+    ops[n++] = t_put(1, "late", 4, 2, 4096);                    /* before the last row */
+    ops[n++] = t_put(2, "thief", 5, 4, 8192 * 30);              /* a taken location */
+    ops[n++] = t_put(1, longkey, sizeof(longkey), 5, 8192);     /* digest form */
+    ops[n++] = t_put(1, longkey2, sizeof(longkey2), 5, 16384);
+    ops[n++] = t_put(1, longkey2, sizeof(longkey2), 6, 8192);   /* written again */
+    cr_assert_eq(idx_apply(put, ops, n), 0);
+    for (size_t i = 0; i < n; i++) {
+        ops[i].kind = IDX_OBJ_APPEND;
+    }
+    /* in two batches, so the appends also follow rows of an earlier transaction */
+    cr_assert_eq(idx_apply(app, ops, n / 2), 0);
+    cr_assert_eq(idx_apply(app, ops + n / 2, n - n / 2), 0);
+
+    {
+        struct t_list a = t_scan(put), b = t_scan(app);
+
+        /* 4 x 60 keys of one bucket, 20 of every bucket, late, thief, the two long keys,
+         * less the key whose location thief took */
+        cr_assert_eq(a.n, 4 * 60 + 20 + 2 + 2 - 1, "entries: %zu", a.n);
+        t_lists_equal(&a, &b, "objects");
+        t_list_free(&a);
+        t_list_free(&b);
+    }
+    for (uint64_t id = 1; id <= 6; id++) {
+        struct t_list a = t_scan_bucket(put, id), b = t_scan_bucket(app, id);
+
+        t_lists_equal(&a, &b, "a bucket's rows");
+        t_list_free(&a);
+        t_list_free(&b);
+    }
+    idx_close(put);
+    idx_close(app);
+}
+
 Test(ssd_index, bucket_drop_removes_exactly_that_buckets_objects)
 {
     struct idx *x = t_open(1 * MiB, 64 * MiB, NULL);
