@@ -39,6 +39,27 @@ def fixed_pool(view_pools):
     return lambda n=3, extra=(), unix=False: view_pools(ViewPool, n, extra, unix)
 
 
+def _crc_table():
+    t = []
+    for b in range(256):
+        c = b
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        t.append(c)
+    return t
+
+
+CRC_TABLE = _crc_table()
+
+
+def crc32c(data):
+    """CRC-32C (Castagnoli), a table per byte: the checksum every value travels with."""
+    crc = 0xFFFFFFFF
+    for b in data:
+        crc = (crc >> 8) ^ CRC_TABLE[(crc ^ b) & 0xFF]
+    return crc ^ 0xFFFFFFFF
+
+
 def values(n, size, tag):
     return {b"wr-%s-%d" % (tag, i): os.urandom(size + i * 991) for i in range(n)}
 
@@ -47,8 +68,10 @@ def digests(vals):
     return {k: hashlib.sha256(v).hexdigest() for k, v in vals.items()}
 
 
-def assert_owners_hold(p, keys, digest):
-    """Every owner of each key holds it itself, its bytes those of the digest table."""
+def assert_owners_hold(p, keys, digest, crcs=4):
+    """Every owner of each key holds it itself, its bytes those of the digest table; for
+    the first crcs keys of each owner, the checksum it keeps (computed as the bytes landed)
+    is the CRC-32C of those bytes."""
     for i in range(len(p.daemons)):
         mine = [k for k in keys if i in p.owners(k)]
         if not mine:
@@ -61,6 +84,8 @@ def assert_owners_hold(p, keys, digest):
         for k, g in zip(mine, got):
             assert g is not None, f"node {i} owns {k} and lacks it"
             assert hashlib.sha256(g[1]).hexdigest() == digest[k], f"node {i}'s {k} differs"
+        for k, g in list(zip(mine, got))[:crcs]:
+            assert g[0] == crc32c(g[1]), f"node {i} keeps a wrong CRC-32C for {k}"
 
 
 def test_a_batch_goes_to_each_owner_in_one_peer_put(fixed_pool):
