@@ -704,6 +704,9 @@ repl_flush(void *arg)
         repl_send_group(b->r, b->v, first->node, k0.tenant, g, m, niov);
     }
     free(g);
+    free(b->items);                 /* nothing of a thread's outlives its request (or it) */
+    b->items = NULL;
+    b->cap = 0;
     b->n = 0;
     view_release(b->v);
     b->v = NULL;
