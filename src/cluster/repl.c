@@ -9,6 +9,11 @@
  * thread) stores what came, moves what did not to the next owner, and
  * marks the rest done. Done entries are freed oldest first, from a FIFO.
  *
+ * A client's puts wait in their event loop's thread-local batch (repl_out: an
+ * object reference, its owner and ticket per key and owner) until the request
+ * layer calls repl_flush at the end of the request; the flush sends one
+ * peer_put per owner and tenant, its answer (peer thread) settles each key.
+ *
  * Must not: block an event loop (everything it sends goes through the peer
  * pool's queue), take the table lock around store calls, or keep a view
  * past the entries that use it.
