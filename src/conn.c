@@ -918,7 +918,7 @@ conn_process(struct conn *c)
             conn_set_reading(c, conn_reading_wanted(c));
             return 0;
         }
-        struct rpc_spill sp;
+        struct rpc_spill sp = {.obj = NULL};
         if (!c->proto->take(c, &sp)) {
             c->proto->decline(c);
             continue;

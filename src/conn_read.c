@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "copier.h"
+#include "crc32c.h"
 #include "frame.h"
 #include "mp.h"
 #include "rpc.h"
@@ -62,6 +63,8 @@ conn_hole_add(struct conn *c, uint64_t len)
     c->holes[i].tag = NULL;
     c->spills[i].obj = NULL;
     c->spills[i].code = 0;
+    c->spills[i].sum = false;
+    c->spills[i].crc = 0;
     return (int)i;
 }
 
@@ -95,6 +98,27 @@ conn_obj_iov(struct store_obj *obj, uint64_t off, uint64_t len, struct iovec *io
  * They are the start of a body read ahead into the buffer behind the previous one; the
  * copy streams past the cache (copier_stream), as arena pages are not read back soon.
  */
+/*
+ * conn_spill_sum: n more bytes of the active spill landed at p (still in cache): extend its
+ * CRC-32C when it keeps one, and record it on the object once the body is whole (in a
+ * pool, so the checksum a replica travels with, or is checked against, costs no second
+ * read of the value from memory).
+ */
+static void
+conn_spill_sum(struct conn *c, struct rpc_spill *sp, const struct iovec *iov, int niov,
+               uint64_t n)
+{
+    for (int i = 0; i < niov && n > 0; i++) {
+        size_t k = iov[i].iov_len < n ? iov[i].iov_len : (size_t)n;
+
+        sp->crc = crc32c_extend(sp->crc, iov[i].iov_base, k);
+        n -= k;
+    }
+    if (c->spill_left == 0) {
+        store_obj_set_crc(sp->obj, sp->crc);
+    }
+}
+
 void
 conn_spill_fill(struct conn *c, const uint8_t *p, size_t n)
 {
@@ -102,11 +126,18 @@ conn_spill_fill(struct conn *c, const uint8_t *p, size_t n)
 
     if (sp->obj != NULL && n > 0) {
         struct iovec dst[STORE_MAX_EXTENTS];
+        struct iovec src = {.iov_base = (void *)p, .iov_len = n};
         int nd = conn_obj_iov(sp->obj, c->spill_off, n, dst, 0);
         for (int i = 0; i < nd; i++) {
             copier_stream(dst[i].iov_base, p, dst[i].iov_len);
             p += dst[i].iov_len;
         }
+        c->spill_off += n;
+        c->spill_left -= n;
+        if (sp->sum) {
+            conn_spill_sum(c, sp, &src, 1, n);      /* from the buffer: the copy bypassed */
+        }                                           /* the cache */
+        return;
     }
     c->spill_off += n;
     c->spill_left -= n;
@@ -252,6 +283,9 @@ conn_read_once(struct conn *c)
         /* Bytes went straight into the reservation: account, do not copy. */
         c->spill_off += k;
         c->spill_left -= k;
+        if (c->spills[c->nholes - 1].sum) {
+            conn_spill_sum(c, &c->spills[c->nholes - 1], iov, n, k);
+        }
         got -= k;
         if (c->spill_left == 0) {
             c->proto->spilled(c);

@@ -811,6 +811,7 @@ server_cluster_start(struct server *s, const struct kv_config *c)
     s->remote.stored = repl_stored;
     s->remote.ticket_done = repl_ticket_done;
     s->remote.ticket_put = repl_ticket_put;
+    s->remote.flush = repl_flush;
     s->rpc.remote = &s->remote;
     struct rebalance_config rbc = {
         .store = s->store,

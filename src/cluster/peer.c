@@ -57,7 +57,8 @@
 #define PEER_AUTH_BACKOFF_MIN_MS 1000  /* a refused login: a setup error, retried slowly */
 #define PEER_AUTH_BACKOFF_MAX_MS 60000 /* (under the 10 failures a minute that lock out an address) */
 #define PEER_HELLO_ID 0u             /* msgid of the login; calls count from 1 */
-#define PEER_SEGS (PEER_EXTRA_MAX + 3) /* head, params, extra, tail */
+#define PEER_SEGS_IN 8               /* segments kept in the message; more are malloc'd */
+#define PEER_WRITE_IOV 1024          /* iovecs per writev (IOV_MAX) */
 
 struct peer_msg {
     struct peer_msg *next;
@@ -67,7 +68,8 @@ struct peer_msg {
     uint8_t *tail;                  /* peer_extra's tail, malloc'd, or NULL */
     void (*release)(void *arg);     /* peer_extra's release, once its bytes are written */
     void *release_arg;
-    struct iovec seg[PEER_SEGS];    /* what is written, in order */
+    struct iovec *seg;              /* what is written, in order: seg_in or malloc'd */
+    struct iovec seg_in[PEER_SEGS_IN];
     int nseg;
     size_t len;                     /* the bytes of all segments */
     size_t off;                     /* bytes written */
@@ -179,6 +181,10 @@ peer_msg_written(struct peer_msg *m)
     if (m->release != NULL) {
         m->release(m->release_arg);
         m->release = NULL;
+    }
+    if (m->seg != m->seg_in) {
+        free(m->seg);
+        m->seg = m->seg_in;
     }
     m->nseg = 0;
 }
@@ -452,6 +458,7 @@ peer_hello(struct peer_pool *p)
     m->buf[n++] = (uint8_t)tl;
     memcpy(m->buf + n, p->token, tl);
     m->len = n + tl;
+    m->seg = m->seg_in;
     m->seg[0].iov_base = m->buf;
     m->seg[0].iov_len = m->len;
     m->nseg = 1;
@@ -500,6 +507,14 @@ peer_call_full(struct peer_pool *p, const char *addr, const char *method, uint8_
         return -EINVAL;
     }
     m = calloc(1, sizeof(*m));
+    if (m != NULL) {
+        m->seg = m->seg_in;
+        if (x != NULL && x->n + 3 > PEER_SEGS_IN
+            && (m->seg = malloc((size_t)(x->n + 3) * sizeof(*m->seg))) == NULL) {
+            free(m);
+            m = NULL;
+        }
+    }
     if (m == NULL) {
         free(params);
         if (x != NULL) {
@@ -621,17 +636,20 @@ static int
 peer_write(struct peer_pool *p, struct peer_conn *c)
 {
     while (c->wq != NULL) {
-        struct iovec iov[64];
+        struct iovec iov[PEER_WRITE_IOV];
         int n = 0;
         ssize_t w;
 
         if (c->login_wait && c->wq->msgid != PEER_HELLO_ID) {
             break;                  /* a refused login would make the peer drop what follows */
         }
-        for (struct peer_msg *m = c->wq; m != NULL && n + PEER_SEGS <= 64; m = m->next) {
+        for (struct peer_msg *m = c->wq; m != NULL && n < PEER_WRITE_IOV; m = m->next) {
             size_t skip = m->off;
 
-            for (int i = 0; i < m->nseg; i++) {
+            if (m != c->wq && n + m->nseg > PEER_WRITE_IOV) {
+                break;              /* whole messages behind the first (which may be cut) */
+            }
+            for (int i = 0; i < m->nseg && n < PEER_WRITE_IOV; i++) {
                 if (skip >= m->seg[i].iov_len) {
                     skip -= m->seg[i].iov_len;
                     continue;

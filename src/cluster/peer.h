@@ -86,7 +86,7 @@ int peer_call(struct peer_pool *p, const char *addr, const char *method, uint8_t
  * may be NULL). params + iov + tail together are the params array. n at most
  * PEER_EXTRA_MAX. On an error return release has been called and tail freed.
  */
-#define PEER_EXTRA_MAX 34
+#define PEER_EXTRA_MAX (1 << 18)
 struct iovec;
 struct peer_extra {
     const struct iovec *iov;

@@ -14,6 +14,11 @@
  * when the whole reply is in and each one's CRC-32C matches; a value that
  * could not be reserved is buffered and copied in as before.
  *
+ * A client's puts wait in their event loop's thread-local batch (repl_out: an
+ * object reference, its owner and ticket per key and owner) until the request
+ * layer calls repl_flush at the end of the request; the flush sends one
+ * peer_put per owner and tenant, its answer (peer thread) settles each key.
+ *
  * Must not: block an event loop (everything it sends goes through the peer
  * pool's queue), take the table lock around store calls, or keep a view
  * past the entries that use it.
@@ -93,14 +98,6 @@ struct repl_batch {
 struct repl_ticket {
     _Atomic uint32_t refs;
     _Atomic uint32_t pending;
-};
-
-/* One peer_put in flight. */
-struct repl_put {
-    struct repl *r;
-    struct repl_ticket *ticket;     /* or NULL (write_ack local) */
-    uint64_t bytes;
-    uint32_t crc;
 };
 
 static void
@@ -523,43 +520,82 @@ repl_fetch(void *arg, const struct kv_key *keys, uint32_t n, bool final)
 
 /* ---- replication of puts ---- */
 
+/*
+ * One peer_put in flight: every key of a request's batch that one owner is sent, with what
+ * each key's answer settles (its ticket, its checksum).
+ */
+struct repl_put_key {
+    struct repl_ticket *ticket;     /* or NULL (write_ack local) */
+    uint64_t bytes;
+    uint32_t crc;
+};
+
+struct repl_put {
+    struct repl *r;
+    uint32_t n;
+    struct repl_put_key k[];
+};
+
+/* repl_put_settle: key i of p has its answer (code, the owner's checksum of it). */
+static void
+repl_put_settle(struct repl *r, const struct repl_put_key *k, uint64_t code, uint64_t crc)
+{
+    if (code == 0 || (code == KV_EXISTS && crc == k->crc)) {
+        repl_add(&r->repl_acked, 1);
+    } else if (code == KV_EXISTS) {
+        repl_add(&r->repl_conflicts, 1);    /* another writer's bytes won there */
+    } else {
+        repl_add(&r->repl_failed, 1);
+    }
+    atomic_fetch_sub_explicit(&r->queue_bytes, k->bytes, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&r->queue_depth, 1, memory_order_relaxed);
+    if (k->ticket != NULL) {
+        atomic_fetch_sub_explicit(&k->ticket->pending, 1, memory_order_release);
+        repl_ticket_unref(k->ticket);
+    }
+}
+
+/* The answer to one peer_put (peer thread): per key [code, crc]; anything else fails all. */
 static void
 repl_put_answer(void *arg, int status, const uint8_t *res, size_t len)
 {
     struct repl_put *p = arg;
     struct repl *r = p->r;
     struct mp_reader rd;
-    uint32_t n, two;
-    uint64_t code = KV_INTERNAL, crc = 0;
+    uint32_t n = 0, i = 0;
+    bool waited = false;
     static const uint8_t none[1];
 
     mp_reader_init(&rd, res != NULL ? res : none, res != NULL ? len : 0);
-    if (status == 0 && mp_read_array(&rd, &n) == 0 && n == 1 && mp_read_array(&rd, &two) == 0
-        && two == 2 && mp_read_uint(&rd, &code) == 0 && mp_read_uint(&rd, &crc) == 0) {
-        if (code == 0 || (code == KV_EXISTS && crc == p->crc)) {
-            repl_add(&r->repl_acked, 1);
-        } else if (code == KV_EXISTS) {
-            repl_add(&r->repl_conflicts, 1);    /* another writer's bytes won there */
-        } else {
-            repl_add(&r->repl_failed, 1);
+    if (status == 0 && mp_read_array(&rd, &n) == 0 && n == p->n) {
+        for (; i < p->n; i++) {
+            uint32_t two;
+            uint64_t code, crc;
+
+            if (mp_read_array(&rd, &two) != 0 || two != 2 || mp_read_uint(&rd, &code) != 0
+                || mp_read_uint(&rd, &crc) != 0) {
+                break;              /* a broken reply: this key and the rest failed */
+            }
+            waited |= p->k[i].ticket != NULL;
+            repl_put_settle(r, &p->k[i], code, crc);
         }
-    } else {
-        repl_add(&r->repl_failed, 1);
     }
-    atomic_fetch_sub_explicit(&r->queue_bytes, p->bytes, memory_order_relaxed);
-    atomic_fetch_sub_explicit(&r->queue_depth, 1, memory_order_relaxed);
-    if (p->ticket != NULL) {
-        atomic_fetch_sub_explicit(&p->ticket->pending, 1, memory_order_release);
-        repl_ticket_unref(p->ticket);
-        r->cfg.wake(r->cfg.wake_arg);   /* a write_ack all reply may go now */
+    for (; i < p->n; i++) {
+        waited |= p->k[i].ticket != NULL;
+        repl_put_settle(r, &p->k[i], KV_INTERNAL, 0);
+    }
+    if (waited) {
+        r->cfg.wake(r->cfg.wake_arg);   /* write_ack all replies may go now */
     }
     free(p);
 }
 
-/* What a peer_put's value extents hold until they are written: a reference on the object. */
+/* What a peer_put's value extents hold until they are written: a reference on each object. */
 struct repl_hold {
     struct store *st;
-    struct store_obj *o;
+    uint8_t *hdrs;                  /* the values' bin headers, 5 bytes each */
+    uint32_t n;
+    struct store_obj *o[];
 };
 
 static void
@@ -567,78 +603,261 @@ repl_hold_release(void *arg)
 {
     struct repl_hold *h = arg;
 
-    store_obj_unref(h->st, h->o);
+    for (uint32_t i = 0; i < h->n; i++) {
+        store_obj_unref(h->st, h->o[i]);
+    }
+    free(h->hdrs);
     free(h);
 }
 
 /*
- * repl_send_put: one peer_put of o (value crc) to addr, within the queue's bound. The value
- * goes out from the arena by reference (a reference on o is held until it is written).
+ * A client put queued on this thread until the end of its request (repl_flush): its object
+ * (a reference), the owner it goes to (an index into the batch's view) and its ticket.
+ */
+struct repl_item {
+    struct store_obj *o;
+    struct repl_ticket *ticket;
+    uint32_t crc;
+    uint16_t node;
+    bool sent;
+};
+
+/* This thread's batch: the puts of the request being dispatched, grouped at the flush. */
+struct repl_batch_out {
+    struct repl *r;
+    struct cluster_view *v;         /* a reference: what items' node indexes name */
+    uint32_t n, cap;
+    struct repl_item *items;
+};
+
+static __thread struct repl_batch_out repl_out;
+
+#define REPL_OUT_MAX 4096u          /* puts queued on a thread before a flush is forced */
+#define REPL_MSG_SLACK (64u * 1024u) /* room left in a peer_put for its keys and framing */
+
+/* repl_out_fail: item it could not be sent: a failed replication, its ticket settled. */
+static void
+repl_out_fail(struct repl *r, struct repl_item *it)
+{
+    struct repl_put_key k = {.ticket = it->ticket, .bytes = store_obj_size(it->o), .crc = 0};
+
+    repl_add(&r->repl_drops, 1);
+    atomic_fetch_sub_explicit(&r->queue_bytes, k.bytes, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&r->queue_depth, 1, memory_order_relaxed);
+    if (k.ticket != NULL) {
+        atomic_fetch_sub_explicit(&k.ticket->pending, 1, memory_order_release);
+        repl_ticket_unref(k.ticket);
+    }
+    store_obj_unref(r->cfg.store, it->o);
+    it->o = NULL;
+}
+
+/*
+ * repl_send_group: one peer_put to node of the m items g[0..m) (one tenant): [tenant, keys,
+ * values, crcs], the values' bytes written from the objects' extents by reference.
  */
 static void
-repl_send_put(struct repl *r, const char *addr, const struct kv_key *key, struct store_obj *o,
-              uint32_t crc, struct repl_ticket *t)
+repl_send_group(struct repl *r, const struct cluster_view *v, uint16_t node, uint32_t tenant,
+                struct repl_item **g, uint32_t m, int niov)
 {
-    uint64_t size = store_obj_size(o);
-    struct iovec iov[STORE_MAX_EXTENTS];
-    struct peer_extra x = {.iov = iov};
+    struct iovec *iov = malloc((size_t)niov * sizeof(*iov));
+    struct repl_put *p = malloc(sizeof(*p) + m * sizeof(p->k[0]));
+    struct repl_hold *h = malloc(sizeof(*h) + m * sizeof(h->o[0]));
+    uint8_t *hdrs = malloc((size_t)m * 5);
+    struct peer_extra x = {.iov = iov, .n = 0};
     msgpack_sbuffer sb, tb;
     msgpack_packer pk, tk;
-    struct repl_put *p;
-    struct repl_hold *h;
 
+    msgpack_sbuffer_init(&sb);
+    msgpack_sbuffer_init(&tb);
+    if (iov == NULL || p == NULL || h == NULL || hdrs == NULL) {
+        goto fail;
+    }
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    msgpack_pack_array(&pk, 4);
+    msgpack_pack_uint32(&pk, tenant);
+    msgpack_pack_array(&pk, m);
+    for (uint32_t i = 0; i < m; i++) {
+        struct kv_key key;
+
+        store_obj_key(g[i]->o, &key);
+        msgpack_pack_bin(&pk, key.len);
+        msgpack_pack_bin_body(&pk, key.ptr, key.len);
+    }
+    msgpack_pack_array(&pk, m);
+    msgpack_packer_init(&tk, &tb, msgpack_sbuffer_write);
+    msgpack_pack_array(&tk, m);
+    for (uint32_t i = 0; i < m; i++) {
+        uint64_t size = store_obj_size(g[i]->o);
+        uint8_t *b = hdrs + (size_t)i * 5;
+
+        b[0] = 0xc6;                /* bin 32: the header of a value sent by reference */
+        b[1] = (uint8_t)(size >> 24);
+        b[2] = (uint8_t)(size >> 16);
+        b[3] = (uint8_t)(size >> 8);
+        b[4] = (uint8_t)size;
+        iov[x.n].iov_base = b;
+        iov[x.n++].iov_len = 5;
+        x.n += store_obj_iov(g[i]->o, iov + x.n, STORE_MAX_EXTENTS);
+        msgpack_pack_uint32(&tk, g[i]->crc);
+    }
+    if (sb.data == NULL || tb.data == NULL) {
+        goto fail;
+    }
+    h->st = r->cfg.store;
+    h->hdrs = hdrs;
+    h->n = m;
+    p->r = r;
+    p->n = m;
+    for (uint32_t i = 0; i < m; i++) {
+        h->o[i] = g[i]->o;          /* the item's reference, now the hold's */
+        p->k[i].ticket = g[i]->ticket;
+        p->k[i].bytes = store_obj_size(g[i]->o);
+        p->k[i].crc = g[i]->crc;
+        g[i]->o = NULL;
+    }
+    x.tail = (uint8_t *)tb.data;
+    x.tail_len = tb.size;
+    x.release = repl_hold_release;
+    x.release_arg = h;
+    repl_add(&r->repl_sent, m);
+    if (peer_call_ext(r->pool, v->nodes[node].addr, "peer_put", (uint8_t *)sb.data, sb.size,
+                      &x, repl_put_answer, p) != 0) {
+        repl_put_answer(p, KV_UNAVAILABLE, NULL, 0);
+    }
+    free(iov);                      /* peer_call_ext copied the iovecs */
+    return;
+fail:
+    msgpack_sbuffer_destroy(&sb);
+    msgpack_sbuffer_destroy(&tb);
+    free(iov);
+    free(p);
+    free(h);
+    free(hdrs);
+    for (uint32_t i = 0; i < m; i++) {
+        repl_out_fail(r, g[i]);
+    }
+}
+
+/*
+ * repl_flush: send this thread's batch: one peer_put per owner and tenant with every key it
+ * is sent (split only where a message would pass max_message_size or PEER_EXTRA_MAX
+ * iovecs). Event-loop threads; the request layer calls it at the end of every request
+ * that stored something.
+ */
+void
+repl_flush(void *arg)
+{
+    struct repl_batch_out *b = &repl_out;
+    struct repl_item **g;
+    uint64_t limit;
+
+    (void)arg;
+    if (b->n == 0) {
+        return;
+    }
+    limit = b->r->cfg.max_message_size > 2 * REPL_MSG_SLACK
+            ? b->r->cfg.max_message_size - REPL_MSG_SLACK : REPL_MSG_SLACK;
+    g = malloc(b->n * sizeof(*g));
+    for (uint32_t i = 0; i < b->n; i++) {
+        struct repl_item *first = &b->items[i];
+        struct kv_key k0;
+        uint64_t bytes = 0;
+        uint32_t m = 0;
+        int niov = 0;
+
+        if (first->sent) {
+            continue;
+        }
+        if (g == NULL) {
+            first->sent = true;
+            repl_out_fail(b->r, first);
+            continue;
+        }
+        store_obj_key(first->o, &k0);
+        for (uint32_t j = i; j < b->n; j++) {
+            struct repl_item *it = &b->items[j];
+            struct iovec ext[STORE_MAX_EXTENTS];
+            struct kv_key kj;
+            uint64_t size;
+            int ne;
+
+            if (it->sent || it->node != first->node) {
+                continue;
+            }
+            store_obj_key(it->o, &kj);
+            size = store_obj_size(it->o) + kj.len + 16;
+            ne = 1 + store_obj_iov(it->o, ext, STORE_MAX_EXTENTS);    /* header, extents */
+            if (kj.tenant != k0.tenant
+                || (m > 0 && (bytes + size > limit || niov + ne > PEER_EXTRA_MAX))) {
+                continue;           /* the next message takes it */
+            }
+            it->sent = true;
+            g[m++] = it;
+            bytes += size;
+            niov += ne;
+        }
+        repl_send_group(b->r, b->v, first->node, k0.tenant, g, m, niov);
+    }
+    free(g);
+    free(b->items);                 /* nothing of a thread's outlives its request (or it) */
+    b->items = NULL;
+    b->cap = 0;
+    b->n = 0;
+    view_release(b->v);
+    b->v = NULL;
+    b->r = NULL;
+}
+
+/*
+ * repl_queue: put o (value crc) in this thread's batch for node of v, within the queue's
+ * bound (what does not fit is dropped and counted).
+ */
+static void
+repl_queue(struct repl *r, struct cluster_view *v, uint16_t node, struct store_obj *o,
+           uint32_t crc, struct repl_ticket *t)
+{
+    struct repl_batch_out *b = &repl_out;
+    uint64_t size = store_obj_size(o);
+    struct repl_item *it;
+
+    if (b->n > 0 && (b->r != r || b->v != v || b->n >= REPL_OUT_MAX)) {
+        repl_flush(r);              /* another view (or pool): what was queued goes first */
+    }
+    if (b->n == b->cap) {
+        uint32_t cap = b->cap ? b->cap * 2 : 64;
+        struct repl_item *items = realloc(b->items, cap * sizeof(*items));
+
+        if (items == NULL) {
+            repl_add(&r->repl_drops, 1);
+            return;
+        }
+        b->items = items;
+        b->cap = cap;
+    }
     if (atomic_fetch_add_explicit(&r->queue_bytes, size, memory_order_relaxed) + size
         > r->cfg.queue_max) {
         atomic_fetch_sub_explicit(&r->queue_bytes, size, memory_order_relaxed);
         repl_add(&r->repl_drops, 1);
         return;
     }
-    p = malloc(sizeof(*p));
-    h = malloc(sizeof(*h));
-    msgpack_sbuffer_init(&sb);
-    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    msgpack_pack_array(&pk, 4);
-    msgpack_pack_uint32(&pk, key->tenant);
-    msgpack_pack_array(&pk, 1);
-    msgpack_pack_bin(&pk, key->len);
-    msgpack_pack_bin_body(&pk, key->ptr, key->len);
-    msgpack_pack_array(&pk, 1);
-    msgpack_pack_bin(&pk, (size_t)size);    /* the body: the object's extents, by reference */
-    msgpack_sbuffer_init(&tb);
-    msgpack_packer_init(&tk, &tb, msgpack_sbuffer_write);
-    msgpack_pack_array(&tk, 1);
-    msgpack_pack_uint32(&tk, crc);
-    if (p == NULL || h == NULL || sb.data == NULL || tb.data == NULL) {
-        free(p);
-        free(h);
-        msgpack_sbuffer_destroy(&sb);
-        msgpack_sbuffer_destroy(&tb);
-        atomic_fetch_sub_explicit(&r->queue_bytes, size, memory_order_relaxed);
-        repl_add(&r->repl_drops, 1);
-        return;
+    if (b->n == 0) {
+        b->r = r;
+        b->v = v;
+        __atomic_add_fetch(&v->refs, 1, __ATOMIC_RELAXED);  /* the batch's (as view_acquire) */
     }
+    it = &b->items[b->n++];
     store_obj_ref(o);
-    h->st = r->cfg.store;
-    h->o = o;
-    x.n = store_obj_iov(o, iov, STORE_MAX_EXTENTS);
-    x.tail = (uint8_t *)tb.data;
-    x.tail_len = tb.size;
-    x.release = repl_hold_release;
-    x.release_arg = h;
-    p->r = r;
-    p->bytes = size;
-    p->crc = crc;
-    p->ticket = t;
+    it->o = o;
+    it->crc = crc;
+    it->node = node;
+    it->sent = false;
+    it->ticket = t;
     if (t != NULL) {
         atomic_fetch_add_explicit(&t->refs, 1, memory_order_relaxed);
         atomic_fetch_add_explicit(&t->pending, 1, memory_order_relaxed);
     }
     repl_add(&r->queue_depth, 1);
-    repl_add(&r->repl_sent, 1);
-    if (peer_call_ext(r->pool, addr, "peer_put", (uint8_t *)sb.data, sb.size, &x,
-                      repl_put_answer, p) != 0) {
-        repl_put_answer(p, KV_UNAVAILABLE, NULL, 0);
-    }
 }
 
 void *
@@ -649,7 +868,6 @@ repl_stored(void *arg, const struct kv_key *key, struct store_obj *o)
     size_t own[PLACE_R_MAX];
     struct repl_ticket *t = NULL;
     bool owned = false;
-    uint32_t crc;
     size_t no;
 
     if (v == NULL) {
@@ -668,8 +886,8 @@ repl_stored(void *arg, const struct kv_key *key, struct store_obj *o)
     }
     for (size_t j = 0; j < no; j++) {
         if ((int)own[j] != v->self) {
-            crc = store_obj_crc(o);    /* once: kept on the object, so later peer_gets are free */
-            repl_send_put(r, v->nodes[own[j]].addr, key, o, crc, t);
+            /* once: kept on the object, so later peer_gets and owners are free */
+            repl_queue(r, v, (uint16_t)own[j], o, store_obj_crc(o), t);
         }
     }
     view_release(v);

@@ -14,8 +14,9 @@
  *     the same answer without another round trip.
  *   - a client's put is stored here first (a cache copy when this node is
  *     not an owner) and then sent to each other owner with peer_put and
- *     its CRC-32C, from a queue bounded in bytes (queue_max): what does not
- *     fit is dropped and counted. With write_ack all the client's answer
+ *     its CRC-32C (one peer_put per owner per request, the values written
+ *     from the objects' pages), from a queue bounded in bytes (queue_max):
+ *     what does not fit is dropped and counted. With write_ack all the client's answer
  *     waits until every owner answered (a ticket, repl_ticket_done); with
  *     write_ack local it goes at once.
  *
@@ -83,10 +84,14 @@ void repl_destroy(struct repl *r);
  * repl_fetch: ask the owners of keys[0..n) (misses here); -EAGAIN while some fetch runs
  * (started now or before), 0 when all are over or nothing can be asked (no view yet).
  * repl_stored: a client put stored o under key: mark it a cache copy unless this node owns
- * key, and queue it for the other owners.
+ * key, and queue it for the other owners in this thread's batch (its checksum computed once,
+ * kept on o). repl_flush: send the batch: one peer_put per owner with every key queued for
+ * it (by reference from the objects' pages); the request layer calls it when a request has
+ * stored what it stores (a batch waits for nothing else).
  */
 int repl_fetch(void *arg, const struct kv_key *keys, uint32_t n, bool final);
 void *repl_stored(void *arg, const struct kv_key *key, struct store_obj *o);
+void repl_flush(void *arg);
 
 /*
  * With write_ack all, repl_stored returns a ticket (else NULL): repl_ticket_done is true once

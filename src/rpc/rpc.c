@@ -891,6 +891,7 @@ rpc_dispatch(struct rpc_ctx *ctx, const uint8_t *msg, size_t len, const struct m
         goto done;
     }
     rc = rpc_handlers[m](&rq);
+    rpc_remote_flush(ctx);          /* in a pool: what it stored, to the owners in one go */
     if (rc != -EAGAIN && ctx->resume != NULL) {
         rpc_deferred_free(ctx, ctx->resume);   /* only the message that waited picks it up */
         ctx->resume = NULL;

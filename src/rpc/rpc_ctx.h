@@ -108,6 +108,8 @@ typedef int rpc_stats_fn(void *arg, const char **names, uint64_t *values, int ma
  *     a ticket the reply waits on (NULL: nothing to wait for): ticket_done is true once
  *     every owner answered (stored it, had it, refused it, or peer_timeout passed), and
  *     ticket_put gives it back. The layer wakes up for it as for the SSD tier.
+ *   flush: what stored queued on this thread goes to the owners (grouped: one message per
+ *     owner); called once a request (or a transfer's reply) has stored all it stores.
  */
 struct kv_key;
 struct store_obj;
@@ -117,6 +119,7 @@ struct rpc_remote {
     void *(*stored)(void *arg, const struct kv_key *key, struct store_obj *o);
     bool (*ticket_done)(void *arg, void *ticket);
     void (*ticket_put)(void *arg, void *ticket);
+    void (*flush)(void *arg);
 };
 
 /* What handlers need from the daemon; borrowed, lives as long as the daemon. */

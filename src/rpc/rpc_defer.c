@@ -455,33 +455,54 @@ rpc_xfer_room(const struct rpc_ctx *ctx)
 }
 
 /*
- * rpc_xfer_durable: a durable batch_put_from whose copies are done: publish
- * its objects and hand the reply over to ctx->deferred, which answers once
- * the SSD tier has them (-EINPROGRESS: the connection waits for it).
+ * rpc_xfer_commit: a batch_put_from whose copies are done: publish its objects and hand them
+ * to the pool's owners. A durable one, or one whose owners are waited for (write_ack all),
+ * hands its reply over to ctx->deferred, which answers once the SSD tier has the objects and
+ * the owners answered: -EINPROGRESS (the connection waits for it). Otherwise 0 with x->res
+ * the codes to answer now.
  */
 static int
-rpc_xfer_durable(struct rpc_ctx *ctx, struct rpc_xfer *x)
+rpc_xfer_commit(struct rpc_ctx *ctx, struct rpc_xfer *x)
 {
-    struct rpc_deferred *d = rpc_deferred_new(x->msgid, x->n, true);
+    struct rpc_deferred *d = NULL;
+    bool waits = false;
 
-    if (d == NULL) {
+    if (x->durable && (d = rpc_deferred_new(x->msgid, x->n, true)) == NULL) {
         return -ENOMEM;
     }
     for (uint32_t i = 0; i < x->n; i++) {
         struct store_obj *o = x->objs[i];
+        void *t;
 
-        d->codes[i] = (int)x->res[i];
         if (o == NULL) {
             continue;
         }
         x->objs[i] = NULL;
         store_obj_ref(o);               /* ours, past the writer's, which commit gives back */
-        d->codes[i] = store_commit(x->st, o);
-        if (d->codes[i] == 0) {
-            rpc_remote_stored_obj(ctx, o);      /* in a pool: to the key's owners */
+        x->res[i] = store_commit(x->st, o);
+        t = x->res[i] == 0 ? rpc_remote_stored_obj(ctx, o) : NULL;    /* to the owners */
+        if (t != NULL && d == NULL) {
+            d = rpc_deferred_new(x->msgid, x->n, true);
+        }
+        if (t != NULL && d == NULL) {
+            ctx->srv->remote->ticket_put(ctx->srv->remote->arg, t);   /* not waited */
+        } else if (t != NULL && rpc_deferred_ticket(ctx, d, i, t) == 0) {
+            waits = true;               /* write_ack all: the reply waits for the owners */
+        }
+        if (x->durable && x->res[i] == 0) {
             rpc_deferred_hold(ctx, d, i, o);
         } else {
             store_obj_unref(x->st, o);
+        }
+    }
+    rpc_remote_flush(ctx);              /* the owners' messages, one per owner */
+    if (!x->durable && !waits) {
+        rpc_deferred_free(ctx, d);
+        return 0;
+    }
+    for (uint32_t i = 0; i < x->n; i++) {
+        if (d->codes[i] == 0) {
+            d->codes[i] = (int)x->res[i];   /* a durable key's failure is d's already */
         }
     }
     rpc_xfer_pop(ctx);              /* puts do not overlap: it was the only one */
@@ -557,20 +578,11 @@ rpc_xfer_answer(struct rpc_ctx *ctx, struct outq *out)
             x->objs[i] = NULL;
         }
     }
-    if (x->durable) {
-        return rpc_xfer_durable(ctx, x);
-    }
-    for (uint32_t i = 0; x->put && i < x->n; i++) {
-        if (x->objs[i] != NULL) {
-            struct store_obj *o = x->objs[i];
+    if (x->put) {
+        int rc = rpc_xfer_commit(ctx, x);
 
-            store_obj_ref(o);           /* past the writer's, which commit gives back */
-            x->res[i] = store_commit(x->st, o);
-            if (x->res[i] == 0) {
-                rpc_remote_stored_obj(ctx, o);  /* in a pool: to the key's owners */
-            }
-            store_obj_unref(x->st, o);
-            x->objs[i] = NULL;
+        if (rc != 0) {
+            return rc;              /* the reply is ctx->deferred's now (or no memory) */
         }
     }
     msgpack_packer_init(&pk, out, outq_pack_write);

@@ -264,7 +264,7 @@ rpc_put_finish(struct rpc_req *rq, bool commit)
     struct mp_reader keys;
     const uint8_t *kp;
     uint32_t nkeys, klen;
-    bool durable = false;
+    bool durable = false, waits = false;
     int rc = rpc_arity(rq, 1, 1);
 
     if (rc == 0) {
@@ -304,7 +304,11 @@ rpc_put_finish(struct rpc_req *rq, bool commit)
         store_obj_ref(o);               /* ours, past the writer's, which commit gives back */
         d->codes[i] = store_commit(st, o);
         if (d->codes[i] == 0) {
-            rpc_remote_stored_obj(ctx, o);      /* in a pool: to the key's owners */
+            void *t = rpc_remote_stored_obj(ctx, o);    /* in a pool: to the key's owners */
+
+            if (t != NULL && rpc_deferred_ticket(ctx, d, i, t) == 0) {
+                waits = true;           /* write_ack all: the reply waits for the owners */
+            }
         }
         if (dur && d->codes[i] == 0) {
             rpc_deferred_hold(ctx, d, i, o);
@@ -313,8 +317,8 @@ rpc_put_finish(struct rpc_req *rq, bool commit)
             store_obj_unref(st, o);
         }
     }
-    if (durable) {
-        ctx->deferred = d;          /* answered when the SSD says how it went */
+    if (durable || waits) {
+        ctx->deferred = d;          /* answered when the SSD (and the owners) said how it went */
         return 0;
     }
     rpc_reply_head(rq);

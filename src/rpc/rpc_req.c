@@ -550,20 +550,26 @@ rpc_remote_stored(struct rpc_req *rq, const uint8_t *kp, uint32_t klen)
     }
 }
 
-void
+void *
 rpc_remote_stored_obj(struct rpc_ctx *ctx, struct store_obj *o)
 {
     const struct rpc_remote *rm = ctx->srv->remote;
     struct kv_key key;
-    void *t;
 
     if (rm == NULL) {
-        return;
+        return NULL;
     }
     store_obj_key(o, &key);
-    t = rm->stored(rm->arg, &key, o);
-    if (t != NULL) {
-        rm->ticket_put(rm->arg, t);     /* these replies do not wait for the owners */
+    return rm->stored(rm->arg, &key, o);
+}
+
+void
+rpc_remote_flush(struct rpc_ctx *ctx)
+{
+    const struct rpc_remote *rm = ctx->srv->remote;
+
+    if (rm != NULL && rm->flush != NULL) {
+        rm->flush(rm->arg);
     }
 }
 

@@ -169,10 +169,13 @@ void rpc_remote_stored(struct rpc_req *rq, const uint8_t *kp, uint32_t klen);
 
 /*
  * rpc_remote_stored_obj: the same for an object a shared-memory or direct-access put just
- * committed (o: a reference the caller holds). Its reply does not wait for the owners
- * (write_ack local, whatever the setting).
+ * committed (o: a reference the caller holds); returns the ticket its reply must wait for
+ * (write_ack all; give it to rpc_deferred_ticket) or NULL.
+ * rpc_remote_flush: send what was handed to the cluster on this thread (one message per
+ * owner): rpc_dispatch calls it after every handler, a transfer's reply after its commits.
  */
-void rpc_remote_stored_obj(struct rpc_ctx *ctx, struct store_obj *o);
+void *rpc_remote_stored_obj(struct rpc_ctx *ctx, struct store_obj *o);
+void rpc_remote_flush(struct rpc_ctx *ctx);
 
 /*
  * rpc_login: authenticate ctx's connection as tenant[0..tenant_len) with

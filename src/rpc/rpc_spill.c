@@ -90,6 +90,8 @@ rpc_spill_take(struct rpc_ctx *ctx, struct rpc_spill_cursor *cur, const uint8_t 
         value = false;
     }
     sp->obj = NULL;
+    sp->sum = false;
+    sp->crc = 0;
     if (!value || !is_bin) {
         if (vlen <= ctx->lim->max_key_size) {
             return 0;
@@ -135,5 +137,6 @@ rpc_spill_take(struct rpc_ctx *ctx, struct rpc_spill_cursor *cur, const uint8_t 
         sp->obj = NULL;
         sp->code = rc == -EAGAIN ? KV_NO_SPACE : rc < 0 ? KV_INTERNAL : rc;
     }
+    sp->sum = sp->obj != NULL && ctx->srv->remote != NULL;
     return 1;
 }

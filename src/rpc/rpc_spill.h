@@ -11,6 +11,7 @@
 #ifndef RPC_SPILL_H
 #define RPC_SPILL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -27,6 +28,8 @@ struct store_obj;
 struct rpc_spill {
     struct store_obj *obj;   /* RESERVED object holding the value, or NULL */
     int code;                /* when obj is NULL: the key's outcome (EXISTS, BUSY, ...) */
+    bool sum;                /* in a pool: the connection computes the value's CRC-32C as */
+    uint32_t crc;            /* its bytes land (crc so far) and records it on obj at the end */
 };
 
 /* Where the spill decision has got to within one message (reset per message). */
@@ -49,7 +52,9 @@ void rpc_spill_reset(struct rpc_spill_cursor *cur);
  * connection buffer:
  *   - the value of a put or batch_put: sp->obj is a reservation to receive
  *     it into, or NULL with sp->code saying why the key cannot be stored
- *     (the bytes are then discarded); sp->code -EAGAIN means the key must
+ *     (the bytes are then discarded); sp->sum is set in a pool (the value
+ *     goes to other nodes with its CRC-32C, or came from one with it: summed
+ *     while its bytes are in cache); sp->code -EAGAIN means the key must
  *     wait for DRAM room the SSD tier is freeing: the caller leaves the
  *     value on the wire and asks again later with the same arguments;
  *   - anything else longer than max_key_size: sp->obj is NULL and the bytes
