@@ -157,9 +157,12 @@ member_fail(struct member *m, const char *what, int status, const char *body)
     m->busy = false;
     CTR_ADD(etcd_errors);
     if (CTR_GET(etcd_ok) || m->backoff_ms == 0) {
-        log_warn("cluster: etcd %s at %s failed: %s%s%.200s", what, etcd_endpoint(m->etcd),
-                 status == -EIO ? "no answer" : status == -EPROTO ? "error answer" : "bad answer",
-                 body != NULL ? ": " : "", body != NULL ? body : "");
+        log_warn("cluster: etcd %s at %s failed: %s%s%.200s%s", what, etcd_endpoint(m->etcd),
+                 status == -EIO ? "no answer" : status == -EACCES ? "TLS refused" :
+                 status == -EPROTO ? "error answer" : "bad answer",
+                 body != NULL ? ": " : "", body != NULL ? body : "",
+                 status == -EACCES ? " (etcd_tls_ca_file, etcd_tls_cert_file and etcd_tls_key_file;"
+                 " serving alone meanwhile, retrying with backoff)" : "");
     }
     CTR_SET(etcd_ok, 0);
     m->backoff_ms = m->backoff_ms == 0 ? MEMBER_BACKOFF_MIN_MS : m->backoff_ms * 2;
@@ -167,7 +170,7 @@ member_fail(struct member *m, const char *what, int status, const char *body)
         m->backoff_ms = MEMBER_BACKOFF_MAX_MS;
     }
     m->next_try_ms = clock_ms() + m->backoff_ms;
-    if (status == -EIO) {
+    if (status == -EIO || status == -EACCES) {
         member_first_done(m, -EAGAIN);
     }
 }
@@ -431,7 +434,8 @@ member_on_watch_end(int status, void *arg)
         CTR_ADD(etcd_errors);
         if (CTR_GET(etcd_ok)) {
             log_warn("cluster: the watch on %s/nodes/ ended (%s); watching again from revision "
-                     "%" PRIu64, m->prefix, status == -EIO ? "no answer" : "bad answer",
+                     "%" PRIu64, m->prefix, status == -EIO ? "no answer" :
+                     status == -EACCES ? "TLS refused" : "bad answer",
                      m->revision + 1);
         }
         CTR_SET(etcd_ok, 0);
@@ -1095,11 +1099,13 @@ member_start(const struct kv_config *c, const char *node_id, struct member **out
         member_destroy(m);
         return -ENOMEM;
     }
-    rc = etcd_create(m->base, c->etcd_endpoints, timeout, &m->etcd);
+    struct etcd_tls_files tls = {c->etcd_tls_ca_file, c->etcd_tls_cert_file,
+                                 c->etcd_tls_key_file};
+    char why[512];
+
+    rc = etcd_create(m->base, c->etcd_endpoints, &tls, timeout, &m->etcd, why, sizeof(why));
     if (rc != 0) {
-        log_error("cluster: etcd_endpoints '%s': %s", c->etcd_endpoints,
-                  rc == -EINVAL ? "not usable (only http://host:port: TLS to etcd is not built "
-                                  "yet)" : strerror(-rc));
+        log_error("cluster: etcd_endpoints '%s': %s", c->etcd_endpoints, why);
         member_destroy(m);
         return rc;
     }

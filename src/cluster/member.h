@@ -28,7 +28,8 @@ struct member;
 /*
  * member_start: start the member thread for the finalized config c (cluster_name must be
  * set) and node id (copied). It registers as joining. Returns 0 with *out, or -EINVAL (an
- * endpoint it cannot use, e.g. https://), -ENOMEM, -errno of pthread_create; it logs why.
+ * endpoint it cannot use, an etcd_tls_* file that cannot be read), -ENOMEM, -errno of
+ * pthread_create; it logs why.
  */
 int member_start(const struct kv_config *c, const char *node_id, struct member **out);
 
