@@ -313,7 +313,8 @@ peer_dial(struct peer_pool *p, struct peer_conn *c)
         close(fd);
         return rc;
     }
-    if (strcmp(c->dial, c->addr) != 0 && (rc = peer_tls_open(p->tls, fd, &c->tls)) != 0) {
+    if (strcmp(c->dial, c->addr) != 0 &&
+        (rc = peer_tls_open(p->tls, fd, c->addr, &c->tls)) != 0) {   /* checked for addr's host */
         close(fd);
         return rc;
     }
