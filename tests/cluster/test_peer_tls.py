@@ -12,11 +12,15 @@ so whatever reaches a peer went over TLS:
   - a member whose certificate chains to the CA but names another host than its
     peer_advertise is refused by the members that dial it (logged, counted on /metrics as
     kvstash_cluster_peer_tls_refused_total{reason="name"}): nothing is stored at it, while
-    what it sends to the others (whose certificates name their hosts) is.
+    what it sends to the others (whose certificates name their hosts) is;
+  - SIGHUP: the stranger's files replaced by a certificate of the pool's CA and reloaded:
+    its new peer connections present it, and its puts reach their owners, no restart.
 """
 
 import hashlib
 import os
+import shutil
+import signal
 import subprocess
 
 import pytest
@@ -154,3 +158,35 @@ def test_a_certificate_for_another_host_is_refused_and_counted(pool, pki):
         for o in own(k):
             assert by_id[o].call("peer_exists", 0, [k]) == [True], (k, o)
     assert refused(liar, "name") == 0 and refused(liar, "chain") == 0
+
+
+def test_peer_certificates_reloaded_on_sighup(pool, pki):
+    nodes = [start_member(pool, pki, "member", i) for i in (1, 2, 3)]
+    for ext in ("pem", "key"):                  # the fourth's files: another CA's for now
+        shutil.copy(f"{pki}/rogue.{ext}", f"{pki}/m4.{ext}")
+    m4 = start_member(pool, pki, "m4", 4)
+    pool.wait_view(4)
+    ids = [n.node_id for n in nodes] + [m4.node_id]
+    by_id = dict(zip(ids, nodes + [m4]))
+
+    def own(k):
+        return [ids[i] for i in owners([(m, 1.0) for m in ids], k, R)]
+
+    theirs = (k for k in (b"hup-%d" % i for i in range(3000)) if m4.node_id not in own(k))
+    c4 = m4.tcp()
+
+    def put_reaches_owners():
+        k = next(theirs)
+        assert c4.call("put", k, hashlib.sha256(k).digest() * 200) == 0
+        return all(by_id[o].call("peer_exists", 0, [k]) == [True] for o in own(k))
+
+    assert not put_reaches_owners()              # refused: another CA
+    pid = m4.pid
+    for ext in ("pem", "key"):
+        shutil.copy(f"{pki}/member.{ext}", f"{pki}/m4.{ext}.new")
+        os.replace(f"{pki}/m4.{ext}.new", f"{pki}/m4.{ext}")
+    m4.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: "peer certificates reloaded" in m4.output(), "the reload applied")
+    wait_until(put_reaches_owners, "a put at the fourth member reaching its owners over TLS "
+               "with the reloaded certificate", timeout=30)
+    assert m4.pid == pid and m4.alive()
