@@ -773,6 +773,33 @@ server_wake(void *arg)
     }
 }
 
+/*
+ * server_ssd_loading: true while the SSD index is rebuilt in the background after start
+ * (ssd_state LOADING), with how far it got in why. Any thread: s->ssd is set before the
+ * node asks to be active (member_set_state, after ssd_open) and not changed until exit.
+ */
+static bool
+server_ssd_loading(struct server *s, char *why, size_t len)
+{
+    struct ssd_stats st;
+
+    if (s->ssd == NULL || ssd_state(s->ssd) != SSD_STATE_LOADING) {
+        return false;
+    }
+    ssd_stats(s->ssd, &st);
+    snprintf(why, len, "its SSD index is loaded (rebuilding: %llu of %llu bucket files)",
+             (unsigned long long)st.rebuild_buckets_done, (unsigned long long)st.rebuild_buckets);
+    return true;
+}
+
+/* server_member_ready: member.h's ready check: a pool member owns keys once its SSD index
+ * is loaded, so that it is never asked for keys its SSD holds but its table does not yet. */
+static bool
+server_member_ready(void *arg, char *why, size_t len)
+{
+    return !server_ssd_loading(arg, why, len);
+}
+
 /* server_cluster_start: the data paths of a pool (src/cluster/repl.h). 0 or -1 (logged). */
 static int
 server_cluster_start(struct server *s, const struct kv_config *c)
@@ -1388,6 +1415,7 @@ server_create(const struct kv_config *conf, const char *config_path, int argc, c
             goto fail;
         }
         member_set_drain_hook(rebalance_drain_hook, s->rebalance);  /* the hand-off */
+        member_set_ready_check(server_member_ready, s);     /* joining while the SSD loads */
         rc = member_wait_first(s->member, SERVER_MEMBER_WAIT_MS);
         if (rc == -EEXIST || rc == -EINVAL) {
             goto fail;
@@ -1593,6 +1621,13 @@ server_ready(struct server *s, char *why, size_t len)
         return false;
     default:
         break;
+    }
+    if (s->member != NULL && server_ssd_loading(s, why, len)) {
+        char until[256];
+
+        snprintf(until, sizeof(until), "%s", why);
+        snprintf(why, len, "joining the pool: it owns no key until %s", until);
+        return false;
     }
     store_stats(s->store, &st);
     if (!st.memory_prefault_done) {

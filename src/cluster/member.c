@@ -73,10 +73,13 @@ struct member {
     bool stop, leave, draining;
     member_drain_fn *drain_fn;
     void *drain_arg;
+    member_ready_fn *ready_fn;
+    void *ready_arg;
 
     /* member thread only */
     bool busy;                      /* a call is in flight */
     bool config_ok, registered, listed, refused, left, stopping, drain_told;
+    bool held;                      /* the ready check holds `want` active back as joining */
     enum view_state reg_state;      /* the state our key holds */
     enum view_state goal;           /* `want` as the last step read it */
     uint64_t lease;                 /* 0: none */
@@ -937,12 +940,28 @@ member_step(struct member *m)
     member_drain_fn *hook = NULL;
     void *hook_arg = NULL;
 
+    member_ready_fn *ready;
+    void *ready_arg;
+    char why[256] = "";
+
     pthread_mutex_lock(&m->lock);
     m->want = m->draining ? VIEW_DRAINING : m->want;
     m->goal = m->want;
     leave = m->leave;
     stop = m->stop;
+    ready = m->ready_fn;
+    ready_arg = m->ready_arg;
     pthread_mutex_unlock(&m->lock);
+    if (m->goal == VIEW_ACTIVE && ready != NULL && !ready(ready_arg, why, sizeof(why))) {
+        m->goal = VIEW_JOINING;     /* not an owner until the check passes */
+        if (!m->held) {
+            log_info("cluster: %s stays joining until %s", m->node_id, why);
+        }
+        m->held = true;
+    } else if (m->held) {
+        m->held = false;
+        log_info("cluster: %s is ready to own keys", m->node_id);
+    }
 
     if (m->busy) {
         return;                     /* its answer steps again */
@@ -1010,6 +1029,9 @@ member_step(struct member *m)
         uint64_t due = m->ttl_ms / 3 - (now - m->last_ka_ms < m->ttl_ms / 3 ?
                                          now - m->last_ka_ms : m->ttl_ms / 3);
 
+        if (m->held) {
+            due = MEMBER_TICK_MS;   /* look at the ready check again soon */
+        }
         member_arm_tick(m, due < MEMBER_TICK_MS ? MEMBER_TICK_MS : due);
     } else {
         member_arm_tick(m, m->ttl_ms / 3);     /* the re-arm check runs even while busy */
@@ -1207,6 +1229,23 @@ member_set_drain_hook(member_drain_fn *fn, void *arg)
     member_poke(member_do_hook, fa);
 }
 
+static void
+member_do_ready(struct member *m, void *arg)
+{
+    void **fa = arg;
+
+    m->ready_fn = (member_ready_fn *)(uintptr_t)fa[0];
+    m->ready_arg = fa[1];
+}
+
+void
+member_set_ready_check(member_ready_fn *fn, void *arg)
+{
+    void *fa[2] = {(void *)(uintptr_t)fn, arg};
+
+    member_poke(member_do_ready, fa);
+}
+
 void
 member_drain(void)
 {
@@ -1277,10 +1316,19 @@ member_stats(struct member_stats *out)
     if (member_global != NULL) {
         struct member *m = member_global;
 
+        member_ready_fn *ready;
+        void *ready_arg;
+        char why[256];
+
         out->in_pool = true;
         pthread_mutex_lock(&m->lock);
         out->state = m->want;
+        ready = m->ready_fn;
+        ready_arg = m->ready_arg;
         pthread_mutex_unlock(&m->lock);
+        if (out->state == VIEW_ACTIVE && ready != NULL && !ready(ready_arg, why, sizeof(why))) {
+            out->state = VIEW_JOINING;
+        }
         snprintf(out->cluster, sizeof(out->cluster), "%s", m->cluster);
         snprintf(out->prefix, sizeof(out->prefix), "%s", m->prefix);
         snprintf(out->endpoint, sizeof(out->endpoint), "%s", etcd_endpoint(m->etcd));

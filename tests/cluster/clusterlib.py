@@ -388,8 +388,9 @@ class Pool:
         self.nodes.append(n)
         return n.wait_ready() if ready else n
 
-    def restart(self, node, args=(), ready=True):
-        """A new process for node: same id, address, port and data dir."""
+    def restart(self, node, args=(), ready=True, env=None):
+        """A new process for node: same id, address, port and data dir (env: variables
+        added to its environment)."""
         n = Node.__new__(Node)
         n.host = node.host
         n.node_id = node.node_id
@@ -397,7 +398,7 @@ class Pool:
         extra = [a for a in node.cmd[1:] if not a.startswith(("--listen=", "--data_dir=",
                                                              "--unix_socket="))]
         Daemon.__init__(n, self.work, [f"--listen={node.addr}", *extra, *args],
-                        data_dir=node.data_dir, unix=False)
+                        data_dir=node.data_dir, unix=False, env=env)
         n.port = node.port
         self.nodes.append(n)
         return n.wait_ready() if ready else n
