@@ -164,8 +164,8 @@ member_fail(struct member *m, const char *what, int status, const char *body)
                  status == -EIO ? "no answer" : status == -EACCES ? "TLS refused" :
                  status == -EPROTO ? "error answer" : "bad answer",
                  body != NULL ? ": " : "", body != NULL ? body : "",
-                 status == -EACCES ? " (etcd_tls_ca_file, etcd_tls_cert_file and etcd_tls_key_file;"
-                 " serving alone meanwhile, retrying with backoff)" : "");
+                 status == -EACCES ? " (see etcd_tls_ca_file, etcd_tls_cert_file, "
+                 "etcd_tls_key_file); serving on without etcd, retrying with backoff" : "");
     }
     CTR_SET(etcd_ok, 0);
     m->backoff_ms = m->backoff_ms == 0 ? MEMBER_BACKOFF_MIN_MS : m->backoff_ms * 2;
