@@ -37,8 +37,6 @@
 
 #include "admin.h"
 #include "cluster_token.h"
-#include "peer.h"
-#include "peer_tls.h"
 #include "config.h"
 #include "conn.h"
 #include "copier.h"
@@ -46,6 +44,8 @@
 #include "log.h"
 #include "member.h"
 #include "outq.h"
+#include "peer.h"
+#include "peer_tls.h"
 #include "rdma_port.h"
 #include "rebalance.h"
 #include "repl.h"

@@ -939,7 +939,6 @@ member_step(struct member *m)
     bool leave, stop, drain_now = false;
     member_drain_fn *hook = NULL;
     void *hook_arg = NULL;
-
     member_ready_fn *ready;
     void *ready_arg;
     char why[256] = "";
@@ -1094,6 +1093,9 @@ int
 member_start(const struct kv_config *c, const char *node_id, struct member **out)
 {
     struct member *m = calloc(1, sizeof(*m));
+    struct etcd_tls_files tls = {c->etcd_tls_ca_file, c->etcd_tls_cert_file,
+                                 c->etcd_tls_key_file};
+    char why[512];
     uint64_t timeout;
     int rc;
 
@@ -1121,10 +1123,6 @@ member_start(const struct kv_config *c, const char *node_id, struct member **out
         member_destroy(m);
         return -ENOMEM;
     }
-    struct etcd_tls_files tls = {c->etcd_tls_ca_file, c->etcd_tls_cert_file,
-                                 c->etcd_tls_key_file};
-    char why[512];
-
     rc = etcd_create(m->base, c->etcd_endpoints, &tls, timeout, &m->etcd, why, sizeof(why));
     if (rc != 0) {
         log_error("cluster: etcd_endpoints '%s': %s", c->etcd_endpoints, why);
@@ -1315,7 +1313,6 @@ member_stats(struct member_stats *out)
     pthread_mutex_lock(&member_global_lock);
     if (member_global != NULL) {
         struct member *m = member_global;
-
         member_ready_fn *ready;
         void *ready_arg;
         char why[256];
