@@ -14,7 +14,7 @@ PREFIX ?= /usr/local
 BUILD := build/$(VARIANT)$(if $(filter 0,$(RDMA)),-nordma)
 
 CC ?= cc
-PKGS := libevent_core libevent_extra libevent_pthreads msgpack lmdb libssl libcrypto
+PKGS := libevent_core libevent_extra libevent_openssl libevent_pthreads msgpack lmdb libssl libcrypto
 WARN := -std=c11 -Wall -Wextra -pedantic -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
         -Wformat=2 -Wpointer-arith -Wno-format-nonliteral -Werror
 CPPFLAGS_BASE := -D_GNU_SOURCE -Iutil -Iprotocol -Istorage -Irdma -Iclient -Isrc -Isrc/rpc -Isrc/cluster \

@@ -249,6 +249,9 @@ static const struct conf_option conf_options[] = {
     OPT_STRING(cluster_name,            "",               RESTART, conf_check_cluster_name),
     OPT_STRING(etcd_endpoints,          "",               RESTART, conf_check_etcd_endpoints),
     OPT_STRING(etcd_prefix,  CONF_ETCD_PREFIX_DEFAULT,    RESTART, conf_check_etcd_prefix),
+    OPT_STRING(etcd_tls_ca_file,        "",               RESTART, NULL),
+    OPT_STRING(etcd_tls_cert_file,      "",               RESTART, NULL),
+    OPT_STRING(etcd_tls_key_file,       "",               RESTART, NULL),
     /*         name                     min       max        default  reload */
     OPT_DURATION(etcd_lease_ttl,        2000,     HOUR_MS,   "10s",   RESTART),
     /*         name                     default           reload   extra check */

@@ -116,6 +116,9 @@ struct kv_config {
     char cluster_name[CONF_STR_MAX];  /* "" = one node, no pool (the default) */
     char etcd_endpoints[CONF_STR_MAX]; /* comma list of http(s)://host:port; "" = none */
     char etcd_prefix[CONF_STR_MAX];   /* key prefix in etcd; default /kvstash/<cluster_name> */
+    char etcd_tls_ca_file[CONF_STR_MAX];   /* https:// endpoints: PEM CAs; "" = the system's */
+    char etcd_tls_cert_file[CONF_STR_MAX]; /* https:// endpoints: client certificate; "" = none */
+    char etcd_tls_key_file[CONF_STR_MAX];  /* its PEM private key */
     uint64_t etcd_lease_ttl;          /* ms, whole seconds: the node key's lease; 10 s */
     char peer_advertise[CONF_STR_MAX]; /* host:port peers dial; "" before finalize = listen */
     uint64_t replicas;                /* owners of each key (R); default 2 */

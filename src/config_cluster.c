@@ -1,6 +1,6 @@
 /*
  * config_cluster: the pool's keys of the option table (cluster_name, etcd_endpoints,
- * etcd_prefix, etcd_lease_ttl, peer_advertise and the rest; docs/cluster.md): their string
+ * etcd_prefix, etcd_tls_*, etcd_lease_ttl, peer_advertise and the rest; docs/cluster.md): their string
  * checks and the rules between them that conf_finalize applies. Pure, like config.c: no
  * I/O, no logging, no state. Shared with config.c through config_int.h only.
  */
@@ -129,6 +129,17 @@ conf_finalize_cluster(const struct kv_config *c, char *prefix, char *advertise, 
     if (c->etcd_endpoints[0] == '\0') {
         kv_errorf(err, errlen, "cluster_name %s needs etcd_endpoints (e.g. "
                   "http://127.0.0.1:2379)", c->cluster_name);
+        return -1;
+    }
+    if ((c->etcd_tls_cert_file[0] != '\0') != (c->etcd_tls_key_file[0] != '\0')) {
+        kv_errorf(err, errlen, "etcd_tls_cert_file and etcd_tls_key_file go together (the "
+                  "client certificate presented to etcd and its key)");
+        return -1;
+    }
+    if ((c->etcd_tls_ca_file[0] != '\0' || c->etcd_tls_cert_file[0] != '\0') &&
+        strstr(c->etcd_endpoints, "https://") == NULL) {
+        kv_errorf(err, errlen, "etcd_tls_* files are set but etcd_endpoints %s has no "
+                  "https:// endpoint to use them", c->etcd_endpoints);
         return -1;
     }
     if (c->etcd_lease_ttl % 1000 != 0) {

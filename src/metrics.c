@@ -22,6 +22,7 @@
 #include "conn.h"
 #include "kverr.h"
 #include "member.h"
+#include "peer_tls.h"
 #include "rpc.h"
 #include "rebalance.h"
 #include "repl.h"
@@ -519,6 +520,7 @@ metrics_cluster_data(struct metrics_buf *b, const struct metrics_sum *m, struct 
 {
     struct repl_stats rs;
     struct rebalance_stats bs;
+    struct peer_tls_stats ts;
 
     repl_stats(r, &rs);
     rebalance_stats(rb, &bs);
@@ -549,6 +551,14 @@ metrics_cluster_data(struct metrics_buf *b, const struct metrics_sum *m, struct 
     one(b, "kvstash_cluster_peer_auth_failures_total", "counter",
         "Logins to peers (hello as admin with <data_dir>/cluster_token) they refused.",
         rs.peer_auth_failures);
+    peer_tls_stats(&ts);
+    fam(b, "kvstash_cluster_peer_tls_refused_total", "counter",
+        "TLS handshakes to peers refused for the peer's certificate: not for the host of its "
+        "peer_advertise (name), or not chaining to tls_ca_file (chain).");
+    mb_printf(b, "kvstash_cluster_peer_tls_refused_total{reason=\"name\"} %llu\n",
+              (unsigned long long)ts.refused_name);
+    mb_printf(b, "kvstash_cluster_peer_tls_refused_total{reason=\"chain\"} %llu\n",
+              (unsigned long long)ts.refused_chain);
     fam(b, "kvstash_cluster_peer_bytes_total", "counter",
         "Bytes of peer traffic: sent and received by this node's requests, and value bytes "
         "other nodes stored here (peer_put) and fetched from here (peer_get).");

@@ -44,6 +44,8 @@
 #include "log.h"
 #include "member.h"
 #include "outq.h"
+#include "peer.h"
+#include "peer_tls.h"
 #include "rdma_port.h"
 #include "rebalance.h"
 #include "repl.h"
@@ -771,6 +773,33 @@ server_wake(void *arg)
     }
 }
 
+/*
+ * server_ssd_loading: true while the SSD index is rebuilt in the background after start
+ * (ssd_state LOADING), with how far it got in why. Any thread: s->ssd is set before the
+ * node asks to be active (member_set_state, after ssd_open) and not changed until exit.
+ */
+static bool
+server_ssd_loading(struct server *s, char *why, size_t len)
+{
+    struct ssd_stats st;
+
+    if (s->ssd == NULL || ssd_state(s->ssd) != SSD_STATE_LOADING) {
+        return false;
+    }
+    ssd_stats(s->ssd, &st);
+    snprintf(why, len, "its SSD index is loaded (rebuilding: %llu of %llu bucket files)",
+             (unsigned long long)st.rebuild_buckets_done, (unsigned long long)st.rebuild_buckets);
+    return true;
+}
+
+/* server_member_ready: member.h's ready check: a pool member owns keys once its SSD index
+ * is loaded, so that it is never asked for keys its SSD holds but its table does not yet. */
+static bool
+server_member_ready(void *arg, char *why, size_t len)
+{
+    return !server_ssd_loading(arg, why, len);
+}
+
 /* server_cluster_start: the data paths of a pool (src/cluster/repl.h). 0 or -1 (logged). */
 static int
 server_cluster_start(struct server *s, const struct kv_config *c)
@@ -922,6 +951,61 @@ server_log_restart_key(const char *key, bool reloadable, void *arg)
     }
 }
 
+/*
+ * server_cluster_reload: the pool's peer side under the reloaded config c: the cluster token
+ * (<data_dir>/cluster_token, checked against c's admin tenant) and the peer TLS files, for
+ * peer connections dialled from now on. apply false: only check that both can be used
+ * (nothing changes); true: hand them to the peer pool. 0, or -1 with the reason in err.
+ */
+static int
+server_cluster_reload(struct server *s, const struct kv_config *c, bool apply, char *err,
+                      size_t errlen)
+{
+    char token[CLUSTER_TOKEN_MAX + 1];
+    struct peer_config pc = {0};
+    int rc;
+
+    if (s->repl == NULL) {
+        return 0;
+    }
+    rc = cluster_token_load(c, token, sizeof(token), err, errlen);
+    if (rc != 0) {
+        return -1;
+    }
+    pc.token = token;
+    if (c->tls_cert_file[0] != '\0' && c->tls_key_file[0] != '\0') {
+        pc.tls_cert = c->tls_cert_file;
+        pc.tls_key = c->tls_key_file;
+        pc.tls_ca = c->tls_ca_file;
+    }
+    if (!apply) {
+        struct peer_tls_ctx *check = NULL;
+
+        rc = pc.tls_cert != NULL ? peer_tls_ctx_new(pc.tls_cert, pc.tls_key, pc.tls_ca, &check,
+                                                    err, errlen) : 0;
+        peer_tls_ctx_free(check);
+    } else {
+        rc = peer_pool_reload(repl_pool(s->repl), &pc, err, errlen);
+    }
+    explicit_bzero(token, sizeof(token));
+    return rc == 0 ? 0 : -1;
+}
+
+/* server_cluster_reload_apply: server_cluster_reload's apply step, after its check passed. */
+static void
+server_cluster_reload_apply(struct server *s, const struct kv_config *c)
+{
+    char err[512];
+
+    if (s->repl != NULL && server_cluster_reload(s, c, true, err, sizeof(err)) != 0) {
+        /* the files changed between the check and now: the old token and files stay */
+        log_error("reload: cluster: %s; peer connections keep the previous token and "
+                  "certificates", err);
+    } else if (s->repl != NULL) {
+        log_info("reload: cluster token and peer certificates reloaded (new peer connections)");
+    }
+}
+
 /* server_swap_tls: new TLS connections get *ctx's certificates; those made before keep theirs. */
 static void
 server_swap_tls(struct server *s, SSL_CTX **ctx)
@@ -977,6 +1061,10 @@ server_reload(struct server *s)
     conf_diff(cur, fresh, server_log_restart_key, NULL);
     *next = *cur;
     conf_apply_reloadable(next, fresh);
+    if (server_cluster_reload(s, next, false, err, sizeof(err)) != 0) {
+        log_error("reload failed, keeping the running config and certificates: cluster: %s", err);
+        goto fail;
+    }
     bool changed = conf_diff(cur, next, NULL, NULL) > 0;
     /* What can fail comes before anything is applied: a failed reload changes nothing. */
     if (changed) {
@@ -1002,6 +1090,7 @@ server_reload(struct server *s)
     }
     if (!changed) {
         server_swap_tls(s, &tls_ctx);
+        server_cluster_reload_apply(s, next);
         log_info("reload: no key changed%s", s->tls_ctx != NULL ? "; certificates reloaded" : "");
         free(fresh);
         free(next);
@@ -1032,6 +1121,7 @@ server_reload(struct server *s)
     }
     server_apply_quotas(s, cur, next);
     server_swap_tls(s, &tls_ctx);
+    server_cluster_reload_apply(s, next);
     log_set_level(next->log_level);
     log_set_format(next->log_format);
     if (next->max_connections != cur->max_connections) {
@@ -1338,6 +1428,7 @@ server_create(const struct kv_config *conf, const char *config_path, int argc, c
             goto fail;
         }
         member_set_drain_hook(rebalance_drain_hook, s->rebalance);  /* the hand-off */
+        member_set_ready_check(server_member_ready, s);     /* joining while the SSD loads */
         rc = member_wait_first(s->member, SERVER_MEMBER_WAIT_MS);
         if (rc == -EEXIST || rc == -EINVAL) {
             goto fail;
@@ -1543,6 +1634,13 @@ server_ready(struct server *s, char *why, size_t len)
         return false;
     default:
         break;
+    }
+    if (s->member != NULL && server_ssd_loading(s, why, len)) {
+        char until[256];
+
+        snprintf(until, sizeof(until), "%s", why);
+        snprintf(why, len, "joining the pool: it owns no key until %s", until);
+        return false;
     }
     store_stats(s->store, &st);
     if (!st.memory_prefault_done) {

@@ -664,6 +664,24 @@ ssd_rb_walk(struct ssd *t, const uint64_t *ids, size_t n, struct ssd_rb_totals *
     return rc;
 }
 
+/*
+ * KVSTASH_TEST_REBUILD_PAUSE_MS (tests only): the rebuild waits that long (at most a minute,
+ * in 50 ms steps that watch for shutdown) before it starts, so that a test can watch the
+ * tier loading (a pool member stays joining meanwhile).
+ */
+static void
+ssd_rb_test_pause(struct ssd *t)
+{
+    const char *env = getenv("KVSTASH_TEST_REBUILD_PAUSE_MS");
+    long ms = env != NULL ? strtol(env, NULL, 10) : 0;
+
+    for (long waited = 0; waited < ms && waited < 60000 && !ssd_rb_stopping(t); waited += 50) {
+        struct timespec step = {0, 50 * 1000000L};
+
+        nanosleep(&step, NULL);
+    }
+}
+
 int
 ssd_rebuild(struct ssd *t)
 {
@@ -687,6 +705,7 @@ ssd_rebuild(struct ssd *t)
         goto done;
     }
     (void)idx_set_sync(t->idx, 0);
+    ssd_rb_test_pause(t);
     rc = ssd_rb_walk(t, ids, n, &tot, &load);
     walk_ms = clock_ms() - t->rebuild_t0;
     if (rc == KV_UNAVAILABLE) {

@@ -6,7 +6,8 @@
  * configured by the SHA-256 of their tokens only, so the token itself has to
  * come from a file of its own. No config key: the file's place is fixed.
  *
- * Thread: called once at start, before any peer connection exists.
+ * Thread: the main thread, at start and on SIGHUP (the reload hands the token to
+ * the peer pool for its new connections: peer_pool_reload).
  */
 #ifndef CLUSTER_TOKEN_H
 #define CLUSTER_TOKEN_H

@@ -1,7 +1,9 @@
 /*
- * etcd: HTTP/1.1 POSTs to etcd's JSON gateway with evhttp. One of the two files of
- * src/cluster/ that include libevent (with member.c). What a call sends and how its answer
- * reads is the caller's; this module owns the connections, the failover between endpoints,
+ * etcd: HTTP/1.1 POSTs to etcd's JSON gateway with evhttp, over TLS (libevent's OpenSSL
+ * bufferevent) for https:// endpoints. One of the two files of src/cluster/ that include
+ * libevent (with member.c), and with peer_tls.c one of its two TLS includers. What a call
+ * sends and how its answer reads is the caller's; this module owns the connections, TLS to
+ * etcd (the server's certificate and host name checked), the failover between endpoints,
  * the bounds on answers, and the watch's line splitting. It never logs: statuses go back.
  *
  * libevent frees a request after its completion callback returns and must not see its
@@ -11,20 +13,29 @@
 #include "etcd.h"
 
 #include <errno.h>
+#include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <arpa/inet.h>
 #include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/bufferevent_ssl.h>
 #include <event2/event.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
 
 #include "config.h"
 
 #define ETCD_HOST_MAX 256
 
 struct etcd_endpoint {
-    char url[CONF_STR_MAX];         /* "http://host:port" */
+    char url[CONF_STR_MAX];         /* "http://host:port" or "https://host:port" */
+    bool tls;                       /* https: */
     char host[ETCD_HOST_MAX];       /* "host" or "[v6]" as written */
     char hostport[ETCD_HOST_MAX];   /* the Host header */
     uint16_t port;
@@ -36,6 +47,9 @@ struct etcd_req {
     struct etcd *e;
     etcd_done_fn *fn;
     void *arg;
+    struct evhttp_connection *conn; /* https: the call's own connection (freed by libevent
+                                       once the call ends, or at etcd_destroy) */
+    struct bufferevent *bev;        /* https: its TLS bufferevent, for the reason of a failure */
     struct etcd_req *prev, *next;
 };
 
@@ -44,6 +58,7 @@ struct etcd {
     struct timeval timeout;
     struct etcd_endpoint ep[CONF_ETCD_ENDPOINTS_MAX];
     int nep, cur;
+    SSL_CTX *ssl;                   /* with an https:// endpoint: the client context */
     struct etcd_req *reqs;          /* calls in flight (freed at destroy) */
     struct etcd_watch *watches;     /* watches not yet freed */
 };
@@ -52,6 +67,7 @@ struct etcd_watch {
     struct etcd *e;
     struct evhttp_connection *conn;
     struct evhttp_request *req;     /* NULL once libevent completed (and freed) it */
+    struct bufferevent *bev;        /* https: the TLS bufferevent under conn */
     struct evbuffer *line;          /* bytes of a line not complete yet */
     etcd_line_fn *on_line;
     etcd_end_fn *on_end;
@@ -65,17 +81,25 @@ static int
 etcd_parse_endpoint(const char *s, size_t n, struct etcd_endpoint *ep)
 {
     const char *hp, *colon;
-    size_t hl;
+    size_t hl, skip;
     char *end;
     unsigned long port;
     char portbuf[8];
 
-    if (n >= sizeof(ep->url) || n < 8 || strncmp(s, "http://", 7) != 0) {
-        return -EINVAL;             /* https:// too: no TLS to etcd yet */
+    if (n >= sizeof(ep->url)) {
+        return -EINVAL;
+    }
+    if (n > 7 && strncmp(s, "http://", 7) == 0) {
+        skip = 7;
+    } else if (n > 8 && strncmp(s, "https://", 8) == 0) {
+        skip = 8;
+        ep->tls = true;
+    } else {
+        return -EINVAL;
     }
     memcpy(ep->url, s, n);
     ep->url[n] = '\0';
-    hp = ep->url + 7;
+    hp = ep->url + skip;
     colon = strrchr(hp, ':');
     if (colon == NULL || colon == hp || strlen(colon + 1) >= sizeof(portbuf)) {
         return -EINVAL;
@@ -107,14 +131,71 @@ etcd_parse_endpoint(const char *s, size_t n, struct etcd_endpoint *ep)
     return 0;
 }
 
+/* OpenSSL's last error as text into buf (cleared from the queue). */
+static const char *
+etcd_ssl_why(char *buf, size_t len)
+{
+    unsigned long e = ERR_get_error();
+
+    if (e == 0) {
+        snprintf(buf, len, "unknown error");
+    } else {
+        ERR_error_string_n(e, buf, len);
+    }
+    ERR_clear_error();
+    return buf;
+}
+
+/*
+ * etcd_ssl_new: the client context of the https:// endpoints: TLS 1.2 at least, the
+ * server's certificate verified against ca (or the system's CAs when ""), its name checked
+ * per connection (etcd_conn_new), and this node's certificate when cert is set.
+ */
+static int
+etcd_ssl_new(struct etcd *e, const struct etcd_tls_files *f, char *err, size_t errlen)
+{
+    const char *ca = f != NULL && f->ca != NULL ? f->ca : "";
+    const char *cert = f != NULL && f->cert != NULL ? f->cert : "";
+    const char *key = f != NULL && f->key != NULL ? f->key : "";
+    char why[256];
+
+    e->ssl = SSL_CTX_new(TLS_client_method());
+    if (e->ssl == NULL) {
+        snprintf(err, errlen, "TLS: cannot create a context: %s", etcd_ssl_why(why, sizeof(why)));
+        return -ENOMEM;
+    }
+    SSL_CTX_set_min_proto_version(e->ssl, TLS1_2_VERSION);
+    SSL_CTX_set_options(e->ssl, SSL_OP_NO_RENEGOTIATION);
+    SSL_CTX_set_verify(e->ssl, SSL_VERIFY_PEER, NULL);
+    if (ca[0] != '\0' ? SSL_CTX_load_verify_locations(e->ssl, ca, NULL) != 1
+                      : SSL_CTX_set_default_verify_paths(e->ssl) != 1) {
+        snprintf(err, errlen, "etcd_tls_ca_file %s: %s", ca[0] != '\0' ? ca : "(the system's)",
+                 etcd_ssl_why(why, sizeof(why)));
+        return -EINVAL;
+    }
+    if (cert[0] != '\0' && SSL_CTX_use_certificate_chain_file(e->ssl, cert) != 1) {
+        snprintf(err, errlen, "etcd_tls_cert_file %s: %s", cert, etcd_ssl_why(why, sizeof(why)));
+        return -EINVAL;
+    }
+    if (cert[0] != '\0' && (SSL_CTX_use_PrivateKey_file(e->ssl, key, SSL_FILETYPE_PEM) != 1 ||
+                            SSL_CTX_check_private_key(e->ssl) != 1)) {
+        snprintf(err, errlen, "etcd_tls_key_file %s: %s", key, etcd_ssl_why(why, sizeof(why)));
+        return -EINVAL;
+    }
+    return 0;
+}
+
 int
-etcd_create(struct event_base *base, const char *endpoints, uint64_t timeout_ms,
-            struct etcd **out)
+etcd_create(struct event_base *base, const char *endpoints, const struct etcd_tls_files *tls,
+            uint64_t timeout_ms, struct etcd **out, char *err, size_t errlen)
 {
     struct etcd *e = calloc(1, sizeof(*e));
     const char *p = endpoints;
+    bool any_tls = false;
+    int rc;
 
     if (e == NULL) {
+        snprintf(err, errlen, "out of memory");
         return -ENOMEM;
     }
     e->base = base;
@@ -126,15 +207,23 @@ etcd_create(struct event_base *base, const char *endpoints, uint64_t timeout_ms,
 
         if (e->nep == CONF_ETCD_ENDPOINTS_MAX ||
             etcd_parse_endpoint(p, n, &e->ep[e->nep]) != 0) {
+            snprintf(err, errlen, "'%.*s' is not http://host:port or https://host:port",
+                     (int)(n > 200 ? 200 : n), p);
             free(e);
             return -EINVAL;
         }
+        any_tls |= e->ep[e->nep].tls;
         e->nep++;
         p += n + (comma != NULL);
     }
     if (e->nep == 0) {
+        snprintf(err, errlen, "no endpoint");
         free(e);
         return -EINVAL;
+    }
+    if (any_tls && (rc = etcd_ssl_new(e, tls, err, errlen)) != 0) {
+        etcd_destroy(e);
+        return rc;
     }
     *out = e;
     return 0;
@@ -184,8 +273,12 @@ etcd_destroy(struct etcd *e)
         struct etcd_req *r = e->reqs;
 
         e->reqs = r->next;
+        if (r->conn != NULL) {
+            evhttp_connection_free(r->conn);    /* an https call's own: no callback runs */
+        }
         free(r);
     }
+    SSL_CTX_free(e->ssl);
     free(e);
 }
 
@@ -195,16 +288,92 @@ etcd_endpoint(const struct etcd *e)
     return e->ep[e->cur].url;
 }
 
+/*
+ * etcd_conn_new: a connection to ep whose calls time out after tv. For https:// a TLS
+ * bufferevent under it, whose session checks the server's certificate for ep's host (an IP
+ * address against its IP SANs, a name against its DNS names); *bev is that bufferevent
+ * (NULL for http://). libevent 2.1 cannot reconnect a TLS bufferevent whose session ended,
+ * so an https connection carries one call (or one watch) and is not reused.
+ */
 static struct evhttp_connection *
-etcd_conn_new(struct etcd *e, const struct etcd_endpoint *ep, const struct timeval *tv)
+etcd_conn_new(struct etcd *e, const struct etcd_endpoint *ep, const struct timeval *tv,
+              struct bufferevent **bev)
 {
-    struct evhttp_connection *c = evhttp_connection_base_new(e->base, NULL, ep->host, ep->port);
+    struct evhttp_connection *c;
+    struct bufferevent *b = NULL;
 
-    if (c != NULL) {
-        evhttp_connection_set_timeout_tv(c, tv);
-        evhttp_connection_set_retries(c, 0);
+    *bev = NULL;
+    if (ep->tls) {
+        SSL *ssl = SSL_new(e->ssl);
+        struct in6_addr a;
+        int ok;
+
+        if (ssl == NULL) {
+            return NULL;
+        }
+        if (inet_pton(AF_INET, ep->host, &a) == 1 || inet_pton(AF_INET6, ep->host, &a) == 1) {
+            ok = X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl), ep->host);
+        } else {
+            ok = SSL_set1_host(ssl, ep->host) == 1 &&
+                 SSL_set_tlsext_host_name(ssl, ep->host) == 1;
+        }
+        b = ok == 1 ? bufferevent_openssl_socket_new(e->base, -1, ssl, BUFFEREVENT_SSL_CONNECTING,
+                                                     BEV_OPT_CLOSE_ON_FREE |
+                                                     BEV_OPT_DEFER_CALLBACKS)
+                    : NULL;
+        if (b == NULL) {
+            SSL_free(ssl);
+            return NULL;
+        }
+        bufferevent_openssl_set_allow_dirty_shutdown(b, 1);
+        c = evhttp_connection_base_bufferevent_new(e->base, NULL, b, ep->host, ep->port);
+        if (c == NULL) {
+            bufferevent_free(b);                /* and the SSL with it */
+            return NULL;
+        }
+    } else {
+        c = evhttp_connection_base_new(e->base, NULL, ep->host, ep->port);
+        if (c == NULL) {
+            return NULL;
+        }
     }
+    evhttp_connection_set_timeout_tv(c, tv);
+    evhttp_connection_set_retries(c, 0);
+    *bev = b;
     return c;
+}
+
+/*
+ * etcd_tls_refused: why the TLS session of bev failed, into why: the server's certificate
+ * (not chained to the CAs, or not for the endpoint's host) or an alert (etcd refused this
+ * node's certificate, or asked for one it does not have). false when TLS did not fail.
+ */
+static bool
+etcd_tls_refused(struct bufferevent *bev, char *why, size_t len)
+{
+    SSL *ssl = bev != NULL ? bufferevent_openssl_get_ssl(bev) : NULL;
+    unsigned long oe;
+    long vr;
+
+    if (ssl == NULL) {
+        return false;
+    }
+    vr = SSL_get_verify_result(ssl);
+    if (vr != X509_V_OK) {
+        snprintf(why, len, "its certificate: %s", X509_verify_cert_error_string(vr));
+        return true;
+    }
+    oe = bufferevent_get_openssl_error(bev);
+    if (oe != 0) {
+        char s[200];
+
+        ERR_error_string_n(oe, s, sizeof(s));
+        snprintf(why, len, "%s", s);
+        while (bufferevent_get_openssl_error(bev) != 0) {
+        }
+        return true;
+    }
+    return false;
 }
 
 /* Read a finished request: 0 with its body copied (NUL-terminated) into *body, or a status. */
@@ -243,6 +412,13 @@ etcd_on_done(struct evhttp_request *req, void *arg)
     char *body;
     size_t len;
     int status = etcd_answer(req, &body, &len);
+    char why[256];
+
+    if (status == -EIO && etcd_tls_refused(r->bev, why, sizeof(why))) {
+        status = -EACCES;                   /* body: the reason */
+        body = strdup(why);
+        len = body != NULL ? strlen(body) : 0;
+    }
 
     if (r->prev != NULL) {
         r->prev->next = r->next;
@@ -252,7 +428,7 @@ etcd_on_done(struct evhttp_request *req, void *arg)
     if (r->next != NULL) {
         r->next->prev = r->prev;
     }
-    if (status == -EIO && e->nep > 1) {
+    if ((status == -EIO || status == -EACCES) && e->nep > 1) {
         e->cur = (e->cur + 1) % e->nep;     /* the next call tries the next endpoint */
     }
     r->fn(status, body, len, r->arg);
@@ -284,27 +460,42 @@ int
 etcd_call(struct etcd *e, const char *path, const char *json, etcd_done_fn *fn, void *arg)
 {
     struct etcd_endpoint *ep = &e->ep[e->cur];
+    struct evhttp_connection *conn = ep->conn;
+    struct bufferevent *bev = NULL;
     struct etcd_req *r;
     struct evhttp_request *req;
 
-    if (ep->conn == NULL && (ep->conn = etcd_conn_new(e, ep, &e->timeout)) == NULL) {
+    if (ep->tls) {
+        conn = etcd_conn_new(e, ep, &e->timeout, &bev);     /* one per call (see above) */
+    } else if (conn == NULL) {
+        conn = ep->conn = etcd_conn_new(e, ep, &e->timeout, &bev);
+    }
+    if (conn == NULL) {
         return -ENOMEM;
     }
     r = calloc(1, sizeof(*r));
-    if (r == NULL) {
-        return -ENOMEM;
-    }
-    req = etcd_request_new(etcd_on_done, r, ep->hostport, json);
+    req = r != NULL ? etcd_request_new(etcd_on_done, r, ep->hostport, json) : NULL;
     if (req == NULL) {
         free(r);
+        if (ep->tls) {
+            evhttp_connection_free(conn);
+        }
         return -ENOMEM;
     }
     r->e = e;
     r->fn = fn;
     r->arg = arg;
-    if (evhttp_make_request(ep->conn, req, EVHTTP_REQ_POST, path) != 0) {
+    if (evhttp_make_request(conn, req, EVHTTP_REQ_POST, path) != 0) {
         free(r);                            /* evhttp freed req */
+        if (ep->tls) {
+            evhttp_connection_free(conn);
+        }
         return -EIO;
+    }
+    if (ep->tls) {
+        r->conn = conn;
+        r->bev = bev;
+        evhttp_connection_free_on_completion(conn);
     }
     r->next = e->reqs;
     if (e->reqs != NULL) {
@@ -380,11 +571,13 @@ etcd_watch_on_done(struct evhttp_request *req, void *arg)
 {
     struct etcd_watch *w = arg;
 
+    char why[256];
+
     w->req = NULL;                          /* libevent frees it after this returns */
     if (req != NULL && evhttp_request_get_response_code(req) == HTTP_OK) {
         etcd_watch_end(w, 0);
     } else {
-        etcd_watch_end(w, -EIO);
+        etcd_watch_end(w, etcd_tls_refused(w->bev, why, sizeof(why)) ? -EACCES : -EIO);
     }
 }
 
@@ -410,7 +603,7 @@ etcd_watch_start(struct etcd *e, const char *json, uint64_t idle_ms, etcd_line_f
     }
     e->watches = w;
     w->line = evbuffer_new();
-    w->conn = etcd_conn_new(e, ep, &tv);
+    w->conn = etcd_conn_new(e, ep, &tv, &w->bev);
     w->reaper = evtimer_new(e->base, etcd_watch_reap, w);
     if (w->line == NULL || w->conn == NULL || w->reaper == NULL) {
         goto fail;

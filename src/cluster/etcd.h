@@ -7,12 +7,14 @@
  *
  * Threads: a struct etcd belongs to the thread running its event_base; every function and
  * every callback runs there. Calls go out on one keep-alive connection per endpoint, in
- * order; a call that fails at the transport (refused, reset, timed out) moves later calls to
- * the next endpoint of the list. A watch has a connection of its own.
+ * order (an https:// endpoint: a TLS connection per call); a call that fails at the
+ * transport (refused, reset, timed out, TLS refused) moves later calls to the next endpoint
+ * of the list. A watch has a connection of its own.
  */
 #ifndef ETCD_H
 #define ETCD_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -25,20 +27,33 @@ struct etcd_watch;
 /*
  * etcd_done_fn: a call's outcome. status 0: HTTP 200, body[0..len) the answer, NUL-terminated,
  * valid during the callback only. -EIO: no
- * answer (refused, reset, timed out; body NULL); -EPROTO: an HTTP status other than 200
+ * answer (refused, reset, timed out; body NULL); -EACCES: TLS failed (body is the reason:
+ * "its certificate: ..." when etcd's certificate does not chain to the CAs or is not for
+ * the endpoint's host, else OpenSSL's, e.g. an alert when etcd refused this node's
+ * certificate); -EPROTO: an HTTP status other than 200
  * (body is etcd's error JSON, e.g. {"error":"etcdserver: requested lease not found",...});
  * -E2BIG: an answer over ETCD_BODY_MAX.
  */
 typedef void etcd_done_fn(int status, const char *body, size_t len, void *arg);
 
+/* The PEM files of TLS to etcd (each borrowed; NULL or "" = not set). */
+struct etcd_tls_files {
+    const char *ca;                 /* CAs etcd's certificate must chain to; "": the system's */
+    const char *cert;               /* this node's certificate chain, presented when etcd asks */
+    const char *key;                /* (--client-cert-auth), and its key */
+};
+
 /*
  * etcd_create: a client of endpoints (the etcd_endpoints config text: comma list of
- * http://host:port) on base. timeout_ms: the bound of one call (connect and answer). Returns
- * 0, -EINVAL (no endpoint, an https:// one: TLS to etcd is not built yet, or a bad address),
- * -ENOMEM. base is borrowed and must outlive the client.
+ * http://host:port or https://host:port) on base. tls: the files https:// endpoints use
+ * (read here, once; NULL: the system's CAs, no client certificate); the server's
+ * certificate must chain to the CAs and name the endpoint's host (an IP address in its IP
+ * SANs, a name in its DNS names). timeout_ms: the bound of one call (connect and answer).
+ * Returns 0, -EINVAL (no endpoint, a bad one, a TLS file that cannot be used), -ENOMEM;
+ * the reason in err. base is borrowed and must outlive the client.
  */
-int etcd_create(struct event_base *base, const char *endpoints, uint64_t timeout_ms,
-                struct etcd **out);
+int etcd_create(struct event_base *base, const char *endpoints, const struct etcd_tls_files *tls,
+                uint64_t timeout_ms, struct etcd **out, char *err, size_t errlen);
 
 /* etcd_destroy: drop pending calls (their callbacks never run) and watches. NULL is fine. */
 void etcd_destroy(struct etcd *e);
@@ -56,8 +71,8 @@ const char *etcd_endpoint(const struct etcd *e);
 /* A watch's lines: each line the gateway streams (one JSON object), without its newline. */
 typedef void etcd_line_fn(const char *line, size_t len, void *arg);
 
-/* A watch's end: the stream closed (0), failed (-EIO: reset, timed out), or a line over
- * ETCD_BODY_MAX (-E2BIG). After it, the watch is stopped: call etcd_watch_stop. */
+/* A watch's end: the stream closed (0), failed (-EIO: reset, timed out; -EACCES: TLS
+ * refused), or a line over ETCD_BODY_MAX (-E2BIG). After it, the watch is stopped: call etcd_watch_stop. */
 typedef void etcd_end_fn(int status, void *arg);
 
 /*

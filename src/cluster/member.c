@@ -73,10 +73,13 @@ struct member {
     bool stop, leave, draining;
     member_drain_fn *drain_fn;
     void *drain_arg;
+    member_ready_fn *ready_fn;
+    void *ready_arg;
 
     /* member thread only */
     bool busy;                      /* a call is in flight */
     bool config_ok, registered, listed, refused, left, stopping, drain_told;
+    bool held;                      /* the ready check holds `want` active back as joining */
     enum view_state reg_state;      /* the state our key holds */
     enum view_state goal;           /* `want` as the last step read it */
     uint64_t lease;                 /* 0: none */
@@ -157,9 +160,12 @@ member_fail(struct member *m, const char *what, int status, const char *body)
     m->busy = false;
     CTR_ADD(etcd_errors);
     if (CTR_GET(etcd_ok) || m->backoff_ms == 0) {
-        log_warn("cluster: etcd %s at %s failed: %s%s%.200s", what, etcd_endpoint(m->etcd),
-                 status == -EIO ? "no answer" : status == -EPROTO ? "error answer" : "bad answer",
-                 body != NULL ? ": " : "", body != NULL ? body : "");
+        log_warn("cluster: etcd %s at %s failed: %s%s%.200s%s", what, etcd_endpoint(m->etcd),
+                 status == -EIO ? "no answer" : status == -EACCES ? "TLS refused" :
+                 status == -EPROTO ? "error answer" : "bad answer",
+                 body != NULL ? ": " : "", body != NULL ? body : "",
+                 status == -EACCES ? " (see etcd_tls_ca_file, etcd_tls_cert_file, "
+                 "etcd_tls_key_file); serving on without etcd, retrying with backoff" : "");
     }
     CTR_SET(etcd_ok, 0);
     m->backoff_ms = m->backoff_ms == 0 ? MEMBER_BACKOFF_MIN_MS : m->backoff_ms * 2;
@@ -167,7 +173,7 @@ member_fail(struct member *m, const char *what, int status, const char *body)
         m->backoff_ms = MEMBER_BACKOFF_MAX_MS;
     }
     m->next_try_ms = clock_ms() + m->backoff_ms;
-    if (status == -EIO) {
+    if (status == -EIO || status == -EACCES) {
         member_first_done(m, -EAGAIN);
     }
 }
@@ -431,7 +437,8 @@ member_on_watch_end(int status, void *arg)
         CTR_ADD(etcd_errors);
         if (CTR_GET(etcd_ok)) {
             log_warn("cluster: the watch on %s/nodes/ ended (%s); watching again from revision "
-                     "%" PRIu64, m->prefix, status == -EIO ? "no answer" : "bad answer",
+                     "%" PRIu64, m->prefix, status == -EIO ? "no answer" :
+                     status == -EACCES ? "TLS refused" : "bad answer",
                      m->revision + 1);
         }
         CTR_SET(etcd_ok, 0);
@@ -932,13 +939,28 @@ member_step(struct member *m)
     bool leave, stop, drain_now = false;
     member_drain_fn *hook = NULL;
     void *hook_arg = NULL;
+    member_ready_fn *ready;
+    void *ready_arg;
+    char why[256] = "";
 
     pthread_mutex_lock(&m->lock);
     m->want = m->draining ? VIEW_DRAINING : m->want;
     m->goal = m->want;
     leave = m->leave;
     stop = m->stop;
+    ready = m->ready_fn;
+    ready_arg = m->ready_arg;
     pthread_mutex_unlock(&m->lock);
+    if (m->goal == VIEW_ACTIVE && ready != NULL && !ready(ready_arg, why, sizeof(why))) {
+        m->goal = VIEW_JOINING;     /* not an owner until the check passes */
+        if (!m->held) {
+            log_info("cluster: %s stays joining until %s", m->node_id, why);
+        }
+        m->held = true;
+    } else if (m->held) {
+        m->held = false;
+        log_info("cluster: %s is ready to own keys", m->node_id);
+    }
 
     if (m->busy) {
         return;                     /* its answer steps again */
@@ -1006,6 +1028,9 @@ member_step(struct member *m)
         uint64_t due = m->ttl_ms / 3 - (now - m->last_ka_ms < m->ttl_ms / 3 ?
                                          now - m->last_ka_ms : m->ttl_ms / 3);
 
+        if (m->held) {
+            due = MEMBER_TICK_MS;   /* look at the ready check again soon */
+        }
         member_arm_tick(m, due < MEMBER_TICK_MS ? MEMBER_TICK_MS : due);
     } else {
         member_arm_tick(m, m->ttl_ms / 3);     /* the re-arm check runs even while busy */
@@ -1068,6 +1093,9 @@ int
 member_start(const struct kv_config *c, const char *node_id, struct member **out)
 {
     struct member *m = calloc(1, sizeof(*m));
+    struct etcd_tls_files tls = {c->etcd_tls_ca_file, c->etcd_tls_cert_file,
+                                 c->etcd_tls_key_file};
+    char why[512];
     uint64_t timeout;
     int rc;
 
@@ -1095,11 +1123,9 @@ member_start(const struct kv_config *c, const char *node_id, struct member **out
         member_destroy(m);
         return -ENOMEM;
     }
-    rc = etcd_create(m->base, c->etcd_endpoints, timeout, &m->etcd);
+    rc = etcd_create(m->base, c->etcd_endpoints, &tls, timeout, &m->etcd, why, sizeof(why));
     if (rc != 0) {
-        log_error("cluster: etcd_endpoints '%s': %s", c->etcd_endpoints,
-                  rc == -EINVAL ? "not usable (only http://host:port: TLS to etcd is not built "
-                                  "yet)" : strerror(-rc));
+        log_error("cluster: etcd_endpoints '%s': %s", c->etcd_endpoints, why);
         member_destroy(m);
         return rc;
     }
@@ -1201,6 +1227,23 @@ member_set_drain_hook(member_drain_fn *fn, void *arg)
     member_poke(member_do_hook, fa);
 }
 
+static void
+member_do_ready(struct member *m, void *arg)
+{
+    void **fa = arg;
+
+    m->ready_fn = (member_ready_fn *)(uintptr_t)fa[0];
+    m->ready_arg = fa[1];
+}
+
+void
+member_set_ready_check(member_ready_fn *fn, void *arg)
+{
+    void *fa[2] = {(void *)(uintptr_t)fn, arg};
+
+    member_poke(member_do_ready, fa);
+}
+
 void
 member_drain(void)
 {
@@ -1270,11 +1313,19 @@ member_stats(struct member_stats *out)
     pthread_mutex_lock(&member_global_lock);
     if (member_global != NULL) {
         struct member *m = member_global;
+        member_ready_fn *ready;
+        void *ready_arg;
+        char why[256];
 
         out->in_pool = true;
         pthread_mutex_lock(&m->lock);
         out->state = m->want;
+        ready = m->ready_fn;
+        ready_arg = m->ready_arg;
         pthread_mutex_unlock(&m->lock);
+        if (out->state == VIEW_ACTIVE && ready != NULL && !ready(ready_arg, why, sizeof(why))) {
+            out->state = VIEW_JOINING;
+        }
         snprintf(out->cluster, sizeof(out->cluster), "%s", m->cluster);
         snprintf(out->prefix, sizeof(out->prefix), "%s", m->prefix);
         snprintf(out->endpoint, sizeof(out->endpoint), "%s", etcd_endpoint(m->etcd));

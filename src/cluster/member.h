@@ -15,6 +15,7 @@
 #define MEMBER_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "view.h"
@@ -28,7 +29,8 @@ struct member;
 /*
  * member_start: start the member thread for the finalized config c (cluster_name must be
  * set) and node id (copied). It registers as joining. Returns 0 with *out, or -EINVAL (an
- * endpoint it cannot use, e.g. https://), -ENOMEM, -errno of pthread_create; it logs why.
+ * endpoint it cannot use, an etcd_tls_* file that cannot be read), -ENOMEM, -errno of
+ * pthread_create; it logs why.
  */
 int member_start(const struct kv_config *c, const char *node_id, struct member **out);
 
@@ -47,6 +49,17 @@ int member_wait_first(struct member *m, uint64_t timeout_ms);
  * is registered.
  */
 void member_set_state(enum view_state s);
+
+/*
+ * The ready check: until fn(arg) returns true, this node stays registered as joining (it
+ * owns no key) even after member_set_state(VIEW_ACTIVE); then it goes active. The daemon
+ * checks that its SSD index is loaded (a rebuild can run in the background after start).
+ * fn runs on the member thread (every step while it holds the node back, at most every
+ * 100 ms) and in member_stats (any thread): it must be cheap and thread safe; it writes
+ * the reason it holds the node back into why[0..len). One check; NULL clears it.
+ */
+typedef bool member_ready_fn(void *arg, char *why, size_t len);
+void member_set_ready_check(member_ready_fn *fn, void *arg);
 
 /*
  * The drain hook: fn(arg) runs on the member thread once this node is registered as
@@ -78,7 +91,8 @@ struct member_stats {
     bool registered;               /* our key is in etcd under a live lease (last we knew) */
     bool etcd_ok;                  /* the last call to etcd was answered */
     bool refused;                  /* duplicate node_id or config mismatch: not joining */
-    enum view_state state;         /* what we want registered */
+    enum view_state state;         /* what we register: joining while the ready check
+                                      holds an active node back */
     uint64_t etcd_errors;          /* calls that failed (no answer, or an error answer) */
     uint64_t lease_renewals;       /* keepalives answered with the lease alive */
     uint64_t lease_lost;           /* leases found expired (then registered again) */

@@ -122,7 +122,7 @@ struct peer_pool {
     pthread_t thread;
     bool started;
     _Atomic bool stop;
-    pthread_mutex_t lock;           /* guards incoming only */
+    pthread_mutex_t lock;           /* guards incoming and token (peer_pool_reload) */
     struct peer_msg *incoming, *incoming_tail;
     _Atomic uint32_t next_id;
     struct peer_conn *conns;
@@ -360,7 +360,8 @@ peer_dial(struct peer_pool *p, struct peer_conn *c)
         close(fd);
         return rc;
     }
-    if (strcmp(c->dial, c->addr) != 0 && (rc = peer_tls_open(p->tls, fd, &c->tls)) != 0) {
+    if (strcmp(c->dial, c->addr) != 0 &&
+        (rc = peer_tls_open(p->tls, fd, c->addr, &c->tls)) != 0) {   /* checked for addr's host */
         close(fd);
         return rc;
     }
@@ -382,7 +383,9 @@ peer_dial(struct peer_pool *p, struct peer_conn *c)
     c->spilling = false;
     c->sm = NULL;
     c->nholes = 0;
+    pthread_mutex_lock(&p->lock);
     c->hello_due = p->token[0] != '\0';
+    pthread_mutex_unlock(&p->lock);
     peer_add(&p->connects, 1);
     return 0;
 }
@@ -434,11 +437,17 @@ peer_head(uint8_t *h, uint32_t msgid, const char *method, size_t mlen)
 static struct peer_msg *
 peer_hello(struct peer_pool *p)
 {
-    size_t tl = strlen(p->token);
+    char token[sizeof(p->token)];
+    size_t tl;
     struct peer_msg *m = calloc(1, sizeof(*m));
     size_t n;
 
+    pthread_mutex_lock(&p->lock);
+    memcpy(token, p->token, sizeof(token));
+    pthread_mutex_unlock(&p->lock);
+    tl = strlen(token);
     if (m == NULL || (m->buf = malloc(64 + tl)) == NULL) {
+        explicit_bzero(token, sizeof(token));
         free(m);
         return NULL;
     }
@@ -456,7 +465,8 @@ peer_hello(struct peer_pool *p)
     n += 5;
     m->buf[n++] = 0xc4;             /* bin 8: tokens are at most 255 bytes */
     m->buf[n++] = (uint8_t)tl;
-    memcpy(m->buf + n, p->token, tl);
+    memcpy(m->buf + n, token, tl);
+    explicit_bzero(token, sizeof(token));
     m->len = n + tl;
     m->seg = m->seg_in;
     m->seg[0].iov_base = m->buf;
@@ -1252,6 +1262,24 @@ peer_pool_create(const struct peer_config *cfg, struct peer_pool **out)
     }
     p->started = true;
     *out = p;
+    return 0;
+}
+
+int
+peer_pool_reload(struct peer_pool *p, const struct peer_config *cfg, char *err, size_t errlen)
+{
+    int rc;
+
+    if (p->tls != NULL && cfg->tls_cert != NULL && cfg->tls_cert[0] != '\0') {
+        rc = peer_tls_ctx_reload(p->tls, cfg->tls_cert, cfg->tls_key != NULL ? cfg->tls_key : "",
+                                 cfg->tls_ca != NULL ? cfg->tls_ca : "", err, errlen);
+        if (rc != 0) {
+            return rc;
+        }
+    }
+    pthread_mutex_lock(&p->lock);
+    snprintf(p->token, sizeof(p->token), "%s", cfg->token != NULL ? cfg->token : "");
+    pthread_mutex_unlock(&p->lock);
     return 0;
 }
 

@@ -66,6 +66,16 @@ typedef void peer_done_fn(void *arg, int status, const uint8_t *result, size_t l
 /* peer_pool_create: start the thread. Returns 0 and *out, -errno. cfg is copied. */
 int peer_pool_create(const struct peer_config *cfg, struct peer_pool **out);
 
+/*
+ * peer_pool_reload: connections dialled from now on log in with cfg->token (NULL or "": no
+ * login) and, when the pool was created with TLS and cfg->tls_cert is set, use the TLS files
+ * of cfg, read again here (SIGHUP: a rotated cluster_token or certificate takes effect
+ * without a restart); open connections keep what they have. Turning TLS on or off needs a
+ * restart. Any thread. Returns 0, or -EINVAL with the reason in err (nothing changed).
+ */
+int peer_pool_reload(struct peer_pool *p, const struct peer_config *cfg, char *err,
+                     size_t errlen);
+
 /* peer_pool_destroy: stop the thread; calls still queued or in flight get KV_UNAVAILABLE. NULL ok. */
 void peer_pool_destroy(struct peer_pool *p);
 

@@ -5,20 +5,29 @@
  */
 #include "peer_tls.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/uio.h>
 
 #include <openssl/err.h>
 #include <openssl/ssl.h>
+#include <openssl/x509v3.h>
 
 #define PEER_TLS_CHUNK (16u * 1024u)    /* SSL_write takes one record's worth at a time */
 
 struct peer_tls_ctx {
-    SSL_CTX *ssl;
+    pthread_mutex_t lock;           /* guards ssl: swapped by a reload, read by each open */
+    SSL_CTX *ssl;                   /* a session holds its own reference (SSL_new) */
+    bool verify;                    /* tls_ca_file set: peers' certificates are checked */
 };
+
+/* Handshakes this process refused for the peer's certificate (relaxed atomics). */
+static uint64_t peer_tls_refused_name, peer_tls_refused_chain;
 
 struct peer_tls {
     SSL *ssl;
@@ -39,44 +48,85 @@ peer_tls_why(char *buf, size_t len)
     return buf;
 }
 
-int
-peer_tls_ctx_new(const char *cert, const char *key, const char *ca,
-                 struct peer_tls_ctx **out, char *err, size_t errlen)
+/* peer_tls_ssl_new: a client SSL_CTX of these files into *out; 0 or -errno, err set. */
+static int
+peer_tls_ssl_new(const char *cert, const char *key, const char *ca, SSL_CTX **out, char *err,
+                 size_t errlen)
 {
     char why[256];
-    struct peer_tls_ctx *c = calloc(1, sizeof(*c));
+    SSL_CTX *ssl = SSL_CTX_new(TLS_client_method());
 
-    if (c == NULL || (c->ssl = SSL_CTX_new(TLS_client_method())) == NULL) {
-        free(c);
+    if (ssl == NULL) {
         snprintf(err, errlen, "TLS: cannot create the peers' context");
         return -ENOMEM;
     }
-    SSL_CTX_set_min_proto_version(c->ssl, TLS1_2_VERSION);
-    SSL_CTX_set_options(c->ssl, SSL_OP_NO_RENEGOTIATION);
-    SSL_CTX_set_mode(c->ssl, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
-    if (SSL_CTX_use_certificate_chain_file(c->ssl, cert) != 1) {
+    SSL_CTX_set_min_proto_version(ssl, TLS1_2_VERSION);
+    SSL_CTX_set_options(ssl, SSL_OP_NO_RENEGOTIATION);
+    SSL_CTX_set_mode(ssl, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+    if (SSL_CTX_use_certificate_chain_file(ssl, cert) != 1) {
         snprintf(err, errlen, "tls_cert_file %s: %s", cert, peer_tls_why(why, sizeof(why)));
         goto fail;
     }
-    if (SSL_CTX_use_PrivateKey_file(c->ssl, key, SSL_FILETYPE_PEM) != 1
-        || SSL_CTX_check_private_key(c->ssl) != 1) {
+    if (SSL_CTX_use_PrivateKey_file(ssl, key, SSL_FILETYPE_PEM) != 1
+        || SSL_CTX_check_private_key(ssl) != 1) {
         snprintf(err, errlen, "tls_key_file %s: %s", key, peer_tls_why(why, sizeof(why)));
         goto fail;
     }
     if (ca[0] != '\0') {
-        if (SSL_CTX_load_verify_locations(c->ssl, ca, NULL) != 1) {
+        if (SSL_CTX_load_verify_locations(ssl, ca, NULL) != 1) {
             snprintf(err, errlen, "tls_ca_file %s: %s", ca, peer_tls_why(why, sizeof(why)));
             goto fail;
         }
-        SSL_CTX_set_verify(c->ssl, SSL_VERIFY_PEER, NULL);
+        SSL_CTX_set_verify(ssl, SSL_VERIFY_PEER, NULL);
     } else {
-        SSL_CTX_set_verify(c->ssl, SSL_VERIFY_NONE, NULL);
+        SSL_CTX_set_verify(ssl, SSL_VERIFY_NONE, NULL);
     }
-    *out = c;
+    *out = ssl;
     return 0;
 fail:
-    peer_tls_ctx_free(c);
+    SSL_CTX_free(ssl);
     return -EINVAL;
+}
+
+int
+peer_tls_ctx_new(const char *cert, const char *key, const char *ca,
+                 struct peer_tls_ctx **out, char *err, size_t errlen)
+{
+    struct peer_tls_ctx *c = calloc(1, sizeof(*c));
+    int rc;
+
+    if (c == NULL) {
+        snprintf(err, errlen, "TLS: cannot create the peers' context");
+        return -ENOMEM;
+    }
+    rc = peer_tls_ssl_new(cert, key, ca, &c->ssl, err, errlen);
+    if (rc != 0) {
+        free(c);
+        return rc;
+    }
+    c->verify = ca[0] != '\0';
+    pthread_mutex_init(&c->lock, NULL);
+    *out = c;
+    return 0;
+}
+
+int
+peer_tls_ctx_reload(struct peer_tls_ctx *ctx, const char *cert, const char *key, const char *ca,
+                    char *err, size_t errlen)
+{
+    SSL_CTX *ssl, *old;
+    int rc = peer_tls_ssl_new(cert, key, ca, &ssl, err, errlen);
+
+    if (rc != 0) {
+        return rc;
+    }
+    pthread_mutex_lock(&ctx->lock);
+    old = ctx->ssl;
+    ctx->ssl = ssl;
+    ctx->verify = ca[0] != '\0';
+    pthread_mutex_unlock(&ctx->lock);
+    SSL_CTX_free(old);              /* sessions made from it keep their own reference */
+    return 0;
 }
 
 void
@@ -84,18 +134,65 @@ peer_tls_ctx_free(struct peer_tls_ctx *ctx)
 {
     if (ctx != NULL) {
         SSL_CTX_free(ctx->ssl);
+        pthread_mutex_destroy(&ctx->lock);
         free(ctx);
     }
 }
 
+/*
+ * peer_tls_expect_host: the peer's certificate must name the host of addr ("host:port" or
+ * "[v6]:port"): an IP address among its IP SANs, a name among its DNS names (and sent as
+ * SNI). 0, or -EINVAL for an address without a host.
+ */
+static int
+peer_tls_expect_host(SSL *ssl, const char *addr)
+{
+    const char *colon = strrchr(addr, ':');
+    char host[256];
+    struct in6_addr a;
+    size_t n;
+
+    if (colon == NULL || colon == addr) {
+        return -EINVAL;
+    }
+    n = (size_t)(colon - addr);
+    if (addr[0] == '[' && n >= 2 && addr[n - 1] == ']') {
+        addr++;
+        n -= 2;
+    }
+    if (n == 0 || n >= sizeof(host)) {
+        return -EINVAL;
+    }
+    memcpy(host, addr, n);
+    host[n] = '\0';
+    if (inet_pton(AF_INET, host, &a) == 1 || inet_pton(AF_INET6, host, &a) == 1) {
+        return X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl), host) == 1 ? 0 : -EINVAL;
+    }
+    return SSL_set1_host(ssl, host) == 1 && SSL_set_tlsext_host_name(ssl, host) == 1 ? 0
+                                                                                     : -EINVAL;
+}
+
 int
-peer_tls_open(struct peer_tls_ctx *ctx, int fd, struct peer_tls **out)
+peer_tls_open(struct peer_tls_ctx *ctx, int fd, const char *host, struct peer_tls **out)
 {
     struct peer_tls *t = calloc(1, sizeof(*t));
+    bool verify;
 
-    if (t == NULL || (t->ssl = SSL_new(ctx->ssl)) == NULL) {
+    if (t == NULL) {
+        return -ENOMEM;
+    }
+    pthread_mutex_lock(&ctx->lock);
+    t->ssl = SSL_new(ctx->ssl);
+    verify = ctx->verify;
+    pthread_mutex_unlock(&ctx->lock);
+    if (t->ssl == NULL) {
         free(t);
         return -ENOMEM;
+    }
+    if (verify && peer_tls_expect_host(t->ssl, host) != 0) {
+        SSL_free(t->ssl);
+        free(t);
+        return -EINVAL;
     }
     if (SSL_set_fd(t->ssl, fd) != 1) {
         SSL_free(t->ssl);
@@ -161,7 +258,12 @@ peer_tls_handshake(struct peer_tls *t, bool *want_write, char *err, size_t errle
 
         vr = SSL_get_verify_result(t->ssl);
         if (vr != X509_V_OK) {
-            snprintf(err, errlen, "its certificate: %s", X509_verify_cert_error_string(vr));
+            bool name = vr == X509_V_ERR_HOSTNAME_MISMATCH || vr == X509_V_ERR_IP_ADDRESS_MISMATCH;
+
+            __atomic_add_fetch(name ? &peer_tls_refused_name : &peer_tls_refused_chain, 1,
+                               __ATOMIC_RELAXED);
+            snprintf(err, errlen, "its certificate: %s%s", X509_verify_cert_error_string(vr),
+                     name ? " (it does not name the host of the peer's peer_advertise)" : "");
             ERR_clear_error();
         } else {
             snprintf(err, errlen, "%s", peer_tls_why(why, sizeof(why)));
@@ -227,4 +329,11 @@ peer_tls_writev(struct peer_tls *t, const struct iovec *iov, int n)
         }
     }
     return (ssize_t)done;
+}
+
+void
+peer_tls_stats(struct peer_tls_stats *out)
+{
+    out->refused_name = __atomic_load_n(&peer_tls_refused_name, __ATOMIC_RELAXED);
+    out->refused_chain = __atomic_load_n(&peer_tls_refused_chain, __ATOMIC_RELAXED);
 }

@@ -4,19 +4,23 @@
  * advertises a TLS listener. One client context per pool: this member's
  * certificate chain and key (presented when the peer asks: a peer with
  * tls_ca_file requires it), TLS 1.2 at least, renegotiation off; with
- * tls_ca_file here the peer's certificate must chain to those CAs (no host
- * name check: members are dialled by address), without it the session is
- * encrypted but the peer is not verified. A session maps OpenSSL's results
- * onto read/write-like ones for peer.c's non-blocking loop.
+ * tls_ca_file here the peer's certificate must chain to those CAs and name
+ * the host of the peer's peer_advertise (an IP address among its IP SANs, a
+ * name among its DNS names), without it the session is encrypted but the
+ * peer is not verified. A session maps OpenSSL's results onto
+ * read/write-like ones for peer.c's non-blocking loop.
  *
- * Threads: the context is made once (peer_pool_create) and freed at the
- * pool's end; a session is used by the pool's thread only.
+ * Threads: the context is made once (peer_pool_create), its files read again
+ * by peer_tls_ctx_reload (any thread: new sessions get the new files, open
+ * ones keep theirs), and freed at the pool's end; a session is used by the
+ * pool's thread only. The counters are any thread's.
  */
 #ifndef PEER_TLS_H
 #define PEER_TLS_H
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 struct iovec;
@@ -30,11 +34,22 @@ struct peer_tls;
 int peer_tls_ctx_new(const char *cert, const char *key, const char *ca,
                      struct peer_tls_ctx **out, char *err, size_t errlen);
 
+/*
+ * peer_tls_ctx_reload: read the files again (SIGHUP); sessions opened from now on use them,
+ * open ones keep the old. 0, or -EINVAL with the reason in err (ctx unchanged).
+ */
+int peer_tls_ctx_reload(struct peer_tls_ctx *ctx, const char *cert, const char *key,
+                        const char *ca, char *err, size_t errlen);
+
 /* peer_tls_ctx_free: NULL ok. */
 void peer_tls_ctx_free(struct peer_tls_ctx *ctx);
 
-/* peer_tls_open: a client session on the connected (or connecting) socket fd. 0 or -ENOMEM. */
-int peer_tls_open(struct peer_tls_ctx *ctx, int fd, struct peer_tls **out);
+/*
+ * peer_tls_open: a client session on the connected (or connecting) socket fd to the member
+ * whose peer_advertise is addr ("host:port"; borrowed): with tls_ca_file its certificate
+ * must name that host. 0, -ENOMEM, or -EINVAL (addr has no host).
+ */
+int peer_tls_open(struct peer_tls_ctx *ctx, int fd, const char *addr, struct peer_tls **out);
 
 /* peer_tls_close: send close_notify (best effort) and free the session; the fd stays open. NULL ok. */
 void peer_tls_close(struct peer_tls *t);
@@ -45,6 +60,15 @@ void peer_tls_close(struct peer_tls *t);
  * certificate refused, not TLS) or -errno.
  */
 int peer_tls_handshake(struct peer_tls *t, bool *want_write, char *err, size_t errlen);
+
+/* Handshakes refused for the peer's certificate, since start. */
+struct peer_tls_stats {
+    uint64_t refused_name;          /* chained to the CAs but not for the peer's host */
+    uint64_t refused_chain;         /* not chained to the CAs (or expired, ...) */
+};
+
+/* peer_tls_stats: fill out; any thread. */
+void peer_tls_stats(struct peer_tls_stats *out);
 
 /* peer_tls_error: OpenSSL's reason for the session's last -EPROTO ("" before one). */
 const char *peer_tls_error(const struct peer_tls *t);

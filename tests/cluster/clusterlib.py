@@ -32,6 +32,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -87,24 +88,46 @@ def unb64(s):
 
 
 class Etcd:
-    """One etcd member on loopback; its data in work/etcd."""
+    """One etcd member on loopback; its data in work/etcd; also: more loopback addresses it
+    listens on (its port, also_endpoints). tls: a dict of PEM paths ("cert",
+    "key", "ca", and "client_cert"/"client_key" for the harness's own calls when
+    "client_auth" is true): the client port is then https:// with that certificate; with
+    client_auth etcd requires a client certificate chaining to ca (--trusted-ca-file and
+    --client-cert-auth: etcd 3.4 requires one whenever --trusted-ca-file is given)."""
 
-    def __init__(self, work):
+    def __init__(self, work, tls=None, also=()):
         require_etcd()
         self.dir = os.path.join(work, "etcd")
         self.log_path = os.path.join(work, "etcd.log")
         self.client_port = free_port()
         self.peer_port = free_port()
-        self.endpoint = f"http://127.0.0.1:{self.client_port}"
+        self.tls = tls
+        scheme = "https" if tls else "http"
+        self.endpoint = f"{scheme}://127.0.0.1:{self.client_port}"
+        # more loopback addresses it answers on, the same port (also_endpoints)
+        self.also_endpoints = [f"{scheme}://{h}:{self.client_port}" for h in also]
         self.proc = None
         self.start()
+
+    def _ssl(self):
+        if not self.tls:
+            return None
+        ctx = ssl.create_default_context(cafile=self.tls["ca"])
+        if self.tls.get("client_cert"):
+            ctx.load_cert_chain(self.tls["client_cert"], self.tls["client_key"])
+        return ctx
 
     def start(self):
         peer = f"http://127.0.0.1:{self.peer_port}"
         cmd = [ETCD, "--name", "kvt", "--data-dir", self.dir,
-               "--listen-client-urls", self.endpoint, "--advertise-client-urls", self.endpoint,
+               "--listen-client-urls", ",".join([self.endpoint, *self.also_endpoints]),
+               "--advertise-client-urls", self.endpoint,
                "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
                "--initial-cluster", f"kvt={peer}", "--log-level", "warn"]
+        if self.tls:
+            cmd += ["--cert-file", self.tls["cert"], "--key-file", self.tls["key"]]
+            if self.tls.get("client_auth"):
+                cmd += ["--trusted-ca-file", self.tls["ca"], "--client-cert-auth"]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
                                          stderr=subprocess.STDOUT)
@@ -129,7 +152,7 @@ class Etcd:
         """POST body (a dict) to the gateway; the answer as a dict."""
         req = urllib.request.Request(self.endpoint + path, data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=timeout) as r:
+        with urllib.request.urlopen(req, timeout=timeout, context=self._ssl()) as r:
             return json.loads(r.read())
 
     def revision(self):
@@ -365,8 +388,9 @@ class Pool:
         self.nodes.append(n)
         return n.wait_ready() if ready else n
 
-    def restart(self, node, args=(), ready=True):
-        """A new process for node: same id, address, port and data dir."""
+    def restart(self, node, args=(), ready=True, env=None):
+        """A new process for node: same id, address, port and data dir (env: variables
+        added to its environment)."""
         n = Node.__new__(Node)
         n.host = node.host
         n.node_id = node.node_id
@@ -374,7 +398,7 @@ class Pool:
         extra = [a for a in node.cmd[1:] if not a.startswith(("--listen=", "--data_dir=",
                                                              "--unix_socket="))]
         Daemon.__init__(n, self.work, [f"--listen={node.addr}", *extra, *args],
-                        data_dir=node.data_dir, unix=False)
+                        data_dir=node.data_dir, unix=False, env=env)
         n.port = node.port
         self.nodes.append(n)
         return n.wait_ready() if ready else n

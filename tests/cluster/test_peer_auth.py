@@ -10,11 +10,16 @@ of SHA-256 digests, every wait bounded.
     once by it, retried with backoff), store nothing it sends, and it reads their keys as
     misses, never as wrong bytes; the two others go on between themselves;
   - a member whose cluster_token is missing, too open, or not the admin tenant's refuses to
-    start with the reason.
+    start with the reason;
+  - SIGHUP: a member refused for its token gets the pool's token in its cluster_token and
+    admin tenant line and reloads; its new peer connections log in with it and replicate,
+    without a restart (a reload whose cluster_token does not match the admin tenant fails
+    and changes nothing).
 """
 
 import hashlib
 import os
+import signal
 import sys
 
 import pytest
@@ -170,6 +175,50 @@ def test_a_member_with_another_token_is_refused_and_stores_nothing(auth_pool):
     c1 = p.login(1)
     for k in keys01:
         assert c1.call("get", k) == good[k]
+
+
+def test_a_reloaded_cluster_token_is_used_by_new_peer_connections(auth_pool):
+    p = auth_pool([POOL_TOKEN, POOL_TOKEN, OTHER_TOKEN])
+    keys = iter(b"auth-hup-%d" % i for i in range(2000))
+    theirs = (k for k in keys if 2 not in p.owners(k))
+    c2 = p.login(2)
+
+    def put_reaches_owners():
+        """One new key put at node 2: did it reach both its owners?"""
+        k = next(theirs)
+        v = hashlib.sha256(k).digest() * 300
+        assert c2.call("put", k, v) == 0
+        return all(p.has(i, [k]) == [True] for i in p.owners(k))
+
+    assert not put_reaches_owners()
+    assert p.metric(2, "kvstash_cluster_peer_auth_failures_total") >= 1
+    d2 = p.daemons[2]
+    token_path = os.path.join(p.data[2], "cluster_token")
+    conf = os.path.join(p.work, "auth-2.conf")
+
+    # the pool's token in cluster_token but the admin tenant line still the old one: the
+    # reload fails and changes nothing
+    write_secret(token_path, POOL_TOKEN)
+    d2.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: "reload failed" in d2.output(), "the failed reload logged")
+    assert "not the admin tenant's token_sha256" in d2.output(), d2.tail()
+    assert not put_reaches_owners()
+
+    # both changed: new connections log in with the new token, no restart
+    with open(conf, "w") as f:
+        f.write("require_auth yes\n"
+                f"tenant admin token_sha256={sha(POOL_TOKEN)}\n"
+                f"tenant alpha token_sha256={sha(ALPHA_TOKEN)}\n")
+    pid = d2.pid
+    d2.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: "cluster token and peer certificates reloaded" in d2.output(),
+               "the reload applied")
+    p.admin[2] = POOL_TOKEN
+    c2 = p.login(2)
+    wait_until(put_reaches_owners, "a put at node 2 reaching its owners (the refused "
+               "connections are dialled again after their backoff)", timeout=40)
+    assert d2.pid == pid and d2.alive()
+    assert POOL_TOKEN not in d2.output() and OTHER_TOKEN not in d2.output()
 
 
 @pytest.mark.parametrize("case", ["missing", "open", "mismatch"])

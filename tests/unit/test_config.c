@@ -173,6 +173,9 @@ static const char *const changed_values[][2] = {
     {"cluster_name", "pool-1"},
     {"etcd_endpoints", "http://127.0.0.1:2379,https://10.0.0.2:2379"},
     {"etcd_prefix", "/kv/pool-1"},
+    {"etcd_tls_ca_file", "/etc/ssl/etcd-ca.pem"},
+    {"etcd_tls_cert_file", "/etc/ssl/etcd-client.pem"},
+    {"etcd_tls_key_file", "/etc/ssl/etcd-client.key"},
     {"etcd_lease_ttl", "20s"},
     {"peer_advertise", "10.0.0.1:7431"},
     {"replicas", "3"},
@@ -798,7 +801,7 @@ Test(config, apply_reloadable_copies_only_reloadable_keys)
     conf_apply_reloadable(&running, &fresh);
 
     /* What still differs from the new config is exactly the restart-only keys... */
-    cr_expect_eq(conf_diff(&running, &fresh, diff_collect, &d), 26);
+    cr_expect_eq(conf_diff(&running, &fresh, diff_collect, &d), 29);
     for (int i = 0; i < d.n; i++) {
         cr_expect_not(d.reloadable[i], "%s should have been applied", d.keys[i]);
     }
@@ -1562,6 +1565,10 @@ Test(config, cluster_rules_refuse_with_reasons)
           "127.0.0.1:0", NULL}, -1, "set peer_advertise"},
         {{"cluster_name", "p", "etcd_endpoints", "http://127.0.0.1:2379", "listen", "", NULL},
          -1, "set peer_advertise"},
+        {{"cluster_name", "p", "etcd_endpoints", "https://127.0.0.1:2379", "etcd_tls_cert_file",
+          "/c.pem", NULL}, -1, "etcd_tls_cert_file and etcd_tls_key_file go together"},
+        {{"cluster_name", "p", "etcd_endpoints", "http://127.0.0.1:2379", "etcd_tls_ca_file",
+          "/ca.pem", NULL}, -1, "no https:// endpoint"},
         {{"cluster_name", "p q", NULL}, -2, "bad cluster_name"},
         {{"etcd_endpoints", "127.0.0.1:2379", NULL}, -2, "http://host:port"},
         {{"etcd_endpoints", "http://127.0.0.1:2379/v3", NULL}, -2, "no path"},
