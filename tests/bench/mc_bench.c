@@ -13,6 +13,11 @@
  * fixed read buffer with bounded line lengths, and value bodies are received straight into
  * a per-thread sink. The first value each thread gets is checked byte-exact against the
  * pattern.
+ * With -P resp it speaks the Redis protocol (RESP2) instead, with the same threads, slots
+ * and I/O: `GET k` (batch 1) or `MGET k1 .. kB` and `SET k v` answered `+OK`. So one client
+ * can drive kvstashd's resp_listen port and redis-server (resp.sh) the way kvstash-bench
+ * drives the msgpack port: blocking threads that receive each value whole, unlike
+ * redis-benchmark's one event-loop thread reading 16 KiB a call.
  * It links nothing beyond libc and pthreads and must stay bounded: every run ends by time
  * (-t) or count (-n), the get preload is capped in keys and time, and a thread whose
  * connection fails stops and reports why. It owns no server: it never starts, flushes or
@@ -52,12 +57,14 @@
 #define MC_PRELOAD_SECS 120           /* bound on one thread's preload */
 
 enum mc_mode { MC_MODE_SET, MC_MODE_GET };
+enum mc_proto { MC_PROTO_TEXT, MC_PROTO_RESP };
 
 static const char *const mc_mode_names[] = { "set", "get" };
 
 struct mc_cfg {
     const char *addr;
     enum mc_mode mode;
+    enum mc_proto proto;              /* memcached text (default) or RESP2 (-P resp) */
     int conns;
     int depth;
     uint32_t batch;
@@ -326,7 +333,7 @@ mc_set_replies(struct mc_thread *t, uint32_t n, bool count)
         if (rc != 0) {
             return rc;
         }
-        if (mc_is(line, len, "STORED")) {
+        if (mc_is(line, len, cfg->proto == MC_PROTO_RESP ? "+OK" : "STORED")) {
             if (count) {
                 t->keys++;
                 t->bytes += cfg->vsize;
@@ -343,12 +350,107 @@ mc_set_replies(struct mc_thread *t, uint32_t n, bool count)
     return 0;
 }
 
+/* mc_resp_int: the number after a RESP reply line's type byte, or -2 when malformed. */
+static int64_t
+mc_resp_int(const uint8_t *line, size_t len)
+{
+    int64_t v = 0;
+    size_t i = 1;
+    bool neg = len > 1 && line[1] == '-';
+
+    i += neg;
+    if (i >= len || len - i > 11) {
+        return -2;
+    }
+    for (; i < len; i++) {
+        if (line[i] < '0' || line[i] > '9') {
+            return -2;
+        }
+        v = v * 10 + (line[i] - '0');
+    }
+    return neg ? (v == 1 ? -1 : -2) : v;
+}
+
+/* mc_resp_value: one bulk of a GET or MGET reply ($len and the value, or $-1: a miss). */
+static int
+mc_resp_value(struct mc_thread *t, bool check)
+{
+    const struct mc_cfg *cfg = t->cfg;
+    const uint8_t *line;
+    size_t len;
+    int rc = mc_line(t, &line, &len);
+
+    if (rc != 0) {
+        return rc;
+    }
+    if (len > 0 && line[0] == '-') {
+        mc_note(t, "get answered", line, len);
+        return 0;
+    }
+    int64_t vlen = len > 0 && line[0] == '$' ? mc_resp_int(line, len) : -2;
+    if (vlen == -1) {
+        t->misses++;
+        return 0;
+    }
+    if (vlen < 0 || (uint64_t)vlen > MC_MAX_BODY) {
+        return mc_fail(t, -EPROTO, "malformed bulk reply");
+    }
+    if ((uint64_t)vlen != cfg->vsize) {
+        t->errors++;
+        return mc_body(t, t->sink, cfg->vsize ? cfg->vsize : 1, (uint64_t)vlen);
+    }
+    rc = mc_body(t, check ? t->check : t->sink, cfg->vsize ? cfg->vsize : 1, (uint64_t)vlen);
+    if (rc != 0) {
+        return rc;
+    }
+    if (check && memcmp(t->check, cfg->pattern, cfg->vsize) != 0) {
+        t->mismatches++;
+    }
+    t->keys++;
+    t->bytes += cfg->vsize;
+    return 0;
+}
+
+/* mc_resp_get_reply: the reply to a GET (batch 1) or an MGET of batch keys. */
+static int
+mc_resp_get_reply(struct mc_thread *t, bool verify)
+{
+    const struct mc_cfg *cfg = t->cfg;
+
+    if (cfg->batch > 1) {
+        const uint8_t *line;
+        size_t len;
+        int rc = mc_line(t, &line, &len);
+        if (rc != 0) {
+            return rc;
+        }
+        if (len > 0 && line[0] == '-') {
+            mc_note(t, "mget answered", line, len);
+            return 0;
+        }
+        if (len == 0 || line[0] != '*' || mc_resp_int(line, len) != (int64_t)cfg->batch) {
+            return mc_fail(t, -EPROTO, "malformed MGET reply");
+        }
+    }
+    for (uint32_t i = 0; i < cfg->batch; i++) {
+        int rc = mc_resp_value(t, verify && i == 0);
+        if (rc != 0) {
+            return rc;
+        }
+    }
+    return 0;
+}
+
 /* mc_get_reply: the reply to one multi-key get: VALUE blocks then END. */
 static int
 mc_get_reply(struct mc_thread *t, bool verify)
 {
     const struct mc_cfg *cfg = t->cfg;
     uint32_t hits = 0;
+
+    if (cfg->proto == MC_PROTO_RESP) {
+        return mc_resp_get_reply(t, verify);
+    }
 
     for (;;) {
         const uint8_t *line;
@@ -399,11 +501,83 @@ mc_get_reply(struct mc_thread *t, bool verify)
 
 /* ---- request building ---- */
 
+/*
+ * mc_resp_slot_build: the RESP2 form of mc_slot_build: "*2 $3 GET $25 K" (batch 1) or
+ * "*B+1 $4 MGET $25 K1 .." for get; B x "*3 $3 SET $25 K $S" V "\r\n" for set.
+ */
+static int
+mc_resp_slot_build(struct mc_thread *t, struct mc_slot *s, enum mc_mode mode)
+{
+    const struct mc_cfg *cfg = t->cfg;
+    uint32_t b = cfg->batch;
+    char key[MC_KEY_LEN + 1];
+    char tail[48];
+    int tl = snprintf(tail, sizeof(tail), "\r\n$%zu\r\n", cfg->vsize);
+    size_t per = 2 + 3 + 2 + MC_KEY_LEN; /* "$25\r\n" K "\r\n" */
+    size_t cap = mode == MC_MODE_GET ? 32 + (size_t)b * (per + 2)
+                                     : (size_t)b * (2 + 16 + per + (size_t)tl) + 2;
+
+    s->hdr = malloc(cap);
+    s->ctr_off = calloc(b, sizeof(*s->ctr_off));
+    s->iov = calloc(mode == MC_MODE_GET ? 1 : 2 * (size_t)b + 1, sizeof(*s->iov));
+    if (s->hdr == NULL || s->ctr_off == NULL || s->iov == NULL) {
+        return -1;
+    }
+    mc_key(key, cfg, t->id, 0);
+    uint8_t *p = s->hdr;
+    if (mode == MC_MODE_GET) {
+        p += b == 1 ? sprintf((char *)p, "*2\r\n$3\r\nGET\r\n")
+                    : sprintf((char *)p, "*%u\r\n$4\r\nMGET\r\n", b + 1);
+        for (uint32_t i = 0; i < b; i++) {
+            p += sprintf((char *)p, "$%u\r\n", (unsigned)MC_KEY_LEN);
+            memcpy(p, key, MC_KEY_LEN);
+            s->ctr_off[i] = (size_t)(p - s->hdr) + MC_CTR_OFF;
+            p += MC_KEY_LEN;
+            memcpy(p, "\r\n", 2);
+            p += 2;
+        }
+        s->hdrlen = (size_t)(p - s->hdr);
+        s->iov[0].iov_base = s->hdr;
+        s->iov[0].iov_len = s->hdrlen;
+        s->niov = 1;
+        return 0;
+    }
+    size_t n = 0;
+    for (uint32_t i = 0; i < b; i++) {
+        uint8_t *seg = p;
+        if (i > 0) {
+            memcpy(p, "\r\n", 2);
+            p += 2;
+        }
+        p += sprintf((char *)p, "*3\r\n$3\r\nSET\r\n$%u\r\n", (unsigned)MC_KEY_LEN);
+        memcpy(p, key, MC_KEY_LEN);
+        s->ctr_off[i] = (size_t)(p - s->hdr) + MC_CTR_OFF;
+        p += MC_KEY_LEN;
+        memcpy(p, tail, (size_t)tl);
+        p += tl;
+        s->iov[n].iov_base = seg;
+        s->iov[n++].iov_len = (size_t)(p - seg);
+        s->iov[n].iov_base = (void *)cfg->pattern;
+        s->iov[n++].iov_len = cfg->vsize;
+    }
+    memcpy(p, "\r\n", 2);
+    s->iov[n].iov_base = p;
+    s->iov[n++].iov_len = 2;
+    p += 2;
+    s->hdrlen = (size_t)(p - s->hdr);
+    s->niov = n;
+    return 0;
+}
+
 /* mc_slot_build: a get or set request of batch keys into s; values are not copied. */
 static int
 mc_slot_build(struct mc_thread *t, struct mc_slot *s, enum mc_mode mode)
 {
     const struct mc_cfg *cfg = t->cfg;
+
+    if (cfg->proto == MC_PROTO_RESP) {
+        return mc_resp_slot_build(t, s, mode);
+    }
     uint32_t b = cfg->batch;
     char key[MC_KEY_LEN + 1];
     char tail[48];
@@ -522,7 +696,7 @@ mc_thread_main(void *arg)
     struct mc_thread *t = arg;
     const struct mc_cfg *cfg = t->cfg;
     int depth = cfg->depth;
-    int rc = bench_connect(cfg->addr, "11211", 0, &t->fd);
+    int rc = bench_connect(cfg->addr, cfg->proto == MC_PROTO_RESP ? "6379" : "11211", 0, &t->fd);
 
     if (rc != 0) {
         mc_fail(t, rc, "connect");
@@ -590,8 +764,11 @@ mc_thread_free(struct mc_thread *t)
 }
 
 static const char mc_usage_text[] =
-    "usage: mc-bench [-H host:port] [-m get|set] [-c conns] [-d depth] [-b batch]\n"
-    "                [-s size] [-t seconds] [-n requests] [-k keys] [-p pid] [-C] [-q]\n"
+    "usage: mc-bench [-H host:port] [-P text|resp] [-m get|set] [-c conns] [-d depth]\n"
+    "                [-b batch] [-s size] [-t seconds] [-n requests] [-k keys] [-p pid]\n"
+    "                [-C] [-q]\n"
+    "  -P PROTO    text: memcached's text protocol (default); resp: Redis's RESP2\n"
+    "              (GET, or MGET for batch > 1; SET answered +OK)\n"
     "  -m MODE     multi-key get or set load (default get; put is an alias of set)\n"
     "  -c N        connections, one thread each (default 1, at most 1024)\n"
     "  -d N        requests in flight per connection (default 2, at most 64)\n"
@@ -604,7 +781,7 @@ static const char mc_usage_text[] =
     "  -C          send set values (and the get preload's) by copying (sendmsg), as\n"
     "              before, instead of by reference (sendfile from a sealed memfd)\n"
     "  -q          print only the result line\n"
-    "Target: -H, else 127.0.0.1:11211 (memcached text protocol).\n"
+    "Target: -H, else 127.0.0.1:11211 (text) or 127.0.0.1:6379 (resp).\n"
     "Output: mode size batch conns depth secs GB/s keys/s req/s p50_us p99_us misses errors\n";
 
 static int
@@ -621,8 +798,9 @@ main(int argc, char **argv)
         .vsize = 1u << 20, .secs = 5,
     };
     int opt;
+    bool addr_set = false;
 
-    while ((opt = getopt(argc, argv, "H:m:c:d:b:s:t:n:k:p:Cqh")) != -1) {
+    while ((opt = getopt(argc, argv, "H:P:m:c:d:b:s:t:n:k:p:Cqh")) != -1) {
         long long v = 0;
         if (strchr("cdbnkp", opt) != NULL && bench_opt_count(optarg, &v) != 0) {
             return mc_usage("numeric option expected");
@@ -630,6 +808,16 @@ main(int argc, char **argv)
         switch (opt) {
         case 'H':
             cfg.addr = optarg;
+            addr_set = true;
+            break;
+        case 'P':
+            if (strcmp(optarg, "text") == 0) {
+                cfg.proto = MC_PROTO_TEXT;
+            } else if (strcmp(optarg, "resp") == 0) {
+                cfg.proto = MC_PROTO_RESP;
+            } else {
+                return mc_usage("-P wants text or resp");
+            }
             break;
         case 'm':
             if (strcmp(optarg, "set") == 0 || strcmp(optarg, "put") == 0) {
@@ -667,6 +855,9 @@ main(int argc, char **argv)
     }
     if (optind != argc) {
         return mc_usage("unexpected operand");
+    }
+    if (!addr_set && cfg.proto == MC_PROTO_RESP) {
+        cfg.addr = "127.0.0.1:6379";
     }
     if (cfg.conns < 1 || cfg.conns > MC_MAX_CONNS || cfg.depth < 1 ||
         cfg.depth > MC_MAX_DEPTH || cfg.batch < 1 || cfg.batch > MC_MAX_BATCH) {

@@ -18,14 +18,35 @@
 #
 # The same rows go through kvstashd's msgpack port too (kvstash-bench get/put, one key a
 # request, 8 connections, 16 in flight each: the same shape as -c 8 -P 16; the same number
-# of preloaded keys for get), so the summary puts RESP's server core-s/GB beside the msgpack
-# port's: the two ports share the loops and the store, and RESP should cost no more.
+# of preloaded keys for get; put values copied by the client, -C, as redis-benchmark's
+# are), so the summary puts RESP's server core-s/GB beside the msgpack port's: the two
+# ports share the loops and the store, and RESP should cost no more.
+#
+# And once more with one client built like kvstash-bench for both RESP servers: mc-bench
+# -P resp (GET/SET, one key a request, 8 threads with a connection each, 16 in flight,
+# values received whole and set values copied, -C). redis-benchmark is one event-loop
+# thread that reads replies 16 KiB a call: at 64 KiB and 1 MiB it is the limit of both
+# servers, and its pace changes what a server spends per GB (more wake-ups for fewer
+# bytes). mc-bench's rows compare the servers with a client that is not the limit, and
+# RESP's core-s/GB with the msgpack port's under the same kind of client.
+#
+# kvstashd is measured only once its arena is populated (the log line "arena of N MiB
+# populated"): the population thread runs for seconds after the start (10 s for 2 GiB on a
+# loaded VM here), and its CPU would be charged to the first rows.
+#
+# Pinning (BENCH_RESP_PIN=S:C, taskset CPU lists, default none): both servers run on CPUs
+# S, every client (redis-benchmark, kvstash-bench, mc-bench, the preload) on CPUs C. With
+# two cores, 1:0 gives each server one core and the client the other, so neither server
+# takes the client's core; kvstashd's io_threads then share one core as redis-server's
+# one thread has it.
 #
 # Environment: KVSTASHD (default build/release/kvstashd), KVSTASH_BENCH (default
 # build/release/kvstash-bench; absent: the msgpack rows are skipped), BENCH_SECS (5),
 # BENCH_REPS (3), BENCH_RESP_MEMORY (2g: memory_size of kvstashd, maxmemory of
 # redis-server), BENCH_RESP_IO_THREADS (kvstashd's io_threads; default: its own default),
-# BENCH_RESP_CLIENT_THREADS (1: redis-benchmark --threads, the same for both servers).
+# BENCH_RESP_CLIENT_THREADS (1: redis-benchmark --threads, the same for both servers),
+# BENCH_RESP_PIN (none; S:C above), MCBENCH (default build/release/mc-bench; absent: its
+# rows are skipped).
 # Exits non-zero when kvstashd dies or a kvstash row fails; a missing redis-server is
 # reported and its rows skipped.
 set -u -o pipefail
@@ -39,6 +60,8 @@ REPS=${BENCH_REPS:-3}
 MEM=${BENCH_RESP_MEMORY:-2g}
 IO_THREADS=${BENCH_RESP_IO_THREADS:-}
 CLIENT_THREADS=${BENCH_RESP_CLIENT_THREADS:-1}
+MCB=${MCBENCH:-$root/build/release/mc-bench}
+PIN=${BENCH_RESP_PIN:-}
 
 # shellcheck source=lib.sh
 . "$here/lib.sh"       # die, show, field, free_port, proc_cpu
@@ -53,6 +76,19 @@ case "$SECS$REPS$IO_THREADS$CLIENT_THREADS" in
 esac
 [ "$CLIENT_THREADS" -ge 1 ] || die "BENCH_RESP_CLIENT_THREADS must be at least 1"
 [ -x "$KVBENCH" ] || { echo "no kvstash-bench at $KVBENCH: the msgpack rows are skipped"; KVBENCH=""; }
+[ -x "$MCB" ] || { echo "no mc-bench at $MCB: its rows are skipped"; MCB=""; }
+spin=()     # the servers' command prefix (taskset), and the clients'
+cpin=()
+if [ -n "$PIN" ]; then
+    case "$PIN" in
+        *[!0-9,:-]* | *:*:* | :* | *:) die "BENCH_RESP_PIN: use S:C with CPU lists, like 1:0" ;;
+        *:*) ;;
+        *) die "BENCH_RESP_PIN: use S:C with CPU lists, like 1:0" ;;
+    esac
+    command -v taskset >/dev/null || die "BENCH_RESP_PIN needs taskset (util-linux)"
+    spin=(taskset -c "${PIN%%:*}")
+    cpin=(taskset -c "${PIN##*:}")
+fi
 case "$MEM" in
     *g|*G) mem_bytes=$(( ${MEM%[gG]} * 1073741824 )) ;;
     *m|*M) mem_bytes=$(( ${MEM%[mM]} * 1048576 )) ;;
@@ -92,13 +128,21 @@ mkdir -p "$tmp/data"
 kcmd=("$KVSTASHD" --listen="127.0.0.1:$mport" --data_dir="$tmp/data" --unix_socket=none
       --resp_listen="127.0.0.1:$kport" --memory_size="$MEM" --ssd_dir= --metrics_listen=)
 [ -n "$IO_THREADS" ] && kcmd+=(--io_threads="$IO_THREADS")
-show "${kcmd[@]}"
-"${kcmd[@]}" >"$tmp/kvstashd.log" 2>&1 &
+show "${spin[@]}" "${kcmd[@]}"
+"${spin[@]}" "${kcmd[@]}" >"$tmp/kvstashd.log" 2>&1 &
 kvd_pid=$!
 if ! wait_resp "$kport" "$kvd_pid"; then
     tail -n 20 "$tmp/kvstashd.log" >&2
     die "kvstashd did not start"
 fi
+# measure serving, not start-up: the arena's population thread ends first (at most 300 s)
+for _ in $(seq 1 1500); do
+    grep -q "arena of .* populated\|populating the arena stopped" "$tmp/kvstashd.log" && break
+    kill -0 "$kvd_pid" 2>/dev/null || die "kvstashd died"
+    sleep 0.2
+done
+grep -o "arena of .* populated in [0-9]* ms" "$tmp/kvstashd.log" ||
+    echo "kvstashd: no population line in its log after 300 s; measuring anyway"
 
 rport=""
 if command -v redis-server >/dev/null; then
@@ -107,8 +151,8 @@ if command -v redis-server >/dev/null; then
     rcmd=(redis-server --port "$rport" --bind 127.0.0.1 --save "" --appendonly no
           --protected-mode no --dir "$tmp/redis" --maxmemory "$mem_bytes"
           --maxmemory-policy allkeys-lru)
-    show "${rcmd[@]}"
-    "${rcmd[@]}" >"$tmp/redis.log" 2>&1 &
+    show "${spin[@]}" "${rcmd[@]}"
+    "${spin[@]}" "${rcmd[@]}" >"$tmp/redis.log" 2>&1 &
     redis_pid=$!
     if ! wait_resp "$rport" "$redis_pid"; then
         echo "redis-server did not start: skipped"
@@ -120,7 +164,8 @@ else
 fi
 echo "kvstashd $kvd_pid RESP on 127.0.0.1:$kport, msgpack on 127.0.0.1:$mport;" \
      "redis-server ${redis_pid:-none} ${rport:+on 127.0.0.1:$rport};" \
-     "-P 16 -c 8 --threads $CLIENT_THREADS; $SECS s x $REPS runs a row"
+     "-P 16 -c 8 --threads $CLIENT_THREADS; $SECS s x $REPS runs a row;" \
+     "pinned: ${PIN:-no}"
 echo
 
 # preload PORT N SIZE: keys key:000000000000 .. N-1 with SIZE-byte values.
@@ -130,7 +175,7 @@ preload() {
              for my $i (0 .. $n - 1) {
                  my $k = sprintf("key:%012d", $i);
                  print "*3\r\n\$3\r\nSET\r\n\$" . length($k) . "\r\n$k\r\n\$$s\r\n$v\r\n";
-             }' "$2" "$3" | timeout 300 redis-cli -p "$1" --pipe >/dev/null
+             }' "$2" "$3" | timeout 300 "${cpin[@]}" redis-cli -p "$1" --pipe >/dev/null
 }
 
 # run_row PORT PID SIZE ARGS...: REPS runs of redis-benchmark ARGS against PORT, each
@@ -139,7 +184,7 @@ med=""
 run_row() {
     local port=$1 pid=$2 size=$3
     shift 3
-    local base=(redis-benchmark -h 127.0.0.1 -p "$port" -c 8 -P 16 --csv "$@")
+    local base=("${cpin[@]}" redis-benchmark -h 127.0.0.1 -p "$port" -c 8 -P 16 --csv "$@")
     [ "$CLIENT_THREADS" -gt 1 ] && base+=(--threads "$CLIENT_THREADS")
     local out rps n lines=() cpu0 cpu1 t0 t1 line p99 ccpu
     out=$(timeout 120 "${base[@]}" -n 2000 2>/dev/null | tail -n 1)
@@ -193,9 +238,10 @@ run_row() {
 # keys preloaded by it; put: new keys); the median line (by req/s) in $med, or return 1.
 mp_row() {
     local op=$1 size=$2 keys=$3 out lines=() args
-    args=("$KVBENCH" -H "127.0.0.1:$mport" -m "$op" -b 1 -d 16 -c 8 -s "$size" -t "$SECS"
-          -p "$kvd_pid" -q)
+    args=("${cpin[@]}" "$KVBENCH" -H "127.0.0.1:$mport" -m "$op" -b 1 -d 16 -c 8 -s "$size"
+          -t "$SECS" -p "$kvd_pid" -q)
     [ "$op" = get ] && args+=(-k $(( (keys + 7) / 8 )))
+    [ "$op" = put ] && args+=(-C)
     show "${args[@]}"
     for rep in $(seq 1 "$REPS"); do
         timeout 60 redis-cli -p "$kport" flushall >/dev/null
@@ -214,7 +260,33 @@ mp_row() {
     echo "   median: $med"
 }
 
-declare -A kv_row redis_row mp_row_med
+# mc_row PORT PID OP SIZE KEYS: REPS runs of mc-bench -P resp against PORT (a RESP server
+# of pid PID; get: KEYS keys preloaded by it, set: new keys), after a FLUSHALL each; the
+# median line (by req/s) in $med, or return 1.
+mc_row() {
+    local port=$1 pid=$2 op=$3 size=$4 keys=$5 out lines=() args
+    args=("${cpin[@]}" "$MCB" -P resp -H "127.0.0.1:$port" -m "$op" -b 1 -d 16 -c 8
+          -s "$size" -t "$SECS" -p "$pid" -C -q)
+    [ "$op" = get ] && args+=(-k $(( (keys + 7) / 8 )))
+    show "${args[@]}"
+    for rep in $(seq 1 "$REPS"); do
+        timeout 60 redis-cli -p "$port" flushall >/dev/null
+        out=$(timeout $(( SECS * 4 + 120 )) "${args[@]}" 2>"$tmp/mc.err" | tail -n 1)
+        if [ -z "$(field req/s "$out")" ] || [ "$(field errors "$out")" != 0 ]; then
+            echo "   run $rep FAILED: $out $(head -n 2 "$tmp/mc.err")"
+            continue
+        fi
+        echo "   run $rep: $out"
+        lines+=("$out")
+    done
+    [ "${#lines[@]}" -gt 0 ] || return 1
+    med=$(printf '%s\n' "${lines[@]}" | awk '{ for (i = 1; i <= NF; i++) if ($i ~ /^req\/s=/) {
+              split($i, kv, "="); print kv[2] "\t" $0 } }' |
+          sort -g | awk -F'\t' '{ l[NR] = $2 } END { print l[int((NR + 1) / 2)] }')
+    echo "   median: $med"
+}
+
+declare -A kv_row redis_row mp_row_med mc_kv_row mc_redis_row
 rows=()
 failed=0
 for op in get set; do
@@ -267,6 +339,29 @@ for op in get set; do
             fi
             echo
         fi
+        if [ -n "$MCB" ]; then
+            for server in kvstash redis; do
+                port=$kport
+                pid=$kvd_pid
+                if [ "$server" = redis ]; then
+                    port=$rport
+                    pid=$redis_pid
+                fi
+                [ -n "$port" ] || continue
+                echo "== $server $name, mc-bench -P resp"
+                if mc_row "$port" "$pid" "$op" "$size" "$keys"; then
+                    if [ "$server" = kvstash ]; then mc_kv_row[$name]=$med
+                    else mc_redis_row[$name]=$med; fi
+                elif [ "$server" = kvstash ]; then
+                    failed=$(( failed + 1 ))
+                fi
+                if ! kill -0 "$kvd_pid" 2>/dev/null; then
+                    tail -n 20 "$tmp/kvstashd.log" >&2
+                    die "kvstashd died"
+                fi
+                echo
+            done
+        fi
     done
 done
 
@@ -297,5 +392,33 @@ for name in "${rows[@]}"; do
                         else print "-" }')
     printf '%-8s %-78s %-78s %-8s %s\n' "$name" "$kcol" "$rcol" "$ratio" "$mcol"
 done
+if [ -n "$MCB" ]; then
+    # The same rows with mc-bench -P resp as the client of both RESP servers: req/s, p99 and
+    # server core-s/GB; kvstash/redis req/s; RESP's core-s/GB over the msgpack port's (whose
+    # client, kvstash-bench, is built the same way).
+    echo
+    printf '%-8s %-44s %-44s %-8s %s\n' "row" "kvstash RESP, mc-bench (median)" \
+           "redis-server, mc-bench (median)" "req/s" "RESP/msgpack core-s/GB"
+    for name in "${rows[@]}"; do
+        k=${mc_kv_row[$name]:-failed}
+        r=${mc_redis_row[$name]:--}
+        m=${mp_row_med[$name]:--}
+        cols=()
+        for l in "$k" "$r"; do
+            if [ -n "$(field req/s "$l")" ]; then
+                cols+=("$(field req/s "$l") req/s, p99 $(field p99_us "$l") us, $(field \
+                         daemon_core_s_per_GB "$l") core-s/GB")
+            else
+                cols+=("-")
+            fi
+        done
+        ratio=$(awk -v a="$(field req/s "$k")" -v b="$(field req/s "$r")" \
+                    'BEGIN { if (a > 0 && b > 0) printf "%.2fx", a / b; else print "-" }')
+        cpu=$(awk -v a="$(field daemon_core_s_per_GB "$k")" \
+                  -v b="$(field daemon_core_s_per_GB "$m")" \
+                  'BEGIN { if (a > 0 && b > 0) printf "%.2fx", a / b; else print "-" }')
+        printf '%-8s %-44s %-44s %-8s %s\n' "$name" "${cols[0]}" "${cols[1]}" "$ratio" "$cpu"
+    done
+fi
 [ "$failed" -eq 0 ] || { echo "resp.sh: $failed kvstash row(s) failed" >&2; exit 1; }
 exit 0
