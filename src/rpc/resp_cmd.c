@@ -874,7 +874,7 @@ resp_set(struct resp_req *r)
 static int
 resp_mset(struct resp_req *r)
 {
-    uint32_t n = (r->argc - 1) / 2, start = 0;
+    uint32_t n = (r->argc - 1) / 2, start = 0, first_at = 0;
     struct rpc_deferred *d = r->ctx->resume;
     int first = 0;
 
@@ -892,28 +892,38 @@ resp_mset(struct resp_req *r)
         start = d->next;
         for (uint32_t i = 0; i < start && first == 0; i++) {
             first = resp_is_error(d->codes[i]) ? d->codes[i] : 0;
+            first_at = i;
         }
     }
     for (uint32_t i = start; i < n; i++) {
         const struct resp_arg *k = &r->argv[1 + 2 * i];
+        struct rpc_deferred *had = d;
         int rc = resp_store(r, k, k + 1);
 
-        if (rc == -EAGAIN && (d != NULL || (d = resp_deferred_new(n)) != NULL)) {
-            d->next = i;
-            r->ctx->resume = d;     /* the pairs before i are done: the retry goes on here */
-            return rc;
+        if (rc == -EAGAIN && d == NULL) {
+            d = resp_deferred_new(n);
         }
-        if (rc == -EAGAIN) {
+        if (rc == -EAGAIN && d == NULL) {
             rc = KV_NO_SPACE;       /* no memory to wait with */
         }
         if (rc == 0) {
             d = resp_ticket(r, d, n, i, resp_stored(r, k));
+        }
+        if (d != had && first != 0) {
+            /* made now: of the pairs before i, the reply needs only the first error */
+            d->codes[first_at] = first;
+        }
+        if (rc == -EAGAIN) {
+            d->next = i;
+            r->ctx->resume = d;     /* the pairs before i are done: the retry goes on here */
+            return rc;
         }
         if (d != NULL) {
             d->codes[i] = rc;
         }
         if (first == 0 && resp_is_error(rc)) {
             first = rc;
+            first_at = i;
         }
     }
     if (resp_is_error(first)) {
