@@ -146,6 +146,14 @@ def test_set_and_mset_reach_every_owner(resp_pool):
     assert_owners_hold(p, list(batch), digests(batch), crcs=len(batch))
     sent = p.metric(0, "kvstash_cluster_peer_requests_total") - before
     assert sent == len(others), f"{sent} peer requests for one MSET to {len(others)} owners"
+    # an MSET whose first pair is refused (a key over max_key_size) answers that error once
+    # the owners of the pairs stored have answered, and those pairs reach them. (Values kept
+    # under 16 KiB: with a refused key ahead of values received into reservations, the RESP
+    # port can stop reading the command, pool or not: a known fault, not this test's.)
+    mixed = values(6, 3000, b"e")
+    with pytest.raises(redis.ResponseError, match="max_key_size"):
+        r.mset({b"k" * 2000: b"v", **mixed})
+    assert_owners_hold(p, list(mixed), digests(mixed))
     # node 0 keeps what it does not own as a cache copy, and reads it back
     for k, v in {**single, **batch}.items():
         assert r.get(k) == v
