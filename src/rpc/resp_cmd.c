@@ -12,6 +12,15 @@
  * touches sockets or the event loop, and reaches objects only through
  * storage/store.h. Replies are built here whole, after the last point a
  * command can wait (-EAGAIN), so a command that waits has queued nothing.
+ *
+ * In a pool (srv->remote set) the commands take the msgpack port's data
+ * paths: a key SET or MSET stored goes to its owners through the same hook
+ * as a put (rpc_remote_stored_obj; sent per owner once the command is
+ * handled, rpc_remote_flush), and with write_ack all the +OK waits in
+ * ctx->deferred (rpc_defer.h, with a RESP reply) until the owners answered,
+ * holding the replies after it; GET, MGET, EXISTS and STRLEN ask the owners
+ * for the keys missing here first (remote->fetch), as get and
+ * batch_is_exist do, and read the copies kept.
  */
 #include "resp_cmd.h"
 
@@ -30,6 +39,7 @@
 #include "outq.h"
 #include "resp.h"
 #include "rpc_ctx.h"
+#include "rpc_defer.h"
 #include "rpc_req.h"
 #include "rpc_spill.h"
 #include "store.h"
@@ -46,6 +56,7 @@ struct resp_req {
     struct resp_arg *argv;
     uint32_t argc;
     char name[32];                  /* the command's name, lower case, for errors */
+    bool deferred;                  /* its reply waits in ctx->deferred (write_ack all) */
 };
 
 typedef int resp_handler_fn(struct resp_req *r);
@@ -458,6 +469,47 @@ resp_reset(struct resp_req *r)
 
 /* ---- key commands ---- */
 
+#define RESP_FETCH_STACK 64
+
+/*
+ * resp_fetch: in a pool, the keys argv[first .. first + n) missing here are
+ * asked of their owners (remote->fetch, one peer_get per owner for them
+ * all). Returns 0 when nothing is left to wait for (those found are in the
+ * store now, as copies kept here; on a single node at once), -EAGAIN while
+ * fetches are under way (nothing queued: the command comes back), -ENOMEM.
+ * With ctx->final_try nothing new is asked.
+ */
+static int
+resp_fetch(struct resp_req *r, uint32_t first, uint32_t n)
+{
+    const struct rpc_remote *rm = r->ctx->srv->remote;
+    struct kv_key stack[RESP_FETCH_STACK];
+    struct kv_key *ks = stack;
+    uint32_t m = 0;
+    int rc = 0;
+
+    if (rm == NULL) {
+        return 0;
+    }
+    if (n > RESP_FETCH_STACK && (ks = malloc(n * sizeof(*ks))) == NULL) {
+        return -ENOMEM;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        /* a key over max_key_size: no node holds it */
+        if (resp_key(r, &r->argv[first + i], &ks[m]) == 0
+            && store_exists(r->ctx->srv->store, &ks[m]) != 1) {
+            m++;
+        }
+    }
+    if (m > 0) {
+        rc = rm->fetch(rm->arg, ks, m, r->ctx->final_try);
+    }
+    if (ks != stack) {
+        free(ks);
+    }
+    return rc;
+}
+
 /*
  * resp_refs: references on the objects of keys argv[first], argv[first+step],
  * ... (n of them; NULL for a miss or a key too long) or -EAGAIN (nothing
@@ -529,7 +581,10 @@ resp_get(struct resp_req *r)
     if (resp_key(r, &r->argv[1], &key) != 0) {
         return resp_key_error(r);
     }
-    int rc = resp_refs(r, 1, 1, &o);
+    int rc = resp_fetch(r, 1, 1);
+    if (rc == 0) {
+        rc = resp_refs(r, 1, 1, &o);
+    }
     if (rc != 0) {
         return rc;
     }
@@ -554,6 +609,12 @@ resp_mget(struct resp_req *r)
     uint32_t n = r->argc - 1, i = 0;
     struct kv_key key;
 
+    if (r->cl->mget_next == 0) {
+        int rc = resp_fetch(r, 1, n);   /* in a pool: the misses from their owners first */
+        if (rc != 0) {
+            return rc;
+        }
+    }
     if (!store_has_tier(st)) {
         struct store_obj *stack[64];
         struct store_obj **objs = stack;
@@ -636,30 +697,125 @@ resp_store(struct resp_req *r, const struct resp_arg *k, const struct resp_arg *
     return rc < 0 ? KV_INTERNAL : rc;
 }
 
+/* resp_is_error: whether a store outcome is an error (write-once: EXISTS and BUSY are not). */
+static bool
+resp_is_error(int rc)
+{
+    return rc != 0 && rc != KV_EXISTS && rc != KV_BUSY;
+}
+
+/* resp_put_store_reply: SET's and MSET's reply to store outcome rc: +OK, or its error. */
+static void
+resp_put_store_reply(struct outq *out, int rc)
+{
+    if (!resp_is_error(rc)) {
+        resp_put(out, "+OK\r\n");    /* write-once: a stored key keeps its value */
+    } else if (rc == KV_TOO_LARGE) {
+        resp_put_err(out, "ERR key over max_key_size or value over max_value_size");
+    } else if (rc == KV_NO_SPACE) {
+        resp_put_err(out, "OOM command not allowed: no room in the store (memory_size)");
+    } else if (rc == KV_QUOTA_EXCEEDED) {
+        resp_put_err(out, "OOM command not allowed: the tenant's memory_quota is full");
+    } else {
+        resp_put_err(out, "ERR %s", kv_strerror(rc));
+    }
+}
+
 /* resp_store_error: answer a store outcome that is an error; false when it is not one. */
 static bool
 resp_store_error(struct resp_req *r, int rc)
 {
-    switch (rc) {
-    case 0:
-    case KV_EXISTS:
-    case KV_BUSY:
+    if (!resp_is_error(rc)) {
         return false;
-    case KV_TOO_LARGE:
-        resp_put_err(r->out, "ERR key over max_key_size or value over max_value_size");
-        break;
-    case KV_NO_SPACE:
-        resp_put_err(r->out, "OOM command not allowed: no room in the store (memory_size)");
-        break;
-    case KV_QUOTA_EXCEEDED:
-        resp_put_err(r->out, "OOM command not allowed: the tenant's memory_quota is full");
-        break;
-    default:
-        resp_put_err(r->out, "ERR %s", kv_strerror(rc));
-        break;
     }
+    resp_put_store_reply(r->out, rc);
     ctr_add(&r->ctx->ctr->errors, 1);
     return true;
+}
+
+/*
+ * resp_deferred_reply: the reply of a SET or MSET that waited for the key's owners
+ * (rpc_deferred_poll calls it): the first error among its keys' outcomes, else +OK.
+ */
+static int
+resp_deferred_reply(const struct rpc_deferred *d, struct outq *out)
+{
+    int first = 0;
+
+    for (uint32_t i = 0; i < d->n && first == 0; i++) {
+        first = resp_is_error(d->codes[i]) ? d->codes[i] : 0;
+    }
+    resp_put_store_reply(out, first);
+    return out->failed ? -ENOMEM : 0;
+}
+
+/* resp_deferred_new: a waiting SET or MSET reply of n keys, all 0 so far; NULL: no memory. */
+static struct rpc_deferred *
+resp_deferred_new(uint32_t n)
+{
+    struct rpc_deferred *d = rpc_deferred_new(0, n, n > 1);
+
+    if (d != NULL) {
+        d->reply = resp_deferred_reply;
+    }
+    return d;
+}
+
+/*
+ * resp_stored: in a pool, key argument k was just stored by this command: hand it to the
+ * cluster (a cache copy if this node does not own it; queued for its other owners, sent
+ * when the command is handled). Returns the ticket its reply waits for (write_ack all) or
+ * NULL.
+ */
+static void *
+resp_stored(struct resp_req *r, const struct resp_arg *k)
+{
+    struct store *st = r->ctx->srv->store;
+    struct store_obj *o;
+    struct kv_key key;
+    void *ticket;
+
+    if (r->ctx->srv->remote == NULL || resp_key(r, k, &key) != 0 || store_get(st, &key, &o) != 0) {
+        return NULL;                /* (removed already, or on its way to the SSD: not sent) */
+    }
+    ticket = rpc_remote_stored_obj(r->ctx, o);
+    store_obj_unref(st, o);
+    return ticket;
+}
+
+/*
+ * resp_hold: the command's reply waits in d (its tickets) until every owner answered:
+ * rpc_deferred_poll queues it then, and the connection answers nothing after it before.
+ * Without tickets (none to wait for, or no memory for them) d is freed and false returned:
+ * answer now.
+ */
+static bool
+resp_hold(struct resp_req *r, struct rpc_deferred *d)
+{
+    if (d == NULL || d->tickets == NULL) {
+        rpc_deferred_free(r->ctx, d);
+        return false;
+    }
+    r->ctx->deferred = d;
+    r->deferred = true;
+    return true;
+}
+
+/* resp_ticket: key i of d's command waits for ticket (NULL: nothing); d made on demand. */
+static struct rpc_deferred *
+resp_ticket(struct resp_req *r, struct rpc_deferred *d, uint32_t n, uint32_t i, void *ticket)
+{
+    const struct rpc_remote *rm = r->ctx->srv->remote;
+
+    if (ticket == NULL) {
+        return d;
+    }
+    if (d == NULL && (d = resp_deferred_new(n)) == NULL) {
+        rm->ticket_put(rm->arg, ticket);    /* no memory to wait with: answered at once */
+        return NULL;
+    }
+    (void)rpc_deferred_ticket(r->ctx, d, i, ticket);    /* -ENOMEM: given back, not waited */
+    return d;
 }
 
 static int
@@ -698,6 +854,9 @@ resp_set(struct resp_req *r)
     if (resp_store_error(r, rc)) {
         return 0;
     }
+    if (rc == 0 && resp_hold(r, resp_ticket(r, NULL, 1, 0, resp_stored(r, &r->argv[1])))) {
+        return 0;                   /* +OK once the owners answered (write_ack all) */
+    }
     if (nx && rc != 0) {
         resp_put(r->out, "$-1\r\n");    /* stored already (or being stored) */
     } else {
@@ -706,26 +865,72 @@ resp_set(struct resp_req *r)
     return 0;
 }
 
+/*
+ * MSET: each pair stored in turn. One that waits for DRAM room leaves what was done in
+ * ctx->resume (a struct rpc_deferred: the outcomes and tickets of the pairs before
+ * d->next), and the command comes back to go on from there, so no key is stored or sent to
+ * its owners twice. With write_ack all the reply waits for every stored key's owners.
+ */
 static int
 resp_mset(struct resp_req *r)
 {
+    uint32_t n = (r->argc - 1) / 2, start = 0, first_at = 0;
+    struct rpc_deferred *d = r->ctx->resume;
     int first = 0;
 
+    r->ctx->resume = NULL;
     if (r->argc % 2 != 1) {
+        rpc_deferred_free(r->ctx, d);
         resp_put_err(r->out, "ERR wrong number of arguments for 'mset' command");
         return 0;
     }
-    for (uint32_t i = 1; i < r->argc; i += 2) {
-        int rc = resp_store(r, &r->argv[i], &r->argv[i + 1]);
-        if (rc == -EAGAIN) {
-            return rc;              /* the keys stored so far answer 0 or EXISTS on the retry */
-        }
-        if (rc != 0 && rc != KV_EXISTS && rc != KV_BUSY && first == 0) {
-            first = rc;
+    if (d != NULL && d->n != n) {
+        rpc_deferred_free(r->ctx, d);   /* not this command's: cannot happen, be safe */
+        d = NULL;
+    }
+    if (d != NULL) {
+        start = d->next;
+        for (uint32_t i = 0; i < start && first == 0; i++) {
+            first = resp_is_error(d->codes[i]) ? d->codes[i] : 0;
+            first_at = i;
         }
     }
-    if (!resp_store_error(r, first)) {
-        resp_put(r->out, "+OK\r\n");
+    for (uint32_t i = start; i < n; i++) {
+        const struct resp_arg *k = &r->argv[1 + 2 * i];
+        struct rpc_deferred *had = d;
+        int rc = resp_store(r, k, k + 1);
+
+        if (rc == -EAGAIN && d == NULL) {
+            d = resp_deferred_new(n);
+        }
+        if (rc == -EAGAIN && d == NULL) {
+            rc = KV_NO_SPACE;       /* no memory to wait with */
+        }
+        if (rc == 0) {
+            d = resp_ticket(r, d, n, i, resp_stored(r, k));
+        }
+        if (d != had && first != 0) {
+            /* made now: of the pairs before i, the reply needs only the first error */
+            d->codes[first_at] = first;
+        }
+        if (rc == -EAGAIN) {
+            d->next = i;
+            r->ctx->resume = d;     /* the pairs before i are done: the retry goes on here */
+            return rc;
+        }
+        if (d != NULL) {
+            d->codes[i] = rc;
+        }
+        if (first == 0 && resp_is_error(rc)) {
+            first = rc;
+            first_at = i;
+        }
+    }
+    if (resp_is_error(first)) {
+        ctr_add(&r->ctx->ctr->errors, 1);
+    }
+    if (!resp_hold(r, d)) {
+        resp_put_store_reply(r->out, first);
     }
     return 0;
 }
@@ -735,6 +940,11 @@ resp_exists(struct resp_req *r)
 {
     struct kv_key key;
     int64_t n = 0;
+    int rc = resp_fetch(r, 1, r->argc - 1);
+
+    if (rc != 0) {
+        return rc;
+    }
 
     for (uint32_t i = 1; i < r->argc; i++) {
         if (resp_key(r, &r->argv[i], &key) == 0) {
@@ -765,7 +975,11 @@ resp_strlen(struct resp_req *r)
 {
     struct kv_key key;
     uint64_t size = 0;
+    int rc = resp_fetch(r, 1, 1);
 
+    if (rc != 0) {
+        return rc;
+    }
     if (resp_key(r, &r->argv[1], &key) == 0
         && store_size(r->ctx->srv->store, &key, &size) != 0) {
         size = 0;
@@ -1054,6 +1268,8 @@ resp_spill_take(struct rpc_ctx *ctx, const uint8_t *msg, size_t len, const struc
 
     sp->obj = NULL;
     sp->code = KV_TOO_LARGE;
+    sp->sum = false;
+    sp->crc = 0;
     if (arg >= 2 && (!ctx->lim->require_auth || ctx->authed)
         && resp_arg_nth(msg, len, holes, nholes, 0, &cmd) == 0) {
         value = (resp_is(&cmd, "set") && arg == 2) || (resp_is(&cmd, "mset") && arg % 2 == 0);
@@ -1076,6 +1292,8 @@ resp_spill_take(struct rpc_ctx *ctx, const uint8_t *msg, size_t len, const struc
         sp->obj = NULL;
         sp->code = rc == -EAGAIN ? KV_NO_SPACE : rc < 0 ? KV_INTERNAL : rc;
     }
+    /* in a pool: checksummed as its bytes land, the CRC-32C it travels to its owners with */
+    sp->sum = sp->obj != NULL && ctx->srv->remote != NULL;
     return 1;
 }
 
@@ -1154,6 +1372,7 @@ resp_dispatch(struct rpc_ctx *ctx, struct resp_client *cl, uint8_t *msg, size_t 
         ctr_add(&ctx->ctr->ops[c->method], 1);
     }
     rc = c->fn(&r);
+    rpc_remote_flush(ctx);          /* in a pool: what it stored, to the owners in one go */
     if (rc == -EAGAIN) {
         if (c->method >= 0) {
             atomic_fetch_sub_explicit(&ctx->ctr->ops[c->method], 1, memory_order_relaxed);
@@ -1165,6 +1384,10 @@ resp_dispatch(struct rpc_ctx *ctx, struct resp_client *cl, uint8_t *msg, size_t 
     }
 done:
     rpc_tier_forget(ctx);           /* a read resolved: its SSD notes go (none: no-op) */
+    if (ctx->resume != NULL) {
+        rpc_deferred_free(ctx, ctx->resume);   /* only the MSET that waited picks it up */
+        ctx->resume = NULL;
+    }
     resp_holes_release(ctx, holes, nholes);
     if (r.argv != stack) {
         free(r.argv);
@@ -1172,6 +1395,8 @@ done:
     if (rc == -ENOMEM || out->failed) {
         return -ENOMEM;
     }
-    outq_reply_end(out);
+    if (!r.deferred) {
+        outq_reply_end(out);        /* a held reply is marked when it is queued */
+    }
     return rc;
 }

@@ -183,13 +183,17 @@ rpc_deferred_poll(struct rpc_ctx *ctx, struct outq *out)
             continue;
         }
     }
-    msgpack_packer_init(&pk, out, outq_pack_write);
-    rpc_pack_head(&pk, d->msgid);
-    if (d->batch) {
-        msgpack_pack_array(&pk, d->n);
-    }
-    for (uint32_t i = 0; i < d->n; i++) {
-        msgpack_pack_int(&pk, d->codes[i]);
+    if (d->reply != NULL) {
+        (void)d->reply(d, out);     /* a failure is out->failed, seen below */
+    } else {
+        msgpack_packer_init(&pk, out, outq_pack_write);
+        rpc_pack_head(&pk, d->msgid);
+        if (d->batch) {
+            msgpack_pack_array(&pk, d->n);
+        }
+        for (uint32_t i = 0; i < d->n; i++) {
+            msgpack_pack_int(&pk, d->codes[i]);
+        }
     }
     outq_reply_end(out);
     ctx->deferred = NULL;

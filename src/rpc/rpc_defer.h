@@ -6,7 +6,9 @@
  *     stored, until the SSD tier says whether the objects of a durable put
  *     (put, batch_put, put_end, a durable batch_put_from) are on it; the
  *     same struct carries what a batch that waits for DRAM room did so far
- *     (ctx->resume);
+ *     (ctx->resume), and, in a pool with write_ack all, the reply of a put
+ *     (any put method, and the RESP port's SET and MSET, whose reply is
+ *     RESP's: d->reply) until the key's owners answered;
  *   - struct rpc_xfer: a shared-memory or RDMA transfer (batch_put_from,
  *     batch_get_into), set up by rpc_shm.c, run here by the copy threads
  *     (storage/copier.h) or as RDMA operations posted on the connection's
@@ -107,6 +109,9 @@ struct rpc_deferred {
     int *codes;
     struct store_obj **objs;
     void **tickets;                 /* write_ack all: per key, the cluster's ticket, or NULL */
+    /* a reply in another protocol (the RESP port's SET and MSET): queued by reply(d, out),
+       which returns 0 or -ENOMEM, instead of the msgpack one; NULL: msgpack */
+    int (*reply)(const struct rpc_deferred *d, struct outq *out);
 };
 
 /* rpc_deferred_new: the reply to msgid, codes and objs for n keys all 0/NULL; NULL if no memory. */
