@@ -354,12 +354,17 @@ resp_scan(struct resp_scan *st, const uint8_t *buf, size_t len, const struct res
             st->declined_ = 0;
             st->state_ = RESP_S_BODY;
         }
-        /* RESP_S_BODY */
+        /*
+         * RESP_S_BODY. Offered only while part of the body is still to come: one already
+         * buffered whole (its CRLF not yet) is scanned as a small one, since a taker that
+         * received no byte of it elsewhere would never learn that it is in (a read ending
+         * right after a value, as redis-py sends big ones, left an MSET unanswered).
+         */
         size_t have = len - st->pos;
         if (!st->declined_ && lim->spill_min > 0 && st->bulk_ >= lim->spill_min
-            && have < st->bulk_ + 2) {
+            && have < st->bulk_) {
             st->spill_len = st->bulk_;
-            st->spill_have = have < st->bulk_ ? have : (size_t)st->bulk_;
+            st->spill_have = have;
             st->state_ = RESP_S_OFFER;
             return resp_out(st, RESP_SPILL);
         }

@@ -63,7 +63,8 @@ struct resp_scan {
     uint32_t argc;              /* RESP_DONE: its arguments (0: an empty command, ignored) */
     uint32_t arg;               /* RESP_SPILL: the index of the bulk being offered */
     uint64_t spill_len;         /* RESP_SPILL: its body length, */
-    size_t spill_have;          /* and how much of it is buffered at buf[pos] */
+    size_t spill_have;          /* and how much of it is buffered at buf[pos] (always less:
+                                   a body buffered whole is not offered) */
     /* private state */
     int state_;
     int declined_;

@@ -192,8 +192,9 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (rc == RESP_SPILL) {
             struct rpc_spill sp;
 
-            if (st.pos > mlen || st.spill_have > mlen - st.pos || st.spill_len < lim.spill_min) {
-                abort();
+            if (st.pos > mlen || st.spill_have > mlen - st.pos || st.spill_len < lim.spill_min
+                || st.spill_have >= st.spill_len) {
+                abort();            /* a body buffered whole is not offered (resp.h) */
             }
             if (!take || nh == FZ_MAX_HOLES
                 || !resp_spill_take(&ctx, buf, st.pos, holes, nh, st.arg, st.spill_len, &sp)) {

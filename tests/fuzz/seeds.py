@@ -100,6 +100,18 @@ RESP_COMMANDS = [
     resp("QUIT") + resp("PING"),
 ]
 
+# A read that ends right after a big value, or after its CR, before the CRLF: the body is
+# buffered whole and must not be offered for spilling (an MSET was left unanswered). The
+# first is cut in pieces of 64 bytes (0xc1: the first byte modulo 7 picks the piece) so that
+# its 24-byte value ends the first one; the second, fed all at once (0xc3), has its first key
+# refused and ends with the value.
+RESP_REGRESS = {
+    "regress-whole-body-offered": b"\xc1" + resp("MSET", "a", "1", "k", b"V" * 24)
+                                  + resp("GET", "k") + resp("PING"),
+    "regress-whole-body-offered-cut": b"\xc3" + resp("MSET", b"K" * 2000, "v", "k",
+                                                       b"W" * 20000)[:-2],
+}
+
 CONFIGS = {
     "edges.conf": b"memory_size 4GiB\nlease_ttl_ms 1500ms\neviction_low_watermark 0.5\n"
                   b"# comment\n\nlog_level debug\nmax_batch 1\n",
@@ -144,6 +156,8 @@ def main():
     write("resp", "commands-declined", b"\x44" + allresp)
     for i, c in enumerate(RESP_COMMANDS):
         write("resp", f"command-{i:02d}", b"\xc6" + c)
+    for name, data in RESP_REGRESS.items():
+        write("resp", name, data)
 
 
 if __name__ == "__main__":

@@ -595,3 +595,63 @@ def test_lmcache_redis_url_connector_pattern(daemon):
         await pool.disconnect()
 
     asyncio.run(run())
+
+
+class DaemonReads:
+    """The bytes the daemon has read from its clients, less this probe's own requests: a
+    test waits on it for a read to have ended where it cut what it sent."""
+
+    def __init__(self, d):
+        self.c = d.tcp()
+        self.own = 0
+
+    def __call__(self):
+        msgid, data = self.c.request("stats", [])
+        self.own += len(data)
+        self.c.sock.sendall(data)
+        msg = self.c.recv()
+        assert msg[1] == msgid and msg[2] is None, msg
+        self.stats = msg[3]
+        return msg[3]["bytes_in"] - self.own
+
+    def close(self):
+        self.c.close()
+
+
+@pytest.mark.parametrize("refused", [True, False], ids=["refused-first-key", "all-keys-valid"])
+def test_mset_read_ending_at_a_big_value_is_answered(daemon, refused):
+    """A read that ends right after a value of 16 KiB or more (spilled when it is still
+    arriving), or after its CR, before the CRLF that ends it, as redis-py sends big values in
+    writes of their own: the MSET is answered (its error when its first key is over
+    max_key_size, every other pair stored), no reservation is left, and the connection
+    answers the next command. It used to wait for the value's bytes a second time: no reply,
+    one reservation held."""
+    r = Raw(daemon.resp_port)
+    reads = DaemonReads(daemon)
+    try:
+        for n in (16383, 16384, 16385, 20000, 40000):
+            for cut_after in (b"", b"\r"):
+                t = b"%d-%d" % (n, len(cut_after))
+                first = b"k" * 2000 if refused else b"a" + t
+                value = hashlib.sha256(t).digest() * (n // 32) + b"z" * (n % 32)
+                msg = cmd("MSET", first, "v", b"e" + t, value, b"f" + t, "x")
+                cut = msg.index(value) + n + len(cut_after)
+                base = reads()
+                r.send(msg[:cut])
+                wait_for(lambda: reads() >= base + cut, 10,
+                         f"the daemon reading the MSET up to the end of its {n}-byte value")
+                r.send(msg[cut:])
+                want = (b"-ERR key over max_key_size or value over max_value_size\r\n"
+                        if refused else b"+OK\r\n")
+                assert r.line() == want, (n, cut_after)
+                r.send(cmd("MGET", b"e" + t, b"f" + t))
+                assert r.line() == b"*2\r\n"
+                assert r.line() == b"$%d\r\n" % n and r.read(n + 2) == value + b"\r\n", n
+                assert r.line() == b"$1\r\n" and r.read(3) == b"x\r\n"
+                reads()
+                assert reads.stats["reserved"] == 0, (n, cut_after, reads.stats)
+        r.send(cmd("PING"))
+        assert r.line() == b"+PONG\r\n"
+    finally:
+        reads.close()
+        r.close()

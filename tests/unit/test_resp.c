@@ -178,3 +178,30 @@ Test(resp, spill_take_and_decline)
     cr_assert_eq(resp_scan(&st, (uint8_t *)buf, strlen(buf), &lim), RESP_DONE);
     cr_assert_eq(st.pos, strlen(buf));
 }
+
+Test(resp, spill_not_offered_for_a_body_buffered_whole)
+{
+    struct resp_limits lim = {.max_message_size = 1u << 30, .max_bulk = 1u << 20,
+                              .spill_min = 16};
+    /* an MSET whose second value has 20 bytes: a read ended after the value, and after
+       its CR, before the CRLF came (a taker of such an offer has no byte left to receive
+       elsewhere, so it never learnt that the body was in: no reply) */
+    const char *head = "*5\r\n$4\r\nMSET\r\n$3\r\nbad\r\n$1\r\nv\r\n$1\r\nk\r\n$20\r\n"
+                       "01234567890123456789";
+    size_t hl = strlen(head);
+    struct resp_scan st;
+    char buf[128];
+
+    for (size_t extra = 0; extra < 2; extra++) {
+        snprintf(buf, sizeof(buf), "%s\r\n", head);
+        cr_assert_eq(scan(&st, buf, hl + extra, &lim), RESP_NEED_MORE, "cut %zu", extra);
+        cr_assert_eq(resp_scan(&st, (uint8_t *)buf, hl + 2, &lim), RESP_DONE);
+        cr_assert_eq(st.pos, hl + 2);
+        cr_assert_eq(st.argc, 5);
+    }
+    /* one byte short of whole: offered, with the 19 bytes there */
+    cr_assert_eq(scan(&st, head, hl - 1, &lim), RESP_SPILL);
+    cr_assert_eq(st.arg, 4);
+    cr_assert_eq(st.spill_len, 20);
+    cr_assert_eq(st.spill_have, 19);
+}
