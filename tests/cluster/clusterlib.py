@@ -46,6 +46,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
 import kvtest  # noqa: E402
 from kvtest import Client, Daemon, wait_for  # noqa: E402
 from place_ref import owners  # noqa: E402
+from test_tls import make_cert, openssl  # noqa: E402  (the TLS port's tests' certificates)
 
 ETCD = os.environ.get("ETCD") or "/usr/bin/etcd"
 ETCD_START_TIMEOUT = 20.0
@@ -55,6 +56,22 @@ def require_etcd():
     """Skip (with the reason) when etcd is not installed."""
     if not os.access(ETCD, os.X_OK):
         pytest.skip(f"no etcd at {ETCD} (apt-get install etcd-server, or make deps)")
+
+
+def make_pki(work, certs):
+    """work/pki: two CAs, ca and other-ca (.pem and .key), and for each (name, ca, cn, san)
+    of certs a certificate name.pem (subjectAltName san) signed by that CA, with its key
+    name.key. Returns the directory. Skips (with the reason) without an openssl command."""
+    if subprocess.run(["which", "openssl"], capture_output=True).returncode != 0:
+        pytest.skip("no openssl command (apt-get install openssl, or make deps)")
+    d = os.path.join(work, "pki")
+    os.makedirs(d)
+    for ca in ("ca", "other-ca"):
+        openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{ca}.key",
+                "-out", f"{ca}.pem", "-days", "2", "-subj", f"/CN=kvstash test {ca}", cwd=d)
+    for name, ca, cn, san in certs:
+        make_cert(d, name, ca=ca, cn=cn, san=san)
+    return d
 
 
 def free_port(host="127.0.0.1"):
