@@ -28,7 +28,9 @@ conftest.py). A machine without /usr/bin/etcd skips the tests with the reason.
 """
 
 import base64
+import contextlib
 import json
+import mmap
 import os
 import signal
 import socket
@@ -72,6 +74,59 @@ def make_pki(work, certs):
     for name, ca, cn, san in certs:
         make_cert(d, name, ca=ca, cn=cn, san=san)
     return d
+
+
+def _crc32c_table():
+    t = []
+    for b in range(256):
+        c = b
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        t.append(c)
+    return t
+
+
+_CRC32C_TABLE = _crc32c_table()
+
+
+def crc32c(data):
+    """CRC-32C (Castagnoli), a table per byte: the checksum every value travels with
+    between peers."""
+    crc = 0xFFFFFFFF
+    for b in data:
+        crc = (crc >> 8) ^ _CRC32C_TABLE[(crc ^ b) & 0xFF]
+    return crc ^ 0xFFFFFFFF
+
+
+def register_memfd(c, size):
+    """A memfd of size bytes registered on the Unix connection c (register_buffer with the
+    descriptor): (fd, buffer id). The caller closes fd."""
+    fd = os.memfd_create("kvstash-cluster-test", os.MFD_CLOEXEC)
+    os.ftruncate(fd, size)
+    _, data = c.request("register_buffer", [{"size": size}])
+    assert socket.send_fds(c.sock, [data], [fd]) == len(data)
+    msg = c.recv()
+    assert msg[2] is None, msg
+    return fd, msg[3]
+
+
+@contextlib.contextmanager
+def shm_values(c, vals, keys):
+    """The values of keys back to back in a memfd registered on the Unix connection c: yields
+    batch_put_from's pieces ([[buffer id, offset, length]] per key); the memfd is closed
+    after."""
+    size = sum(len(vals[k]) for k in keys)
+    fd, buf = register_memfd(c, size)
+    try:
+        with mmap.mmap(fd, size) as mm:
+            pieces, off = [], 0
+            for k in keys:
+                mm[off:off + len(vals[k])] = vals[k]
+                pieces.append([[buf, off, len(vals[k])]])
+                off += len(vals[k])
+            yield pieces
+    finally:
+        os.close(fd)
 
 
 def free_port(host="127.0.0.1"):
