@@ -234,20 +234,18 @@ run_row() {
     echo "   median: $med"
 }
 
-# mp_row OP SIZE KEYS: REPS runs of kvstash-bench against the msgpack port (OP get: KEYS
-# keys preloaded by it; put: new keys); the median line (by req/s) in $med, or return 1.
-mp_row() {
-    local op=$1 size=$2 keys=$3 out lines=() args
-    args=("${cpin[@]}" "$KVBENCH" -H "127.0.0.1:$mport" -m "$op" -b 1 -d 16 -c 8 -s "$size"
-          -t "$SECS" -p "$kvd_pid" -q)
-    [ "$op" = get ] && args+=(-k $(( (keys + 7) / 8 )))
-    [ "$op" = put ] && args+=(-C)
-    show "${args[@]}"
+# tool_reps PORT ERR CMD...: REPS runs of CMD (kvstash-bench or mc-bench with -q: one result
+# line), each after a FLUSHALL of the RESP server on PORT, its stderr in ERR; the median line
+# (by req/s) in $med, or return 1 when no run succeeded.
+tool_reps() {
+    local port=$1 err=$2 out lines=()
+    shift 2
+    show "$@"
     for rep in $(seq 1 "$REPS"); do
-        timeout 60 redis-cli -p "$kport" flushall >/dev/null
-        out=$(timeout $(( SECS * 4 + 120 )) "${args[@]}" 2>"$tmp/kb.err" | tail -n 1)
+        timeout 60 redis-cli -p "$port" flushall >/dev/null
+        out=$(timeout $(( SECS * 4 + 120 )) "$@" 2>"$err" | tail -n 1)
         if [ -z "$(field req/s "$out")" ] || [ "$(field errors "$out")" != 0 ]; then
-            echo "   run $rep FAILED: $out $(head -n 2 "$tmp/kb.err")"
+            echo "   run $rep FAILED: $out $(head -n 2 "$err")"
             continue
         fi
         echo "   run $rep: $out"
@@ -260,30 +258,26 @@ mp_row() {
     echo "   median: $med"
 }
 
+# mp_row OP SIZE KEYS: REPS runs of kvstash-bench against the msgpack port (OP get: KEYS
+# keys preloaded by it; put: new keys); the median line (by req/s) in $med, or return 1.
+mp_row() {
+    local op=$1 size=$2 keys=$3 args
+    args=("${cpin[@]}" "$KVBENCH" -H "127.0.0.1:$mport" -m "$op" -b 1 -d 16 -c 8 -s "$size"
+          -t "$SECS" -p "$kvd_pid" -q)
+    [ "$op" = get ] && args+=(-k $(( (keys + 7) / 8 )))
+    [ "$op" = put ] && args+=(-C)
+    tool_reps "$kport" "$tmp/kb.err" "${args[@]}"
+}
+
 # mc_row PORT PID OP SIZE KEYS: REPS runs of mc-bench -P resp against PORT (a RESP server
 # of pid PID; get: KEYS keys preloaded by it, set: new keys), after a FLUSHALL each; the
 # median line (by req/s) in $med, or return 1.
 mc_row() {
-    local port=$1 pid=$2 op=$3 size=$4 keys=$5 out lines=() args
+    local port=$1 pid=$2 op=$3 size=$4 keys=$5 args
     args=("${cpin[@]}" "$MCB" -P resp -H "127.0.0.1:$port" -m "$op" -b 1 -d 16 -c 8
           -s "$size" -t "$SECS" -p "$pid" -C -q)
     [ "$op" = get ] && args+=(-k $(( (keys + 7) / 8 )))
-    show "${args[@]}"
-    for rep in $(seq 1 "$REPS"); do
-        timeout 60 redis-cli -p "$port" flushall >/dev/null
-        out=$(timeout $(( SECS * 4 + 120 )) "${args[@]}" 2>"$tmp/mc.err" | tail -n 1)
-        if [ -z "$(field req/s "$out")" ] || [ "$(field errors "$out")" != 0 ]; then
-            echo "   run $rep FAILED: $out $(head -n 2 "$tmp/mc.err")"
-            continue
-        fi
-        echo "   run $rep: $out"
-        lines+=("$out")
-    done
-    [ "${#lines[@]}" -gt 0 ] || return 1
-    med=$(printf '%s\n' "${lines[@]}" | awk '{ for (i = 1; i <= NF; i++) if ($i ~ /^req\/s=/) {
-              split($i, kv, "="); print kv[2] "\t" $0 } }' |
-          sort -g | awk -F'\t' '{ l[NR] = $2 } END { print l[int((NR + 1) / 2)] }')
-    echo "   median: $med"
+    tool_reps "$port" "$tmp/mc.err" "${args[@]}"
 }
 
 declare -A kv_row redis_row mp_row_med mc_kv_row mc_redis_row
