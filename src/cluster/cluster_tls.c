@@ -6,25 +6,9 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
-#include <stdio.h>
 
-#include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
-
-const char *
-cluster_tls_why(char *buf, size_t len)
-{
-    unsigned long e = ERR_get_error();
-
-    if (e == 0) {
-        snprintf(buf, len, "unknown error");
-    } else {
-        ERR_error_string_n(e, buf, len);
-    }
-    ERR_clear_error();
-    return buf;
-}
 
 int
 cluster_tls_expect_host(SSL *ssl, const char *host)

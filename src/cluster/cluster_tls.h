@@ -1,10 +1,10 @@
 /*
- * cluster_tls: the OpenSSL pieces the pool's two TLS clients share, the peers'
- * sessions (peer_tls.c) and etcd's (etcd.c): the last error as text, and the
- * host a server's certificate must name. Must not: build contexts or hold
- * state (each client owns its SSL_CTX and its sessions).
+ * cluster_tls: what the pool's two TLS clients, the peers' sessions (peer_tls.c)
+ * and etcd's (etcd.c), share of OpenSSL: the host a server's certificate must
+ * name (OpenSSL's error text is util/tls_error.h). Must not: build contexts or
+ * hold state (each client owns its SSL_CTX and its sessions).
  *
- * Threads: any; both work on the calling thread's error queue or on one SSL.
+ * Threads: any; it works on one SSL.
  */
 #ifndef KV_CLUSTER_TLS_H
 #define KV_CLUSTER_TLS_H
@@ -12,13 +12,6 @@
 #include <stddef.h>
 
 typedef struct ssl_st SSL;
-
-/*
- * cluster_tls_why: the last OpenSSL error of this thread as text into buf
- * (len bytes, "unknown error" when the queue is empty); the queue is cleared.
- * Returns buf.
- */
-const char *cluster_tls_why(char *buf, size_t len);
 
 /*
  * cluster_tls_expect_host: the session ssl (not yet connected) accepts only a

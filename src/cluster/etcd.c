@@ -30,6 +30,7 @@
 
 #include "cluster_tls.h"
 #include "config.h"
+#include "tls_error.h"
 
 #define ETCD_HOST_MAX 256
 
@@ -146,7 +147,7 @@ etcd_ssl_new(struct etcd *e, const struct etcd_tls_files *f, char *err, size_t e
 
     e->ssl = SSL_CTX_new(TLS_client_method());
     if (e->ssl == NULL) {
-        snprintf(err, errlen, "TLS: cannot create a context: %s", cluster_tls_why(why, sizeof(why)));
+        snprintf(err, errlen, "TLS: cannot create a context: %s", tls_error(why, sizeof(why)));
         return -ENOMEM;
     }
     SSL_CTX_set_min_proto_version(e->ssl, TLS1_2_VERSION);
@@ -155,16 +156,16 @@ etcd_ssl_new(struct etcd *e, const struct etcd_tls_files *f, char *err, size_t e
     if (ca[0] != '\0' ? SSL_CTX_load_verify_locations(e->ssl, ca, NULL) != 1
                       : SSL_CTX_set_default_verify_paths(e->ssl) != 1) {
         snprintf(err, errlen, "etcd_tls_ca_file %s: %s", ca[0] != '\0' ? ca : "(the system's)",
-                 cluster_tls_why(why, sizeof(why)));
+                 tls_error(why, sizeof(why)));
         return -EINVAL;
     }
     if (cert[0] != '\0' && SSL_CTX_use_certificate_chain_file(e->ssl, cert) != 1) {
-        snprintf(err, errlen, "etcd_tls_cert_file %s: %s", cert, cluster_tls_why(why, sizeof(why)));
+        snprintf(err, errlen, "etcd_tls_cert_file %s: %s", cert, tls_error(why, sizeof(why)));
         return -EINVAL;
     }
     if (cert[0] != '\0' && (SSL_CTX_use_PrivateKey_file(e->ssl, key, SSL_FILETYPE_PEM) != 1 ||
                             SSL_CTX_check_private_key(e->ssl) != 1)) {
-        snprintf(err, errlen, "etcd_tls_key_file %s: %s", key, cluster_tls_why(why, sizeof(why)));
+        snprintf(err, errlen, "etcd_tls_key_file %s: %s", key, tls_error(why, sizeof(why)));
         return -EINVAL;
     }
     return 0;

@@ -17,6 +17,7 @@
 #include <openssl/ssl.h>
 
 #include "cluster_tls.h"
+#include "tls_error.h"
 
 #define PEER_TLS_CHUNK (16u * 1024u)    /* SSL_write takes one record's worth at a time */
 
@@ -50,17 +51,17 @@ peer_tls_ssl_new(const char *cert, const char *key, const char *ca, SSL_CTX **ou
     SSL_CTX_set_options(ssl, SSL_OP_NO_RENEGOTIATION);
     SSL_CTX_set_mode(ssl, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
     if (SSL_CTX_use_certificate_chain_file(ssl, cert) != 1) {
-        snprintf(err, errlen, "tls_cert_file %s: %s", cert, cluster_tls_why(why, sizeof(why)));
+        snprintf(err, errlen, "tls_cert_file %s: %s", cert, tls_error(why, sizeof(why)));
         goto fail;
     }
     if (SSL_CTX_use_PrivateKey_file(ssl, key, SSL_FILETYPE_PEM) != 1
         || SSL_CTX_check_private_key(ssl) != 1) {
-        snprintf(err, errlen, "tls_key_file %s: %s", key, cluster_tls_why(why, sizeof(why)));
+        snprintf(err, errlen, "tls_key_file %s: %s", key, tls_error(why, sizeof(why)));
         goto fail;
     }
     if (ca[0] != '\0') {
         if (SSL_CTX_load_verify_locations(ssl, ca, NULL) != 1) {
-            snprintf(err, errlen, "tls_ca_file %s: %s", ca, cluster_tls_why(why, sizeof(why)));
+            snprintf(err, errlen, "tls_ca_file %s: %s", ca, tls_error(why, sizeof(why)));
             goto fail;
         }
         SSL_CTX_set_verify(ssl, SSL_VERIFY_PEER, NULL);
@@ -247,7 +248,7 @@ peer_tls_handshake(struct peer_tls *t, bool *want_write, char *err, size_t errle
                      name ? " (it does not name the host of the peer's peer_advertise)" : "");
             ERR_clear_error();
         } else {
-            snprintf(err, errlen, "%s", cluster_tls_why(why, sizeof(why)));
+            snprintf(err, errlen, "%s", tls_error(why, sizeof(why)));
         }
     } else if (r == 0) {
         r = -ECONNRESET;            /* closed during the handshake */
@@ -268,7 +269,7 @@ peer_tls_read(struct peer_tls *t, void *buf, size_t len)
     }
     r = peer_tls_result(t, r, &ww);
     if (r == -EPROTO) {
-        cluster_tls_why(t->why, sizeof(t->why));
+        tls_error(t->why, sizeof(t->why));
     }
     return r;
 }
@@ -298,7 +299,7 @@ peer_tls_writev(struct peer_tls *t, const struct iovec *iov, int n)
             if (r <= 0) {
                 r = peer_tls_result(t, r, &ww);
                 if (r == -EPROTO) {
-                    cluster_tls_why(t->why, sizeof(t->why));
+                    tls_error(t->why, sizeof(t->why));
                 }
                 if (done > 0 && r == -EAGAIN) {
                     return (ssize_t)done;
