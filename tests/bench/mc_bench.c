@@ -398,20 +398,35 @@ mc_value_take(struct mc_thread *t, uint64_t vlen, bool check)
     return 0;
 }
 
+/*
+ * mc_resp_line: the next RESP reply line into line and len: 0; 1 when it is an error reply
+ * (noted as what answered it); or mc_line's -errno.
+ */
+static int
+mc_resp_line(struct mc_thread *t, const char *what, const uint8_t **line, size_t *len)
+{
+    int rc = mc_line(t, line, len);
+
+    if (rc != 0) {
+        return rc;
+    }
+    if (*len > 0 && (*line)[0] == '-') {
+        mc_note(t, what, *line, *len);
+        return 1;
+    }
+    return 0;
+}
+
 /* mc_resp_value: one bulk of a GET or MGET reply ($len and the value, or $-1: a miss). */
 static int
 mc_resp_value(struct mc_thread *t, bool check)
 {
     const uint8_t *line;
     size_t len;
-    int rc = mc_line(t, &line, &len);
+    int rc = mc_resp_line(t, "get answered", &line, &len);
 
     if (rc != 0) {
-        return rc;
-    }
-    if (len > 0 && line[0] == '-') {
-        mc_note(t, "get answered", line, len);
-        return 0;
+        return rc < 0 ? rc : 0;
     }
     int64_t vlen = len > 0 && line[0] == '$' ? mc_resp_int(line, len) : -2;
     if (vlen == -1) {
@@ -433,13 +448,9 @@ mc_resp_get_reply(struct mc_thread *t, bool verify)
     if (cfg->batch > 1) {
         const uint8_t *line;
         size_t len;
-        int rc = mc_line(t, &line, &len);
+        int rc = mc_resp_line(t, "mget answered", &line, &len);
         if (rc != 0) {
-            return rc;
-        }
-        if (len > 0 && line[0] == '-') {
-            mc_note(t, "mget answered", line, len);
-            return 0;
+            return rc < 0 ? rc : 0;
         }
         if (len == 0 || line[0] != '*' || mc_resp_int(line, len) != (int64_t)cfg->batch) {
             return mc_fail(t, -EPROTO, "malformed MGET reply");
