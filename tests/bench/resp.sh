@@ -280,6 +280,26 @@ mc_row() {
     tool_reps "$port" "$tmp/mc.err" "${args[@]}"
 }
 
+# server_port_pid SERVER: port and pid of the RESP server SERVER (kvstash or redis) into
+# $port and $pid; $port is empty when that server is not running.
+server_port_pid() {
+    if [ "$1" = redis ]; then
+        port=$rport
+        pid=$redis_pid
+    else
+        port=$kport
+        pid=$kvd_pid
+    fi
+}
+
+# kvd_alive: die, with the tail of its log, when kvstashd has exited.
+kvd_alive() {
+    if ! kill -0 "$kvd_pid" 2>/dev/null; then
+        tail -n 20 "$tmp/kvstashd.log" >&2
+        die "kvstashd died"
+    fi
+}
+
 declare -A kv_row redis_row mp_row_med mc_kv_row mc_redis_row
 rows=()
 failed=0
@@ -291,12 +311,7 @@ for op in get set; do
         keys=$(( mem_bytes / 2 / size ))
         [ "$keys" -gt 100000 ] && keys=100000
         for server in kvstash redis; do
-            port=$kport
-            pid=$kvd_pid
-            if [ "$server" = redis ]; then
-                port=$rport
-                pid=$redis_pid
-            fi
+            server_port_pid "$server"
             [ -n "$port" ] || continue
             echo "== $server $name"
             if [ "$op" = get ]; then
@@ -312,10 +327,7 @@ for op in get set; do
             elif [ "$server" = kvstash ]; then
                 failed=$(( failed + 1 ))
             fi
-            if ! kill -0 "$kvd_pid" 2>/dev/null; then
-                tail -n 20 "$tmp/kvstashd.log" >&2
-                die "kvstashd died"
-            fi
+            kvd_alive
             echo
         done
         if [ -n "$KVBENCH" ]; then
@@ -327,20 +339,12 @@ for op in get set; do
             else
                 failed=$(( failed + 1 ))
             fi
-            if ! kill -0 "$kvd_pid" 2>/dev/null; then
-                tail -n 20 "$tmp/kvstashd.log" >&2
-                die "kvstashd died"
-            fi
+            kvd_alive
             echo
         fi
         if [ -n "$MCB" ]; then
             for server in kvstash redis; do
-                port=$kport
-                pid=$kvd_pid
-                if [ "$server" = redis ]; then
-                    port=$rport
-                    pid=$redis_pid
-                fi
+                server_port_pid "$server"
                 [ -n "$port" ] || continue
                 echo "== $server $name, mc-bench -P resp"
                 if mc_row "$port" "$pid" "$op" "$size" "$keys"; then
@@ -349,10 +353,7 @@ for op in get set; do
                 elif [ "$server" = kvstash ]; then
                     failed=$(( failed + 1 ))
                 fi
-                if ! kill -0 "$kvd_pid" 2>/dev/null; then
-                    tail -n 20 "$tmp/kvstashd.log" >&2
-                    die "kvstashd died"
-                fi
+                kvd_alive
                 echo
             done
         fi
