@@ -48,12 +48,12 @@ endif
 
 # ---- sources ----
 # Layers, lowest first (docs/architecture.md; tests/check_layers.py keeps them):
-#   util/      leaf utilities: log, clock, version, TCP options
+#   util/      leaf utilities: log, clock, version, TCP options, OpenSSL's error text
 #   protocol/  the wire: framing, msgpack cursor, status codes
 #   storage/   the store and its tiers;  rdma/  the RDMA data port
 #   client/    libkvstash and the kvstash CLI
 #   src/       the daemon; src/rpc/ its request layer
-UTIL_SRC := util/log.c util/tcpopt.c util/sdnotify.c
+UTIL_SRC := util/log.c util/tcpopt.c util/sdnotify.c util/tls_error.c
 PROTO_SRC := protocol/kverr.c protocol/frame.c protocol/mp.c protocol/resp.c
 STORAGE_SRC := storage/alloc.c storage/store.c storage/store_tier.c storage/store_hash.c \
                storage/store_evict.c storage/crc32c.c storage/ssd_record.c storage/ssd_index.c \

@@ -3,23 +3,10 @@
  */
 #include "tls.h"
 
-#include <openssl/err.h>
+#include "tls_error.h"
+
 #include <openssl/ssl.h>
 #include <stdio.h>
-
-const char *
-tls_error(char *buf, size_t len)
-{
-    unsigned long e = ERR_get_error();
-
-    if (e == 0) {
-        snprintf(buf, len, "unknown TLS error");
-    } else {
-        ERR_error_string_n(e, buf, len);
-    }
-    ERR_clear_error();
-    return buf;
-}
 
 SSL_CTX *
 tls_ctx_new(const char *cert, const char *key, const char *ca, char *err, size_t errlen)

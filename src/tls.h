@@ -27,7 +27,4 @@ SSL_CTX *tls_ctx_new(const char *cert, const char *key, const char *ca, char *er
 /* tls_ctx_free: drop a reference. Accepts NULL. */
 void tls_ctx_free(SSL_CTX *ctx);
 
-/* tls_error: the last OpenSSL error of this thread as text into buf (cleared). */
-const char *tls_error(char *buf, size_t len);
-
 #endif

@@ -436,13 +436,59 @@ idx_bkey_evict(struct idx *x, MDB_txn *txn, const struct idx_op *op)
                           (uint32_t)(v.mv_size - 4), op->loc.bucket, op->loc.offset, &deleted);
 }
 
+/*
+ * idx_obj_row_put: op's objects row under mkey, encoded straight into the page (MDB_RESERVE,
+ * before any other update of this txn), with the extra MDB_ flags. 0 or LMDB's code
+ * (MDB_KEYEXIST under MDB_NOOVERWRITE: nothing written).
+ */
+static int
+idx_obj_row_put(struct idx *x, MDB_txn *txn, MDB_val *mkey, const struct idx_op *op,
+                unsigned flags)
+{
+    MDB_val v;
+    int rc;
+
+    v.mv_size = IDX_OBJ_VAL_SIZE + (op->key_len > IDX_DIRECT_KEY_MAX ? op->key_len : 0);
+    v.mv_data = NULL;
+    rc = mdb_put(txn, x->objects, mkey, &v, flags | MDB_RESERVE);
+    if (rc != 0) {
+        return rc;
+    }
+    idx_objval_encode(v.mv_data, &op->loc, op->key, op->key_len);
+    return 0;
+}
+
+/*
+ * idx_bkey_row_put: op's bkeys row (its location -> tenant and key), with the extra MDB_
+ * flags. 0 or LMDB's code (MDB_KEYEXIST under MDB_APPEND for a row not past the last:
+ * nothing written).
+ */
+static int
+idx_bkey_row_put(struct idx *x, MDB_txn *txn, const struct idx_op *op, unsigned flags)
+{
+    uint8_t bbuf[IDX_BKEY_SIZE];
+    MDB_val k, v;
+    int rc;
+
+    idx_bkey(op->loc.bucket, op->loc.offset, bbuf, &k);
+    v.mv_size = 4u + (size_t)op->key_len;
+    v.mv_data = NULL;
+    rc = mdb_put(txn, x->bkeys, &k, &v, flags | MDB_RESERVE);
+    if (rc != 0) {
+        return rc;
+    }
+    idx_put_be32(v.mv_data, op->tenant);
+    if (op->key_len > 0) {
+        memcpy((uint8_t *)v.mv_data + 4, op->key, op->key_len);
+    }
+    return 0;
+}
+
 static int
 idx_op_obj_put(struct idx *x, MDB_txn *txn, const struct idx_op *op)
 {
     const struct idx_loc *loc = &op->loc;
-    uint8_t bbuf[IDX_BKEY_SIZE];
     struct idx_slot s;
-    MDB_val k, v;
     int rc;
 
     rc = idx_slot_find(x, txn, op->tenant, op->key, op->key_len, &s);
@@ -461,27 +507,11 @@ idx_op_obj_put(struct idx *x, MDB_txn *txn, const struct idx_op *op)
         return rc;
     }
 
-    /* MDB_RESERVE: encode straight into the page, before any other update. */
-    v.mv_size = IDX_OBJ_VAL_SIZE + (op->key_len > IDX_DIRECT_KEY_MAX ? op->key_len : 0);
-    v.mv_data = NULL;
-    rc = mdb_put(txn, x->objects, &s.mkey, &v, MDB_RESERVE);
+    rc = idx_obj_row_put(x, txn, &s.mkey, op, 0);
     if (rc != 0) {
         return rc;
     }
-    idx_objval_encode(v.mv_data, loc, op->key, op->key_len);
-
-    idx_bkey(loc->bucket, loc->offset, bbuf, &k);
-    v.mv_size = 4u + (size_t)op->key_len;
-    v.mv_data = NULL;
-    rc = mdb_put(txn, x->bkeys, &k, &v, MDB_RESERVE);
-    if (rc != 0) {
-        return rc;
-    }
-    idx_put_be32(v.mv_data, op->tenant);
-    if (op->key_len > 0) {
-        memcpy((uint8_t *)v.mv_data + 4, op->key, op->key_len);
-    }
-    return 0;
+    return idx_bkey_row_put(x, txn, op, 0);
 }
 
 /*
@@ -495,46 +525,29 @@ static int
 idx_op_obj_append(struct idx *x, MDB_txn *txn, const struct idx_op *op)
 {
     uint8_t mbuf[IDX_MKEY_MAX];
-    uint8_t bbuf[IDX_BKEY_SIZE];
-    MDB_val mk, k, v;
+    MDB_val mk;
     int rc;
 
     if (op->key_len > IDX_DIRECT_KEY_MAX) {
         return idx_op_obj_put(x, txn, op);
     }
     idx_mkey(op->tenant, op->key, op->key_len, mbuf, &mk);
-    v.mv_size = IDX_OBJ_VAL_SIZE;
-    v.mv_data = NULL;
-    rc = mdb_put(txn, x->objects, &mk, &v, MDB_NOOVERWRITE | MDB_RESERVE);
+    rc = idx_obj_row_put(x, txn, &mk, op, MDB_NOOVERWRITE);
     if (rc == MDB_KEYEXIST) {
         return idx_op_obj_put(x, txn, op);
     }
     if (rc != 0) {
         return rc;
     }
-    idx_objval_encode(v.mv_data, &op->loc, op->key, op->key_len);
-
-    idx_bkey(op->loc.bucket, op->loc.offset, bbuf, &k);
-    v.mv_size = 4u + (size_t)op->key_len;
-    v.mv_data = NULL;
-    rc = mdb_put(txn, x->bkeys, &k, &v, MDB_APPEND | MDB_RESERVE);
+    rc = idx_bkey_row_put(x, txn, op, MDB_APPEND);
     if (rc == MDB_KEYEXIST) {
         /* Not past the last row: a row of another key may sit at this location. */
         rc = idx_bkey_evict(x, txn, op);
         if (rc == 0) {
-            v.mv_size = 4u + (size_t)op->key_len;
-            v.mv_data = NULL;
-            rc = mdb_put(txn, x->bkeys, &k, &v, MDB_RESERVE);
+            rc = idx_bkey_row_put(x, txn, op, 0);
         }
     }
-    if (rc != 0) {
-        return rc;
-    }
-    idx_put_be32(v.mv_data, op->tenant);
-    if (op->key_len > 0) {
-        memcpy((uint8_t *)v.mv_data + 4, op->key, op->key_len);
-    }
-    return 0;
+    return rc;
 }
 
 static int

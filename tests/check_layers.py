@@ -37,10 +37,13 @@ ALSO = {
 
 # OpenSSL's TLS: the daemon's contexts (tls.c), its TLS transport, the server that makes each
 # connection's session, the client's TLS, and the pool's TLS to its peers (peer_tls.c) and to
-# etcd (etcd.c, under libevent's bufferevent_openssl). A connection reaches TLS only through its
-# transport table (transport.h). (OpenSSL's hashes, openssl/sha.h and crypto.h, are not TLS.)
+# etcd (etcd.c, under libevent's bufferevent_openssl), with the helpers both share
+# (cluster_tls.c), and OpenSSL's error text for all of them (util/tls_error.c). A connection
+# reaches TLS only through its transport table (transport.h). (OpenSSL's hashes,
+# openssl/sha.h and crypto.h, are not TLS.)
 TLS_OWNERS = ["src/tls.c", "src/transport_tls.c", "src/server.c", "client/kvstash_wire.c",
-              "src/cluster/peer_tls.c", "src/cluster/etcd.c"]
+              "src/cluster/peer_tls.c", "src/cluster/etcd.c", "src/cluster/cluster_tls.c",
+              "util/tls_error.c"]
 
 # system header prefix -> the only files (or folders, ending in /) that may include it
 OWNERS = {

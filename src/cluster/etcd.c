@@ -1,10 +1,11 @@
 /*
  * etcd: HTTP/1.1 POSTs to etcd's JSON gateway with evhttp, over TLS (libevent's OpenSSL
  * bufferevent) for https:// endpoints. One of the two files of src/cluster/ that include
- * libevent (with member.c), and with peer_tls.c one of its two TLS includers. What a call
- * sends and how its answer reads is the caller's; this module owns the connections, TLS to
- * etcd (the server's certificate and host name checked), the failover between endpoints,
- * the bounds on answers, and the watch's line splitting. It never logs: statuses go back.
+ * libevent (with member.c), and with peer_tls.c and their shared cluster_tls.c one of its TLS
+ * includers. What a call sends and how its answer reads is the caller's; this module owns
+ * the connections, TLS to etcd (the server's certificate and host name checked), the
+ * failover between endpoints, the bounds on answers, and the watch's line splitting. It
+ * never logs: statuses go back.
  *
  * libevent frees a request after its completion callback returns and must not see its
  * connection freed inside that callback, so a watch is torn down from a zero-delay timer
@@ -18,7 +19,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <arpa/inet.h>
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/bufferevent_ssl.h>
@@ -27,9 +27,10 @@
 #include <event2/keyvalq_struct.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
-#include <openssl/x509v3.h>
 
+#include "cluster_tls.h"
 #include "config.h"
+#include "tls_error.h"
 
 #define ETCD_HOST_MAX 256
 
@@ -131,21 +132,6 @@ etcd_parse_endpoint(const char *s, size_t n, struct etcd_endpoint *ep)
     return 0;
 }
 
-/* OpenSSL's last error as text into buf (cleared from the queue). */
-static const char *
-etcd_ssl_why(char *buf, size_t len)
-{
-    unsigned long e = ERR_get_error();
-
-    if (e == 0) {
-        snprintf(buf, len, "unknown error");
-    } else {
-        ERR_error_string_n(e, buf, len);
-    }
-    ERR_clear_error();
-    return buf;
-}
-
 /*
  * etcd_ssl_new: the client context of the https:// endpoints: TLS 1.2 at least, the
  * server's certificate verified against ca (or the system's CAs when ""), its name checked
@@ -161,7 +147,7 @@ etcd_ssl_new(struct etcd *e, const struct etcd_tls_files *f, char *err, size_t e
 
     e->ssl = SSL_CTX_new(TLS_client_method());
     if (e->ssl == NULL) {
-        snprintf(err, errlen, "TLS: cannot create a context: %s", etcd_ssl_why(why, sizeof(why)));
+        snprintf(err, errlen, "TLS: cannot create a context: %s", tls_error(why, sizeof(why)));
         return -ENOMEM;
     }
     SSL_CTX_set_min_proto_version(e->ssl, TLS1_2_VERSION);
@@ -170,16 +156,16 @@ etcd_ssl_new(struct etcd *e, const struct etcd_tls_files *f, char *err, size_t e
     if (ca[0] != '\0' ? SSL_CTX_load_verify_locations(e->ssl, ca, NULL) != 1
                       : SSL_CTX_set_default_verify_paths(e->ssl) != 1) {
         snprintf(err, errlen, "etcd_tls_ca_file %s: %s", ca[0] != '\0' ? ca : "(the system's)",
-                 etcd_ssl_why(why, sizeof(why)));
+                 tls_error(why, sizeof(why)));
         return -EINVAL;
     }
     if (cert[0] != '\0' && SSL_CTX_use_certificate_chain_file(e->ssl, cert) != 1) {
-        snprintf(err, errlen, "etcd_tls_cert_file %s: %s", cert, etcd_ssl_why(why, sizeof(why)));
+        snprintf(err, errlen, "etcd_tls_cert_file %s: %s", cert, tls_error(why, sizeof(why)));
         return -EINVAL;
     }
     if (cert[0] != '\0' && (SSL_CTX_use_PrivateKey_file(e->ssl, key, SSL_FILETYPE_PEM) != 1 ||
                             SSL_CTX_check_private_key(e->ssl) != 1)) {
-        snprintf(err, errlen, "etcd_tls_key_file %s: %s", key, etcd_ssl_why(why, sizeof(why)));
+        snprintf(err, errlen, "etcd_tls_key_file %s: %s", key, tls_error(why, sizeof(why)));
         return -EINVAL;
     }
     return 0;
@@ -305,19 +291,12 @@ etcd_conn_new(struct etcd *e, const struct etcd_endpoint *ep, const struct timev
     *bev = NULL;
     if (ep->tls) {
         SSL *ssl = SSL_new(e->ssl);
-        struct in6_addr a;
-        int ok;
 
         if (ssl == NULL) {
             return NULL;
         }
-        if (inet_pton(AF_INET, ep->host, &a) == 1 || inet_pton(AF_INET6, ep->host, &a) == 1) {
-            ok = X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl), ep->host);
-        } else {
-            ok = SSL_set1_host(ssl, ep->host) == 1 &&
-                 SSL_set_tlsext_host_name(ssl, ep->host) == 1;
-        }
-        b = ok == 1 ? bufferevent_openssl_socket_new(e->base, -1, ssl, BUFFEREVENT_SSL_CONNECTING,
+        b = cluster_tls_expect_host(ssl, ep->host) == 0
+                ? bufferevent_openssl_socket_new(e->base, -1, ssl, BUFFEREVENT_SSL_CONNECTING,
                                                      BEV_OPT_CLOSE_ON_FREE |
                                                      BEV_OPT_DEFER_CALLBACKS)
                     : NULL;

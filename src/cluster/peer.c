@@ -892,6 +892,28 @@ peer_spill_begin(struct peer_conn *c)
 }
 
 /*
+ * peer_recv: one read of c's socket (through its TLS session when it has one, which fills
+ * iov[0] only) into the n extents of iov. Bytes read; 0 when nothing is there for now;
+ * -EINTR to try again; -ECONNRESET at the peer's close; or another -errno.
+ */
+static ssize_t
+peer_recv(struct peer_conn *c, const struct iovec *iov, int n)
+{
+    ssize_t r;
+
+    if (c->tls != NULL) {
+        r = peer_tls_read(c->tls, iov[0].iov_base, iov[0].iov_len);
+    } else {
+        r = readv(c->fd, iov, n);
+        r = r < 0 ? -errno : r;
+    }
+    if (r == 0) {
+        return -ECONNRESET;
+    }
+    return r == -EAGAIN || r == -EWOULDBLOCK ? 0 : r;
+}
+
+/*
  * peer_spill_read: receive the rest of the body being spilled, in pieces of at most
  * PEER_READ_CHUNK (each handed to the sink while it is in the CPU cache). 1: all of it is
  * in; 0: the socket is drained for now; -errno: the connection goes down.
@@ -923,23 +945,12 @@ peer_spill_read(struct peer_pool *p, struct peer_conn *c)
                 off = 0;
             }
         }
-        if (c->tls != NULL) {
-            r = peer_tls_read(c->tls, iov[0].iov_base, iov[0].iov_len);
-            if (r < 0) {
-                errno = (int)-r;
-                r = -1;
-            }
-        } else {
-            r = readv(c->fd, iov, n);
+        r = peer_recv(c, iov, n);
+        if (r == -EINTR) {
+            continue;
         }
-        if (r == 0) {
-            return -ECONNRESET;
-        }
-        if (r < 0) {
-            if (errno == EINTR) {
-                continue;
-            }
-            return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -errno;
+        if (r <= 0) {
+            return (int)r;
         }
         peer_add(&p->bytes_in, (uint64_t)r);
         if (c->sm == NULL) {
@@ -1044,20 +1055,12 @@ peer_read(struct peer_pool *p, struct peer_conn *c)
         if (c->fq != NULL && c->fq->sink != NULL && want > PEER_SINK_READ) {
             want = PEER_SINK_READ;
         }
-        r = c->tls != NULL ? peer_tls_read(c->tls, c->in + c->ilen, want)
-                           : read(c->fd, c->in + c->ilen, want);
-        if (c->tls != NULL && r < 0) {
-            errno = (int)-r;
-            r = -1;
+        r = peer_recv(c, &(struct iovec){ .iov_base = c->in + c->ilen, .iov_len = want }, 1);
+        if (r == -EINTR) {
+            continue;
         }
-        if (r == 0) {
-            return -ECONNRESET;
-        }
-        if (r < 0) {
-            if (errno == EINTR) {
-                continue;
-            }
-            return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -errno;
+        if (r <= 0) {
+            return (int)r;
         }
         peer_add(&p->bytes_in, (uint64_t)r);
         c->ilen += (size_t)r;

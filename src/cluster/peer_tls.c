@@ -5,7 +5,6 @@
  */
 #include "peer_tls.h"
 
-#include <arpa/inet.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -16,7 +15,9 @@
 
 #include <openssl/err.h>
 #include <openssl/ssl.h>
-#include <openssl/x509v3.h>
+
+#include "cluster_tls.h"
+#include "tls_error.h"
 
 #define PEER_TLS_CHUNK (16u * 1024u)    /* SSL_write takes one record's worth at a time */
 
@@ -34,20 +35,6 @@ struct peer_tls {
     char why[160];                  /* OpenSSL's reason for the last -EPROTO */
 };
 
-static const char *
-peer_tls_why(char *buf, size_t len)
-{
-    unsigned long e = ERR_get_error();
-
-    if (e == 0) {
-        snprintf(buf, len, "unknown error");
-    } else {
-        ERR_error_string_n(e, buf, len);
-    }
-    ERR_clear_error();
-    return buf;
-}
-
 /* peer_tls_ssl_new: a client SSL_CTX of these files into *out; 0 or -errno, err set. */
 static int
 peer_tls_ssl_new(const char *cert, const char *key, const char *ca, SSL_CTX **out, char *err,
@@ -64,17 +51,17 @@ peer_tls_ssl_new(const char *cert, const char *key, const char *ca, SSL_CTX **ou
     SSL_CTX_set_options(ssl, SSL_OP_NO_RENEGOTIATION);
     SSL_CTX_set_mode(ssl, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
     if (SSL_CTX_use_certificate_chain_file(ssl, cert) != 1) {
-        snprintf(err, errlen, "tls_cert_file %s: %s", cert, peer_tls_why(why, sizeof(why)));
+        snprintf(err, errlen, "tls_cert_file %s: %s", cert, tls_error(why, sizeof(why)));
         goto fail;
     }
     if (SSL_CTX_use_PrivateKey_file(ssl, key, SSL_FILETYPE_PEM) != 1
         || SSL_CTX_check_private_key(ssl) != 1) {
-        snprintf(err, errlen, "tls_key_file %s: %s", key, peer_tls_why(why, sizeof(why)));
+        snprintf(err, errlen, "tls_key_file %s: %s", key, tls_error(why, sizeof(why)));
         goto fail;
     }
     if (ca[0] != '\0') {
         if (SSL_CTX_load_verify_locations(ssl, ca, NULL) != 1) {
-            snprintf(err, errlen, "tls_ca_file %s: %s", ca, peer_tls_why(why, sizeof(why)));
+            snprintf(err, errlen, "tls_ca_file %s: %s", ca, tls_error(why, sizeof(why)));
             goto fail;
         }
         SSL_CTX_set_verify(ssl, SSL_VERIFY_PEER, NULL);
@@ -149,7 +136,6 @@ peer_tls_expect_host(SSL *ssl, const char *addr)
 {
     const char *colon = strrchr(addr, ':');
     char host[256];
-    struct in6_addr a;
     size_t n;
 
     if (colon == NULL || colon == addr) {
@@ -165,11 +151,7 @@ peer_tls_expect_host(SSL *ssl, const char *addr)
     }
     memcpy(host, addr, n);
     host[n] = '\0';
-    if (inet_pton(AF_INET, host, &a) == 1 || inet_pton(AF_INET6, host, &a) == 1) {
-        return X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl), host) == 1 ? 0 : -EINVAL;
-    }
-    return SSL_set1_host(ssl, host) == 1 && SSL_set_tlsext_host_name(ssl, host) == 1 ? 0
-                                                                                     : -EINVAL;
+    return cluster_tls_expect_host(ssl, host);
 }
 
 int
@@ -266,7 +248,7 @@ peer_tls_handshake(struct peer_tls *t, bool *want_write, char *err, size_t errle
                      name ? " (it does not name the host of the peer's peer_advertise)" : "");
             ERR_clear_error();
         } else {
-            snprintf(err, errlen, "%s", peer_tls_why(why, sizeof(why)));
+            snprintf(err, errlen, "%s", tls_error(why, sizeof(why)));
         }
     } else if (r == 0) {
         r = -ECONNRESET;            /* closed during the handshake */
@@ -287,7 +269,7 @@ peer_tls_read(struct peer_tls *t, void *buf, size_t len)
     }
     r = peer_tls_result(t, r, &ww);
     if (r == -EPROTO) {
-        peer_tls_why(t->why, sizeof(t->why));
+        tls_error(t->why, sizeof(t->why));
     }
     return r;
 }
@@ -317,7 +299,7 @@ peer_tls_writev(struct peer_tls *t, const struct iovec *iov, int n)
             if (r <= 0) {
                 r = peer_tls_result(t, r, &ww);
                 if (r == -EPROTO) {
-                    peer_tls_why(t->why, sizeof(t->why));
+                    tls_error(t->why, sizeof(t->why));
                 }
                 if (done > 0 && r == -EAGAIN) {
                     return (ssize_t)done;

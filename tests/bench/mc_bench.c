@@ -371,35 +371,22 @@ mc_resp_int(const uint8_t *line, size_t len)
     return neg ? (v == 1 ? -1 : -2) : v;
 }
 
-/* mc_resp_value: one bulk of a GET or MGET reply ($len and the value, or $-1: a miss). */
+/*
+ * mc_value_take: the vlen bytes of a value that came back: counted and, with check, compared
+ * with the pattern when vlen is the size set; otherwise counted an error and dropped.
+ */
 static int
-mc_resp_value(struct mc_thread *t, bool check)
+mc_value_take(struct mc_thread *t, uint64_t vlen, bool check)
 {
     const struct mc_cfg *cfg = t->cfg;
-    const uint8_t *line;
-    size_t len;
-    int rc = mc_line(t, &line, &len);
+    size_t cap = cfg->vsize ? cfg->vsize : 1;
+    int rc;
 
-    if (rc != 0) {
-        return rc;
-    }
-    if (len > 0 && line[0] == '-') {
-        mc_note(t, "get answered", line, len);
-        return 0;
-    }
-    int64_t vlen = len > 0 && line[0] == '$' ? mc_resp_int(line, len) : -2;
-    if (vlen == -1) {
-        t->misses++;
-        return 0;
-    }
-    if (vlen < 0 || (uint64_t)vlen > MC_MAX_BODY) {
-        return mc_fail(t, -EPROTO, "malformed bulk reply");
-    }
-    if ((uint64_t)vlen != cfg->vsize) {
+    if (vlen != cfg->vsize) {
         t->errors++;
-        return mc_body(t, t->sink, cfg->vsize ? cfg->vsize : 1, (uint64_t)vlen);
+        return mc_body(t, t->sink, cap, vlen);
     }
-    rc = mc_body(t, check ? t->check : t->sink, cfg->vsize ? cfg->vsize : 1, (uint64_t)vlen);
+    rc = mc_body(t, check ? t->check : t->sink, cap, vlen);
     if (rc != 0) {
         return rc;
     }
@@ -411,6 +398,47 @@ mc_resp_value(struct mc_thread *t, bool check)
     return 0;
 }
 
+/*
+ * mc_resp_line: the next RESP reply line into line and len: 0; 1 when it is an error reply
+ * (noted as what answered it); or mc_line's -errno.
+ */
+static int
+mc_resp_line(struct mc_thread *t, const char *what, const uint8_t **line, size_t *len)
+{
+    int rc = mc_line(t, line, len);
+
+    if (rc != 0) {
+        return rc;
+    }
+    if (*len > 0 && (*line)[0] == '-') {
+        mc_note(t, what, *line, *len);
+        return 1;
+    }
+    return 0;
+}
+
+/* mc_resp_value: one bulk of a GET or MGET reply ($len and the value, or $-1: a miss). */
+static int
+mc_resp_value(struct mc_thread *t, bool check)
+{
+    const uint8_t *line;
+    size_t len;
+    int rc = mc_resp_line(t, "get answered", &line, &len);
+
+    if (rc != 0) {
+        return rc < 0 ? rc : 0;
+    }
+    int64_t vlen = len > 0 && line[0] == '$' ? mc_resp_int(line, len) : -2;
+    if (vlen == -1) {
+        t->misses++;
+        return 0;
+    }
+    if (vlen < 0 || (uint64_t)vlen > MC_MAX_BODY) {
+        return mc_fail(t, -EPROTO, "malformed bulk reply");
+    }
+    return mc_value_take(t, (uint64_t)vlen, check);
+}
+
 /* mc_resp_get_reply: the reply to a GET (batch 1) or an MGET of batch keys. */
 static int
 mc_resp_get_reply(struct mc_thread *t, bool verify)
@@ -420,13 +448,9 @@ mc_resp_get_reply(struct mc_thread *t, bool verify)
     if (cfg->batch > 1) {
         const uint8_t *line;
         size_t len;
-        int rc = mc_line(t, &line, &len);
+        int rc = mc_resp_line(t, "mget answered", &line, &len);
         if (rc != 0) {
-            return rc;
-        }
-        if (len > 0 && line[0] == '-') {
-            mc_note(t, "mget answered", line, len);
-            return 0;
+            return rc < 0 ? rc : 0;
         }
         if (len == 0 || line[0] != '*' || mc_resp_int(line, len) != (int64_t)cfg->batch) {
             return mc_fail(t, -EPROTO, "malformed MGET reply");
@@ -475,25 +499,10 @@ mc_get_reply(struct mc_thread *t, bool verify)
             return mc_fail(t, -EPROTO, "malformed VALUE line");
         }
         hits++;
-        if ((uint64_t)vlen != cfg->vsize) {
-            t->errors++;
-            rc = mc_body(t, t->sink, cfg->vsize ? cfg->vsize : 1, (uint64_t)vlen);
-            if (rc != 0) {
-                return rc;
-            }
-            continue;
-        }
-        bool check = verify && hits == 1;
-        rc = mc_body(t, check ? t->check : t->sink, cfg->vsize ? cfg->vsize : 1,
-                     (uint64_t)vlen);
+        rc = mc_value_take(t, (uint64_t)vlen, verify && hits == 1);
         if (rc != 0) {
             return rc;
         }
-        if (check && memcmp(t->check, cfg->pattern, cfg->vsize) != 0) {
-            t->mismatches++;
-        }
-        t->keys++;
-        t->bytes += cfg->vsize;
     }
     t->misses += cfg->batch - hits;
     return 0;
@@ -502,88 +511,44 @@ mc_get_reply(struct mc_thread *t, bool verify)
 /* ---- request building ---- */
 
 /*
- * mc_resp_slot_build: the RESP2 form of mc_slot_build: "*2 $3 GET $25 K" (batch 1) or
- * "*B+1 $4 MGET $25 K1 .." for get; B x "*3 $3 SET $25 K $S" V "\r\n" for set.
+ * mc_slot_build: a get or set request of batch keys into s; values are not copied.
+ * Text: "get K1 K2 ..\r\n"; "set K 0 0 S\r\n" V "\r\nset K 0 0 S\r\n" V .. "\r\n".
+ * RESP2: "*2 $3 GET $25 K" (batch 1) or "*B+1 $4 MGET $25 K1 .." for get; B x
+ * "*3 $3 SET $25 K $S" V "\r\n" for set. Both are one head, then per key a prefix, the key
+ * and a suffix (for set the suffix ends in the value's header, and the value follows).
  */
-static int
-mc_resp_slot_build(struct mc_thread *t, struct mc_slot *s, enum mc_mode mode)
-{
-    const struct mc_cfg *cfg = t->cfg;
-    uint32_t b = cfg->batch;
-    char key[MC_KEY_LEN + 1];
-    char tail[48];
-    int tl = snprintf(tail, sizeof(tail), "\r\n$%zu\r\n", cfg->vsize);
-    size_t per = 2 + 3 + 2 + MC_KEY_LEN; /* "$25\r\n" K "\r\n" */
-    size_t cap = mode == MC_MODE_GET ? 32 + (size_t)b * (per + 2)
-                                     : (size_t)b * (2 + 16 + per + (size_t)tl) + 2;
-
-    s->hdr = malloc(cap);
-    s->ctr_off = calloc(b, sizeof(*s->ctr_off));
-    s->iov = calloc(mode == MC_MODE_GET ? 1 : 2 * (size_t)b + 1, sizeof(*s->iov));
-    if (s->hdr == NULL || s->ctr_off == NULL || s->iov == NULL) {
-        return -1;
-    }
-    mc_key(key, cfg, t->id, 0);
-    uint8_t *p = s->hdr;
-    if (mode == MC_MODE_GET) {
-        p += b == 1 ? sprintf((char *)p, "*2\r\n$3\r\nGET\r\n")
-                    : sprintf((char *)p, "*%u\r\n$4\r\nMGET\r\n", b + 1);
-        for (uint32_t i = 0; i < b; i++) {
-            p += sprintf((char *)p, "$%u\r\n", (unsigned)MC_KEY_LEN);
-            memcpy(p, key, MC_KEY_LEN);
-            s->ctr_off[i] = (size_t)(p - s->hdr) + MC_CTR_OFF;
-            p += MC_KEY_LEN;
-            memcpy(p, "\r\n", 2);
-            p += 2;
-        }
-        s->hdrlen = (size_t)(p - s->hdr);
-        s->iov[0].iov_base = s->hdr;
-        s->iov[0].iov_len = s->hdrlen;
-        s->niov = 1;
-        return 0;
-    }
-    size_t n = 0;
-    for (uint32_t i = 0; i < b; i++) {
-        uint8_t *seg = p;
-        if (i > 0) {
-            memcpy(p, "\r\n", 2);
-            p += 2;
-        }
-        p += sprintf((char *)p, "*3\r\n$3\r\nSET\r\n$%u\r\n", (unsigned)MC_KEY_LEN);
-        memcpy(p, key, MC_KEY_LEN);
-        s->ctr_off[i] = (size_t)(p - s->hdr) + MC_CTR_OFF;
-        p += MC_KEY_LEN;
-        memcpy(p, tail, (size_t)tl);
-        p += tl;
-        s->iov[n].iov_base = seg;
-        s->iov[n++].iov_len = (size_t)(p - seg);
-        s->iov[n].iov_base = (void *)cfg->pattern;
-        s->iov[n++].iov_len = cfg->vsize;
-    }
-    memcpy(p, "\r\n", 2);
-    s->iov[n].iov_base = p;
-    s->iov[n++].iov_len = 2;
-    p += 2;
-    s->hdrlen = (size_t)(p - s->hdr);
-    s->niov = n;
-    return 0;
-}
-
-/* mc_slot_build: a get or set request of batch keys into s; values are not copied. */
 static int
 mc_slot_build(struct mc_thread *t, struct mc_slot *s, enum mc_mode mode)
 {
     const struct mc_cfg *cfg = t->cfg;
-
-    if (cfg->proto == MC_PROTO_RESP) {
-        return mc_resp_slot_build(t, s, mode);
-    }
+    bool resp = cfg->proto == MC_PROTO_RESP;
     uint32_t b = cfg->batch;
     char key[MC_KEY_LEN + 1];
-    char tail[48];
-    int tl = snprintf(tail, sizeof(tail), " 0 0 %zu\r\n", cfg->vsize);
-    size_t cap = mode == MC_MODE_GET ? 3 + (size_t)b * (MC_KEY_LEN + 1) + 2
-                                     : (size_t)b * (2 + 4 + MC_KEY_LEN + (size_t)tl) + 2;
+    char head[32], pre[48], post[48];
+    const char *end = "";
+
+    head[0] = pre[0] = post[0] = '\0';
+    if (mode == MC_MODE_GET && resp) {
+        if (b == 1) {
+            snprintf(head, sizeof(head), "*2\r\n$3\r\nGET\r\n");
+        } else {
+            snprintf(head, sizeof(head), "*%u\r\n$4\r\nMGET\r\n", b + 1);
+        }
+        snprintf(pre, sizeof(pre), "$%u\r\n", (unsigned)MC_KEY_LEN);
+        snprintf(post, sizeof(post), "\r\n");
+    } else if (mode == MC_MODE_GET) {
+        snprintf(head, sizeof(head), "get");
+        snprintf(pre, sizeof(pre), " ");
+        end = "\r\n";
+    } else if (resp) {
+        snprintf(pre, sizeof(pre), "*3\r\n$3\r\nSET\r\n$%u\r\n", (unsigned)MC_KEY_LEN);
+        snprintf(post, sizeof(post), "\r\n$%zu\r\n", cfg->vsize);
+    } else {
+        snprintf(pre, sizeof(pre), "set ");
+        snprintf(post, sizeof(post), " 0 0 %zu\r\n", cfg->vsize);
+    }
+    size_t hl = strlen(head), pl = strlen(pre), ql = strlen(post), el = strlen(end);
+    size_t cap = hl + (size_t)b * (2 + pl + MC_KEY_LEN + ql) + el + 2;
 
     s->hdr = malloc(cap);
     s->ctr_off = calloc(b, sizeof(*s->ctr_off));
@@ -593,42 +558,37 @@ mc_slot_build(struct mc_thread *t, struct mc_slot *s, enum mc_mode mode)
     }
     mc_key(key, cfg, t->id, 0);
     uint8_t *p = s->hdr;
-    if (mode == MC_MODE_GET) {
-        memcpy(p, "get", 3);
-        p += 3;
-        for (uint32_t i = 0; i < b; i++) {
-            *p++ = ' ';
-            memcpy(p, key, MC_KEY_LEN);
-            s->ctr_off[i] = (size_t)(p - s->hdr) + MC_CTR_OFF;
-            p += MC_KEY_LEN;
+    memcpy(p, head, hl);
+    p += hl;
+    size_t n = 0;
+    for (uint32_t i = 0; i < b; i++) {
+        uint8_t *seg = p;
+        if (mode == MC_MODE_SET && i > 0) {
+            memcpy(p, "\r\n", 2);         /* the previous value's end */
+            p += 2;
         }
-        memcpy(p, "\r\n", 2);
-        p += 2;
+        memcpy(p, pre, pl);
+        p += pl;
+        memcpy(p, key, MC_KEY_LEN);
+        s->ctr_off[i] = (size_t)(p - s->hdr) + MC_CTR_OFF;
+        p += MC_KEY_LEN;
+        memcpy(p, post, ql);
+        p += ql;
+        if (mode == MC_MODE_SET) {
+            s->iov[n].iov_base = seg;
+            s->iov[n++].iov_len = (size_t)(p - seg);
+            s->iov[n].iov_base = (void *)cfg->pattern;
+            s->iov[n++].iov_len = cfg->vsize;
+        }
+    }
+    if (mode == MC_MODE_GET) {
+        memcpy(p, end, el);
+        p += el;
         s->hdrlen = (size_t)(p - s->hdr);
         s->iov[0].iov_base = s->hdr;
         s->iov[0].iov_len = s->hdrlen;
         s->niov = 1;
         return 0;
-    }
-    /* "set K 0 0 S\r\n" V "\r\nset K 0 0 S\r\n" V ... "\r\n" */
-    size_t n = 0;
-    for (uint32_t i = 0; i < b; i++) {
-        uint8_t *seg = p;
-        if (i > 0) {
-            memcpy(p, "\r\n", 2);
-            p += 2;
-        }
-        memcpy(p, "set ", 4);
-        p += 4;
-        memcpy(p, key, MC_KEY_LEN);
-        s->ctr_off[i] = (size_t)(p - s->hdr) + MC_CTR_OFF;
-        p += MC_KEY_LEN;
-        memcpy(p, tail, (size_t)tl);
-        p += tl;
-        s->iov[n].iov_base = seg;
-        s->iov[n++].iov_len = (size_t)(p - seg);
-        s->iov[n].iov_base = (void *)cfg->pattern;
-        s->iov[n++].iov_len = cfg->vsize;
     }
     memcpy(p, "\r\n", 2);
     s->iov[n].iov_base = p;

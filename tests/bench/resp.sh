@@ -234,20 +234,18 @@ run_row() {
     echo "   median: $med"
 }
 
-# mp_row OP SIZE KEYS: REPS runs of kvstash-bench against the msgpack port (OP get: KEYS
-# keys preloaded by it; put: new keys); the median line (by req/s) in $med, or return 1.
-mp_row() {
-    local op=$1 size=$2 keys=$3 out lines=() args
-    args=("${cpin[@]}" "$KVBENCH" -H "127.0.0.1:$mport" -m "$op" -b 1 -d 16 -c 8 -s "$size"
-          -t "$SECS" -p "$kvd_pid" -q)
-    [ "$op" = get ] && args+=(-k $(( (keys + 7) / 8 )))
-    [ "$op" = put ] && args+=(-C)
-    show "${args[@]}"
+# tool_reps PORT ERR CMD...: REPS runs of CMD (kvstash-bench or mc-bench with -q: one result
+# line), each after a FLUSHALL of the RESP server on PORT, its stderr in ERR; the median line
+# (by req/s) in $med, or return 1 when no run succeeded.
+tool_reps() {
+    local port=$1 err=$2 out lines=()
+    shift 2
+    show "$@"
     for rep in $(seq 1 "$REPS"); do
-        timeout 60 redis-cli -p "$kport" flushall >/dev/null
-        out=$(timeout $(( SECS * 4 + 120 )) "${args[@]}" 2>"$tmp/kb.err" | tail -n 1)
+        timeout 60 redis-cli -p "$port" flushall >/dev/null
+        out=$(timeout $(( SECS * 4 + 120 )) "$@" 2>"$err" | tail -n 1)
         if [ -z "$(field req/s "$out")" ] || [ "$(field errors "$out")" != 0 ]; then
-            echo "   run $rep FAILED: $out $(head -n 2 "$tmp/kb.err")"
+            echo "   run $rep FAILED: $out $(head -n 2 "$err")"
             continue
         fi
         echo "   run $rep: $out"
@@ -260,30 +258,46 @@ mp_row() {
     echo "   median: $med"
 }
 
+# mp_row OP SIZE KEYS: REPS runs of kvstash-bench against the msgpack port (OP get: KEYS
+# keys preloaded by it; put: new keys); the median line (by req/s) in $med, or return 1.
+mp_row() {
+    local op=$1 size=$2 keys=$3 args
+    args=("${cpin[@]}" "$KVBENCH" -H "127.0.0.1:$mport" -m "$op" -b 1 -d 16 -c 8 -s "$size"
+          -t "$SECS" -p "$kvd_pid" -q)
+    [ "$op" = get ] && args+=(-k $(( (keys + 7) / 8 )))
+    [ "$op" = put ] && args+=(-C)
+    tool_reps "$kport" "$tmp/kb.err" "${args[@]}"
+}
+
 # mc_row PORT PID OP SIZE KEYS: REPS runs of mc-bench -P resp against PORT (a RESP server
 # of pid PID; get: KEYS keys preloaded by it, set: new keys), after a FLUSHALL each; the
 # median line (by req/s) in $med, or return 1.
 mc_row() {
-    local port=$1 pid=$2 op=$3 size=$4 keys=$5 out lines=() args
+    local port=$1 pid=$2 op=$3 size=$4 keys=$5 args
     args=("${cpin[@]}" "$MCB" -P resp -H "127.0.0.1:$port" -m "$op" -b 1 -d 16 -c 8
           -s "$size" -t "$SECS" -p "$pid" -C -q)
     [ "$op" = get ] && args+=(-k $(( (keys + 7) / 8 )))
-    show "${args[@]}"
-    for rep in $(seq 1 "$REPS"); do
-        timeout 60 redis-cli -p "$port" flushall >/dev/null
-        out=$(timeout $(( SECS * 4 + 120 )) "${args[@]}" 2>"$tmp/mc.err" | tail -n 1)
-        if [ -z "$(field req/s "$out")" ] || [ "$(field errors "$out")" != 0 ]; then
-            echo "   run $rep FAILED: $out $(head -n 2 "$tmp/mc.err")"
-            continue
-        fi
-        echo "   run $rep: $out"
-        lines+=("$out")
-    done
-    [ "${#lines[@]}" -gt 0 ] || return 1
-    med=$(printf '%s\n' "${lines[@]}" | awk '{ for (i = 1; i <= NF; i++) if ($i ~ /^req\/s=/) {
-              split($i, kv, "="); print kv[2] "\t" $0 } }' |
-          sort -g | awk -F'\t' '{ l[NR] = $2 } END { print l[int((NR + 1) / 2)] }')
-    echo "   median: $med"
+    tool_reps "$port" "$tmp/mc.err" "${args[@]}"
+}
+
+# server_port_pid SERVER: port and pid of the RESP server SERVER (kvstash or redis) into
+# $port and $pid; $port is empty when that server is not running.
+server_port_pid() {
+    if [ "$1" = redis ]; then
+        port=$rport
+        pid=$redis_pid
+    else
+        port=$kport
+        pid=$kvd_pid
+    fi
+}
+
+# kvd_alive: die, with the tail of its log, when kvstashd has exited.
+kvd_alive() {
+    if ! kill -0 "$kvd_pid" 2>/dev/null; then
+        tail -n 20 "$tmp/kvstashd.log" >&2
+        die "kvstashd died"
+    fi
 }
 
 declare -A kv_row redis_row mp_row_med mc_kv_row mc_redis_row
@@ -297,12 +311,7 @@ for op in get set; do
         keys=$(( mem_bytes / 2 / size ))
         [ "$keys" -gt 100000 ] && keys=100000
         for server in kvstash redis; do
-            port=$kport
-            pid=$kvd_pid
-            if [ "$server" = redis ]; then
-                port=$rport
-                pid=$redis_pid
-            fi
+            server_port_pid "$server"
             [ -n "$port" ] || continue
             echo "== $server $name"
             if [ "$op" = get ]; then
@@ -318,10 +327,7 @@ for op in get set; do
             elif [ "$server" = kvstash ]; then
                 failed=$(( failed + 1 ))
             fi
-            if ! kill -0 "$kvd_pid" 2>/dev/null; then
-                tail -n 20 "$tmp/kvstashd.log" >&2
-                die "kvstashd died"
-            fi
+            kvd_alive
             echo
         done
         if [ -n "$KVBENCH" ]; then
@@ -333,20 +339,12 @@ for op in get set; do
             else
                 failed=$(( failed + 1 ))
             fi
-            if ! kill -0 "$kvd_pid" 2>/dev/null; then
-                tail -n 20 "$tmp/kvstashd.log" >&2
-                die "kvstashd died"
-            fi
+            kvd_alive
             echo
         fi
         if [ -n "$MCB" ]; then
             for server in kvstash redis; do
-                port=$kport
-                pid=$kvd_pid
-                if [ "$server" = redis ]; then
-                    port=$rport
-                    pid=$redis_pid
-                fi
+                server_port_pid "$server"
                 [ -n "$port" ] || continue
                 echo "== $server $name, mc-bench -P resp"
                 if mc_row "$port" "$pid" "$op" "$size" "$keys"; then
@@ -355,10 +353,7 @@ for op in get set; do
                 elif [ "$server" = kvstash ]; then
                     failed=$(( failed + 1 ))
                 fi
-                if ! kill -0 "$kvd_pid" 2>/dev/null; then
-                    tail -n 20 "$tmp/kvstashd.log" >&2
-                    die "kvstashd died"
-                fi
+                kvd_alive
                 echo
             done
         fi

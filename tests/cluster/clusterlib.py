@@ -28,7 +28,9 @@ conftest.py). A machine without /usr/bin/etcd skips the tests with the reason.
 """
 
 import base64
+import contextlib
 import json
+import mmap
 import os
 import signal
 import socket
@@ -46,6 +48,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
 import kvtest  # noqa: E402
 from kvtest import Client, Daemon, wait_for  # noqa: E402
 from place_ref import owners  # noqa: E402
+from test_tls import make_cert, openssl  # noqa: E402  (the TLS port's tests' certificates)
 
 ETCD = os.environ.get("ETCD") or "/usr/bin/etcd"
 ETCD_START_TIMEOUT = 20.0
@@ -55,6 +58,75 @@ def require_etcd():
     """Skip (with the reason) when etcd is not installed."""
     if not os.access(ETCD, os.X_OK):
         pytest.skip(f"no etcd at {ETCD} (apt-get install etcd-server, or make deps)")
+
+
+def make_pki(work, certs):
+    """work/pki: two CAs, ca and other-ca (.pem and .key), and for each (name, ca, cn, san)
+    of certs a certificate name.pem (subjectAltName san) signed by that CA, with its key
+    name.key. Returns the directory. Skips (with the reason) without an openssl command."""
+    if subprocess.run(["which", "openssl"], capture_output=True).returncode != 0:
+        pytest.skip("no openssl command (apt-get install openssl, or make deps)")
+    d = os.path.join(work, "pki")
+    os.makedirs(d)
+    for ca in ("ca", "other-ca"):
+        openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{ca}.key",
+                "-out", f"{ca}.pem", "-days", "2", "-subj", f"/CN=kvstash test {ca}", cwd=d)
+    for name, ca, cn, san in certs:
+        make_cert(d, name, ca=ca, cn=cn, san=san)
+    return d
+
+
+def _crc32c_table():
+    t = []
+    for b in range(256):
+        c = b
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        t.append(c)
+    return t
+
+
+_CRC32C_TABLE = _crc32c_table()
+
+
+def crc32c(data):
+    """CRC-32C (Castagnoli), a table per byte: the checksum every value travels with
+    between peers."""
+    crc = 0xFFFFFFFF
+    for b in data:
+        crc = (crc >> 8) ^ _CRC32C_TABLE[(crc ^ b) & 0xFF]
+    return crc ^ 0xFFFFFFFF
+
+
+def register_memfd(c, size):
+    """A memfd of size bytes registered on the Unix connection c (register_buffer with the
+    descriptor): (fd, buffer id). The caller closes fd."""
+    fd = os.memfd_create("kvstash-cluster-test", os.MFD_CLOEXEC)
+    os.ftruncate(fd, size)
+    _, data = c.request("register_buffer", [{"size": size}])
+    assert socket.send_fds(c.sock, [data], [fd]) == len(data)
+    msg = c.recv()
+    assert msg[2] is None, msg
+    return fd, msg[3]
+
+
+@contextlib.contextmanager
+def shm_values(c, vals, keys):
+    """The values of keys back to back in a memfd registered on the Unix connection c: yields
+    batch_put_from's pieces ([[buffer id, offset, length]] per key); the memfd is closed
+    after."""
+    size = sum(len(vals[k]) for k in keys)
+    fd, buf = register_memfd(c, size)
+    try:
+        with mmap.mmap(fd, size) as mm:
+            pieces, off = [], 0
+            for k in keys:
+                mm[off:off + len(vals[k])] = vals[k]
+                pieces.append([[buf, off, len(vals[k])]])
+                off += len(vals[k])
+            yield pieces
+    finally:
+        os.close(fd)
 
 
 def free_port(host="127.0.0.1"):

@@ -1,6 +1,6 @@
 """Fixtures of the pool tests: work (a temp dir), etcd (a real etcd, skipped when it is not
 installed), pool (a clusterlib.Pool on that etcd, ttl 2 s), view_pools (starts
-clusterlib.ViewPool pools: fixed views, no etcd), daemon_single (a daemon in no pool).
+clusterlib.ViewPool pools: fixed views, no etcd), fixed_pool (3 daemons in one such view), daemon_single (a daemon in no pool).
 Everything started is killed at teardown, and the logs' tails printed (pytest shows them
 for a failed test).
 
@@ -66,6 +66,12 @@ def view_pools(work):
         for d in p.daemons:
             if d is not None:
                 print(f"---- {' '.join(d.cmd[1:])}\n{d.tail(20)}")
+
+
+@pytest.fixture
+def fixed_pool(view_pools):
+    """fixed_pool(n=3, extra=(), unix=False): n daemons in one fixed view, R = 2."""
+    return lambda n=3, extra=(), unix=False: view_pools(ViewPool, n, extra, unix)
 
 
 @pytest.fixture

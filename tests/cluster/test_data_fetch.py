@@ -31,26 +31,10 @@ sys.path.insert(0, os.path.join(HERE, "..", "integration"))
 sys.path.insert(0, HERE)
 
 import kvtest  # noqa: E402
-from clusterlib import ViewPool, wait_until  # noqa: E402
+from clusterlib import ViewPool, crc32c, wait_until  # noqa: E402
 from place_ref import owners  # noqa: E402
 
 pytestmark = pytest.mark.quick
-
-_T = []
-for _i in range(256):
-    _c = _i
-    for _ in range(8):
-        _c = (_c >> 1) ^ 0x82F63B78 if _c & 1 else _c >> 1
-    _T.append(_c)
-
-
-def crc32c(data):
-    """CRC-32C (Castagnoli), by table: the checksum peers send with every value."""
-    c = 0xFFFFFFFF
-    for b in data:
-        c = _T[(c ^ b) & 0xFF] ^ (c >> 8)
-    return c ^ 0xFFFFFFFF
-
 
 class FakeOwner:
     """A stand-in pool member on 127.0.0.1:port. peer_put is acknowledged (nothing kept);

@@ -13,10 +13,8 @@ Every value is checked against a table of digests; every wait is bounded.
 """
 
 import hashlib
-import mmap
 import os
 import signal
-import socket
 import sys
 import threading
 
@@ -26,25 +24,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "integration"))
 sys.path.insert(0, HERE)
 
-from clusterlib import ViewPool, wait_until  # noqa: E402
+from clusterlib import crc32c, shm_values, wait_until  # noqa: E402
 
 pytestmark = pytest.mark.quick     # all of them are in make test's short set
-
-
-def crc32c(data):
-    """CRC-32C (Castagnoli), bitwise: the checksum peers send with every value."""
-    crc = 0xFFFFFFFF
-    for b in data:
-        crc ^= b
-        for _ in range(8):
-            crc = (crc >> 1) ^ 0x82F63B78 if crc & 1 else crc >> 1
-    return crc ^ 0xFFFFFFFF
-
-
-@pytest.fixture
-def fixed_pool(view_pools):
-    """fixed_pool(n=3, extra=(), unix=False): n daemons in one fixed view, R = 2."""
-    return lambda n=3, extra=(), unix=False: view_pools(ViewPool, n, extra, unix)
 
 
 def values(n, size=40000, tag=b""):
@@ -213,25 +195,9 @@ def test_a_shared_memory_put_reaches_the_owners(fixed_pool):
     p = fixed_pool(unix=True)
     vals = values(8, size=50000, tag=b"m")
     keys = list(vals)
-    size = sum(len(v) for v in vals.values())
-    fd = os.memfd_create("kvstash-cluster-test", os.MFD_CLOEXEC)
-    try:
-        os.ftruncate(fd, size)
-        with mmap.mmap(fd, size) as mm:
-            pieces, off = [], 0
-            for k in keys:
-                mm[off:off + len(vals[k])] = vals[k]
-                pieces.append([[0, off, len(vals[k])]])
-                off += len(vals[k])
-            c = p.daemons[0].unix()
-            msgid, data = c.request("register_buffer", [{"size": size}])
-            assert socket.send_fds(c.sock, [data], [fd]) == len(data)
-            msg = c.recv()
-            assert msg[2] is None, msg
-            pieces = [[[msg[3], o, n]] for [[_, o, n]] in pieces]
-            assert c.call("batch_put_from", keys, pieces) == [0] * len(keys)
-    finally:
-        os.close(fd)
+    c = p.daemons[0].unix()
+    with shm_values(c, vals, keys) as pieces:
+        assert c.call("batch_put_from", keys, pieces) == [0] * len(keys)
     for i in range(3):
         mine = [k for k in keys if i in p.owners(k)]
         wait_until(lambda i=i, mine=mine: all(p.has(i, mine)), f"node {i}'s copies")

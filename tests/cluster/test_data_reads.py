@@ -10,7 +10,6 @@ table of SHA-256 digests, every wait bounded.
 import hashlib
 import mmap
 import os
-import socket
 import sys
 
 import pytest
@@ -19,21 +18,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "integration"))
 sys.path.insert(0, HERE)
 
-from clusterlib import wait_until  # noqa: E402
-from test_data_paths import fixed_pool, values  # noqa: E402,F401  (fixture)
+from clusterlib import register_memfd, wait_until  # noqa: E402
+from test_data_paths import values  # noqa: E402
 
 pytestmark = pytest.mark.quick
-
-
-def register_memfd(c, size):
-    """A memfd of size bytes registered on connection c: (fd, buffer id)."""
-    fd = os.memfd_create("kvstash-cluster-reads", os.MFD_CLOEXEC)
-    os.ftruncate(fd, size)
-    _, data = c.request("register_buffer", [{"size": size}])
-    assert socket.send_fds(c.sock, [data], [fd]) == len(data)
-    msg = c.recv()
-    assert msg[2] is None, msg
-    return fd, msg[3]
 
 
 def test_batch_get_into_fetches_a_local_miss_from_the_owners(fixed_pool):

@@ -28,6 +28,7 @@ sys.path.insert(0, HERE)
 from clusterlib import ViewPool, wait_until  # noqa: E402
 from kvtest import free_port, stop_process  # noqa: E402
 from test_data_writes import assert_owners_hold  # noqa: E402
+from test_resp import cmd  # noqa: E402  (one command in RESP form)
 
 redis = pytest.importorskip("redis", reason="python3-redis is not installed")
 
@@ -119,14 +120,6 @@ class Raw:
 
     def close(self):
         self.s.close()
-
-
-def cmd(*args):
-    out = [b"*%d\r\n" % len(args)]
-    for a in args:
-        a = a if isinstance(a, bytes) else str(a).encode()
-        out.append(b"$%d\r\n%s\r\n" % (len(a), a))
-    return b"".join(out)
 
 
 def test_set_and_mset_reach_every_owner(resp_pool):

@@ -11,13 +11,10 @@ wait is bounded.
 """
 
 import hashlib
-import mmap
 import os
 import signal
-import socket
 import sys
 import threading
-import time
 
 import pytest
 
@@ -25,39 +22,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "integration"))
 sys.path.insert(0, HERE)
 
-from clusterlib import ViewPool, wait_until  # noqa: E402
+from clusterlib import crc32c, shm_values, wait_until  # noqa: E402
 from kvtest import Client  # noqa: E402
+from test_direct import DirectClient  # noqa: E402
 
 pytestmark = pytest.mark.quick     # all of them are in make test's short set
 
 STOPPED_WAIT = 1.0      # seconds a reply is watched for while an owner is stopped
-
-
-@pytest.fixture
-def fixed_pool(view_pools):
-    """fixed_pool(n=3, extra=(), unix=False): n daemons in one fixed view, R = 2."""
-    return lambda n=3, extra=(), unix=False: view_pools(ViewPool, n, extra, unix)
-
-
-def _crc_table():
-    t = []
-    for b in range(256):
-        c = b
-        for _ in range(8):
-            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
-        t.append(c)
-    return t
-
-
-CRC_TABLE = _crc_table()
-
-
-def crc32c(data):
-    """CRC-32C (Castagnoli), a table per byte: the checksum every value travels with."""
-    crc = 0xFFFFFFFF
-    for b in data:
-        crc = (crc >> 8) ^ CRC_TABLE[(crc ^ b) & 0xFF]
-    return crc ^ 0xFFFFFFFF
 
 
 def values(n, size, tag):
@@ -140,76 +111,39 @@ def held_while_stopped(p, stopped, client, method, params):
     return w.msg[3]
 
 
-class FdClient(Client):
-    """A Client that keeps the descriptors the daemon sends (map_segment's, SCM_RIGHTS)."""
+class FdClient(DirectClient):
+    """test_direct's client (it keeps the descriptors the daemon sends), waiting longer: a
+    reply may be held while an owner is stopped."""
 
-    def __init__(self, sock):
-        super().__init__(sock)
-        self.fds = []
-
-    def recv(self):
-        deadline = time.monotonic() + 30
-        while True:
-            for msg in self.unpacker:
-                return msg
-            if time.monotonic() > deadline:
-                raise TimeoutError("no message from kvstashd")
-            data, fds, _, _ = socket.recv_fds(self.sock, 1 << 20, 4)
-            self.fds.extend(fds)
-            if not data:
-                raise ConnectionError("kvstashd closed the connection")
-            self.unpacker.feed(data)
+    recv_timeout = 30
 
 
-def keys_owned_by(p, vals, node):
-    return [k for k in vals if node in p.owners(k)]
+def values_owned_by(p, node, n, size, tag):
+    """values(n, size, tag) cut to the keys node owns; skips when placement gave it none."""
+    vals = values(n, size, tag)
+    keys = [k for k in vals if node in p.owners(k)]
+    if not keys:
+        pytest.skip(f"placement gave node {node} none of {n} keys")
+    return {k: vals[k] for k in keys}
 
 
 def test_write_ack_all_holds_batch_put_from_until_the_owners_answered(fixed_pool):
     p = fixed_pool(extra=["--write_ack=all", "--peer_timeout=20s"], unix=True)
-    vals = values(8, 50000, b"m")
-    keys = keys_owned_by(p, vals, 1)
-    if not keys:
-        pytest.skip("placement gave node 1 none of 8 keys")
-    vals = {k: vals[k] for k in keys}
-    size = sum(len(v) for v in vals.values())
-    fd = os.memfd_create("kvstash-writes-test", os.MFD_CLOEXEC)
-    try:
-        os.ftruncate(fd, size)
-        with mmap.mmap(fd, size) as mm:
-            pieces, off = [], 0
-            for k in keys:
-                mm[off:off + len(vals[k])] = vals[k]
-                pieces.append((off, len(vals[k])))
-                off += len(vals[k])
-            c = p.daemons[0].unix()
-            _, data = c.request("register_buffer", [{"size": size}])
-            assert socket.send_fds(c.sock, [data], [fd]) == len(data)
-            msg = c.recv()
-            assert msg[2] is None, msg
-            pieces = [[[msg[3], o, n]] for o, n in pieces]
-            res = held_while_stopped(p, 1, c, "batch_put_from", [keys, pieces])
-            assert res == [0] * len(keys)
-    finally:
-        os.close(fd)
+    vals = values_owned_by(p, 1, 8, 50000, b"m")
+    keys = list(vals)
+    c = p.daemons[0].unix()
+    with shm_values(c, vals, keys) as pieces:
+        res = held_while_stopped(p, 1, c, "batch_put_from", [keys, pieces])
+        assert res == [0] * len(keys)
     assert_owners_hold(p, keys, digests(vals))
 
 
 def test_write_ack_all_holds_put_end_until_the_owners_answered(fixed_pool):
     p = fixed_pool(extra=["--write_ack=all", "--peer_timeout=20s"], unix=True)
-    vals = values(6, 30000, b"d")
-    keys = keys_owned_by(p, vals, 2)
-    if not keys:
-        pytest.skip("placement gave node 2 none of 6 keys")
-    vals = {k: vals[k] for k in keys}
+    vals = values_owned_by(p, 2, 6, 30000, b"d")
+    keys = list(vals)
     c = FdClient.unix(p.daemons[0].unix_path)
-    res = c.call("map_segment", 0)
-    assert len(c.fds) == 1, f"map_segment sent {len(c.fds)} descriptors"
-    afd = c.fds.pop()
-    try:
-        mm = mmap.mmap(afd, res["size"])
-    finally:
-        os.close(afd)
+    mm, _ = c.map_arena()
     try:
         got = c.call("put_start", keys, [len(vals[k]) for k in keys])
         for k, pieces in zip(keys, got):

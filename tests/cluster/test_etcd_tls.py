@@ -14,31 +14,15 @@ certificates made here with openssl; every wait bounded.
     certificate of etcd's CA joins.
 """
 
-import os
-import subprocess
-
 import pytest
 
-from clusterlib import Etcd, Pool, wait_until
-from test_tls import make_cert, openssl
-
-
-def make_ca(d, name):
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out",
-            f"{name}.pem", "-days", "2", "-subj", f"/CN=kvstash test {name}", cwd=d)
+from clusterlib import Etcd, Pool, make_pki, wait_until
 
 
 @pytest.fixture
 def pki(work):
-    if subprocess.run(["which", "openssl"], capture_output=True).returncode != 0:
-        pytest.skip("no openssl command (apt-get install openssl, or make deps)")
-    d = os.path.join(work, "pki")
-    os.makedirs(d)
-    make_ca(d, "ca")
-    make_ca(d, "other-ca")
-    make_cert(d, "etcd", ca="ca", cn="etcd", san="IP:127.0.0.1")
-    make_cert(d, "member", ca="ca", cn="member", san="DNS:member")
-    return d
+    return make_pki(work, [("etcd", "ca", "etcd", "IP:127.0.0.1"),
+                           ("member", "ca", "member", "DNS:member")])
 
 
 def etcd_tls(work, pki, client_auth=False, also=()):

@@ -21,13 +21,11 @@ import hashlib
 import os
 import shutil
 import signal
-import subprocess
 
 import pytest
 
-from clusterlib import free_port, metric_total, wait_until
+from clusterlib import free_port, make_pki, metric_total, wait_until
 from place_ref import owners
-from test_tls import make_cert, openssl  # the same certificates as the TLS port's tests
 
 R = 2
 
@@ -35,23 +33,11 @@ R = 2
 SAN = ",".join(f"IP:127.0.0.{i}" for i in range(2, 8))    # every member's address
 
 
-def make_ca(d, name):
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out",
-            f"{name}.pem", "-days", "2", "-subj", f"/CN=kvstash test {name}", cwd=d)
-
-
 @pytest.fixture
 def pki(work):
-    if subprocess.run(["which", "openssl"], capture_output=True).returncode != 0:
-        pytest.skip("no openssl command (apt-get install openssl, or make deps)")
-    d = os.path.join(work, "pki")
-    os.makedirs(d)
-    make_ca(d, "ca")
-    make_ca(d, "other-ca")
-    make_cert(d, "member", ca="ca", cn="member", san=SAN)
-    make_cert(d, "rogue", ca="other-ca", cn="rogue", san=SAN)
-    make_cert(d, "liar", ca="ca", cn="liar", san="IP:127.0.0.99,DNS:elsewhere.example")
-    return d
+    return make_pki(work, [("member", "ca", "member", SAN),
+                           ("rogue", "other-ca", "rogue", SAN),
+                           ("liar", "ca", "liar", "IP:127.0.0.99,DNS:elsewhere.example")])
 
 
 def start_member(pool, pki, cert, i, metrics=False):

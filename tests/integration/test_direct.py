@@ -29,12 +29,14 @@ UNSUPPORTED = 15
 class DirectClient(Client):
     """A Client that also collects descriptors the daemon sends (SCM_RIGHTS)."""
 
+    recv_timeout = 10       # seconds recv waits for a message
+
     def __init__(self, sock):
         super().__init__(sock)
         self.fds = []
 
     def recv(self):
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + self.recv_timeout
         while True:
             for msg in self.unpacker:
                 return msg
