@@ -28,7 +28,7 @@ sys.path.insert(0, HERE)
 import kvtest  # noqa: E402
 from clusterlib import Proxy, ViewPool, metric_total, wait_until  # noqa: E402
 from place_ref import owners  # noqa: E402
-from test_ssd import bucket_files, walk_records  # noqa: E402
+from test_ssd import bucket_files, flip_byte, walk_records  # noqa: E402
 
 R = 2
 
@@ -76,13 +76,7 @@ def test_a_corrupted_replica_is_detected_and_routed_around(ssd_pool):
                 found[key] = (path, voff + vlen // 2)
     assert set(found) == set(keys), f"records found: {sorted(found)}"
     for key, (path, pos) in found.items():
-        with open(path, "r+b") as f:
-            f.seek(pos)
-            b = f.read(1)
-            f.seek(pos)
-            f.write(bytes([b[0] ^ 0xA5]))
-            f.flush()
-            os.fsync(f.fileno())
+        flip_byte(path, pos, 0xA5)
 
     p.start(1)
     wait_until(lambda: all(p.has(1, keys)), "node 1's index loaded")     # listed, not yet read

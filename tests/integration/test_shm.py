@@ -1074,7 +1074,7 @@ def objects_mostly_on_ssd(c, bufs, prefix, n, spare):
 
 
 def test_ssd_objects_go_straight_into_aligned_pieces(kv, bufs, work):
-    from test_ssd import bucket_files, walk_records
+    from test_ssd import bucket_files, flip_byte, walk_records
 
     d = kv("--memory_size=8m", "--ssd_bucket_size=16m")
     c = d.unix()
@@ -1111,11 +1111,7 @@ def test_ssd_objects_go_straight_into_aligned_pieces(kv, bufs, work):
     for path in bucket_files(ssd_dir):
         for key, voff, vlen in walk_records(path):
             if key == victim:
-                with open(path, "r+b") as f:
-                    f.seek(voff + 12345)
-                    b = f.read(1)
-                    f.seek(voff + 12345)
-                    f.write(bytes([b[0] ^ 0x5A]))
+                flip_byte(path, voff + 12345, 0x5A)
     d2 = Daemon(work, ("--memory_size=8m", "--ssd_bucket_size=16m"), data_dir=d.data_dir)
     try:
         d2.wait_ready()

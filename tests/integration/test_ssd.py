@@ -60,6 +60,17 @@ def bucket_bytes(ssd_dir):
     return total
 
 
+def flip_byte(path, pos, mask):
+    """XOR the byte at pos of the file at path with mask, synced: a one-byte disk fault."""
+    with open(path, "r+b") as f:
+        f.seek(pos)
+        b = f.read(1)
+        f.seek(pos)
+        f.write(bytes([b[0] ^ mask]))
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def walk_records(path):
     """Yield (key, value_offset, value_len) for every record of a bucket file."""
     with open(path, "rb") as f:
@@ -427,13 +438,7 @@ def test_flipped_byte_in_value_is_a_miss(work, kv):
                 found[key] = (path, voff + targets[key])
     assert set(found) == set(targets), f"records not found in {bucket_files(ssd_dir)}: {found}"
     for key, (path, pos) in found.items():
-        with open(path, "r+b") as f:
-            f.seek(pos)
-            b = f.read(1)
-            f.seek(pos)
-            f.write(bytes([b[0] ^ 0x5A]))
-            f.flush()
-            os.fsync(f.fileno())
+        flip_byte(path, pos, 0x5A)
 
     d = kv(data, "--memory_size=4m", "--ssd_offload=write_through")
     c = d.client()

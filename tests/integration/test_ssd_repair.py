@@ -17,7 +17,7 @@ import os
 import random
 
 from kvtest import wait_for
-from test_ssd import bucket_files, kv, walk_records  # noqa: F401 (kv: a fixture)
+from test_ssd import bucket_files, flip_byte, kv, walk_records  # noqa: F401 (kv: a fixture)
 
 KIB = 1 << 10
 ARGS = ("--memory_size=16m", "--ssd_bucket_size=2m", "--ssd_offload=write_through")
@@ -373,11 +373,7 @@ def test_parallel_rebuild_indexes_exactly_the_records_of_the_buckets(work, kv):
     os.truncate(cut_path, voff + vlen // 2)
     bad_path = buckets[-2]
     key, voff, vlen = list(walk_records(bad_path))[1]
-    with open(bad_path, "r+b") as f:
-        f.seek(voff + vlen // 3)
-        b = f.read(1)
-        f.seek(voff + vlen // 3)
-        f.write(bytes([b[0] ^ 0x40]))
+    flip_byte(bad_path, voff + vlen // 3, 0x40)
     expected, records = expected_after_rebuild(data, {(bad_path, voff)})
     assert len(expected) < len(keys)                        # the damage cost some keys
     with open(data_mdb(data), "r+b") as f:
