@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/uio.h>
 
 #include "../lib/harness.h"
 #include "config.h"
@@ -31,6 +32,7 @@
 #include "rdma_port.h"
 #include "repl.h"
 #include "server.h"
+#include "store.h"
 #include "view.h"
 #include "worker.h"
 
@@ -357,5 +359,58 @@ Test(peer_rdma, no_device_at_the_asking_node_means_tcp)
     cr_assert_eq(rs.peer_rdma_fetch_bytes, 0);
     cr_assert_eq(rs.remote_hits, T_KEYS);
     cr_assert_geq(rs.peer_bytes_in, s.total);
+    t_set_free(&s);
+}
+
+Test(peer_rdma, damaged_value_is_never_kept)
+{
+    struct t_set s;
+    struct repl_stats before, after;
+    struct server_stats sv;
+    struct store_obj *o;
+    struct iovec iov[STORE_MAX_EXTENTS];
+    struct kvstash *c;
+    const char *bad;
+    void *got = NULL;
+    size_t vlen = 0;
+
+    t_start(1, 1);
+    t_set_make(&s, "damaged");
+    t_put_a(&s);
+    /* A's copy of key 3 (1 MiB) is damaged in its DRAM after its CRC-32C was taken: A
+     * writes the damaged bytes and answers the CRC of the good ones. */
+    bad = s.key[3];
+    server_stats(t_a.srv, &sv);
+    struct kv_key k = {.tenant = 0, .len = (uint32_t)strlen(bad), .ptr = (const uint8_t *)bad};
+    cr_assert_eq(store_get(sv.store, &k, &o), 0);
+    (void)store_obj_crc(o);
+    cr_assert_gt(store_obj_iov(o, iov, STORE_MAX_EXTENTS), 0);
+    ((uint8_t *)iov[0].iov_base)[12345 % iov[0].iov_len] ^= 0x40;
+    store_obj_unref(sv.store, o);
+
+    before = t_b_stats();
+    cr_assert_eq(harness_client(t_b.addr, T_TIMEOUT, &c), 0);
+    /* R = 1: no other owner to ask, so a miss, never the damaged bytes */
+    cr_assert_eq(kvstash_get_alloc(c, bad, strlen(bad), &got, &vlen), KVSTASH_ENOTFOUND);
+    free(got);
+    after = t_b_stats();
+    cr_assert_eq(after.checksum_mismatches - before.checksum_mismatches, 1, "counted");
+    cr_assert_eq(after.remote_misses - before.remote_misses, 1);
+    cr_assert_eq(after.peer_rdma_fallbacks, 0, "a bad value is not an RDMA failure");
+    /* nothing was kept at B: the reservation was freed */
+    server_stats(t_b.srv, &sv);
+    cr_assert_neq(store_get(sv.store, &k, &o), 0);
+    /* the others still come byte-exact over RDMA */
+    for (int i = 0; i < T_KEYS; i++) {
+        if (i == 3) {
+            continue;
+        }
+        cr_assert_eq(kvstash_get_alloc(c, s.key[i], strlen(s.key[i]), &got, &vlen), 0);
+        cr_assert_eq(vlen, s.len[i]);
+        cr_assert(memcmp(got, s.val[i], vlen) == 0);
+        free(got);
+    }
+    cr_assert_gt(t_b_stats().peer_rdma_fetch_bytes, after.peer_rdma_fetch_bytes);
+    kvstash_close(c);
     t_set_free(&s);
 }
