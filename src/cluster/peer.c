@@ -84,6 +84,7 @@ struct peer_msg {
     const struct peer_sink *sink;   /* peer_call_sink's, or NULL */
     void *arg;
     bool rdma;                      /* peer_call_rdma's: needs the connection's queue pair */
+    bool into;                      /* ... and names memory the peer writes into */
 };
 
 /* DOWN -> CONNECTING -> (HANDSHAKE, with TLS) -> OPEN -> DOWN */
@@ -510,7 +511,7 @@ peer_call(struct peer_pool *p, const char *addr, const char *method, uint8_t *pa
 static int
 peer_call_full(struct peer_pool *p, const char *addr, const char *method, uint8_t *params,
                size_t plen, const struct peer_extra *x, const struct peer_sink *sink,
-               peer_done_fn *done, peer_sink_done_fn *sink_done, void *arg, bool rdma)
+               peer_done_fn *done, peer_sink_done_fn *sink_done, void *arg, int rdma)
 {
     size_t mlen = strlen(method);
     struct peer_msg *m;
@@ -575,7 +576,8 @@ peer_call_full(struct peer_pool *p, const char *addr, const char *method, uint8_
     m->sink_done = sink != NULL ? sink_done : NULL;
     m->sink = sink;
     m->arg = arg;
-    m->rdma = rdma;
+    m->rdma = rdma != 0;
+    m->into = rdma > 1;
     peer_add(&p->requests, 1);
     peer_add(&p->in_flight, 1);
     pthread_mutex_lock(&p->lock);
@@ -591,21 +593,22 @@ int
 peer_call_sink(struct peer_pool *p, const char *addr, const char *method, uint8_t *params,
                size_t plen, const struct peer_sink *sink, peer_sink_done_fn *done, void *arg)
 {
-    return peer_call_full(p, addr, method, params, plen, NULL, sink, NULL, done, arg, false);
+    return peer_call_full(p, addr, method, params, plen, NULL, sink, NULL, done, arg, 0);
 }
 
 int
 peer_call_ext(struct peer_pool *p, const char *addr, const char *method, uint8_t *params,
               size_t plen, const struct peer_extra *x, peer_done_fn *done, void *arg)
 {
-    return peer_call_full(p, addr, method, params, plen, x, NULL, done, NULL, arg, false);
+    return peer_call_full(p, addr, method, params, plen, x, NULL, done, NULL, arg, 0);
 }
 
 int
 peer_call_rdma(struct peer_pool *p, const char *addr, const char *method, uint8_t *params,
-               size_t plen, peer_done_fn *done, void *arg)
+               size_t plen, bool into, peer_done_fn *done, void *arg)
 {
-    return peer_call_full(p, addr, method, params, plen, NULL, NULL, done, NULL, arg, true);
+    return peer_call_full(p, addr, method, params, plen, NULL, NULL, done, NULL, arg,
+                          into ? 2 : 1);
 }
 
 /* peer_rdma_off: RDMA to c's peer is off for this connection (why): logged and counted. */
@@ -723,8 +726,10 @@ peer_take_incoming(struct peer_pool *p)
                     c->rdma_due = false;
                 }
                 if (m->rdma && c->rdma.state != PEER_RDMA_READY
-                    && c->rdma.state != PEER_RDMA_PENDING) {
-                    peer_answer(p, m, KV_UNSUPPORTED, NULL);    /* no queue pair: over TCP */
+                    && (m->into || c->rdma.state != PEER_RDMA_PENDING)) {
+                    /* no queue pair: over TCP; one still being connected may take a call
+                       behind its rdma_connect, but not writes into this node's memory */
+                    peer_answer(p, m, KV_UNSUPPORTED, NULL);
                     peer_msg_free(m);
                     m = next;
                     continue;
@@ -1206,7 +1211,7 @@ peer_expire(struct peer_pool *p)
                 peer_rdma_off(p, c, "rdma_connect was not answered within peer_timeout");
             }
             if (m->msgid != PEER_HELLO_ID && m->deadline <= now) {
-                if (m->rdma && m->done != NULL) {
+                if (m->into && m->done != NULL) {
                     /* its writes may still come: the queue pair goes before the caller
                        frees the memory it named */
                     peer_rdma_off(p, c, "an RDMA call was not answered within peer_timeout");
@@ -1234,7 +1239,7 @@ peer_expire(struct peer_pool *p)
         }
         for (m = c->wq; m != NULL; m = m->next) {
             if (m->done != NULL && m->deadline <= now) {
-                if (m->rdma && m->off > 0) {
+                if (m->into && m->off > 0) {
                     peer_rdma_off(p, c, "an RDMA call was not sent within peer_timeout");
                 }
                 peer_answer(p, m, KV_TIMEOUT, NULL);

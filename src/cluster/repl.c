@@ -330,7 +330,7 @@ repl_batch_go(struct repl_batch *b, bool tcp)
     }
     if (rdma) {
         return peer_call_rdma(r->pool, repl_batch_addr(b), "peer_sizes", (uint8_t *)sb.data,
-                              sb.size, repl_rdma_sizes, b) != 0 ? -1 : 0;
+                              sb.size, false, repl_rdma_sizes, b) != 0 ? -1 : 0;
     }
     return peer_call_sink(r->pool, repl_batch_addr(b), "peer_get", (uint8_t *)sb.data, sb.size,
                           &repl_sink, repl_fetch_answer, b) != 0 ? -1 : 0;
@@ -615,7 +615,7 @@ repl_rdma_sizes(void *arg, int status, const uint8_t *res, size_t len)
     }
     if (sb.data == NULL
         || peer_call_rdma(r->pool, repl_batch_addr(b), "peer_get_into", (uint8_t *)sb.data,
-                          sb.size, repl_rdma_into, b) != 0) {
+                          sb.size, true, repl_rdma_into, b) != 0) {
         if (sb.data == NULL) {
             msgpack_sbuffer_destroy(&sb);
         }
@@ -656,7 +656,8 @@ repl_rdma_into(void *arg, int status, const uint8_t *res, size_t len)
     uint32_t n;
 
     if (status == KV_UNSUPPORTED) {
-        repl_rdma_tcp(b, "it has no queue pair for this connection");
+        /* no connected queue pair (not yet, after a new dial; or refused, counted then) */
+        repl_rdma_tcp(b, NULL);
         return;
     }
     mp_reader_init(&rd, res, len);
