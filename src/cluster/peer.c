@@ -154,9 +154,11 @@ peer_answer(struct peer_pool *p, struct peer_msg *m, int status, struct mp_reade
 {
     if (m->done != NULL) {
         peer_done_fn *done = m->done;
+        /* an RDMA call never sent (the connection has no queue pair) is no error */
+        bool unsent = m->rdma && m->off == 0 && status == KV_UNSUPPORTED;
 
         m->done = NULL;
-        if (status != 0 && status != KV_NOT_FOUND) {
+        if (status != 0 && status != KV_NOT_FOUND && !unsent) {
             peer_add(&p->errors, 1);
             peer_add(&p->timeouts, status == KV_TIMEOUT);
         }
@@ -729,7 +731,8 @@ peer_take_incoming(struct peer_pool *p)
                     && (m->into || c->rdma.state != PEER_RDMA_PENDING)) {
                     /* no queue pair: over TCP; one still being connected may take a call
                        behind its rdma_connect, but not writes into this node's memory */
-                    peer_answer(p, m, KV_UNSUPPORTED, NULL);
+                    atomic_fetch_sub_explicit(&p->requests, 1, memory_order_relaxed);
+                    peer_answer(p, m, KV_UNSUPPORTED, NULL);    /* not sent: no error */
                     peer_msg_free(m);
                     m = next;
                     continue;
