@@ -338,6 +338,7 @@ Test(peer_rdma, no_device_at_the_owner_means_tcp)
     rs = t_b_stats();
     cr_assert_eq(rs.peer_rdma_connects, 0);
     cr_assert_eq(rs.peer_rdma_fallbacks, 1, "A refused rdma_connect: counted once");
+    cr_assert_eq(rs.peer_errors, 0, "a fetch not tried over RDMA is no peer error");
     cr_assert_eq(rs.peer_rdma_fetch_bytes, 0);
     cr_assert_eq(rs.remote_hits, T_KEYS);
     cr_assert_geq(rs.peer_bytes_in, s.total);
