@@ -160,6 +160,20 @@ rdma_emu_qp_force_error(uint32_t qpn)
     return qp != NULL ? 0 : KV_NOT_FOUND;
 }
 
+int
+rdma_emu_qp_force_error_all(void)
+{
+    int n = 0;
+
+    pthread_mutex_lock(&emu.lock);
+    for (struct rdma_ops_qp *qp = emu.qps; qp != NULL; qp = qp->next) {
+        qp->state = RDMA_QPS_ERR;
+        n++;
+    }
+    pthread_mutex_unlock(&emu.lock);
+    return n;
+}
+
 /* ---- device ---- */
 
 static int

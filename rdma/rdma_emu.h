@@ -53,4 +53,11 @@ void rdma_emu_set_port_active(int active);
  */
 int rdma_emu_qp_force_error(uint32_t qpn);
 
+/*
+ * rdma_emu_qp_force_error_all: move every QP of the fabric to ERR (for a test whose QPs
+ * are made where it cannot see their numbers: two daemons' peer connections). Returns how
+ * many.
+ */
+int rdma_emu_qp_force_error_all(void);
+
 #endif

@@ -551,6 +551,15 @@ metrics_cluster_data(struct metrics_buf *b, const struct metrics_sum *m, struct 
     one(b, "kvstash_cluster_peer_auth_failures_total", "counter",
         "Logins to peers (hello as admin with <data_dir>/cluster_token) they refused.",
         rs.peer_auth_failures);
+    one(b, "kvstash_cluster_peer_rdma_connects_total", "counter",
+        "Queue pairs connected to peers (rdma_connect over a peer connection).",
+        rs.peer_rdma_connects);
+    one(b, "kvstash_cluster_peer_rdma_fallbacks_total", "counter",
+        "Peer connections left on TCP: the peer refused RDMA (no device there), or a queue "
+        "pair or an RDMA fetch failed on it.", rs.peer_rdma_fallbacks);
+    one(b, "kvstash_cluster_peer_rdma_fetch_bytes_total", "counter",
+        "Value bytes fetched from peers over RDMA (their writes into this node's arena).",
+        rs.peer_rdma_fetch_bytes);
     peer_tls_stats(&ts);
     fam(b, "kvstash_cluster_peer_tls_refused_total", "counter",
         "TLS handshakes to peers refused for the peer's certificate: not for the host of its "

@@ -731,8 +731,7 @@ server_rdma_open(struct server *s, const struct kv_config *c)
         log_info("rdma: %s; serving without RDMA", why);
         return 0;
     }
-    s->rpc.rdma_arena = s->rdma_arena;
-    s->transports[s->rpc.ntransports++] = "rdma";
+    s->rpc.rdma_arena = s->rdma_arena;     /* "rdma" joins the transports after the sockets' */
     log_info("rdma: device %s port %llu, the %llu-byte arena registered", rdma_dev_name(s->rdma_dev),
              (unsigned long long)c->rdma_port, (unsigned long long)size);
     return 0;
@@ -814,6 +813,8 @@ server_cluster_start(struct server *s, const struct kv_config *c)
         .wait_acks = c->write_ack == CONF_WRITE_ACK_ALL,
         .wake = server_wake,
         .wake_arg = s,
+        .rdma_dev = s->rdma_dev,
+        .rdma_arena = s->rdma_arena,
     };
     const char *fixed = getenv("KVSTASH_TEST_VIEW");
     char token[CLUSTER_TOKEN_MAX + 1], why[512];
@@ -1397,6 +1398,9 @@ server_create(const struct kv_config *conf, const char *config_path, int argc, c
     s->rpc.transports = s->transports;
     s->rpc.stats_fn = stats_collect;
     s->rpc.stats_arg = s;
+    if (server_rdma_open(s, c) != 0) {     /* before the pool: its peers use the device */
+        goto fail;
+    }
     if (c->cluster_name[0] != '\0' && server_cluster_start(s, c) != 0) {
         goto fail;
     }
@@ -1489,8 +1493,8 @@ server_create(const struct kv_config *conf, const char *config_path, int argc, c
         s->metrics_fd = -1;         /* the admin thread's now */
     }
     server_listen_congestion(s, c->local_tcp_congestion);
-    if (server_rdma_open(s, c) != 0) {
-        goto fail;
+    if (s->rdma_arena != NULL) {
+        s->transports[s->rpc.ntransports++] = "rdma";
     }
     server_apply_quotas(s, NULL, c);
 

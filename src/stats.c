@@ -10,6 +10,7 @@
 #include <stdio.h>
 
 #include "conn.h"
+#include "repl.h"
 #include "rpc.h"
 #include "server.h"
 #include "ssd.h"
@@ -127,6 +128,14 @@ stats_collect(void *arg, const char **names, uint64_t *values, int max)
     STAT("loading", st.loading);
     STAT("offloading", st.offloading);
     STAT("quota_exceeded", st.quota_exceeded);
+    if (sv.repl != NULL) {
+        struct repl_stats rs;
+
+        repl_stats(sv.repl, &rs);
+        STAT("peer_rdma_connects", rs.peer_rdma_connects);
+        STAT("peer_rdma_fallbacks", rs.peer_rdma_fallbacks);
+        STAT("peer_rdma_fetch_bytes", rs.peer_rdma_fetch_bytes);
+    }
     if (sv.ssd != NULL) {
         struct ssd_stats ss;
 

@@ -22,7 +22,7 @@ LAYERS = {
     "storage": ["util"],
     "rdma": ["util"],
     "client": ["util", "protocol", "rdma"],
-    "src/cluster": ["util", "protocol", "storage"],
+    "src/cluster": ["util", "protocol", "storage", "rdma"],
     "src/rpc": ["util", "protocol", "storage", "rdma", "src/cluster"],
     "src": ["util", "protocol", "storage", "rdma", "src/rpc", "src/cluster"],
 }

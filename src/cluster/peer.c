@@ -44,7 +44,9 @@
 #include "kverr.h"
 #include "log.h"
 #include "mp.h"
+#include "peer_rdma.h"
 #include "peer_tls.h"
+#include "rdma_port.h"
 #include "view.h"
 
 #define PEER_ADDR_MAX 256
@@ -57,6 +59,8 @@
 #define PEER_AUTH_BACKOFF_MIN_MS 1000  /* a refused login: a setup error, retried slowly */
 #define PEER_AUTH_BACKOFF_MAX_MS 60000 /* (under the 10 failures a minute that lock out an address) */
 #define PEER_HELLO_ID 0u             /* msgid of the login; calls count from 1 */
+#define PEER_RDMA_ID UINT32_MAX      /* msgid of rdma_connect (peer_rdma.h); never a call's */
+#define PEER_RDMA_CQ 4096u           /* the pool's CQ: room for this many peers' queue pairs */
 #define PEER_SEGS_IN 8               /* segments kept in the message; more are malloc'd */
 #define PEER_WRITE_IOV 1024          /* iovecs per writev (IOV_MAX) */
 
@@ -79,6 +83,8 @@ struct peer_msg {
     peer_sink_done_fn *sink_done;   /* peer_call_sink's done (then done is a placeholder) */
     const struct peer_sink *sink;   /* peer_call_sink's, or NULL */
     void *arg;
+    bool rdma;                      /* peer_call_rdma's: needs the connection's queue pair */
+    bool into;                      /* ... and names memory the peer writes into */
 };
 
 /* DOWN -> CONNECTING -> (HANDSHAKE, with TLS) -> OPEN -> DOWN */
@@ -111,6 +117,8 @@ struct peer_conn {
     struct mp_hole *holes;          /* the message's taken bodies (offsets into in) */
     size_t nholes, hcap;
     uint32_t events;                /* what epoll watches now */
+    bool rdma_due;                  /* rdma_connect goes after the login on a new connection */
+    struct peer_rdma rdma;          /* its queue pair (peer_rdma.h) */
 };
 
 struct peer_pool {
@@ -126,6 +134,8 @@ struct peer_pool {
     struct peer_msg *incoming, *incoming_tail;
     _Atomic uint32_t next_id;
     struct peer_conn *conns;
+    struct rdma_cq *cq;             /* this node has an RDMA device: the connections' QPs' CQ */
+    _Atomic uint64_t rdma_connects, rdma_fallbacks;
     _Atomic uint64_t requests, errors, timeouts, bytes_out, bytes_in, connects, in_flight;
     _Atomic uint64_t auth_failures;
 };
@@ -144,9 +154,11 @@ peer_answer(struct peer_pool *p, struct peer_msg *m, int status, struct mp_reade
 {
     if (m->done != NULL) {
         peer_done_fn *done = m->done;
+        /* an RDMA call never sent (the connection has no queue pair) is no error */
+        bool unsent = m->rdma && m->off == 0 && status == KV_UNSUPPORTED;
 
         m->done = NULL;
-        if (status != 0 && status != KV_NOT_FOUND) {
+        if (status != 0 && status != KV_NOT_FOUND && !unsent) {
             peer_add(&p->errors, 1);
             peer_add(&p->timeouts, status == KV_TIMEOUT);
         }
@@ -242,6 +254,7 @@ peer_conn_close(struct peer_pool *p, struct peer_conn *c)
 static void
 peer_conn_down(struct peer_pool *p, struct peer_conn *c, const char *why, int err)
 {
+    peer_rdma_stop(&c->rdma, PEER_RDMA_NONE);  /* before the calls fail: no write lands later */
     if (c->fd >= 0) {
         log_warn("peer %s: %s%s%s; its requests fail, next dial in %llu ms", c->dial, why,
                  err ? ": " : "", err ? strerror(err) : "",
@@ -386,6 +399,7 @@ peer_dial(struct peer_pool *p, struct peer_conn *c)
     pthread_mutex_lock(&p->lock);
     c->hello_due = p->token[0] != '\0';
     pthread_mutex_unlock(&p->lock);
+    c->rdma_due = p->cq != NULL;
     peer_add(&p->connects, 1);
     return 0;
 }
@@ -499,7 +513,7 @@ peer_call(struct peer_pool *p, const char *addr, const char *method, uint8_t *pa
 static int
 peer_call_full(struct peer_pool *p, const char *addr, const char *method, uint8_t *params,
                size_t plen, const struct peer_extra *x, const struct peer_sink *sink,
-               peer_done_fn *done, peer_sink_done_fn *sink_done, void *arg)
+               peer_done_fn *done, peer_sink_done_fn *sink_done, void *arg, int rdma)
 {
     size_t mlen = strlen(method);
     struct peer_msg *m;
@@ -536,7 +550,7 @@ peer_call_full(struct peer_pool *p, const char *addr, const char *method, uint8_
         return -ENOMEM;
     }
     m->msgid = atomic_fetch_add_explicit(&p->next_id, 1, memory_order_relaxed);
-    if (m->msgid == PEER_HELLO_ID) {
+    while (m->msgid == PEER_HELLO_ID || m->msgid == PEER_RDMA_ID) {
         m->msgid = atomic_fetch_add_explicit(&p->next_id, 1, memory_order_relaxed);
     }
     h = peer_head(m->head, m->msgid, method, mlen);
@@ -564,6 +578,8 @@ peer_call_full(struct peer_pool *p, const char *addr, const char *method, uint8_
     m->sink_done = sink != NULL ? sink_done : NULL;
     m->sink = sink;
     m->arg = arg;
+    m->rdma = rdma != 0;
+    m->into = rdma > 1;
     peer_add(&p->requests, 1);
     peer_add(&p->in_flight, 1);
     pthread_mutex_lock(&p->lock);
@@ -579,14 +595,87 @@ int
 peer_call_sink(struct peer_pool *p, const char *addr, const char *method, uint8_t *params,
                size_t plen, const struct peer_sink *sink, peer_sink_done_fn *done, void *arg)
 {
-    return peer_call_full(p, addr, method, params, plen, NULL, sink, NULL, done, arg);
+    return peer_call_full(p, addr, method, params, plen, NULL, sink, NULL, done, arg, 0);
 }
 
 int
 peer_call_ext(struct peer_pool *p, const char *addr, const char *method, uint8_t *params,
               size_t plen, const struct peer_extra *x, peer_done_fn *done, void *arg)
 {
-    return peer_call_full(p, addr, method, params, plen, x, NULL, done, NULL, arg);
+    return peer_call_full(p, addr, method, params, plen, x, NULL, done, NULL, arg, 0);
+}
+
+int
+peer_call_rdma(struct peer_pool *p, const char *addr, const char *method, uint8_t *params,
+               size_t plen, bool into, peer_done_fn *done, void *arg)
+{
+    return peer_call_full(p, addr, method, params, plen, NULL, NULL, done, NULL, arg,
+                          into ? 2 : 1);
+}
+
+/* peer_rdma_off: RDMA to c's peer is off for this connection (why): logged and counted. */
+static void
+peer_rdma_off(struct peer_pool *p, struct peer_conn *c, const char *why)
+{
+    if (c->rdma.state == PEER_RDMA_OFF) {
+        return;                     /* said once per connection */
+    }
+    peer_rdma_stop(&c->rdma, PEER_RDMA_OFF);
+    peer_add(&p->rdma_fallbacks, 1);
+    log_warn("peer %s: no RDMA to it: %s; its values come over TCP on this connection",
+             c->addr, why);
+}
+
+void
+peer_rdma_fail(struct peer_pool *p, const char *addr, const char *why)
+{
+    for (struct peer_conn *c = p->conns; c != NULL; c = c->next) {
+        if (strcmp(c->addr, addr) == 0) {
+            peer_rdma_off(p, c, why);
+            return;
+        }
+    }
+}
+
+/*
+ * peer_rdma_msg: rdma_connect with a new queue pair's info, for a new connection; NULL when
+ * no queue pair or no memory (then RDMA is off on it).
+ */
+static struct peer_msg *
+peer_rdma_msg(struct peer_pool *p, struct peer_conn *c)
+{
+    uint8_t info[RDMA_QP_INFO_LEN];
+    struct peer_msg *m = calloc(1, sizeof(*m));
+    int rc;
+    size_t n;
+
+    if (m == NULL || (m->buf = malloc(64)) == NULL) {
+        free(m);
+        peer_rdma_off(p, c, "out of memory");
+        return NULL;
+    }
+    rc = peer_rdma_start(&c->rdma, p->cq, info);
+    if (rc != 0) {
+        free(m->buf);
+        free(m);
+        c->rdma.state = PEER_RDMA_NONE;
+        peer_rdma_off(p, c, rc == KV_NO_SPACE ? "this node's CQ for peers is full"
+                                              : "its queue pair could not be made");
+        return NULL;
+    }
+    n = peer_head(m->buf, PEER_RDMA_ID, "rdma_connect", 12);
+    m->buf[n++] = 0x91;             /* params: [ bin 30 ] */
+    m->buf[n++] = 0xc4;
+    m->buf[n++] = RDMA_QP_INFO_LEN;
+    memcpy(m->buf + n, info, RDMA_QP_INFO_LEN);
+    m->len = n + RDMA_QP_INFO_LEN;
+    m->seg = m->seg_in;
+    m->seg[0].iov_base = m->buf;
+    m->seg[0].iov_len = m->len;
+    m->nseg = 1;
+    m->msgid = PEER_RDMA_ID;
+    m->deadline = clock_ms() + p->cfg.timeout_ms;   /* unanswered by then: RDMA off */
+    return m;
 }
 
 /* peer_take_incoming: move handed-over calls to their connections' write queues. */
@@ -630,6 +719,23 @@ peer_take_incoming(struct peer_pool *p)
                         c->login_wait = true;
                     }
                     c->hello_due = false;
+                }
+                if (c->rdma_due) {
+                    struct peer_msg *rm = peer_rdma_msg(p, c);
+                    if (rm != NULL) {
+                        peer_push(&c->wq, &c->wq_tail, rm);
+                    }
+                    c->rdma_due = false;
+                }
+                if (m->rdma && c->rdma.state != PEER_RDMA_READY
+                    && (m->into || c->rdma.state != PEER_RDMA_PENDING)) {
+                    /* no queue pair: over TCP; one still being connected may take a call
+                       behind its rdma_connect, but not writes into this node's memory */
+                    atomic_fetch_sub_explicit(&p->requests, 1, memory_order_relaxed);
+                    peer_answer(p, m, KV_UNSUPPORTED, NULL);    /* not sent: no error */
+                    peer_msg_free(m);
+                    m = next;
+                    continue;
                 }
                 peer_push(&c->wq, &c->wq_tail, m);
                 if (c->state == PEER_OPEN) {
@@ -707,7 +813,7 @@ peer_write(struct peer_pool *p, struct peer_conn *c)
                 c->wq_tail = NULL;
             }
             peer_msg_written(m);
-            if (m->done == NULL && m->msgid != PEER_HELLO_ID) {
+            if (m->done == NULL && m->msgid != PEER_HELLO_ID && m->msgid != PEER_RDMA_ID) {
                 peer_msg_free(m);           /* timed out while being written */
             } else {
                 peer_push(&c->fq, &c->fq_tail, m);
@@ -792,6 +898,20 @@ peer_reply(struct peer_pool *p, struct peer_conn *c, const uint8_t *msg, size_t 
     if (m->msgid == PEER_HELLO_ID) {
         peer_msg_free(m);
         return peer_login_answer(p, c, status);
+    }
+    if (m->msgid == PEER_RDMA_ID) {
+        char why[160];
+
+        peer_msg_free(m);
+        if (c->rdma.state == PEER_RDMA_PENDING) {
+            if (peer_rdma_answer(&c->rdma, status, &rd, why, sizeof(why)) == 0) {
+                peer_add(&p->rdma_connects, 1);
+            } else {
+                c->rdma.state = PEER_RDMA_NONE;
+                peer_rdma_off(p, c, why);
+            }
+        }
+        return 0;
     }
     if (status == 0 && m->sink != NULL) {
         mp_reader_holes(&rd, c->holes, c->nholes);     /* the bodies its sink took */
@@ -1090,7 +1210,15 @@ peer_expire(struct peer_pool *p)
             struct peer_msg *next = m->next;
 
             login_late |= m->msgid == PEER_HELLO_ID && m->deadline <= now;
+            if (m->msgid == PEER_RDMA_ID && m->deadline <= now) {
+                peer_rdma_off(p, c, "rdma_connect was not answered within peer_timeout");
+            }
             if (m->msgid != PEER_HELLO_ID && m->deadline <= now) {
+                if (m->into && m->done != NULL) {
+                    /* its writes may still come: the queue pair goes before the caller
+                       frees the memory it named */
+                    peer_rdma_off(p, c, "an RDMA call was not answered within peer_timeout");
+                }
                 peer_answer(p, m, KV_TIMEOUT, NULL);
                 if (c->sm == m) {
                     c->sm = NULL;   /* the rest of its body is read and dropped */
@@ -1114,6 +1242,9 @@ peer_expire(struct peer_pool *p)
         }
         for (m = c->wq; m != NULL; m = m->next) {
             if (m->done != NULL && m->deadline <= now) {
+                if (m->into && m->off > 0) {
+                    peer_rdma_off(p, c, "an RDMA call was not sent within peer_timeout");
+                }
                 peer_answer(p, m, KV_TIMEOUT, NULL);
                 if (c->sm == m) {
                     c->sm = NULL;   /* the rest of its body is read and dropped */
@@ -1249,6 +1380,12 @@ peer_pool_create(const struct peer_config *cfg, struct peer_pool **out)
             return rc;
         }
     }
+    if (cfg->rdma_dev != NULL && (rc = rdma_cq_create(cfg->rdma_dev, PEER_RDMA_CQ, &p->cq)) != 0) {
+        log_warn("cluster: no RDMA to peers: its completion queue could not be made (%s); "
+                 "values move over TCP", rc < 0 ? strerror(-rc) : kv_strerror(rc));
+        p->cq = NULL;
+    }
+    p->cfg.rdma_dev = NULL;
     atomic_init(&p->next_id, 1);
     pthread_mutex_init(&p->lock, NULL);
     p->epfd = epoll_create1(EPOLL_CLOEXEC);
@@ -1306,6 +1443,7 @@ peer_pool_destroy(struct peer_pool *p)
         struct peer_conn *c = p->conns;
 
         p->conns = c->next;
+        peer_rdma_stop(&c->rdma, PEER_RDMA_NONE);  /* before the calls fail, as in down */
         peer_fail_list(p, c->wq, KV_UNAVAILABLE);
         peer_fail_list(p, c->fq, KV_UNAVAILABLE);
         peer_tls_close(c->tls);
@@ -1321,6 +1459,10 @@ peer_pool_destroy(struct peer_pool *p)
     }
     if (p->evfd >= 0) {
         close(p->evfd);
+    }
+    if (p->cq != NULL) {
+        (void)rdma_cq_poll(p->cq, (struct rdma_done[1]){{0}}, 1);   /* nothing is posted here */
+        rdma_cq_destroy(p->cq);
     }
     pthread_mutex_destroy(&p->lock);
     peer_tls_ctx_free(p->tls);
@@ -1338,4 +1480,6 @@ peer_stats(struct peer_pool *p, struct peer_stats *out)
     out->connects = atomic_load_explicit(&p->connects, memory_order_relaxed);
     out->in_flight = atomic_load_explicit(&p->in_flight, memory_order_relaxed);
     out->auth_failures = atomic_load_explicit(&p->auth_failures, memory_order_relaxed);
+    out->rdma_connects = atomic_load_explicit(&p->rdma_connects, memory_order_relaxed);
+    out->rdma_fallbacks = atomic_load_explicit(&p->rdma_fallbacks, memory_order_relaxed);
 }

@@ -19,6 +19,13 @@
  * there, over TLS (peer_tls.h); the calls still name it by its plain address.
  * A call may name a sink (peer_call_sink): its reply's big values are then
  * received straight into the caller's memory, not copied through a buffer.
+ * With an RDMA device (peer_config.rdma_dev), each new connection also sets
+ * up one RC queue pair to the peer (peer_rdma.h: rdma_connect, right after
+ * the login), so that the peer can RDMA-WRITE values into this node's
+ * registered arena (peer_call_rdma). A peer that refuses it (no device
+ * there), a queue pair that fails, or an RDMA call that fails leaves that
+ * connection on TCP (logged, counted in rdma_fallbacks) until it is dialled
+ * again.
  *
  * Threads: peer_call is safe from any thread (a locked hand-off queue and an
  * eventfd); everything else happens on the pool's thread, including every
@@ -28,10 +35,12 @@
 #ifndef PEER_H
 #define PEER_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 struct peer_pool;
+struct rdma_dev;
 
 struct peer_config {
     uint64_t timeout_ms;            /* peer_timeout: every call is answered within this */
@@ -40,6 +49,8 @@ struct peer_config {
     const char *tls_cert;           /* PEM files of this member's certificate chain and key, */
     const char *tls_key;            /* and of the CAs peers' certificates must chain to ("": */
     const char *tls_ca;             /* none checked); tls_cert NULL or "": no TLS (read at create) */
+    struct rdma_dev *rdma_dev;      /* this node's RDMA device (its arena registered), or NULL:
+                                       no RDMA to peers; borrowed, outlives the pool */
 };
 
 /* Counters of the pool (relaxed atomics; any thread reads them). */
@@ -52,6 +63,8 @@ struct peer_stats {
     uint64_t connects;              /* connections made */
     uint64_t in_flight;             /* calls not answered yet */
     uint64_t auth_failures;         /* logins (hello as admin) a peer refused */
+    uint64_t rdma_connects;         /* queue pairs connected to peers */
+    uint64_t rdma_fallbacks;        /* connections left on TCP: RDMA refused there or failed */
 };
 
 /*
@@ -140,6 +153,27 @@ struct peer_sink {
 int peer_call_sink(struct peer_pool *p, const char *addr, const char *method, uint8_t *params,
                    size_t plen, const struct peer_sink *sink, peer_sink_done_fn *done,
                    void *arg);
+
+/*
+ * peer_call_rdma: peer_call for a call of the RDMA path (peer_sizes, and with into
+ * peer_get_into, which names this node's memory for the peer to write into). Answered
+ * KV_UNSUPPORTED at once, without sending anything, when the connection to addr has no
+ * queue pair (no device here, the peer refused rdma_connect, or RDMA failed on it) or, for
+ * into, not a connected one yet: the caller then asks over TCP. An into call that ends
+ * without the peer's answer (timeout, connection lost) destroys the queue pair before done
+ * is called, so no write of the peer lands after it: the caller may free the memory it
+ * named. Returns as peer_call.
+ */
+int peer_call_rdma(struct peer_pool *p, const char *addr, const char *method, uint8_t *params,
+                   size_t plen, bool into, peer_done_fn *done, void *arg);
+
+/*
+ * peer_rdma_fail: the caller found RDMA to addr failing (the peer answered that its writes
+ * failed): destroy the connection's queue pair, log why (once per connection) and count a
+ * fallback; its calls go over TCP until it is dialled again. The pool's thread only (a done
+ * callback).
+ */
+void peer_rdma_fail(struct peer_pool *p, const char *addr, const char *why);
 
 /* peer_stats: a snapshot of the counters. */
 void peer_stats(struct peer_pool *p, struct peer_stats *out);

@@ -14,6 +14,16 @@
  * when the whole reply is in and each one's CRC-32C matches; a value that
  * could not be reserved is buffered and copied in as before.
  *
+ * Over RDMA (this node has a device and the connection to the owner a queue
+ * pair, peer.h): the batch asks the owner for the values' sizes
+ * (peer_sizes), reserves them here, and names the reservations as (addr,
+ * length, rkey) of the registered arena in a peer_get_into, whose answer
+ * comes once the owner RDMA-WRITTEN every value into them: each one's
+ * CRC-32C is then computed over the reservation and checked as above. A
+ * connection without a queue pair, or an owner that says its writes failed,
+ * sends the same batch as a peer_get over TCP instead (peer_rdma_fail: that
+ * connection stays on TCP), so RDMA never fails a get.
+ *
  * A client's puts wait in their event loop's thread-local batch (repl_out: an
  * object reference, its owner and ticket per key and owner) until the request
  * layer calls repl_flush at the end of the request; the flush sends one
@@ -40,6 +50,7 @@
 #include "mp.h"
 #include "peer.h"
 #include "place.h"
+#include "rdma_port.h"
 #include "store.h"
 #include "view.h"
 
@@ -73,12 +84,14 @@ struct repl {
     _Atomic uint64_t remote_hits, remote_misses, checksum_mismatches;
     _Atomic uint64_t repl_sent, repl_acked, repl_failed, repl_conflicts, repl_drops;
     _Atomic uint64_t queue_bytes, queue_depth;
+    _Atomic uint64_t rdma_fetch_bytes;
 };
 
 /* A value of a peer_get's reply being received straight into its reservation. */
 struct repl_slot {
     struct store_obj *obj;          /* reserved for entry i (writer reference), or NULL */
     uint32_t crc;                   /* CRC-32C of the bytes landed so far */
+    int8_t got;                     /* RDMA: entry i not reserved: 1 there already, 0 not */
 };
 
 /* One peer_get in flight: the entries it asks for, in the order of its keys. */
@@ -267,6 +280,62 @@ repl_batch_free(struct repl_batch *b)
     free(b);
 }
 
+/* repl_batch_addr: the owner batch b asks (all its entries ask the same one). */
+static const char *
+repl_batch_addr(const struct repl_batch *b)
+{
+    const struct repl_fetch *e = b->e[0];
+
+    return e->view->nodes[e->owners[e->next]].addr;
+}
+
+/* repl_pack_keys: [tenant, keys, (one more param follows when more)] of b into pk. */
+static void
+repl_pack_keys(const struct repl_batch *b, msgpack_packer *pk, bool more)
+{
+    msgpack_pack_array(pk, more ? 3 : 2);
+    msgpack_pack_uint32(pk, b->tenant);
+    msgpack_pack_array(pk, b->n);
+    for (uint32_t j = 0; j < b->n; j++) {
+        msgpack_pack_bin(pk, b->e[j]->klen);
+        msgpack_pack_bin_body(pk, b->e[j]->key, b->e[j]->klen);
+    }
+}
+
+static void repl_rdma_sizes(void *arg, int status, const uint8_t *res, size_t len);
+
+/*
+ * repl_batch_go: send b: over RDMA (peer_sizes first) when this node has a device, else (or
+ * tcp) as a peer_get whose values land in reservations through repl_sink. 0, or -1 when
+ * nothing was sent (b is the caller's still).
+ */
+static int
+repl_batch_go(struct repl_batch *b, bool tcp)
+{
+    struct repl *r = b->r;
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+    bool rdma = !tcp && r->cfg.rdma_arena != NULL;
+
+    for (uint32_t i = 0; i < b->n; i++) {
+        store_abort(r->cfg.store, b->slot[i].obj);  /* a batch sent again: from scratch */
+        memset(&b->slot[i], 0, sizeof(b->slot[i]));
+    }
+    b->cur = 0;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    repl_pack_keys(b, &pk, false);
+    if (sb.data == NULL) {
+        return -1;
+    }
+    if (rdma) {
+        return peer_call_rdma(r->pool, repl_batch_addr(b), "peer_sizes", (uint8_t *)sb.data,
+                              sb.size, false, repl_rdma_sizes, b) != 0 ? -1 : 0;
+    }
+    return peer_call_sink(r->pool, repl_batch_addr(b), "peer_get", (uint8_t *)sb.data, sb.size,
+                          &repl_sink, repl_fetch_answer, b) != 0 ? -1 : 0;
+}
+
 /*
  * repl_send: one peer_get per owner node for the entries e[0..n) (each asks its
  * owners[next]). Entries whose batch cannot be sent are returned in *failed (their count).
@@ -287,8 +356,6 @@ repl_send(struct repl *r, uint32_t tenant, struct repl_fetch **e, uint32_t n,
         uint16_t node = e[i]->owners[e[i]->next];
         const struct cluster_view *v = e[i]->view;
         struct repl_batch *b;
-        msgpack_sbuffer sb;
-        msgpack_packer pk;
         uint32_t m = 0;
 
         if (sent[i]) {
@@ -311,25 +378,13 @@ repl_send(struct repl *r, uint32_t tenant, struct repl_fetch **e, uint32_t n,
         b->tenant = tenant;
         b->n = 0;
         b->slot = calloc(m, sizeof(*b->slot));
-        msgpack_sbuffer_init(&sb);
-        msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-        msgpack_pack_array(&pk, 2);
-        msgpack_pack_uint32(&pk, tenant);
-        msgpack_pack_array(&pk, m);
         for (uint32_t j = i; j < n; j++) {
             if (!sent[j] && e[j]->view == v && e[j]->owners[e[j]->next] == node) {
                 sent[j] = true;
                 b->e[b->n++] = e[j];
-                msgpack_pack_bin(&pk, e[j]->klen);
-                msgpack_pack_bin_body(&pk, e[j]->key, e[j]->klen);
             }
         }
-        if (sb.data == NULL || b->slot == NULL
-            || peer_call_sink(r->pool, v->nodes[node].addr, "peer_get", (uint8_t *)sb.data,
-                              sb.size, &repl_sink, repl_fetch_answer, b) != 0) {
-            if (sb.data == NULL || b->slot == NULL) {
-                msgpack_sbuffer_destroy(&sb);
-            }
+        if (b->slot == NULL || repl_batch_go(b, false) != 0) {
             for (uint32_t j = 0; j < b->n; j++) {
                 failed[(*nfailed)++] = b->e[j];
             }
@@ -389,26 +444,20 @@ repl_fetch_value(struct repl *r, struct mp_reader *rd, const struct repl_fetch *
     return rc == 0 || rc == KV_EXISTS || rc == KV_BUSY ? 1 : 0;
 }
 
-/* The answer to one peer_get (peer thread). */
+/*
+ * repl_batch_settle: b's answer is in: got[i] 1 kept, 0 absent, < 0 failed (got NULL: all
+ * failed). Entries not kept go to their next owner, the others are done; b is freed and the
+ * waiting requests woken (peer thread).
+ */
 static void
-repl_fetch_answer(void *arg, int status, struct mp_reader *res)
+repl_batch_settle(struct repl_batch *b, const int8_t *got)
 {
-    struct repl_batch *b = arg;
     struct repl *r = b->r;
-    uint32_t n = 0;
-    int8_t *got = calloc(b->n ? b->n : 1, sizeof(*got));   /* 1 kept, 0 absent, < 0 failed */
     struct repl_fetch **retry = malloc((b->n ? b->n : 1) * sizeof(*retry));
     struct repl_fetch **failed = malloc((b->n ? b->n : 1) * sizeof(*failed));
     uint32_t nretry = 0, nfailed = 0;
     uint64_t now;
 
-    bool ok = status == 0 && res != NULL && mp_read_array(res, &n) == 0 && n == b->n;
-    for (uint32_t i = 0; got != NULL && i < b->n; i++) {
-        got[i] = ok ? (int8_t)repl_fetch_value(r, res, b->e[i], &b->slot[i]) : -1;
-        if (got[i] == -1) {
-            ok = false;             /* a broken reply: the rest is not read */
-        }
-    }
     for (uint32_t i = 0; i < b->n; i++) {
         store_abort(r->cfg.store, b->slot[i].obj);  /* a reply cut short: before any retry */
         b->slot[i].obj = NULL;
@@ -434,11 +483,232 @@ repl_fetch_answer(void *arg, int status, struct mp_reader *res)
         repl_send(r, b->tenant, retry, nretry, failed, &nfailed);
     }
     repl_fail(r, failed, nfailed, now);
-    free(got);
     free(retry);
     free(failed);
     repl_batch_free(b);
     r->cfg.wake(r->cfg.wake_arg);   /* the requests that waited look again */
+}
+
+/* The answer to one peer_get (peer thread). */
+static void
+repl_fetch_answer(void *arg, int status, struct mp_reader *res)
+{
+    struct repl_batch *b = arg;
+    uint32_t n = 0;
+    int8_t *got = calloc(b->n ? b->n : 1, sizeof(*got));   /* 1 kept, 0 absent, < 0 failed */
+    bool ok = status == 0 && res != NULL && mp_read_array(res, &n) == 0 && n == b->n;
+
+    for (uint32_t i = 0; got != NULL && i < b->n; i++) {
+        got[i] = ok ? (int8_t)repl_fetch_value(b->r, res, b->e[i], &b->slot[i]) : -1;
+        if (got[i] == -1) {
+            ok = false;             /* a broken reply: the rest is not read */
+        }
+    }
+    repl_batch_settle(b, got);
+    free(got);
+}
+
+/* ---- fetching over RDMA ---- */
+
+#define REPL_RDMA_SEGS 64           /* segments of one reservation (its extents, split at MRs) */
+
+/* repl_rdma_tcp: RDMA to b's owner failed (why): that connection goes to TCP, b with it. */
+static void
+repl_rdma_tcp(struct repl_batch *b, const char *why)
+{
+    if (why != NULL) {
+        peer_rdma_fail(b->r->pool, repl_batch_addr(b), why);
+    }
+    if (repl_batch_go(b, true) != 0) {
+        repl_batch_settle(b, NULL);
+    }
+}
+
+/*
+ * repl_rdma_pack_segs: the (addr, length, rkey) segments of reservation o in the arena, as
+ * [[addr, length, rkey], ...] into pk. 0, or -1 (not arena memory, or too many segments).
+ */
+static int
+repl_rdma_pack_segs(struct repl *r, struct store_obj *o, msgpack_packer *pk)
+{
+    struct iovec iov[STORE_MAX_EXTENTS];
+    struct rdma_seg segs[REPL_RDMA_SEGS];
+    int n = store_obj_iov(o, iov, STORE_MAX_EXTENTS);
+    int total = 0;
+
+    for (int i = 0; i < n; i++) {
+        int k;
+
+        if (rdma_region_segs(r->cfg.rdma_arena, iov[i].iov_base, iov[i].iov_len, segs + total,
+                             REPL_RDMA_SEGS - total, &k) != 0) {
+            return -1;
+        }
+        total += k;
+    }
+    msgpack_pack_array(pk, (size_t)total);
+    for (int i = 0; i < total; i++) {
+        msgpack_pack_array(pk, 3);
+        msgpack_pack_uint64(pk, segs[i].addr);
+        msgpack_pack_uint64(pk, segs[i].len);
+        msgpack_pack_uint32(pk, segs[i].rkey);
+    }
+    return 0;
+}
+
+static void repl_rdma_into(void *arg, int status, const uint8_t *res, size_t len);
+
+/*
+ * The answer to a batch's peer_sizes (peer thread): reserve each value here and ask the
+ * owner to write them into the reservations (peer_get_into).
+ */
+static void
+repl_rdma_sizes(void *arg, int status, const uint8_t *res, size_t len)
+{
+    struct repl_batch *b = arg;
+    struct repl *r = b->r;
+    struct mp_reader rd;
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+    uint32_t n;
+
+    if (status == KV_UNSUPPORTED) {
+        repl_rdma_tcp(b, NULL);     /* no queue pair on that connection: over TCP */
+        return;
+    }
+    mp_reader_init(&rd, res, len);
+    if (status != 0 || mp_read_array(&rd, &n) != 0 || n != b->n) {
+        repl_batch_settle(b, NULL);     /* as a failed peer_get: the next owners */
+        return;
+    }
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    repl_pack_keys(b, &pk, true);
+    msgpack_pack_array(&pk, b->n);
+    for (uint32_t i = 0; i < b->n; i++) {
+        const struct repl_fetch *e = b->e[i];
+        struct kv_key key = {.tenant = e->tenant, .len = e->klen, .ptr = e->key};
+        uint64_t size;
+        int rc;
+
+        if (mp_peek(&rd) == MP_NIL) {
+            mp_read_nil(&rd);
+            msgpack_pack_array(&pk, 0);     /* not there: nothing to write */
+            continue;
+        }
+        if (mp_read_uint(&rd, &size) != 0) {
+            msgpack_sbuffer_destroy(&sb);
+            repl_batch_settle(b, NULL);
+            return;
+        }
+        rc = store_reserve(r->cfg.store, &key, size, &b->slot[i].obj);
+        if (rc != 0) {
+            b->slot[i].obj = NULL;
+            b->slot[i].got = rc == KV_EXISTS || rc == KV_BUSY;  /* there, or being written */
+            msgpack_pack_array(&pk, 0);
+            continue;
+        }
+        if (repl_rdma_pack_segs(r, b->slot[i].obj, &pk) != 0) {
+            msgpack_sbuffer_destroy(&sb);
+            repl_rdma_tcp(b, "a reservation is not in the registered arena");
+            return;
+        }
+    }
+    if (sb.data == NULL
+        || peer_call_rdma(r->pool, repl_batch_addr(b), "peer_get_into", (uint8_t *)sb.data,
+                          sb.size, true, repl_rdma_into, b) != 0) {
+        if (sb.data == NULL) {
+            msgpack_sbuffer_destroy(&sb);
+        }
+        repl_batch_settle(b, NULL);
+    }
+}
+
+/* repl_rdma_crc: the CRC-32C of reservation o's bytes (written by the owner). */
+static uint32_t
+repl_rdma_crc(struct store_obj *o)
+{
+    struct iovec iov[STORE_MAX_EXTENTS];
+    int n = store_obj_iov(o, iov, STORE_MAX_EXTENTS);
+    uint64_t left = store_obj_size(o);
+    uint32_t crc = 0;
+
+    for (int i = 0; i < n && left > 0; i++) {
+        size_t k = iov[i].iov_len < left ? iov[i].iov_len : (size_t)left;
+
+        crc = crc32c_extend(crc, iov[i].iov_base, k);
+        left -= k;
+    }
+    return crc;
+}
+
+/*
+ * The answer to a batch's peer_get_into (peer thread): per key nil, [crc, length] (written
+ * into its reservation) or a code (the owner's writes failed). Each written value is checked
+ * against its CRC-32C here and published; a code sends the batch over TCP.
+ */
+static void
+repl_rdma_into(void *arg, int status, const uint8_t *res, size_t len)
+{
+    struct repl_batch *b = arg;
+    struct repl *r = b->r;
+    struct mp_reader rd, scan;
+    int8_t *got;
+    uint32_t n;
+
+    if (status == KV_UNSUPPORTED) {
+        /* no connected queue pair (not yet, after a new dial; or refused, counted then) */
+        repl_rdma_tcp(b, NULL);
+        return;
+    }
+    mp_reader_init(&rd, res, len);
+    if (status != 0 || mp_read_array(&rd, &n) != 0 || n != b->n) {
+        repl_batch_settle(b, NULL);     /* timeout, lost: peer.c destroyed the queue pair */
+        return;
+    }
+    scan = rd;
+    for (uint32_t i = 0; i < n; i++) {
+        enum mp_type t = mp_peek(&scan);
+
+        if (t != MP_NIL && t != MP_ARRAY) {
+            repl_rdma_tcp(b, "its RDMA writes failed");     /* a code: the queue pair's error */
+            return;
+        }
+        (void)mp_skip(&scan);
+    }
+    got = calloc(b->n ? b->n : 1, sizeof(*got));
+    for (uint32_t i = 0; got != NULL && i < b->n; i++) {
+        const struct repl_fetch *e = b->e[i];
+        struct store_obj *o = b->slot[i].obj;
+        uint32_t two;
+        uint64_t crc, vlen;
+        int rc;
+
+        if (mp_peek(&rd) == MP_NIL) {
+            mp_read_nil(&rd);
+            got[i] = b->slot[i].got;
+            continue;
+        }
+        if (mp_read_array(&rd, &two) != 0 || two != 2 || mp_read_uint(&rd, &crc) != 0
+            || mp_read_uint(&rd, &vlen) != 0 || o == NULL) {
+            free(got);
+            repl_batch_settle(b, NULL);     /* a broken answer */
+            return;
+        }
+        b->slot[i].obj = NULL;
+        if (crc > UINT32_MAX || vlen != store_obj_size(o) || repl_rdma_crc(o) != (uint32_t)crc) {
+            store_abort(r->cfg.store, o);
+            repl_add(&r->checksum_mismatches, 1);
+            log_warn("cluster: a value fetched over RDMA from %s failed its CRC-32C; asking "
+                     "the next owner", repl_batch_addr(b));
+            got[i] = -2;
+            continue;
+        }
+        rc = store_commit_crc(r->cfg.store, o, (uint32_t)crc, !e->owned);
+        got[i] = rc == 0 || rc == KV_EXISTS || rc == KV_BUSY;
+        repl_add(&r->rdma_fetch_bytes, rc == 0 ? vlen : 0);
+    }
+    repl_batch_settle(b, got);
+    free(got);
 }
 
 int
@@ -906,6 +1176,7 @@ repl_create(const struct repl_config *cfg, struct repl **out)
         .tls_cert = cfg->tls_cert,
         .tls_key = cfg->tls_key,
         .tls_ca = cfg->tls_ca,
+        .rdma_dev = cfg->rdma_arena != NULL ? cfg->rdma_dev : NULL,
     };
     struct repl *r = calloc(1, sizeof(*r));
     int rc;
@@ -977,4 +1248,7 @@ repl_stats(struct repl *r, struct repl_stats *out)
     out->peer_bytes_out = ps.bytes_out;
     out->peer_bytes_in = ps.bytes_in;
     out->peer_auth_failures = ps.auth_failures;
+    out->peer_rdma_connects = ps.rdma_connects;
+    out->peer_rdma_fallbacks = ps.rdma_fallbacks;
+    out->peer_rdma_fetch_bytes = atomic_load_explicit(&r->rdma_fetch_bytes, memory_order_relaxed);
 }

@@ -32,6 +32,8 @@
 
 struct kv_key;
 struct peer_pool;
+struct rdma_dev;
+struct rdma_region;
 struct repl;
 struct store;
 struct store_obj;
@@ -48,6 +50,8 @@ struct repl_config {
     bool wait_acks;                 /* write_ack all: a put's reply waits for the owners */
     const char *token;              /* the admin token peers log in with, or NULL */
     const char *tls_cert, *tls_key, *tls_ca;    /* TLS to peers (peer.h), or NULL */
+    struct rdma_dev *rdma_dev;      /* this node's RDMA device and its registered arena: */
+    const struct rdma_region *rdma_arena;   /* values fetched over RDMA (NULL: TCP only) */
     void (*wake)(void *arg);        /* wake every event loop (a fetch ended): any thread */
     void *wake_arg;
 };
@@ -70,6 +74,9 @@ struct repl_stats {
     uint64_t peer_bytes_out;
     uint64_t peer_bytes_in;
     uint64_t peer_auth_failures;    /* logins a peer refused (peer.h) */
+    uint64_t peer_rdma_connects;    /* queue pairs connected to peers (peer.h) */
+    uint64_t peer_rdma_fallbacks;   /* peer connections left on TCP: RDMA refused or failed */
+    uint64_t peer_rdma_fetch_bytes; /* value bytes fetched over RDMA (owners' writes) */
 };
 
 /* repl_create: the pool's thread and an empty fetch table. 0 and *out, or -errno. */

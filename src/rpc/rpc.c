@@ -82,6 +82,8 @@ static const char *const rpc_names[RPC_METHOD_COUNT] = {
     [RPC_PEER_GET] = "peer_get",
     [RPC_PEER_EXISTS] = "peer_exists",
     [RPC_PEER_PUT] = "peer_put",
+    [RPC_PEER_SIZES] = "peer_sizes",
+    [RPC_PEER_GET_INTO] = "peer_get_into",
 };
 
 const char *
@@ -779,6 +781,8 @@ static rpc_handler_fn *const rpc_handlers[RPC_METHOD_COUNT] = {
     [RPC_PEER_GET] = rpc_peer_get,
     [RPC_PEER_EXISTS] = rpc_peer_exists,
     [RPC_PEER_PUT] = rpc_peer_put,
+    [RPC_PEER_SIZES] = rpc_peer_sizes,
+    [RPC_PEER_GET_INTO] = rpc_peer_get_into,
 };
 
 /* ---- dispatch ---- */

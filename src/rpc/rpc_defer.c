@@ -20,6 +20,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <sys/uio.h>
 
 #include "copier.h"
 #include "kverr.h"
@@ -407,6 +408,52 @@ rpc_xfer_count(struct rpc_ctx *ctx, const struct rpc_xfer *x, bool rdma)
 }
 
 int
+rpc_xfer_map(struct rpc_xfer *x, uint32_t key, struct store_obj *o, const struct rpc_piece *pc,
+             uint32_t np, uint64_t limit, bool into_obj)
+{
+    struct iovec ext[STORE_MAX_EXTENTS];
+    int next = store_obj_iov(o, ext, STORE_MAX_EXTENTS);
+    int e = 0;
+    uint32_t p = 0;
+    uint64_t eo = 0;
+    uint64_t po = 0;
+
+    while (limit > 0 && e < next && p < np) {
+        uint64_t chunk = ext[e].iov_len - eo;
+        uint8_t *ep = (uint8_t *)ext[e].iov_base + eo;
+        int rc;
+
+        if (chunk > pc[p].len - po) {
+            chunk = pc[p].len - po;
+        }
+        if (chunk > limit) {
+            chunk = limit;
+        }
+        if (pc[p].ptr == NULL) {
+            rc = rpc_xfer_rop(x, key, ep, pc[p].raddr + po, pc[p].rkey, chunk);
+        } else {
+            rc = into_obj ? rpc_xfer_seg(x, ep, pc[p].ptr + po, (size_t)chunk, pc[p].guard)
+                          : rpc_xfer_seg(x, pc[p].ptr + po, ep, (size_t)chunk, pc[p].guard);
+        }
+        if (rc != 0) {
+            return rc;
+        }
+        limit -= chunk;
+        eo += chunk;
+        po += chunk;
+        if (eo == ext[e].iov_len) {
+            e++;
+            eo = 0;
+        }
+        if (po == pc[p].len) {
+            p++;
+            po = 0;
+        }
+    }
+    return 0;
+}
+
+int
 rpc_xfer_start(struct rpc_ctx *ctx, struct rpc_xfer *x, struct rdma_qp *qp, struct outq *out)
 {
     struct rpc_xfer **pp = &ctx->xfer;
@@ -593,7 +640,17 @@ rpc_xfer_answer(struct rpc_ctx *ctx, struct outq *out)
     rpc_pack_head(&pk, x->msgid);
     msgpack_pack_array(&pk, x->n);
     for (uint32_t i = 0; i < x->n; i++) {
-        msgpack_pack_int64(&pk, x->res[i]);
+        if (!x->peer) {
+            msgpack_pack_int64(&pk, x->res[i]);
+        } else if (x->res[i] >= 0) {
+            msgpack_pack_array(&pk, 2);     /* written into the peer's memory: its checksum */
+            msgpack_pack_uint32(&pk, store_obj_crc(x->objs[i]));
+            msgpack_pack_uint64(&pk, (uint64_t)x->res[i]);
+        } else if (x->res[i] == -(int64_t)KV_NOT_FOUND) {
+            msgpack_pack_nil(&pk);
+        } else {
+            msgpack_pack_int64(&pk, -x->res[i]);
+        }
     }
     outq_reply_end(out);
     rpc_xfer_pop(ctx);

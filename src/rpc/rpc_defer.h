@@ -173,6 +173,8 @@ struct rpc_xfer {
     struct rdma_qp *qp;
     const struct rdma_region *arena;
     bool abandoned;                 /* its connection closed: freed by the last completion */
+    bool peer;                      /* peer_get_into: answered per key nil, [crc, length] or a
+                                       code (rpc_peer.c), not with res as they are */
 };
 
 /*
@@ -204,6 +206,24 @@ int rpc_xfer_run(struct rpc_xfer *x, void (*run)(void *), void *arg, struct shmb
  */
 int rpc_xfer_rop(struct rpc_xfer *x, uint32_t key, void *local, uint64_t raddr, uint32_t rkey,
                  uint64_t len);
+
+/* One piece as validated: where it is (mapped here, or the client's over RDMA). */
+struct rpc_piece {
+    uint8_t *ptr;                   /* NULL for an RDMA piece */
+    uint64_t len;
+    uint64_t raddr;
+    uint32_t rkey;
+    struct shmbuf *guard;           /* its buffer when that is guarded (shmbuf.h), else NULL */
+};
+
+/*
+ * rpc_xfer_map: what moves `limit` bytes between an object's extents and
+ * key's pieces pc[0..np), in order (into the object for a put, out of it
+ * for a get): copy segments, or RDMA operations for RDMA pieces (ptr NULL).
+ * Returns 0 or -ENOMEM.
+ */
+int rpc_xfer_map(struct rpc_xfer *x, uint32_t key, struct store_obj *o, const struct rpc_piece *pc,
+                 uint32_t np, uint64_t limit, bool into_obj);
 
 /*
  * rpc_xfer_start: x, set up, joins the connection's queue (answered in

@@ -3,24 +3,30 @@
  * in the connection (never spilled: the scanner offers only put and
  * batch_put values for that) and copied into the store once their CRC-32C
  * matches; values served go out by reference from the arena, as get's do,
- * with the CRC-32C of the bytes being sent.
+ * with the CRC-32C of the bytes being sent. Over RDMA (peer_sizes, then
+ * peer_get_into) values are RDMA-WRITten into the asking node's registered
+ * arena by the transfer machinery of rpc_defer.c, as batch_get_into's are.
  */
 #include "rpc_peer.h"
 
 #include <errno.h>
 #include <msgpack.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/uio.h>
 
 #include "crc32c.h"
 #include "kverr.h"
 #include "mp.h"
 #include "outq.h"
+#include "rpc_defer.h"
+#include "rpc_rdma.h"
 #include "rpc_req.h"
 #include "rpc_spill.h"
 #include "store.h"
 
 #define RPC_PEER_STACK 64
+#define RPC_PEER_SEGS_MAX 1024     /* segments of one key in peer_get_into */
 
 /*
  * rpc_peer_begin: check the caller may act for other nodes, read the tenant
@@ -91,6 +97,162 @@ rpc_peer_get(struct rpc_req *rq)
     }
     rq->ctx->tenant = saved;
     return rc;
+}
+
+int
+rpc_peer_sizes(struct rpc_req *rq)
+{
+    struct store_obj *stack[RPC_PEER_STACK];
+    struct store_obj **objs = stack;
+    uint32_t n, saved;
+    int rc = rpc_peer_begin(rq, 2, 2, &saved);
+
+    if (rc != 0) {
+        return rc;
+    }
+    rc = rpc_keys_check(rq, &n);
+    if (rc == 0 && n > RPC_PEER_STACK) {
+        objs = malloc(n * sizeof(*objs));
+        rc = objs == NULL ? -ENOMEM : 0;
+    }
+    if (rc == 0) {
+        rc = rpc_get_refs(rq, rq->rd, n, objs, NULL);   /* SSD-only objects: loaded first */
+    }
+    if (rc == 0) {
+        rpc_reply_head(rq);
+        msgpack_pack_array(&rq->pk, n);
+        for (uint32_t i = 0; i < n; i++) {
+            if (objs[i] == NULL) {
+                msgpack_pack_nil(&rq->pk);
+                continue;
+            }
+            msgpack_pack_uint64(&rq->pk, store_obj_size(objs[i]));
+            store_obj_unref(rq->ctx->srv->store, objs[i]);
+        }
+    }
+    if (objs != stack) {
+        free(objs);
+    }
+    rq->ctx->tenant = saved;
+    return rc;
+}
+
+/*
+ * rpc_peer_segs_check: the segments param of peer_get_into, [[[addr, length, rkey], ...],
+ * ...], one list per key: shape only. *maxp: the most segments of one key.
+ */
+static int
+rpc_peer_segs_check(struct rpc_req *rq, uint32_t n, uint32_t *maxp)
+{
+    struct mp_reader rd = rq->rd;
+    uint32_t nk, np, three;
+    uint64_t v;
+
+    *maxp = 1;
+    if (mp_read_array(&rd, &nk) != 0 || nk != n) {
+        return rpc_invalid(rq, "segments must be an array as long as keys");
+    }
+    for (uint32_t i = 0; i < nk; i++) {
+        if (mp_read_array(&rd, &np) != 0 || np > RPC_PEER_SEGS_MAX) {
+            return rpc_invalid(rq, "each key's segments: an array of [addr, length, rkey]");
+        }
+        *maxp = np > *maxp ? np : *maxp;
+        for (uint32_t k = 0; k < np; k++) {
+            if (mp_read_array(&rd, &three) != 0 || three != 3) {
+                return rpc_invalid(rq, "a segment is [addr, length, rkey]");
+            }
+            for (int f = 0; f < 3; f++) {
+                if (mp_read_uint(&rd, &v) != 0 || (f == 2 && v > UINT32_MAX)) {
+                    return rpc_invalid(rq, "a segment is [addr, length, rkey] (uint, uint, "
+                                           "uint32)");
+                }
+            }
+        }
+    }
+    return 0;
+}
+
+/* rpc_peer_segs_read: one key's segments into pc[0..*np) and their total length. */
+static void
+rpc_peer_segs_read(struct mp_reader *rd, struct rpc_piece *pc, uint32_t *np, uint64_t *total)
+{
+    uint32_t three;
+    uint64_t addr, len, rkey;
+
+    mp_read_array(rd, np);
+    *total = 0;
+    for (uint32_t k = 0; k < *np; k++) {
+        mp_read_array(rd, &three);
+        mp_read_uint(rd, &addr);
+        mp_read_uint(rd, &len);
+        mp_read_uint(rd, &rkey);
+        memset(&pc[k], 0, sizeof(pc[k]));
+        pc[k].len = len;
+        pc[k].raddr = addr;
+        pc[k].rkey = (uint32_t)rkey;
+        *total = len > UINT64_MAX - *total ? UINT64_MAX : *total + len;
+    }
+}
+
+int
+rpc_peer_get_into(struct rpc_req *rq)
+{
+    struct mp_reader keys, segs;
+    struct rpc_piece *pc = NULL;
+    struct rpc_xfer *x = NULL;
+    uint32_t n, maxp = 1, saved;
+    int rc = rpc_peer_begin(rq, 3, 3, &saved);
+
+    if (rc != 0) {
+        return rc;
+    }
+    rc = rpc_keys_skip(rq, &n, &keys);
+    if (rc == 0 && rpc_rdma_qp(rq->ctx) == NULL) {
+        rq->errmsg = "peer_get_into needs this connection's queue pair (rdma_connect first)";
+        rc = KV_UNSUPPORTED;
+    }
+    if (rc == 0) {
+        segs = rq->rd;
+        rc = rpc_peer_segs_check(rq, n, &maxp);
+    }
+    if (rc == 0) {
+        x = rpc_xfer_new(rq, n, 0, false);
+        pc = malloc(maxp * sizeof(*pc));
+        rc = x == NULL || pc == NULL ? -ENOMEM : 0;
+    }
+    if (rc == 0) {
+        rc = rpc_get_refs(rq, keys, n, x->objs, NULL);  /* SSD-only objects: loaded first */
+    }
+    if (rc == 0) {
+        x->peer = true;
+        mp_read_array(&segs, &n);
+    }
+    for (uint32_t i = 0; rc == 0 && i < n; i++) {
+        uint32_t np;
+        uint64_t total, size;
+
+        rpc_peer_segs_read(&segs, pc, &np, &total);
+        if (x->objs[i] == NULL || np == 0) {
+            x->res[i] = -(int64_t)KV_NOT_FOUND;         /* not here (or not asked for) */
+        } else if (total != (size = store_obj_size(x->objs[i]))) {
+            x->res[i] = -(int64_t)KV_INVALID_ARGUMENT;  /* the reservation is not its size */
+        } else {
+            rc = rpc_xfer_map(x, i, x->objs[i], pc, np, size, false);
+            x->res[i] = (int64_t)size;
+            continue;
+        }
+        store_obj_unref(x->st, x->objs[i]);
+        x->objs[i] = NULL;
+    }
+    free(pc);
+    rq->ctx->tenant = saved;
+    if (rc != 0) {
+        if (x != NULL) {
+            rpc_xfer_free(x);
+        }
+        return rc;
+    }
+    return rpc_xfer_start(rq->ctx, x, rpc_rdma_qp(rq->ctx), rq->out);
 }
 
 int

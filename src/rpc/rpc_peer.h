@@ -1,6 +1,7 @@
 /*
  * rpc_peer: the methods one cluster node calls on another (protocol/SPEC.md,
- * "Cluster peers"): peer_get (values with their CRC-32C), peer_exists (local
+ * "Cluster peers"): peer_get (values with their CRC-32C), peer_sizes and
+ * peer_get_into (the same over RDMA: written into the caller's memory), peer_exists (local
  * presence only) and peer_put (values with their CRC-32C, checked on
  * arrival; first writer wins, a stored key answers EXISTS with its own
  * checksum). None of them asks other nodes in turn: a peer method answers
@@ -19,6 +20,18 @@ struct rpc_req;
 
 /* peer_get [tenant, keys] -> per key nil or [crc, bin]. */
 int rpc_peer_get(struct rpc_req *rq);
+
+/* peer_sizes [tenant, keys] -> per key nil or the value's length (this node's store only). */
+int rpc_peer_sizes(struct rpc_req *rq);
+
+/*
+ * peer_get_into [tenant, keys, segments] -> per key nil (absent, or no segments given),
+ * [crc, length] once the value was RDMA-WRITten into the key's segments ([addr, length,
+ * rkey] of the caller's registered memory, exactly the value's length), or a code (the
+ * writes failed: the queue pair's error, segments that are not the value's length). Needs
+ * the connection's queue pair (rdma_connect): else the request fails with UNSUPPORTED.
+ */
+int rpc_peer_get_into(struct rpc_req *rq);
 
 /* peer_exists [tenant, keys] -> per key true/false (this node's store only). */
 int rpc_peer_exists(struct rpc_req *rq);

@@ -51,15 +51,6 @@ struct rpc_dread {
     int n;
 };
 
-/* One piece as validated: where it is (mapped here, or the client's over RDMA). */
-struct rpc_piece {
-    uint8_t *ptr;                   /* NULL for an RDMA piece */
-    uint64_t len;
-    uint64_t raddr;
-    uint32_t rkey;
-    struct shmbuf *guard;           /* its buffer when that is guarded (shmbuf.h), else NULL */
-};
-
 /* ---- buffers ---- */
 
 int
@@ -135,57 +126,6 @@ rpc_unregister_buffer(struct rpc_req *rq)
 }
 
 /* ---- transfers ---- */
-
-/*
- * rpc_xfer_map: what moves `limit` bytes between an object's extents and
- * key's pieces, in order (into the object for a put, out of it for a get):
- * copy segments, or RDMA operations for RDMA pieces. Returns 0 or -ENOMEM.
- */
-static int
-rpc_xfer_map(struct rpc_xfer *x, uint32_t key, struct store_obj *o, const struct rpc_piece *pc,
-             uint32_t np, uint64_t limit, bool into_obj)
-{
-    struct iovec ext[STORE_MAX_EXTENTS];
-    int next = store_obj_iov(o, ext, STORE_MAX_EXTENTS);
-    int e = 0;
-    uint32_t p = 0;
-    uint64_t eo = 0;
-    uint64_t po = 0;
-
-    while (limit > 0 && e < next && p < np) {
-        uint64_t chunk = ext[e].iov_len - eo;
-        uint8_t *ep = (uint8_t *)ext[e].iov_base + eo;
-        int rc;
-
-        if (chunk > pc[p].len - po) {
-            chunk = pc[p].len - po;
-        }
-        if (chunk > limit) {
-            chunk = limit;
-        }
-        if (pc[p].ptr == NULL) {
-            rc = rpc_xfer_rop(x, key, ep, pc[p].raddr + po, pc[p].rkey, chunk);
-        } else {
-            rc = into_obj ? rpc_xfer_seg(x, ep, pc[p].ptr + po, (size_t)chunk, pc[p].guard)
-                          : rpc_xfer_seg(x, pc[p].ptr + po, ep, (size_t)chunk, pc[p].guard);
-        }
-        if (rc != 0) {
-            return rc;
-        }
-        limit -= chunk;
-        eo += chunk;
-        po += chunk;
-        if (eo == ext[e].iov_len) {
-            e++;
-            eo = 0;
-        }
-        if (po == pc[p].len) {
-            p++;
-            po = 0;
-        }
-    }
-    return 0;
-}
 
 /*
  * rpc_iovs_check: the iovs param, [[[id, offset, length], ...], ...], one

@@ -1,0 +1,417 @@
+/*
+ * Integration: values fetched peer to peer over RDMA, in one process. Two daemons run on
+ * threads of this test, both opening their device through the in-process emulation of the
+ * verbs calls (rdma/rdma_emu.c: one fabric per process). B is a pool member with a fixed
+ * view (KVSTASH_TEST_VIEW) naming A and B, R = 1; A is a plain daemon that only serves the
+ * peer methods. The test puts values into A and reads them from B: B's miss is fetched
+ * from A over the queue pair B set up on its peer connection (rdma_connect), A writing each
+ * value straight into B's reservation. Then the failures: A's queue pair in the error state
+ * (B falls back to TCP, counted, and still serves every byte), and a device missing on
+ * either side (TCP from the start).
+ *
+ * Why A is not a pool member too: the membership view is one global of the process
+ * (src/cluster/view.c, view_publish/view_acquire), so two members in one process would
+ * share one view and one idea of "self". A plain daemon serves the peer methods all the
+ * same (docs/testing.md).
+ */
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/uio.h>
+
+#include "../lib/harness.h"
+#include "config.h"
+#include "conn.h"
+#include "kverr.h"
+#include "kvstash.h"
+#include "log.h"
+#include "rdma_emu.h"
+#include "rdma_port.h"
+#include "repl.h"
+#include "server.h"
+#include "store.h"
+#include "view.h"
+#include "worker.h"
+
+#define KIB 1024u
+#define MIB (1024u * 1024u)
+#define T_TIMEOUT 10000
+#define T_KEYS 6
+
+/* One daemon on a thread of this process. */
+struct t_node {
+    struct server *srv;
+    pthread_t thread;
+    char dir[64];
+    int port;
+    char addr[64];
+};
+
+static struct t_node t_a, t_b;
+
+static void *
+t_main(void *arg)
+{
+    server_run(((struct t_node *)arg)->srv);
+    return NULL;
+}
+
+/* t_node_start: a daemon with rdma (required when devices > 0) and extra config keys. */
+static void
+t_node_start(struct t_node *n, int devices, const char *(*kv)[2], size_t nkv)
+{
+    struct kv_config c;
+    char err[512], data[96];
+
+    rdma_emu_set_devices(devices);
+    snprintf(n->dir, sizeof(n->dir), "/tmp/kvstash-peer-rdma-XXXXXX");
+    cr_assert_not_null(mkdtemp(n->dir));
+    snprintf(data, sizeof(data), "%s/data", n->dir);
+    conf_init(&c);
+    const char *base[][2] = {
+        {"listen", n->addr}, {"data_dir", data}, {"unix_socket", "none"}, {"ssd_dir", ""},
+        {"memory_size", "128MiB"}, {"rdma", devices > 0 ? "required" : "auto"},
+        {"io_threads", "2"}, {"log_level", "warn"}, {"metrics_listen", ""},
+    };
+    for (size_t i = 0; i < sizeof(base) / sizeof(base[0]); i++) {
+        cr_assert_eq(conf_set(&c, base[i][0], base[i][1], "test", err, sizeof(err)), 0, "%s",
+                     err);
+    }
+    for (size_t i = 0; i < nkv; i++) {
+        cr_assert_eq(conf_set(&c, kv[i][0], kv[i][1], "test", err, sizeof(err)), 0, "%s", err);
+    }
+    cr_assert_eq(conf_finalize(&c, err, sizeof(err)), 0, "%s", err);
+    log_set_level(c.log_level);
+    cr_assert_eq(server_create(&c, NULL, 0, NULL, &n->srv), 0, "server_create failed");
+    cr_assert_eq(pthread_create(&n->thread, NULL, t_main, n), 0);
+    rdma_emu_set_devices(1);
+}
+
+static void
+t_node_stop(struct t_node *n)
+{
+    char cmd[128];
+
+    if (n->srv == NULL) {
+        return;
+    }
+    server_stop(n->srv);
+    pthread_join(n->thread, NULL);
+    server_destroy(n->srv);         /* the emulation aborts on a leaked queue pair or region */
+    n->srv = NULL;
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", n->dir);
+    (void)system(cmd);
+}
+
+/*
+ * t_start: A (a plain daemon, node "a") and B (a pool member "b" with the fixed view of
+ * both, R = 1), each with an emulated device unless told otherwise.
+ */
+static void
+t_start(int a_devices, int b_devices)
+{
+    char view[160];
+
+    rdma_use_ops(rdma_emu_ops());
+    rdma_emu_reset();
+    t_a.port = harness_free_port();
+    t_b.port = harness_free_port();
+    snprintf(t_a.addr, sizeof(t_a.addr), "127.0.0.1:%d", t_a.port);
+    snprintf(t_b.addr, sizeof(t_b.addr), "127.0.0.1:%d", t_b.port);
+    snprintf(view, sizeof(view), "a@%s,b@%s", t_a.addr, t_b.addr);
+    cr_assert_eq(setenv("KVSTASH_TEST_VIEW", view, 1), 0);
+    const char *a_kv[][2] = {{"node_id", "a"}};
+    const char *b_kv[][2] = {
+        {"node_id", "b"}, {"cluster_name", "t"}, {"etcd_endpoints", "http://127.0.0.1:9"},
+        {"replicas", "1"},
+    };
+    t_node_start(&t_a, a_devices, a_kv, 1);
+    t_node_start(&t_b, b_devices, b_kv, sizeof(b_kv) / sizeof(b_kv[0]));
+}
+
+static void
+t_stop(void)
+{
+    t_node_stop(&t_b);
+    t_node_stop(&t_a);
+    unsetenv("KVSTASH_TEST_VIEW");
+}
+
+TestSuite(peer_rdma, .fini = t_stop, .timeout = 120);
+
+/* ---- keys, values, counters ---- */
+
+struct t_set {
+    char key[T_KEYS][32];
+    size_t len[T_KEYS];
+    uint8_t *val[T_KEYS];
+    uint64_t total;
+};
+
+/* Sizes across the paths: pages and odd tails, and values over several extents. */
+static const size_t t_sizes[T_KEYS] = {100, 4096, 64 * KIB + 3, MIB, 3 * MIB + 17, 200 * KIB};
+
+/*
+ * t_set_make: T_KEYS keys that A alone owns in B's view (placement over "a" and "b", R = 1;
+ * bounded search), named with tag, and their values.
+ */
+static void
+t_set_make(struct t_set *s, const char *tag)
+{
+    struct cluster_view *v = NULL;
+    int found = 0;
+
+    for (int i = 0; i < 200 && v == NULL; i++) {
+        v = view_acquire();         /* B's fixed view, published as it starts */
+        if (v == NULL) {
+            harness_sleep_ms(25);
+        }
+    }
+    cr_assert_not_null(v, "B published no view");
+    s->total = 0;
+    for (int i = 0; i < 10000 && found < T_KEYS; i++) {
+        char key[32];
+        size_t own[1];
+        int kl = snprintf(key, sizeof(key), "%s-%d", tag, i);
+
+        if (view_owners(v, key, (size_t)kl, 1, own) != 1 || strcmp(v->nodes[own[0]].id, "a") != 0) {
+            continue;
+        }
+        memcpy(s->key[found], key, (size_t)kl + 1);
+        s->len[found] = t_sizes[found];
+        s->val[found] = malloc(s->len[found]);
+        cr_assert_not_null(s->val[found]);
+        harness_fill(s->val[found], s->len[found], harness_seed(key, (size_t)kl));
+        s->total += s->len[found];
+        found++;
+    }
+    view_release(v);
+    cr_assert_eq(found, T_KEYS, "too few keys owned by a");
+}
+
+static void
+t_set_free(struct t_set *s)
+{
+    for (int i = 0; i < T_KEYS; i++) {
+        free(s->val[i]);
+    }
+}
+
+/* t_put_a: every value of s into A (A is no pool member: it keeps them, sends nothing). */
+static void
+t_put_a(const struct t_set *s)
+{
+    struct kvstash *c;
+
+    cr_assert_eq(harness_client(t_a.addr, T_TIMEOUT, &c), 0);
+    for (int i = 0; i < T_KEYS; i++) {
+        cr_assert_eq(kvstash_put(c, s->key[i], strlen(s->key[i]), s->val[i], s->len[i]), 0,
+                     "put %s into A", s->key[i]);
+    }
+    kvstash_close(c);
+}
+
+/* t_get_b: every key of s read from B, in one batch_get: each value byte-exact. */
+static void
+t_get_b(const struct t_set *s)
+{
+    struct kvstash *c;
+    const void *keys[T_KEYS];
+    size_t klens[T_KEYS], caps[T_KEYS], vlens[T_KEYS];
+    void *bufs[T_KEYS];
+    int codes[T_KEYS];
+
+    for (int i = 0; i < T_KEYS; i++) {
+        keys[i] = s->key[i];
+        klens[i] = strlen(s->key[i]);
+        caps[i] = s->len[i] + 1;
+        bufs[i] = malloc(caps[i]);
+        cr_assert_not_null(bufs[i]);
+    }
+    cr_assert_eq(harness_client(t_b.addr, T_TIMEOUT, &c), 0);
+    cr_assert_eq(kvstash_batch_get(c, T_KEYS, keys, klens, bufs, caps, vlens, codes), 0);
+    for (int i = 0; i < T_KEYS; i++) {
+        cr_assert_eq(codes[i], 0, "%s from B: code %d", s->key[i], codes[i]);
+        cr_assert_eq(vlens[i], s->len[i], "%s from B: %zu bytes, not %zu", s->key[i], vlens[i],
+                     s->len[i]);
+        cr_assert(memcmp(bufs[i], s->val[i], s->len[i]) == 0, "%s from B: other bytes",
+                  s->key[i]);
+        free(bufs[i]);
+    }
+    kvstash_close(c);
+}
+
+/* t_b_stats: B's counters of its peer fetches. */
+static struct repl_stats
+t_b_stats(void)
+{
+    struct server_stats sv;
+    struct repl_stats rs;
+
+    server_stats(t_b.srv, &sv);
+    cr_assert_not_null(sv.repl);
+    repl_stats(sv.repl, &rs);
+    return rs;
+}
+
+/* t_a_peer_bytes_out: value bytes A sent to peers through the socket (peer_get). */
+static uint64_t
+t_a_peer_bytes_out(void)
+{
+    struct server_stats sv;
+    uint64_t n = 0;
+
+    server_stats(t_a.srv, &sv);
+    for (int i = 0; i < sv.nworkers; i++) {
+        n += atomic_load(&worker_counters(sv.workers[i])->rpc.peer_bytes_out);
+    }
+    return n;
+}
+
+/* ---- the tests ---- */
+
+Test(peer_rdma, fetch_written_by_the_owner)
+{
+    struct t_set s;
+    struct repl_stats before, after;
+
+    t_start(1, 1);
+    t_set_make(&s, "fetch");
+    t_put_a(&s);
+    before = t_b_stats();
+    t_get_b(&s);
+    after = t_b_stats();
+    cr_assert_eq(after.remote_hits - before.remote_hits, T_KEYS);
+    cr_assert_eq(after.peer_rdma_connects, 1, "one queue pair to A");
+    cr_assert_eq(after.peer_rdma_fallbacks, 0);
+    cr_assert_eq(after.peer_rdma_fetch_bytes - before.peer_rdma_fetch_bytes, s.total,
+                 "every value byte came over RDMA");
+    /* The socket carried the requests and the sizes, not the values. */
+    cr_assert_lt(after.peer_bytes_in - before.peer_bytes_in, 4 * KIB);
+    cr_assert_eq(t_a_peer_bytes_out(), 0);
+    /* Kept at B: read again without asking A. */
+    t_get_b(&s);
+    cr_assert_eq(t_b_stats().remote_hits, after.remote_hits);
+    t_set_free(&s);
+}
+
+Test(peer_rdma, owner_queue_pair_in_error_falls_back_to_tcp)
+{
+    struct t_set s1, s2;
+    struct repl_stats mid, after;
+
+    t_start(1, 1);
+    t_set_make(&s1, "first");
+    t_set_make(&s2, "second");
+    t_put_a(&s1);
+    t_put_a(&s2);
+    t_get_b(&s1);                   /* the queue pair is up and carried s1 */
+    mid = t_b_stats();
+    cr_assert_eq(mid.peer_rdma_fetch_bytes, s1.total);
+    /* A's queue pair of B's connection goes into error (B's with it: the fabric's every
+     * queue pair), as a hardware fault would put it. */
+    cr_assert_geq(rdma_emu_qp_force_error_all(), 2);
+    t_get_b(&s2);                   /* A's writes fail: B asks again over TCP */
+    after = t_b_stats();
+    cr_assert_eq(after.peer_rdma_fallbacks, 1, "the fallback is counted");
+    cr_assert_eq(after.peer_rdma_fetch_bytes, mid.peer_rdma_fetch_bytes);
+    cr_assert_eq(after.remote_hits - mid.remote_hits, T_KEYS);
+    cr_assert_eq(after.remote_misses, mid.remote_misses, "no get failed");
+    cr_assert_geq(after.peer_bytes_in - mid.peer_bytes_in, s2.total, "s2 came over TCP");
+    cr_assert_eq(t_a_peer_bytes_out(), s2.total);
+    t_set_free(&s1);
+    t_set_free(&s2);
+}
+
+Test(peer_rdma, no_device_at_the_owner_means_tcp)
+{
+    struct t_set s;
+    struct repl_stats rs;
+
+    t_start(0, 1);
+    t_set_make(&s, "nodev-a");
+    t_put_a(&s);
+    t_get_b(&s);
+    rs = t_b_stats();
+    cr_assert_eq(rs.peer_rdma_connects, 0);
+    cr_assert_eq(rs.peer_rdma_fallbacks, 1, "A refused rdma_connect: counted once");
+    cr_assert_eq(rs.peer_errors, 0, "a fetch not tried over RDMA is no peer error");
+    cr_assert_eq(rs.peer_rdma_fetch_bytes, 0);
+    cr_assert_eq(rs.remote_hits, T_KEYS);
+    cr_assert_geq(rs.peer_bytes_in, s.total);
+    t_set_free(&s);
+}
+
+Test(peer_rdma, no_device_at_the_asking_node_means_tcp)
+{
+    struct t_set s;
+    struct repl_stats rs;
+
+    t_start(1, 0);
+    t_set_make(&s, "nodev-b");
+    t_put_a(&s);
+    t_get_b(&s);
+    rs = t_b_stats();
+    cr_assert_eq(rs.peer_rdma_connects, 0);
+    cr_assert_eq(rs.peer_rdma_fallbacks, 0, "nothing tried: no device here");
+    cr_assert_eq(rs.peer_rdma_fetch_bytes, 0);
+    cr_assert_eq(rs.remote_hits, T_KEYS);
+    cr_assert_geq(rs.peer_bytes_in, s.total);
+    t_set_free(&s);
+}
+
+Test(peer_rdma, damaged_value_is_never_kept)
+{
+    struct t_set s;
+    struct repl_stats before, after;
+    struct server_stats sv;
+    struct store_obj *o;
+    struct iovec iov[STORE_MAX_EXTENTS];
+    struct kvstash *c;
+    const char *bad;
+    void *got = NULL;
+    size_t vlen = 0;
+
+    t_start(1, 1);
+    t_set_make(&s, "damaged");
+    t_put_a(&s);
+    /* A's copy of key 3 (1 MiB) is damaged in its DRAM after its CRC-32C was taken: A
+     * writes the damaged bytes and answers the CRC of the good ones. */
+    bad = s.key[3];
+    server_stats(t_a.srv, &sv);
+    struct kv_key k = {.tenant = 0, .len = (uint32_t)strlen(bad), .ptr = (const uint8_t *)bad};
+    cr_assert_eq(store_get(sv.store, &k, &o), 0);
+    (void)store_obj_crc(o);
+    cr_assert_gt(store_obj_iov(o, iov, STORE_MAX_EXTENTS), 0);
+    ((uint8_t *)iov[0].iov_base)[12345 % iov[0].iov_len] ^= 0x40;
+    store_obj_unref(sv.store, o);
+
+    before = t_b_stats();
+    cr_assert_eq(harness_client(t_b.addr, T_TIMEOUT, &c), 0);
+    /* R = 1: no other owner to ask, so a miss, never the damaged bytes */
+    cr_assert_eq(kvstash_get_alloc(c, bad, strlen(bad), &got, &vlen), KVSTASH_ENOTFOUND);
+    free(got);
+    after = t_b_stats();
+    cr_assert_eq(after.checksum_mismatches - before.checksum_mismatches, 1, "counted");
+    cr_assert_eq(after.remote_misses - before.remote_misses, 1);
+    cr_assert_eq(after.peer_rdma_fallbacks, 0, "a bad value is not an RDMA failure");
+    /* nothing was kept at B: the reservation was freed */
+    server_stats(t_b.srv, &sv);
+    cr_assert_neq(store_get(sv.store, &k, &o), 0);
+    /* the others still come byte-exact over RDMA */
+    for (int i = 0; i < T_KEYS; i++) {
+        if (i == 3) {
+            continue;
+        }
+        cr_assert_eq(kvstash_get_alloc(c, s.key[i], strlen(s.key[i]), &got, &vlen), 0);
+        cr_assert_eq(vlen, s.len[i]);
+        cr_assert(memcmp(got, s.val[i], vlen) == 0);
+        free(got);
+    }
+    cr_assert_gt(t_b_stats().peer_rdma_fetch_bytes, after.peer_rdma_fetch_bytes);
+    kvstash_close(c);
+    t_set_free(&s);
+}
