@@ -17,7 +17,8 @@
 #            unchanged. Skipped (with the reason) without /usr/bin/etcd (ETCD).
 #
 # Environment: KVSTASHD, BENCH (kvstash-bench), BENCH_REPS (3), BENCH_CLUSTER_KEYS (1024:
-# keys of 1 MiB per run), BENCH_CLUSTER_MEMORY (3g per daemon), ETCD (/usr/bin/etcd).
+# keys of 1 MiB per run), BENCH_CLUSTER_MEMORY (3g per daemon), ETCD (/usr/bin/etcd),
+# BENCH_CLUSTER_SECTIONS ("remote put p99": the sections run, e.g. "put" for the put alone).
 # Prints every command before it runs; every wait is bounded; exits non-zero when a daemon
 # dies or a run fails.
 set -u -o pipefail
@@ -30,6 +31,8 @@ CLI=${KVSTASH_CLI:-$root/build/release/kvstash}
 REPS=${BENCH_REPS:-3}
 KEYS=${BENCH_CLUSTER_KEYS:-1024}
 MEM=${BENCH_CLUSTER_MEMORY:-3g}
+SECTIONS=${BENCH_CLUSTER_SECTIONS:-remote put p99}
+want() { case " $SECTIONS " in *" $1 "*) return 0 ;; esac; return 1; }
 
 # shellcheck source=lib.sh
 . "$here/lib.sh"       # die, show, field, free_port, proc_cpu, answers_ping
@@ -99,6 +102,7 @@ pb=$(free_port) || die "no free port"
 pool=(--cluster_name=bench --etcd_endpoints=http://127.0.0.1:9 --peer_timeout=10s)
 
 # ---- remote hits against local gets ----
+if want remote; then
 echo "== remote hits: B fetches from A every key it is asked for (1 MiB, batch 8, 1 conn) =="
 start a "$pa" "a@127.0.0.1:$pa,b@127.0.0.1:$pb*0" --node_id=a --replicas=1 "${pool[@]}"
 start b "$pb" "a@127.0.0.1:$pa,b@127.0.0.1:$pb*0" --node_id=b --replicas=1 "${pool[@]}"
@@ -127,8 +131,10 @@ echo "median: local $lmed GB/s, remote $rmed GB/s, remote/local" \
 for pid in "${pids[@]}"; do kill "$pid"; wait "$pid" 2>/dev/null; done
 pids=()
 echo
+fi
 
 # ---- put CPU: R=2 against one node ----
+if want put; then
 echo "== put CPU: batch_put into A, replicas 2 (B owns every key too) against one daemon =="
 pa=$(free_port) || die "no free port"
 pb=$(free_port) || die "no free port"
@@ -167,6 +173,7 @@ echo "median: R=2 pool $pmed core-s/GB, one daemon $smed core-s/GB, ratio" \
 for pid in "${pids[@]}"; do kill "$pid"; wait "$pid" 2>/dev/null; done
 pids=()
 echo
+fi
 
 # ---- local hit p99 while a rebalance runs, against idle ----
 # A alone in a pool (etcd on loopback, R=1) holds the KEYS keys of 1 MiB and RB_HOT keys of
@@ -174,6 +181,7 @@ echo
 # joins and A's rebalance walk pushes about half of the 1 MiB keys to it (rate limited to
 # 256 MiB/s). The joining node of run r is b<r>; b<r-1> left (SIGTERM) before it, and
 # A walked again (--rebalance_delay=0s) before the idle pass.
+want p99 || exit 0
 echo "== local hit p99 on A: idle, then while a node joins and A's walk pushes its keys =="
 ETCD=${ETCD:-/usr/bin/etcd}
 RB_HOT=1000
