@@ -1,8 +1,8 @@
 /*
  * splice_loopback: what a zero-copy send costs on this host's loopback, without the daemon
- * (docs/performance.md, the R = 2 put; peer_zero_copy in docs/cluster.md). A sender writes
- * 1 GiB over loopback TCP to a child that reads it 256 KiB at a time, 1 MiB per send from a
- * 64 MiB buffer, and prints the CPU (user + system) of each side:
+ * (docs/performance.md, the R = 2 put: a spliced replica send, tried and not kept). A
+ * sender writes 1 GiB over loopback TCP to a child that reads it 256 KiB at a time, 1 MiB
+ * per send from a 64 MiB buffer, and prints the CPU (user + system) of each side:
  *
  *   cc -O2 -o /tmp/splice_loopback tests/bench/splice_loopback.c
  *   /tmp/splice_loopback MODE BACKING
@@ -12,6 +12,7 @@
  * of 4 KiB pages, as the arena), anon (anonymous, MADV_NOHUGEPAGE), thp (anonymous,
  * MADV_HUGEPAGE). Not part of make bench: run each mode several times, alternating.
  */
+#define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
