@@ -307,7 +307,7 @@ soak: deps
 # ---- fuzzing (tests/fuzz/): libFuzzer targets built with clang, ASan and UBSan ----
 FUZZ_CC ?= clang
 FUZZ_DIR := build/fuzz
-FUZZ_TARGETS := frame rpc config resp json
+FUZZ_TARGETS := frame rpc config resp json summary
 FUZZ_SECONDS ?= 60
 FUZZ_FLAGS := -g -O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
 FUZZ_BINS := $(addprefix $(FUZZ_DIR)/fuzz-,$(FUZZ_TARGETS))
