@@ -243,7 +243,7 @@ ssd_scrub_big(struct ssd *t, uint64_t id, const struct ssd_scrub_ent *e, uint8_t
     return 0;
 }
 
-/* ssd_scrub_bucket: check the values bucket it's summary lists. false: stop the scrub. */
+/* ssd_scrub_bucket: check every value its bucket's summary lists. false: the scrub stops. */
 static bool
 ssd_scrub_bucket(struct ssd *t, const struct ssd_scrub_item *it, uint8_t *buf,
                  struct ssd_scrub_run *run)

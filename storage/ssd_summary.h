@@ -80,10 +80,10 @@ void ssd_sum_finish(uint8_t *buf, uint64_t len, uint64_t bucket, uint64_t count,
  * does for a record it verified. Nothing is reported unless all of it
  * verifies: magic, version, flags, the length, the CRC, the bucket id
  * (must be `bucket`), the covered length (at most file_size, the bucket
- * file's size: a summary of a file since cut short does not match it), and every entry (it fits in the body, key_len at most
- * max_key, value_len at most max_value, offset aligned and past the previous
- * record, the record inside `covered`), and count entries exactly fill the
- * body. Fills *info (why on failure). Returns 0; KV_INVALID_ARGUMENT when
+ * file's size: a summary of a file since cut short does not match it), and
+ * every entry (it fits in the body, key_len at most max_key, value_len at
+ * most max_value, offset aligned and past the previous record, the record
+ * inside `covered`), and count entries exactly fill the body. Fills *info (why on failure). Returns 0; KV_INVALID_ARGUMENT when
  * buf is shorter or longer than the summary it declares (a truncation);
  * KV_CHECKSUM_MISMATCH for anything else that fails (damage, another
  * bucket's summary, an entry that cannot be right); or the first non-zero fn
