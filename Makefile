@@ -59,6 +59,7 @@ STORAGE_SRC := storage/alloc.c storage/store.c storage/store_tier.c storage/stor
                storage/store_evict.c storage/crc32c.c storage/ssd_record.c storage/ssd_index.c \
                storage/ssd.c storage/ssd_bucket.c storage/ssd_writer.c storage/ssd_scan.c \
                storage/ssd_rebuild.c storage/ssd_clean.c storage/ssd_compact.c storage/copier.c \
+               storage/ssd_summary.c storage/ssd_sumfile.c storage/ssd_scrub.c \
                storage/shmbuf.c
 RPC_SRC := $(wildcard src/rpc/*.c)
 # the pool: placement, views, etcd membership, peers (docs/cluster.md)
@@ -306,7 +307,7 @@ soak: deps
 # ---- fuzzing (tests/fuzz/): libFuzzer targets built with clang, ASan and UBSan ----
 FUZZ_CC ?= clang
 FUZZ_DIR := build/fuzz
-FUZZ_TARGETS := frame rpc config resp json
+FUZZ_TARGETS := frame rpc config resp json summary
 FUZZ_SECONDS ?= 60
 FUZZ_FLAGS := -g -O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
 FUZZ_BINS := $(addprefix $(FUZZ_DIR)/fuzz-,$(FUZZ_TARGETS))

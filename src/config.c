@@ -213,6 +213,7 @@ static const struct conf_option conf_options[] = {
     OPT_DOUBLE(ssd_high_watermark,      0.0,      1.0,       "0.98",  RELOAD),
     OPT_DOUBLE(ssd_low_watermark,       0.0,      1.0,       "0.95",  RELOAD),
     OPT_SIZE(ssd_write_rate_limit,      0,        NO_MAX,    "0",     RELOAD),
+    OPT_SIZE(ssd_scrub_rate,            0,        NO_MAX,    "64m",   RELOAD),
     /*       name                       value names              noun         default     reload */
     OPT_ENUM(ssd_eviction,              conf_ssd_eviction_names, "value",     "fifo",     RELOAD),
     OPT_ENUM(ssd_offload,               conf_ssd_offload_names,  "value",     "on_evict", RELOAD),

@@ -91,6 +91,7 @@ struct kv_config {
     double ssd_high_watermark;        /* default 0.98 */
     double ssd_low_watermark;         /* default 0.95 */
     uint64_t ssd_write_rate_limit;    /* bytes/s of on-evict SSD writes at most; 0 (default): none */
+    uint64_t ssd_scrub_rate;          /* bytes/s the scrub after a rebuild reads; 0: no scrub */
     int ssd_eviction;                 /* enum conf_ssd_eviction; default fifo */
     int eviction_policy;              /* enum conf_eviction_policy; default lru */
     int ssd_offload;                  /* enum conf_ssd_offload; default on_evict */

@@ -373,6 +373,14 @@ metrics_tiers(struct metrics_buf *b, const struct metrics_sum *m, const struct s
     one(b, "kvstash_ssd_checksum_failures_total", "counter",
         "Values read back from SSD that failed their CRC (dropped, never served).",
         ss->checksum_errors);
+    one(b, "kvstash_ssd_scrub_bad_total", "counter",
+        "Values the scrub after a summary-based rebuild found failing their CRC (dropped).",
+        ss->scrub_bad);
+    one(b, "kvstash_ssd_scrub_buckets", "gauge",
+        "Buckets the scrub after this start's rebuild checks (those rebuilt from summaries).",
+        ss->scrub_buckets);
+    one(b, "kvstash_ssd_scrub_buckets_done", "gauge", "Of those, buckets checked so far.",
+        ss->scrub_buckets_done);
     one(b, "kvstash_ssd_io_errors_total", "counter", "SSD read, write and sync failures.",
         ss->io_errors);
     one(b, "kvstash_ssd_no_space_total", "counter", "SSD writes refused: disk or map full.",

@@ -877,6 +877,7 @@ server_ssd_config(struct server *s, const struct kv_config *c, struct ssd_config
                                                           : SSD_ON_EVICT;
     sc->promote = c->ssd_promote != 0;
     sc->write_rate_limit = c->ssd_write_rate_limit;
+    sc->scrub_rate = c->ssd_scrub_rate;
     sc->io_threads = (int)c->ssd_io_threads;
     sc->max_key_size = (uint32_t)c->max_key_size;
     sc->max_value_size = c->max_value_size;

@@ -178,6 +178,13 @@ stats_collect(void *arg, const char **names, uint64_t *values, int max)
         STAT("ssd_rebuild_records", ss.rebuild_records);
         STAT("ssd_rebuild_ms", ss.rebuild_ms);
         STAT("ssd_set_aside", ss.set_aside);
+        STAT("ssd_rebuild_summary_buckets", ss.rebuild_summary_buckets);
+        STAT("ssd_rebuild_scanned_buckets", ss.rebuild_scanned_buckets);
+        STAT("ssd_scrub_buckets", ss.scrub_buckets);
+        STAT("ssd_scrub_buckets_done", ss.scrub_buckets_done);
+        STAT("ssd_scrub_bad", ss.scrub_bad);
+        STAT("ssd_scrub_bytes", ss.scrub_bytes);
+        STAT("ssd_scrub_ms", ss.scrub_ms);
     }
 #undef STAT
     return n;

@@ -52,6 +52,7 @@ ssd_apply_settings(struct ssd *t, const struct ssd_config *cfg)
     atomic_store(&t->low_bytes, (uint64_t)(cfg->low_watermark * (double)cfg->size));
     atomic_store(&t->offload, cfg->offload);
     atomic_store(&t->rate_limit, cfg->write_rate_limit);
+    atomic_store(&t->scrub_rate, cfg->scrub_rate);
 }
 
 static int64_t
@@ -546,6 +547,7 @@ ssd_index_bucket_fn(void *arg, const struct idx_bucket *r)
         b->total_bytes = keep;
         b->committed_bytes = keep;
         b->dirty = true;
+        ssd_sumfile_remove(t, b->id);   /* it covers past the cut */
     }
     if ((uint64_t)st.st_size > b->total_bytes) {
         /* Records written after the last commit (a crash): never indexed, cut them off. */
@@ -792,6 +794,7 @@ ssd_load_index(struct ssd *t, char *err, size_t errlen)
         return SSD_LOAD_REBUILD;
     }
     ssd_remove_orphans(t);
+    ssd_sumfile_remove_orphans(t);
     rc = idx_scan_objects(t->idx, ssd_index_obj_fn, &c);
     if (rc == 0) {
         rc = c.rc;
@@ -1142,6 +1145,7 @@ ssd_close(struct ssd *t)
     if (t->writer_started) {
         pthread_join(t->writer, NULL);
     }
+    ssd_scrub_join(t);          /* started by the writer; sees t->stop within a step */
     /* Loads still queued give their references back (nothing reads them any more). */
     while (t->rq_head != NULL) {
         struct store_obj *o = t->rq_head;
@@ -1163,6 +1167,7 @@ ssd_close(struct ssd *t)
     ssd_forget_free(t->forgets);
     for (size_t i = 0; i < t->nbuckets; i++) {
         close(t->buckets[i]->fd);
+        ssd_sumfile_free(t->buckets[i]);
         free(t->buckets[i]);
     }
     free(t->buckets);
@@ -1244,6 +1249,13 @@ ssd_stats(struct ssd *t, struct ssd_stats *out)
     out->rebuild_ms = out->state == SSD_STATE_LOADING ? clock_ms() - t->rebuild_t0
                                                       : atomic_load(&t->rebuild_ms);
     out->set_aside = t->set_aside;
+    out->rebuild_summary_buckets = atomic_load(&t->rebuild_summary_buckets);
+    out->rebuild_scanned_buckets = atomic_load(&t->rebuild_scanned_buckets);
+    out->scrub_buckets = atomic_load(&t->scrub_buckets);
+    out->scrub_buckets_done = atomic_load(&t->scrub_buckets_done);
+    out->scrub_bad = atomic_load(&t->scrub_bad);
+    out->scrub_bytes = atomic_load(&t->scrub_bytes);
+    out->scrub_ms = atomic_load(&t->scrub_ms);
 }
 
 int

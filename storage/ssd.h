@@ -46,6 +46,8 @@ struct ssd_config {
     int offload;                /* enum ssd_offload */
     bool promote;               /* ssd_promote */
     uint64_t write_rate_limit;  /* ssd_write_rate_limit: bytes/s of on-evict offloads; 0: none */
+    uint64_t scrub_rate;        /* ssd_scrub_rate: bytes/s the scrub after a rebuild reads at
+                                   most; 0: no scrub */
     int io_threads;             /* ssd_io_threads (readers) */
     uint32_t max_key_size;      /* longest key a record may carry */
     uint64_t max_value_size;
@@ -92,6 +94,13 @@ struct ssd_stats {
     uint64_t rebuild_records;   /* whole, verified records found so far */
     uint64_t rebuild_ms;        /* time the rebuild took (so far, while loading) */
     uint64_t set_aside;         /* indexes or directories moved aside at this start */
+    uint64_t rebuild_summary_buckets;   /* buckets the rebuild took from their summaries */
+    uint64_t rebuild_scanned_buckets;   /* buckets it read whole */
+    uint64_t scrub_buckets;     /* buckets the scrub after the rebuild checks */
+    uint64_t scrub_buckets_done;
+    uint64_t scrub_bad;         /* values it found failing their CRC (entries dropped) */
+    uint64_t scrub_bytes;       /* bytes it read */
+    uint64_t scrub_ms;          /* time it took (so far, while it runs) */
 };
 
 /*

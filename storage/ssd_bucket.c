@@ -232,6 +232,7 @@ ssd_bucket_create(struct ssd *t, uint32_t owner, struct ssd_bucket **out)
     b->id = t->next_id++;
     b->owner = owner;
     b->open = true;
+    ssd_sumfile_start(b);
     ssd_bucket_path(t, b->id, path, sizeof(path));
     b->fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_DIRECT, 0600);
     b->direct = true;
@@ -350,6 +351,7 @@ ssd_bucket_drop(struct ssd *t, struct ssd_bucket *b, const char *why)
     ssd_unopen(t, b);
     ssd_bucket_path(t, b->id, path, sizeof(path));
     close(b->fd);
+    ssd_sumfile_remove(t, b->id);   /* before the bucket: a summary never outlives its file */
     if (unlink(path) != 0 && errno != ENOENT) {
         log_error("ssd: unlink(%s): %s", path, strerror(errno));
     }
@@ -358,6 +360,7 @@ ssd_bucket_drop(struct ssd *t, struct ssd_bucket *b, const char *why)
     CTR_ADD(t, evicted_objects, dropped);
     log_info("ssd: dropped bucket %" PRIu64 " (%s): %" PRIu64 " objects, %" PRIu64 " bytes", b->id,
              why, dropped, b->total_bytes);
+    ssd_sumfile_free(b);
     free(b);
     return dropped;
 }

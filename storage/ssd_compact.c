@@ -144,6 +144,7 @@ ssd_compact_copy(struct ssd_compact_ctx *c, struct ssd_bucket *src, const struct
         *what = "write";
         return rc;
     }
+    ssd_sumfile_add(dst, &rec, at);
     to->bucket = (uint32_t)dst->id;
     to->crc = crc;
     to->offset = at + hdr_block;
@@ -305,6 +306,7 @@ ssd_compact(struct ssd *t, struct ssd_bucket *src)
     pthread_mutex_lock(&t->blk);
     for (int i = 0; i < c.ndest; i++) {
         c.dest[i]->committed_bytes = c.dest[i]->total_bytes;
+        ssd_sumfile_commit(c.dest[i]);
     }
     pthread_mutex_unlock(&t->blk);
     CTR_ADD(t, syncs, 1);

@@ -23,6 +23,7 @@
 
 struct idx;
 struct idx_bucket;
+struct ssd_rec;
 
 #define SSD_GROUP_OBJECTS 128           /* objects per group commit at most */
 #define SSD_GROUP_BYTES (128ull << 20)  /* and record bytes */
@@ -61,6 +62,15 @@ struct ssd_bucket {
     uint64_t committed_bytes;   /* bytes synced and indexed: what a restart keeps */
     uint64_t alloc_bytes;       /* file length preallocated past total_bytes (open buckets;
                                    writer only): cut back to total_bytes when sealed */
+    /* The bucket summary being listed (writer only; ssd_sumfile.c): written as
+     * bucket-<id>.kvh once the bucket is sealed and its records committed. */
+    uint8_t *sum;               /* SSD_SUM_HDR_SIZE bytes kept for the header, then entries */
+    uint64_t sum_len;
+    uint64_t sum_cap;
+    uint64_t sum_count;
+    uint64_t sum_ok_len;        /* of sum_len, the entries of committed records */
+    uint64_t sum_ok_count;
+    bool sum_on;                /* every record since its creation is listed */
 };
 
 /* A dropped index entry waiting for the writer: removed objects, unreadable records. */
@@ -175,6 +185,22 @@ struct ssd {
     _Atomic uint64_t rebuild_ms;
     uint64_t rebuild_t0;        /* clock_ms when the rebuild was decided */
     uint64_t set_aside;
+    _Atomic uint64_t rebuild_summary_buckets;   /* buckets rebuilt from their summaries */
+    _Atomic uint64_t rebuild_scanned_buckets;   /* buckets the rebuild read whole */
+
+    /* the scrub after a rebuild that trusted summaries (ssd_scrub.c) */
+    struct ssd_scrub_item *scrub;   /* the buckets to check (writer thread until it starts) */
+    size_t nscrub;
+    size_t scrub_cap;
+    pthread_t scrubber;
+    bool scrub_started;
+    _Atomic uint64_t scrub_rate;    /* ssd_scrub_rate: bytes/s; 0: no scrub */
+    _Atomic uint64_t scrub_buckets;
+    _Atomic uint64_t scrub_buckets_done;
+    _Atomic uint64_t scrub_bad;
+    _Atomic uint64_t scrub_bytes;
+    _Atomic uint64_t scrub_ms;
+    uint64_t scrub_t0;
 
     /*
      * Wall-clock ms of the last DRAM hit on an object of bucket id, at
@@ -320,6 +346,85 @@ int ssd_rebuild(struct ssd *t);
  * ssd_forget_free). *oom when some could not be copied.
  */
 struct ssd_forget *ssd_bucket_entries(struct ssd *t, uint64_t id, bool *oom);
+
+/* ---- ssd_sumfile.c: bucket summaries on the tier (ssd_summary.h is the format) ---- */
+
+#define SSD_SUM_MAX (1ull << 30)        /* a summary file larger than this is not read */
+
+/* ssd_sumfile_path: <dir>/bucket-<id as 16 hex digits>.kvh into buf. */
+void ssd_sumfile_path(const struct ssd *t, uint64_t id, char *buf, size_t len);
+
+/*
+ * ssd_sumfile_start: b (new, empty) lists its records from now on. Writer
+ * thread. Costs nothing until the first record.
+ */
+void ssd_sumfile_start(struct ssd_bucket *b);
+
+/*
+ * ssd_sumfile_add: b's record rec was written at file offset `offset`. Out
+ * of memory, b stops listing (it is scanned at a rebuild, as before).
+ */
+void ssd_sumfile_add(struct ssd_bucket *b, const struct ssd_rec *rec, uint64_t offset);
+
+/* ssd_sumfile_commit: b's records written so far are committed (committed_bytes). */
+void ssd_sumfile_commit(struct ssd_bucket *b);
+
+/* ssd_sumfile_rollback: b was cut back to its last commit: forget the rest. */
+void ssd_sumfile_rollback(struct ssd_bucket *b);
+
+/* ssd_sumfile_free: release b's list (b stops listing). NULL-safe on b->sum. */
+void ssd_sumfile_free(struct ssd_bucket *b);
+
+/*
+ * ssd_sumfile_write_sealed: write the summary of every sealed bucket that
+ * lists its records and has them all committed (temp name, fsync, rename),
+ * then free its list. A failure is logged and costs only a scan at the next
+ * rebuild. Writer thread.
+ */
+void ssd_sumfile_write_sealed(struct ssd *t);
+
+/* ssd_sumfile_remove: unlink bucket id's summary (none is fine). */
+void ssd_sumfile_remove(struct ssd *t, uint64_t id);
+
+/*
+ * ssd_sumfile_read: bucket id's summary file into *buf (malloc'd, *len
+ * bytes; the caller frees it). 0; KV_NOT_FOUND when there is none;
+ * KV_TOO_LARGE when it is larger than max_len; -errno. Any thread.
+ */
+int ssd_sumfile_read(const struct ssd *t, uint64_t id, uint64_t max_len, uint8_t **buf,
+                     uint64_t *len);
+
+/*
+ * ssd_sumfile_remove_orphans: unlink summaries (and temp files) whose
+ * bucket is not in the table. Start-up, or the writer thread.
+ */
+void ssd_sumfile_remove_orphans(struct ssd *t);
+
+/* ---- ssd_scrub.c: the check of summarized buckets' values after a rebuild ---- */
+
+#define SSD_SCRUB_CHUNK (4ull << 20)    /* the scrub reads this much at a time at most */
+#define SSD_SCRUB_STEP_MS 50            /* it sleeps (and looks for shutdown) in steps this long */
+
+struct ssd_scrub_item {
+    uint64_t id;
+    uint64_t covered;           /* bytes its summary covers */
+};
+
+/* ssd_scrub_add: bucket id's records up to covered were taken from its summary (writer). */
+void ssd_scrub_add(struct ssd *t, uint64_t id, uint64_t covered);
+
+/*
+ * ssd_scrub_start: start the scrub thread over the buckets added, when any
+ * and ssd_scrub_rate is not 0 (writer thread, once the rebuild is done).
+ * It reads each bucket's records at ssd_scrub_rate at most, checks every
+ * value its summary lists against the value CRC, and drops the index entry
+ * and the store's copy of each one that fails (ssd_scrub_bad). Failing to
+ * start is logged; reads still check every value.
+ */
+void ssd_scrub_start(struct ssd *t);
+
+/* ssd_scrub_join: wait for the scrub thread (after t->stop is set); a no-op when none. */
+void ssd_scrub_join(struct ssd *t);
 
 /* ---- ssd_compact.c (writer thread) ---- */
 

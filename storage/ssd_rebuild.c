@@ -43,6 +43,7 @@
 #include "ssd_index.h"
 #include "ssd_record.h"
 #include "ssd_scan.h"
+#include "ssd_summary.h"
 
 int
 ssd_set_aside(struct ssd *t, const char *path, const char *why)
@@ -176,6 +177,9 @@ struct ssd_rb_job {
     size_t kcap;
     int rc;                     /* -ENOMEM when the entries did not fit in memory */
     bool done;                  /* scanned (under the pipe's lock) */
+    bool summary;               /* the entries up to sum_covered came from its summary */
+    uint64_t sum_covered;
+    const char *sum_why;        /* a summary was there but not used: why */
 };
 
 struct ssd_rb_pipe {
@@ -236,6 +240,48 @@ ssd_rb_record(void *arg, const struct ssd_rec *rec, uint64_t value_off)
     return 0;
 }
 
+/*
+ * ssd_rb_summary: take the job's entries from its bucket's summary file, when
+ * there is one that verifies and matches the file (ssd_summary.h). 0 when
+ * taken (the values are not read: reads and the scrub check them); else the
+ * job is as it was and the caller scans the bucket (sum_why says why, NULL
+ * when there was no summary), or -ENOMEM (j->rc).
+ */
+static int
+ssd_rb_summary(struct ssd *t, struct ssd_rb_job *j)
+{
+    struct ssd_sum_info info;
+    uint8_t *buf;
+    uint64_t len;
+    uint64_t size = (uint64_t)j->st.st_size;
+    int rc;
+
+    rc = ssd_sumfile_read(t, j->id, size + SSD_SUM_HDR_SIZE, &buf, &len);
+    if (rc == KV_NOT_FOUND) {
+        return rc;
+    }
+    if (rc != 0) {
+        j->sum_why = rc == KV_TOO_LARGE ? "it is larger than its bucket file"
+                                        : "it cannot be read";
+        return rc;
+    }
+    rc = ssd_sum_decode(buf, len, j->id, size, SSD_SCAN_MAX_KEY, SSD_SCAN_MAX_VALUE, &info,
+                        ssd_rb_record, j);
+    free(buf);
+    if (rc == -ENOMEM) {
+        return rc;
+    }
+    if (rc != 0) {
+        j->sum_why = info.why;
+        j->n = 0;
+        j->used = 0;
+        return rc;
+    }
+    j->summary = true;
+    j->sum_covered = info.covered;
+    return 0;
+}
+
 /* ssd_rb_scan_job: open and walk one bucket file (a scanner thread; touches nothing shared). */
 static void
 ssd_rb_scan_job(struct ssd *t, struct ssd_rb_job *j, uint8_t *buf)
@@ -257,10 +303,27 @@ ssd_rb_scan_job(struct ssd *t, struct ssd_rb_job *j, uint8_t *buf)
         }
         return;
     }
-    (void)posix_fadvise(j->fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-    (void)ssd_scan_fd(j->fd, buf, SSD_SCAN_BUF, SSD_SCAN_MAX_KEY, SSD_SCAN_MAX_VALUE,
-                      ssd_rb_record, j, &j->res);
-    (void)posix_fadvise(j->fd, 0, 0, POSIX_FADV_DONTNEED);  /* read once: do not keep it */
+    if (ssd_rb_summary(t, j) == 0) {
+        size_t from_summary = j->n;
+
+        /* Records past what the summary covers (none, normally: nothing is appended to a
+         * sealed bucket) are scanned; garbage there is cut off as in any scanned bucket. */
+        if ((uint64_t)j->st.st_size > j->sum_covered) {
+            (void)ssd_scan_fd_from(j->fd, j->sum_covered, buf, SSD_SCAN_BUF, SSD_SCAN_MAX_KEY,
+                                   SSD_SCAN_MAX_VALUE, ssd_rb_record, j, &j->res);
+        } else {
+            memset(&j->res, 0, sizeof(j->res));
+            j->res.end = j->sum_covered;
+            j->res.file_size = (uint64_t)j->st.st_size;
+            j->res.why = SSD_SCAN_END_CLEAN;
+        }
+        j->res.records += from_summary;
+    } else if (j->rc == 0) {
+        (void)posix_fadvise(j->fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+        (void)ssd_scan_fd(j->fd, buf, SSD_SCAN_BUF, SSD_SCAN_MAX_KEY, SSD_SCAN_MAX_VALUE,
+                          ssd_rb_record, j, &j->res);
+        (void)posix_fadvise(j->fd, 0, 0, POSIX_FADV_DONTNEED);  /* read once: do not keep it */
+    }
     atomic_fetch_add_explicit(&t->rebuild_records, j->n, memory_order_relaxed);
 }
 
@@ -440,6 +503,8 @@ struct ssd_rb_totals {
     uint64_t cut_bytes;     /* bytes cut off after the last whole record */
     uint64_t empty;         /* bucket files without a whole record (removed) */
     uint64_t unreadable;    /* bucket files that could not be opened */
+    uint64_t summary;       /* buckets whose entries came from their summary */
+    uint64_t scanned;       /* buckets read whole (no summary, or one that did not verify) */
     uint64_t wait_ms;       /* the writer waiting for the scanners (the disk, or CRC) */
     uint64_t scan_cpu_ms;   /* CPU time of the scanner threads (reads, CRC) */
 };
@@ -475,6 +540,19 @@ ssd_rb_bucket(struct ssd *t, struct ssd_rb_job *j, struct idx_op *ops,
     }
     tot->records += res->records;
     tot->bad_values += res->bad_values;
+    if (j->summary) {
+        tot->summary++;
+        atomic_fetch_add_explicit(&t->rebuild_summary_buckets, 1, memory_order_relaxed);
+    } else {
+        tot->scanned++;
+        atomic_fetch_add_explicit(&t->rebuild_scanned_buckets, 1, memory_order_relaxed);
+    }
+    if (j->sum_why != NULL) {
+        /* Read whole instead; the summary goes (it would be refused again). */
+        log_warn("ssd: rebuild: %s: its summary is not used (%s); the bucket was read whole",
+                 path, j->sum_why);
+        ssd_sumfile_remove(t, j->id);
+    }
     if (res->why != SSD_SCAN_END_CLEAN || res->bad_values > 0) {
         tot->damaged++;
         log_warn("ssd: rebuild: %s: %" PRIu64 " whole records kept, %" PRIu64
@@ -496,6 +574,7 @@ ssd_rb_bucket(struct ssd *t, struct ssd_rb_job *j, struct idx_op *ops,
     j->fd = -1;
     if (res->end == 0) {
         if (res->why != SSD_SCAN_END_IO && unlink(path) == 0) {
+            ssd_sumfile_remove(t, j->id);
             tot->empty++;
         }
         return 0;
@@ -541,6 +620,9 @@ ssd_rb_bucket(struct ssd *t, struct ssd_rb_job *j, struct idx_op *ops,
     rc = idx_apply(t->idx, &op, 1);
     if (rc != 0) {
         return rc;
+    }
+    if (j->summary) {
+        ssd_scrub_add(t, j->id, j->sum_covered);    /* its values are checked after the rebuild */
     }
     return ssd_rb_load_job(t, j, load);
 }
@@ -752,6 +834,7 @@ ssd_rebuild(struct ssd *t)
         }
     }
     t->start_objects = load.loaded - load.replaced;
+    ssd_sumfile_remove_orphans(t);
 
 done:
     while (load.stale != NULL) {
@@ -768,14 +851,16 @@ done:
                  "indexing and loading the buckets, %" PRIu64 " of it waiting for the reads, the "
                  "rest the final commit; CPU: %" PRIu64 " ms indexing and loading, %" PRIu64
                  " ms reading and checking): %zu bucket "
-                 "file(s), %" PRIu64 " whole records verified, %" PRIu64 " loaded into the "
+                 "file(s), %" PRIu64 " from their summaries (values checked by the scrub that "
+                 "follows), %" PRIu64 " read whole; %" PRIu64 " whole records, %" PRIu64
+                 " loaded into the "
                  "table (%" PRIu64 " of them replacing an older copy of the same key), %" PRIu64
                  " left to keys clients put meanwhile, %" PRIu64
                  " records with a bad value skipped, %" PRIu64 " file(s) cut at damage or a torn"
                  " end (%" PRIu64 " bytes), %" PRIu64 " without a whole record removed, %" PRIu64
                  " unreadable",
                  t->dir, atomic_load(&t->rebuild_ms), walk_ms, tot.wait_ms, cpu_ms, tot.scan_cpu_ms,
-                 n, tot.records,
+                 n, tot.summary, tot.scanned, tot.records,
                  load.loaded,
                  load.replaced, load.kept, tot.bad_values, tot.damaged,
                  tot.cut_bytes, tot.empty, tot.unreadable);
@@ -795,6 +880,9 @@ done:
     atomic_store(&t->state, SSD_STATE_READY);
     if (!t->degraded) {
         store_tier_degraded(t->store, false);
+    }
+    if (rc == 0) {
+        ssd_scrub_start(t);     /* the tier is ready first: the scrub checks in the background */
     }
     return rc;
 }

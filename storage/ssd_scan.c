@@ -121,14 +121,22 @@ int
 ssd_scan_fd(int fd, uint8_t *buf, uint64_t bufsize, uint32_t max_key, uint64_t max_value,
             ssd_scan_fn *fn, void *arg, struct ssd_scan_result *res)
 {
+    return ssd_scan_fd_from(fd, 0, buf, bufsize, max_key, max_value, fn, arg, res);
+}
+
+int
+ssd_scan_fd_from(int fd, uint64_t start, uint8_t *buf, uint64_t bufsize, uint32_t max_key,
+                 uint64_t max_value, ssd_scan_fn *fn, void *arg, struct ssd_scan_result *res)
+{
     struct ssd_win w = {fd, buf, bufsize, 0, 0, 0};
     uint8_t *keycopy = NULL;
     struct stat st;
-    uint64_t pos = 0;
+    uint64_t pos = start;
     int ret = 0;
     int rc;
 
     memset(res, 0, sizeof(*res));
+    res->end = start;
     if (fstat(fd, &st) != 0) {
         res->why = SSD_SCAN_END_IO;
         res->rc = -errno;

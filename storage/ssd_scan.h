@@ -60,6 +60,14 @@ typedef int ssd_scan_fn(void *arg, const struct ssd_rec *rec, uint64_t value_off
 int ssd_scan_fd(int fd, uint8_t *buf, uint64_t bufsize, uint32_t max_key, uint64_t max_value,
                 ssd_scan_fn *fn, void *arg, struct ssd_scan_result *res);
 
+/*
+ * ssd_scan_fd_from: ssd_scan_fd from file offset start (a record boundary,
+ * a multiple of SSD_REC_ALIGN: the end of what a bucket summary covers), as
+ * if the file's records began there; res->end is at least start.
+ */
+int ssd_scan_fd_from(int fd, uint64_t start, uint8_t *buf, uint64_t bufsize, uint32_t max_key,
+                     uint64_t max_value, ssd_scan_fn *fn, void *arg, struct ssd_scan_result *res);
+
 /* ssd_scan_end_name: "clean", "damaged", "short" or "read error". */
 const char *ssd_scan_end_name(int why);
 

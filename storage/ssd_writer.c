@@ -82,6 +82,7 @@ ssd_rollback(struct ssd *t, struct ssd_bucket *b)
         CTR_SUB(t, disk_bytes, b->total_bytes - b->committed_bytes);
         b->alloc_bytes = b->committed_bytes;
     }
+    ssd_sumfile_rollback(b);
     pthread_mutex_lock(&t->blk);
     b->total_bytes = b->committed_bytes;
     b->sealed = true;
@@ -433,6 +434,7 @@ ssd_append(struct ssd *t, struct ssd_group *g, int slot, struct ssd_bucket **use
     if (rc != 0) {
         return rc;
     }
+    ssd_sumfile_add(b, &rec, b->total_bytes);
     loc->bucket = (uint32_t)b->id;
     loc->crc = crc;
     loc->offset = b->total_bytes + hdr_block;
@@ -702,6 +704,7 @@ ssd_commit_group(struct ssd *t, struct ssd_group *g, struct ssd_forget *forgets)
     pthread_mutex_lock(&t->blk);
     for (int i = 0; i < ntouched; i++) {
         touched[i]->committed_bytes = touched[i]->total_bytes;
+        ssd_sumfile_commit(touched[i]);
     }
     pthread_mutex_unlock(&t->blk);
     CTR_ADD(t, syncs, 1);
@@ -795,6 +798,7 @@ ssd_housekeep(struct ssd *t, const uint64_t *drops, int ndrops)
         }
     }
     ssd_cut_tails(t);
+    ssd_sumfile_write_sealed(t);
     for (; !t->rebuild_failed;) {
         struct ssd_bucket *empty = NULL;
 

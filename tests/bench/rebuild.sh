@@ -11,12 +11,18 @@
 # the daemon's own ssd_rebuild_ms, the records verified, and the p50/p99 of batch_get
 # probes of DRAM objects (8 x 4 KiB, 1 connection) that run from the first ping until the
 # rebuild ends: DRAM serves throughout. Target: ready in under 10 s for 1M objects.
+# It says how many bucket files the rebuild took from their summaries (bucket-<id>.kvh,
+# written when a bucket is sealed: the values are not read) and how many it read whole,
+# and, in the first round (or every round with BENCH_REBUILD_SCRUB=all; none with 0), waits
+# for the scrub that then reads the summarized buckets at ssd_scrub_rate (default 64m) and
+# reports its time and the values it found bad (the daemon's ssd_scrub_ms, ssd_scrub_bad).
 # Every wait is bounded (the fill 900 s, the rebuild 300 s). BENCH_REBUILD_RUNS rounds of
 # (clean restart, damaged restart) run on the one fill, and the medians are printed.
 #
 # Environment: KVSTASHD, BENCH, KVSTASH_CLI (binaries; set by make bench),
 # BENCH_REBUILD_OBJECTS (1000000; a multiple of 1000), BENCH_REBUILD_SIZE (4096),
-# BENCH_REBUILD_RUNS (1), BENCH_REBUILD_DIR (a directory on the disk to measure; default a
+# BENCH_REBUILD_RUNS (1), BENCH_REBUILD_SCRUB (1: wait for the scrub in the first round; all;
+# 0), BENCH_REBUILD_SCRUB_RATE (the daemon's ssd_scrub_rate; default its own), BENCH_REBUILD_DIR (a directory on the disk to measure; default a
 # temporary one in /var/tmp), BENCH_REBUILD_KEEP (a directory: the filled data directory is
 # kept there and reused by the next run with the same objects and size, so the fill, minutes
 # at 1M, is paid once; remove it when done).
@@ -30,6 +36,8 @@ N=${BENCH_REBUILD_OBJECTS:-1000000}
 SIZE=${BENCH_REBUILD_SIZE:-4096}
 RUNS=${BENCH_REBUILD_RUNS:-1}
 KEEP=${BENCH_REBUILD_KEEP:-}
+SCRUB=${BENCH_REBUILD_SCRUB:-1}
+SCRUB_RATE=${BENCH_REBUILD_SCRUB_RATE:-}
 
 [ -x "$KVSTASHD" ] || die "no daemon at $KVSTASHD (run make first)"
 [ $((N % 1000)) -eq 0 ] && [ "$N" -ge 1000 ] || die "BENCH_REBUILD_OBJECTS=$N: a multiple of 1000"
@@ -58,7 +66,8 @@ start() {
     port=$(free_port) || die "no free port"
     "$KVSTASHD" --listen="127.0.0.1:$port" --unix_socket= --data_dir="$data" \
         --metrics_listen= --memory_size=1g --ssd_size="$ssd_bytes" \
-        --ssd_offload=write_through --log_level=info >>"$work/kvstashd.log" 2>&1 &
+        --ssd_offload=write_through --log_level=info \
+        ${SCRUB_RATE:+--ssd_scrub_rate="$SCRUB_RATE"} >>"$work/kvstashd.log" 2>&1 &
     kvd_pid=$!
 }
 
@@ -100,7 +109,7 @@ drop_cache() {
         cache="page cache NOT dropped (not root)"
     fi
 }
-clean_ms=() ready_ms=() rebuild_ms=()
+clean_ms=() ready_ms=() rebuild_ms=() scrub_ms=()
 for run in $(seq 1 "$RUNS"); do
     # one start and clean stop first, so the measured start follows this binary's own
     # clean shutdown (a clean-shutdown marker spares it the full index check)
@@ -144,6 +153,14 @@ for run in $(seq 1 "$RUNS"); do
          "(ssd_state ${state:-?}) $t_ready ms after exec (probe slices of 1 s: at most 1 s" \
          "late); ssd_rebuild_ms $rb, ssd_rebuild_records $(stat_of ssd_rebuild_records)," \
          "ssd_objects $(stat_of ssd_objects)"
+    nsum=$(stat_of ssd_rebuild_summary_buckets)
+    nscan=$(stat_of ssd_rebuild_scanned_buckets)
+    if [ -n "$nsum" ]; then
+        echo "   [$run] summaries used: ${nsum} bucket file(s) from their summaries (values not" \
+             "read), ${nscan:-?} read whole"
+    else
+        echo "   [$run] summaries used: no (this kvstashd has no bucket summaries)"
+    fi
     grep -o "index of .* rebuilt in .*" "$work/kvstashd.log" | tail -1 | sed 's/^/   log: /'
     p99s=$(grep -o 'p99_us=[0-9]*' "$work/probe.out" | cut -d= -f2 | sort -n | tr '\n' ' ')
     p50s=$(grep -o 'p50_us=[0-9]*' "$work/probe.out" | cut -d= -f2 | sort -n | tr '\n' ' ')
@@ -151,7 +168,24 @@ for run in $(seq 1 "$RUNS"); do
          "p50 us $p50s; p99 us $p99s; misses+errors" \
          "$(grep -o 'misses=[0-9]* errors=[0-9]*' "$work/probe.out" | tr '\n' ' ')"
     grep -q "probe failed" "$work/probe.out" && echo "   WARNING: a probe run failed"
+    if [ -n "$nsum" ] && [ "${nsum:-0}" -gt 0 ] && { [ "$SCRUB" = all ] \
+            || { [ "$SCRUB" = 1 ] && [ "$run" = 1 ]; }; }; then
+        # the scrub reads the summarized buckets in the background: bounded wait (20 min)
+        for _ in $(seq 1 1200); do
+            [ "$(stat_of ssd_scrub_buckets_done)" = "$(stat_of ssd_scrub_buckets)" ] && break
+            sleep 1
+        done
+        sm=$(stat_of ssd_scrub_ms)
+        scrub_ms+=("${sm:-0}")
+        echo "   [$run] scrub: $(stat_of ssd_scrub_buckets_done) of $(stat_of ssd_scrub_buckets)" \
+             "buckets, $(stat_of ssd_scrub_bytes) bytes read in ${sm:-?} ms;" \
+             "ssd_scrub_bad $(stat_of ssd_scrub_bad)"
+        grep -o "scrub of .* done in .*" "$work/kvstashd.log" | tail -1 | sed 's/^/   log: /'
+    fi
     kvd_kill
 done
 echo "   medians of $RUNS: clean restart $(median "${clean_ms[@]}") ms; after the damage: ready" \
      "$(median "${ready_ms[@]}") ms after exec, ssd_rebuild_ms $(median "${rebuild_ms[@]}")"
+[ "${#scrub_ms[@]}" -gt 0 ] && echo "   scrub after the rebuild: $(median "${scrub_ms[@]}") ms" \
+    "(median of ${#scrub_ms[@]})"
+exit 0

@@ -124,6 +124,39 @@ CONFIGS = {
 }
 
 
+def summary(bucket, records, covered=None):
+    """A bucket summary (storage/ssd_summary.h) of records [(tenant, key, value_len)] laid
+    end to end from offset 0, with its CRC."""
+    import struct
+
+    def crc32c(data, crc=0):
+        crc ^= 0xffffffff
+        for b in data:
+            crc ^= b
+            for _ in range(8):
+                crc = (crc >> 1) ^ (0x82f63b78 if crc & 1 else 0)
+        return crc ^ 0xffffffff
+
+    def align(n):
+        return (n + 4095) // 4096 * 4096
+
+    body, off = b"", 0
+    for i, (tenant, key, vlen) in enumerate(records):
+        body += struct.pack("<QQQIII", off, vlen, 100 + i, tenant, len(key), 0xabc00 + i) + key
+        off += align(48 + len(key)) + align(vlen)
+    covered = off if covered is None else covered
+    head = struct.pack("<IHHQQQQ", 0x4853564B, 1, 0, bucket, len(records), covered, len(body))
+    return head + struct.pack("<II", crc32c(head + body), 0) + body
+
+
+SUMMARIES = {
+    "empty": summary(1, []),
+    "three": summary(7, [(0, b"key-a", 4096), (3, b"key-bb", 100), (0, b"k" * 600, 70000)]),
+    "many": summary(0x1234, [(i % 4, b"blk-%05d" % i, 4096) for i in range(200)]),
+    "past-covered": summary(2, [(0, b"x", 4096), (0, b"y", 4096)], covered=8192),
+}
+
+
 def write(sub, name, data):
     os.makedirs(os.path.join(ROOT, sub), exist_ok=True)
     with open(os.path.join(ROOT, sub, name), "wb") as f:
@@ -158,6 +191,8 @@ def main():
         write("resp", f"command-{i:02d}", b"\xc6" + c)
     for name, data in RESP_REGRESS.items():
         write("resp", name, data)
+    for name, data in SUMMARIES.items():
+        write("summary", name, data)
 
 
 if __name__ == "__main__":

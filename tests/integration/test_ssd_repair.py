@@ -83,6 +83,13 @@ def keys_of(path):
     return {k for k, _, _ in walk_records(path)}
 
 
+def drop_summaries(data):
+    """Remove the bucket summaries, so that a rebuild reads every bucket whole (the walk these
+    tests check; test_ssd_summary.py covers the rebuild from summaries)."""
+    for path in glob.glob(os.path.join(ssd_dir(data), "bucket-*.kvh")):
+        os.unlink(path)
+
+
 def biggest_bucket(data):
     return max(bucket_files(ssd_dir(data)), key=lambda p: len(keys_of(p)))
 
@@ -272,6 +279,7 @@ def test_damaged_header_mid_bucket_keeps_records_before_it(work, kv):
     with open(path, "r+b") as f:
         f.seek(hdr_off + 20)
         f.write(b"\xff\xff\xff\xff")
+    drop_summaries(data)
     with open(data_mdb(data), "r+b") as f:
         f.write(bytes(2 * 4096))
     d, c = restart(kv, data)
@@ -374,6 +382,7 @@ def test_parallel_rebuild_indexes_exactly_the_records_of_the_buckets(work, kv):
     bad_path = buckets[-2]
     key, voff, vlen = list(walk_records(bad_path))[1]
     flip_byte(bad_path, voff + vlen // 3, 0x40)
+    drop_summaries(data)
     expected, records = expected_after_rebuild(data, {(bad_path, voff)})
     assert len(expected) < len(keys)                        # the damage cost some keys
     with open(data_mdb(data), "r+b") as f:

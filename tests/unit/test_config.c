@@ -149,6 +149,7 @@ static const char *const changed_values[][2] = {
     {"ssd_high_watermark", "0.95"},
     {"ssd_low_watermark", "0.5"},
     {"ssd_write_rate_limit", "200m"},
+    {"ssd_scrub_rate", "16m"},
     {"ssd_eviction", "lru"},
     {"ssd_offload", "write_through"},
     {"ssd_promote", "off"},
@@ -194,7 +195,8 @@ static const char *const reloadable_keys[] = {
     "tcp_receive_window", "local_tcp_congestion",
     "client_output_limit", "shutdown_timeout_ms", "eviction_high_watermark",
     "eviction_low_watermark", "eviction_policy", "ssd_bucket_size", "ssd_eviction",
-    "ssd_high_watermark", "ssd_low_watermark", "ssd_write_rate_limit", "ssd_offload",
+    "ssd_high_watermark", "ssd_low_watermark", "ssd_write_rate_limit", "ssd_scrub_rate",
+    "ssd_offload",
     "ssd_promote", "require_auth", "client_output_max",
     "client_output_timeout", "client_input_timeout", "client_inflight_max", "idle_timeout",
     "conn_buffer_memory",
@@ -807,7 +809,7 @@ Test(config, apply_reloadable_copies_only_reloadable_keys)
     }
     /* ...and what changed from before is exactly the reloadable ones. */
     d.n = 0;
-    cr_expect_eq(conf_diff(&before, &running, diff_collect, &d), 40);
+    cr_expect_eq(conf_diff(&before, &running, diff_collect, &d), 41);
     for (int i = 0; i < d.n; i++) {
         cr_expect(d.reloadable[i], "%s needs a restart but was applied", d.keys[i]);
     }
@@ -817,6 +819,7 @@ Test(config, apply_reloadable_copies_only_reloadable_keys)
     cr_expect_eq(running.ssd_eviction, CONF_SSD_LRU);
     cr_expect_eq(running.ssd_offload, CONF_SSD_WRITE_THROUGH);
     cr_expect_eq(running.ssd_write_rate_limit, 200ull << 20);
+    cr_expect_eq(running.ssd_scrub_rate, 16ull << 20);
     cr_expect_eq(running.ssd_promote, 0);
     cr_expect_eq(running.ssd_bucket_size, 64ull << 20);
     cr_expect_str_eq(running.ssd_dir, "<data_dir>/ssd");
