@@ -55,7 +55,6 @@ struct resp_req {
     struct outq *out;
     struct resp_arg *argv;
     uint32_t argc;
-    char name[32];                  /* the command's name, lower case, for errors */
     bool deferred;                  /* its reply waits in ctx->deferred (write_ack all) */
 };
 
@@ -1356,7 +1355,6 @@ resp_dispatch(struct rpc_ctx *ctx, struct resp_client *cl, uint8_t *msg, size_t 
         ctr_add(&ctx->ctr->errors, 1);
         goto done;
     }
-    snprintf(r.name, sizeof(r.name), "%s", c->name);
     if (ctx->lim->require_auth && !ctx->authed && !c->noauth) {
         resp_put_err(out, "NOAUTH Authentication required.");
         ctr_add(&ctx->ctr->errors, 1);
