@@ -580,6 +580,15 @@ resp_get(struct resp_req *r)
     if (resp_key(r, &r->argv[1], &key) != 0) {
         return resp_key_error(r);
     }
+    /*
+     * In a pool, a key resident here is answered from one lookup, as the msgpack get does;
+     * only one that is not asks the owners (resp_fetch, which looks once more first).
+     */
+    if (r->ctx->srv->remote != NULL && store_get(r->ctx->srv->store, &key, &o) == 0) {
+        rpc_tier_count(r->ctx, 0, o);
+        resp_put_value(r, o);
+        return 0;
+    }
     int rc = resp_fetch(r, 1, 1);
     if (rc == 0) {
         rc = resp_refs(r, 1, 1, &o);
