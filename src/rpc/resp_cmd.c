@@ -55,7 +55,6 @@ struct resp_req {
     struct outq *out;
     struct resp_arg *argv;
     uint32_t argc;
-    char name[32];                  /* the command's name, lower case, for errors */
     bool deferred;                  /* its reply waits in ctx->deferred (write_ack all) */
 };
 
@@ -580,6 +579,15 @@ resp_get(struct resp_req *r)
 
     if (resp_key(r, &r->argv[1], &key) != 0) {
         return resp_key_error(r);
+    }
+    /*
+     * In a pool, a key resident here is answered from one lookup, as the msgpack get does;
+     * only one that is not asks the owners (resp_fetch, which looks once more first).
+     */
+    if (r->ctx->srv->remote != NULL && store_get(r->ctx->srv->store, &key, &o) == 0) {
+        rpc_tier_count(r->ctx, 0, o);
+        resp_put_value(r, o);
+        return 0;
     }
     int rc = resp_fetch(r, 1, 1);
     if (rc == 0) {
@@ -1356,7 +1364,6 @@ resp_dispatch(struct rpc_ctx *ctx, struct resp_client *cl, uint8_t *msg, size_t 
         ctr_add(&ctx->ctr->errors, 1);
         goto done;
     }
-    snprintf(r.name, sizeof(r.name), "%s", c->name);
     if (ctx->lim->require_auth && !ctx->authed && !c->noauth) {
         resp_put_err(out, "NOAUTH Authentication required.");
         ctr_add(&ctx->ctr->errors, 1);

@@ -15,7 +15,7 @@ import subprocess
 
 import pytest
 
-from kvtest import Daemon, wait_for
+from kvtest import Daemon, free_port, wait_for
 
 
 def host_default():
@@ -72,6 +72,33 @@ def test_same_host_connections_get_local_tcp_congestion(work, setting):
         # what the client side uses is its own business: a socket left alone keeps the host's
         assert c.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16) \
             .rstrip(b"\0").decode() == host_default()
+        d.assert_alive()
+    finally:
+        d.stop()
+
+
+def test_resp_port_connections_get_local_tcp_congestion_from_the_handshake(work):
+    """The RESP port (resp_listen) is a TCP listener like listen: its connections from this
+    host have local_tcp_congestion from their handshake on. Left to the host's default and
+    switched after accept, a bbr start kept them paced for life: a RESP GET of 64 KiB
+    started four times the pacing timers of a msgpack get."""
+    if shutil.which("ss") is None:
+        pytest.skip("ss (iproute2) is not installed: the daemon's side cannot be read")
+    # an algorithm other than the host's, so that the listener having it shows it was set
+    want = other_than(host_default())
+    if want is None:
+        pytest.skip(f"the kernel offers {offered()}: one algorithm, nothing to tell apart")
+    port = free_port()
+    d = Daemon(work, ("--memory_size=64m", "--ssd_dir=", "--io_threads=1",
+                      f"--resp_listen=127.0.0.1:{port}",
+                      f"--local_tcp_congestion={want}")).wait_ready()
+    try:
+        wait_for(lambda: listener_algorithm(port) == want, 10, "the RESP listener's algorithm")
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(b"PING\r\n")
+            assert s.recv(64) == b"+PONG\r\n"
+            assert server_side_algorithm(port, s.getsockname()[1]) == want
+        assert "local_tcp_congestion \"" not in d.output(), "no algorithm was refused"
         d.assert_alive()
     finally:
         d.stop()
