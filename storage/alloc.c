@@ -18,6 +18,7 @@
  */
 #include "alloc.h"
 
+#include "alloc_file.h"
 #include "clock.h"
 #include "kverr.h"
 #include "log.h"
@@ -45,7 +46,10 @@ struct alloc_bitmap {
 struct alloc {
     pthread_mutex_t lock;
     uint8_t *base;                      /* the arena: map_len = npages * ALLOC_PAGE_SIZE bytes */
-    int fd;                             /* the sealed memfd behind it, or -1 (private memory) */
+    int fd;                             /* the sealed memfd or the memory_file behind it, or -1 */
+    bool has_file;                      /* backed by memory_file (file) */
+    struct alloc_file file;             /* fd == file.fd then */
+    uint64_t file_resident;             /* bytes of the file resident when it was mapped */
     size_t map_len;
     uint64_t npages;
     int max_order;                      /* largest order that fits in the arena */
@@ -381,6 +385,94 @@ alloc_thp_mode(bool shmem, char *buf, size_t len)
  * is npages rounded down to whole 2 MiB pages; its mmap reserves them from the pool (fails
  * with ENOMEM when another process took them since the pool was read: then shmem).
  */
+/*
+ * alloc_resident: bytes of the arena's mapping whose pages are resident (mincore: for a
+ * shared file mapping, the file's pages in memory), counted 64 MiB at a time.
+ */
+static uint64_t
+alloc_resident(const struct alloc *a)
+{
+    unsigned char vec[16384];           /* 64 MiB of 4 KiB pages */
+    const size_t chunk = sizeof(vec) << ALLOC_PAGE_SHIFT;
+    uint64_t pages = 0;
+
+    for (size_t off = 0; off < a->map_len; off += chunk) {
+        size_t len = a->map_len - off < chunk ? a->map_len - off : chunk;
+
+        if (mincore(a->base + off, len, vec) != 0) {
+            return 0;
+        }
+        for (size_t i = 0; i < len >> ALLOC_PAGE_SHIFT; i++) {
+            pages += vec[i] & 1;
+        }
+    }
+    return pages << ALLOC_PAGE_SHIFT;
+}
+
+/*
+ * alloc_back_file: the arena on memory_file (alloc_file.h): on hugetlbfs 2 MiB pages (the
+ * pool's; memory_hugepages off refuses), on tmpfs 4 KiB pages of the page cache
+ * (memory_hugepages on refuses: a tmpfs mount's huge= option, not the daemon, decides). The
+ * mapping of a hugetlbfs file reserves the pool's pages its file lacks.
+ */
+static int
+alloc_back_file(struct alloc *a, uint64_t npages, enum alloc_huge huge, const char *path)
+{
+    uint64_t len = npages << ALLOC_PAGE_SHIFT;
+    uint64_t cg = alloc_cgroup_hugetlb();
+    int rc = alloc_file_open(path, &len, &a->file);
+
+    if (rc != 0) {
+        return rc;
+    }
+    a->has_file = true;
+    a->fd = a->file.fd;
+    if (a->file.kind == ALLOC_FILE_HUGETLBFS && huge == ALLOC_HUGE_OFF) {
+        log_error("memory_file %s is on hugetlbfs (2 MiB pages), but memory_hugepages is off: "
+                  "set memory_hugepages auto or on, or put the file on tmpfs", path);
+        return KV_INVALID_ARGUMENT;
+    }
+    if (a->file.kind == ALLOC_FILE_TMPFS && huge == ALLOC_HUGE_ON) {
+        log_error("memory_file %s is on tmpfs, but memory_hugepages is on: huge pages for a "
+                  "file arena come from a hugetlbfs mount (mount -t hugetlbfs -o pagesize=2M)",
+                  path);
+        return KV_UNSUPPORTED;
+    }
+    if (a->file.kind == ALLOC_FILE_HUGETLBFS && cg < len) {
+        log_error("memory_file %s: this cgroup's hugetlb limit (%llu MiB) is under the arena's "
+                  "%llu MiB", path, (unsigned long long)(cg >> 20),
+                  (unsigned long long)(len >> 20));
+        return KV_NO_SPACE;
+    }
+    rc = alloc_map(a, len);
+    if (rc != 0) {
+        log_error("memory_file %s: mapping %llu MiB failed: %s%s", path,
+                  (unsigned long long)(len >> 20), strerror(-rc),
+                  a->file.kind == ALLOC_FILE_HUGETLBFS && rc == -ENOMEM
+                      ? " (the hugetlb pool lacks the pages the file does not hold yet: "
+                        "sysctl vm.nr_hugepages)"
+                      : "");
+        return rc;
+    }
+    a->npages = len >> ALLOC_PAGE_SHIFT;
+    if (a->file.kind == ALLOC_FILE_TMPFS && huge == ALLOC_HUGE_OFF) {
+#ifdef MADV_NOHUGEPAGE
+        (void)madvise(a->base, a->map_len, MADV_NOHUGEPAGE);
+#endif
+    }
+    a->file_resident = alloc_resident(a);
+    a->backing = a->file.kind == ALLOC_FILE_HUGETLBFS ? ALLOC_BACKING_HUGETLB : ALLOC_BACKING_4K;
+    snprintf(a->backing_why, sizeof(a->backing_why),
+             "%s of the %s file %s (memory_file, %s; %llu of %llu MiB resident)",
+             a->file.kind == ALLOC_FILE_HUGETLBFS ? "hugetlb pages of 2 MiB" : "4 KiB pages",
+             a->file.kind == ALLOC_FILE_HUGETLBFS ? "hugetlbfs" : "tmpfs", path,
+             a->file.created  ? "created"
+             : a->file.reused ? "reused: the previous run's pages"
+                              : "resized",
+             (unsigned long long)(a->file_resident >> 20), (unsigned long long)(len >> 20));
+    return 0;
+}
+
 static int
 alloc_back(struct alloc *a, uint64_t npages, enum alloc_huge huge)
 {
@@ -465,6 +557,12 @@ alloc_back(struct alloc *a, uint64_t npages, enum alloc_huge huge)
 int
 alloc_create(uint64_t size, enum alloc_huge huge, struct alloc **out)
 {
+    return alloc_create_file(size, huge, NULL, out);
+}
+
+int
+alloc_create_file(uint64_t size, enum alloc_huge huge, const char *path, struct alloc **out)
+{
     struct alloc *a;
     uint64_t npages = size >> ALLOC_PAGE_SHIFT;
     uint64_t nwords = 0;
@@ -480,14 +578,21 @@ alloc_create(uint64_t size, enum alloc_huge huge, struct alloc **out)
         return -ENOMEM;
     }
     a->fd = -1;
+    a->file.fd = -1;
+    a->file.lock_fd = -1;
     rc = pthread_mutex_init(&a->lock, NULL);
     if (rc != 0) {
         free(a);
         return -rc;
     }
     /* The mapping first: a hugetlb arena is whole 2 MiB pages, which sets npages. */
-    rc = alloc_back(a, npages, huge);
+    rc = path != NULL && path[0] != '\0' ? alloc_back_file(a, npages, huge, path)
+                                          : alloc_back(a, npages, huge);
     if (rc != 0) {
+        if (a->has_file) {          /* a file made for this failed start goes */
+            alloc_file_close(&a->file, true);
+            a->fd = -1;
+        }
         goto fail;
     }
     npages = a->npages;
@@ -736,7 +841,9 @@ alloc_destroy(struct alloc *a)
     if (a->base != NULL) {
         munmap(a->base, a->map_len);
     }
-    if (a->fd >= 0) {
+    if (a->has_file) {
+        alloc_file_close(&a->file, false);  /* kept: the next start finds its pages */
+    } else if (a->fd >= 0) {
         close(a->fd);
     }
     free(a->words);
@@ -811,6 +918,15 @@ alloc_give(struct alloc *a, const struct alloc_extent *ext, int n)
     atomic_store_explicit(&a->used, atomic_load_explicit(&a->used, memory_order_relaxed) - pages,
                           memory_order_relaxed);
     pthread_mutex_unlock(&a->lock);
+}
+
+bool
+alloc_file_reused(const struct alloc *a, uint64_t *resident)
+{
+    if (resident != NULL) {
+        *resident = a->has_file ? a->file_resident : 0;
+    }
+    return a->has_file && a->file.reused;
 }
 
 int
