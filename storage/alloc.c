@@ -411,15 +411,22 @@ alloc_resident(const struct alloc *a)
 
 /*
  * alloc_back_file: the arena on memory_file (alloc_file.h): on hugetlbfs 2 MiB pages (the
- * pool's; memory_hugepages off refuses), on tmpfs 4 KiB pages of the page cache
- * (memory_hugepages on refuses: a tmpfs mount's huge= option, not the daemon, decides). The
- * mapping of a hugetlbfs file reserves the pool's pages its file lacks.
+ * pool's; memory_hugepages off refuses); on tmpfs the page cache's pages, transparent huge
+ * ones where the mount's huge= option (or shmem_enabled force) gives them and `huge` is not
+ * off, advised MADV_HUGEPAGE (which huge=advise needs), else 4 KiB pages (memory_hugepages on
+ * refuses). The mapping of a hugetlbfs file reserves the pool's pages its file lacks.
+ * Measured here: a resident 4 GiB tmpfs file of 4 KiB pages maps at 0.9 GB/s by write faults
+ * (one per page), 3.3 GB/s by MADV_POPULATE_READ (fault-around); the same file on a huge=always
+ * tmpfs maps in 0.02 s, and its memset then runs at 23-26 GB/s against 8-12.
  */
 static int
 alloc_back_file(struct alloc *a, uint64_t npages, enum alloc_huge huge, const char *path)
 {
     uint64_t len = npages << ALLOC_PAGE_SHIFT;
     uint64_t cg = alloc_cgroup_hugetlb();
+    char glob[32] = "", pages[200] = "";
+    const char *mnt = "";
+    bool thp = false;
     int rc = alloc_file_open(path, &len, &a->file);
 
     if (rc != 0) {
@@ -432,11 +439,19 @@ alloc_back_file(struct alloc *a, uint64_t npages, enum alloc_huge huge, const ch
                   "set memory_hugepages auto or on, or put the file on tmpfs", path);
         return KV_INVALID_ARGUMENT;
     }
-    if (a->file.kind == ALLOC_FILE_TMPFS && huge == ALLOC_HUGE_ON) {
-        log_error("memory_file %s is on tmpfs, but memory_hugepages is on: huge pages for a "
-                  "file arena come from a hugetlbfs mount (mount -t hugetlbfs -o pagesize=2M)",
-                  path);
-        return KV_UNSUPPORTED;
+    if (a->file.kind == ALLOC_FILE_TMPFS) {
+        /* shmem_enabled deny and force override every mount's huge= (mm/transhuge.rst) */
+        (void)alloc_thp_mode(true, glob, sizeof(glob));
+        mnt = a->file.tmpfs_huge;
+        thp = huge != ALLOC_HUGE_OFF && strcmp(glob, "deny") != 0
+              && (strcmp(glob, "force") == 0 || strcmp(mnt, "always") == 0
+                  || strcmp(mnt, "within_size") == 0 || strcmp(mnt, "advise") == 0);
+        if (huge == ALLOC_HUGE_ON && !thp) {
+            log_error("memory_file %s is on a tmpfs mount without huge pages (huge=%s, "
+                      "shmem_enabled %s), but memory_hugepages is on: mount a tmpfs with "
+                      "huge=within_size for the file, or put it on hugetlbfs", path, mnt, glob);
+            return KV_UNSUPPORTED;
+        }
     }
     if (a->file.kind == ALLOC_FILE_HUGETLBFS && cg < len) {
         log_error("memory_file %s: this cgroup's hugetlb limit (%llu MiB) is under the arena's "
@@ -455,21 +470,32 @@ alloc_back_file(struct alloc *a, uint64_t npages, enum alloc_huge huge, const ch
         return rc;
     }
     a->npages = len >> ALLOC_PAGE_SHIFT;
-    if (a->file.kind == ALLOC_FILE_TMPFS && huge == ALLOC_HUGE_OFF) {
-#ifdef MADV_NOHUGEPAGE
-        (void)madvise(a->base, a->map_len, MADV_NOHUGEPAGE);
-#endif
+#if defined(MADV_NOHUGEPAGE) && defined(MADV_HUGEPAGE)
+    if (a->file.kind == ALLOC_FILE_TMPFS) {
+        (void)madvise(a->base, a->map_len, thp ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
     }
+#endif
     a->file_resident = alloc_resident(a);
-    a->backing = a->file.kind == ALLOC_FILE_HUGETLBFS ? ALLOC_BACKING_HUGETLB : ALLOC_BACKING_4K;
+    a->backing = a->file.kind == ALLOC_FILE_HUGETLBFS ? ALLOC_BACKING_HUGETLB
+                 : thp                                ? ALLOC_BACKING_THP
+                                                      : ALLOC_BACKING_4K;
+    if (a->file.kind == ALLOC_FILE_TMPFS) {
+        snprintf(pages, sizeof(pages), "; its mount's huge=%s, shmem_enabled %s%s", mnt, glob,
+                 thp || huge == ALLOC_HUGE_OFF ? ""
+                                               : ": a tmpfs mounted with huge=within_size gives "
+                                                 "2 MiB pages");
+    }
     snprintf(a->backing_why, sizeof(a->backing_why),
-             "%s of the %s file %s (memory_file, %s; %llu of %llu MiB resident)",
-             a->file.kind == ALLOC_FILE_HUGETLBFS ? "hugetlb pages of 2 MiB" : "4 KiB pages",
+             "%s of the %s file %s (memory_file, %s; %llu of %llu MiB resident%s)",
+             a->backing == ALLOC_BACKING_HUGETLB ? "hugetlb pages of 2 MiB"
+             : thp                               ? "transparent huge pages"
+                                                 : "4 KiB pages",
              a->file.kind == ALLOC_FILE_HUGETLBFS ? "hugetlbfs" : "tmpfs", path,
              a->file.created  ? "created"
              : a->file.reused ? "reused: the previous run's pages"
                               : "resized",
-             (unsigned long long)(a->file_resident >> 20), (unsigned long long)(len >> 20));
+             (unsigned long long)(a->file_resident >> 20), (unsigned long long)(len >> 20),
+             pages);
     return 0;
 }
 
@@ -652,6 +678,9 @@ alloc_backing(const struct alloc *a, const char **why)
 
 /* ---- prefault ---- */
 
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22  /* Linux 5.14 */
+#endif
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
 #endif
@@ -763,6 +792,10 @@ alloc_prefault_main(void *arg)
     const char *pause_env = getenv("KVSTASH_TEST_PREFAULT_PAUSE_MS");
     long pause_ms = pause_env != NULL ? strtol(pause_env, NULL, 10) : 0;
     uint64_t t0 = clock_ms();
+    /* A tmpfs memory_file: read faults map the file's resident pages 16 at a time (fault
+     * around; writable, as shmem needs no write notification), write faults one at a time. */
+    int advice = a->has_file && a->file.kind == ALLOC_FILE_TMPFS ? MADV_POPULATE_READ
+                                                                 : MADV_POPULATE_WRITE;
 
     if (pause_ms < 0 || pause_ms > 60000) {
         pause_ms = 0;
@@ -779,7 +812,7 @@ alloc_prefault_main(void *arg)
         if (atomic_load_explicit(&a->prefault_stop, memory_order_relaxed)) {
             break;
         }
-        if (madvise(a->base + off, len, MADV_POPULATE_WRITE) != 0 && errno != EINVAL) {
+        if (madvise(a->base + off, len, advice) != 0 && errno != EINVAL) {
             log_warn("alloc: populating the arena stopped at %zu of %zu MiB: %s; the rest "
                      "faults in on first use", off >> 20, a->map_len >> 20, strerror(errno));
             break; /* no memory: pages fault in on first use instead */

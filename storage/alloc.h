@@ -95,12 +95,16 @@ int alloc_create(uint64_t size, enum alloc_huge huge, struct alloc **out);
  * (storage/alloc_file.h), mapped MAP_SHARED where the memfd would be, and kept at
  * alloc_destroy, so that a daemon started again on it maps pages that are resident already.
  * On hugetlbfs the arena is 2 MiB hugetlb pages (size rounded down to whole ones; `huge`
- * ALLOC_HUGE_OFF refuses); on tmpfs 4 KiB pages (ALLOC_HUGE_ON refuses). The file's old
+ * ALLOC_HUGE_OFF refuses); on tmpfs transparent huge pages where the mount's huge= option
+ * gives them (ALLOC_BACKING_THP; not with ALLOC_HUGE_OFF), else 4 KiB pages (ALLOC_HUGE_ON
+ * refuses). The population maps a tmpfs file with MADV_POPULATE_READ (fault-around maps its
+ * resident pages 16 at a time; the mapping is writable). The file's old
  * bytes are not cleared: every page is free and holds garbage. Unlike the memfd the file is
  * not sealed (tmpfs files cannot be): whoever may write it can shrink it. Each refusal is
  * logged with the path. Returns what alloc_create returns, and KV_INVALID_ARGUMENT (not
  * tmpfs or hugetlbfs, not a regular file of this user's, a hugetlbfs of other pages, or
- * `huge` against the filesystem), KV_UNSUPPORTED (ALLOC_HUGE_ON on tmpfs), -EBUSY (another
+ * `huge` against the filesystem), KV_UNSUPPORTED (ALLOC_HUGE_ON on a tmpfs without huge
+ * pages), -EBUSY (another
  * process holds the file), KV_NO_SPACE (the tmpfs or the cgroup's hugetlb limit has no room
  * for the arena), -errno (open, ftruncate, mmap: -ENOMEM when the hugetlb pool lacks pages).
  */

@@ -23,6 +23,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/vfs.h>
 #include <unistd.h>
 
@@ -67,6 +68,38 @@ alloc_file_check_fs(struct alloc_file *f, const struct statfs *sfs)
               "0x%lx): its pages would be written back to a disk; put it on tmpfs "
               "(e.g. /dev/shm) or a hugetlbfs mount", f->path, (unsigned long)type);
     return KV_INVALID_ARGUMENT;
+}
+
+/*
+ * alloc_file_tmpfs_huge: the huge= option of the tmpfs mount of device dev (always,
+ * within_size, advise, never) into out, from /proc/self/mountinfo; "never" when it is unset
+ * or the mount cannot be found. It decides whether the file's pages can be 2 MiB ones.
+ */
+static void
+alloc_file_tmpfs_huge(dev_t dev, char *out, size_t len)
+{
+    char line[4096];
+    FILE *f = fopen("/proc/self/mountinfo", "re");
+
+    snprintf(out, len, "never");
+    while (f != NULL && fgets(line, sizeof(line), f) != NULL) {
+        unsigned maj, min;
+        const char *sep, *opt;
+
+        if (sscanf(line, "%*u %*u %u:%u", &maj, &min) != 2 || maj != major(dev)
+            || min != minor(dev) || (sep = strstr(line, " - ")) == NULL) {
+            continue;
+        }
+        opt = strstr(sep, "huge=");
+        if (opt != NULL) {
+            opt += strlen("huge=");
+            snprintf(out, len, "%.*s", (int)strcspn(opt, ", \n"), opt);
+        }
+        break;
+    }
+    if (f != NULL) {
+        fclose(f);
+    }
 }
 
 /* alloc_file_check_inode: a regular file of this user's; permission bits cut to 0600. */
@@ -199,6 +232,9 @@ alloc_file_open(const char *path, uint64_t *len, struct alloc_file *out)
             rc = KV_INVALID_ARGUMENT;
             goto fail;
         }
+    }
+    if (f->kind == ALLOC_FILE_TMPFS) {
+        alloc_file_tmpfs_huge(st.st_dev, f->tmpfs_huge, sizeof(f->tmpfs_huge));
     }
     f->old_size = (uint64_t)st.st_size;
     f->reused = !f->created && f->old_size == *len;

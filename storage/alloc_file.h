@@ -29,6 +29,7 @@ struct alloc_file {
     bool created;               /* this open made the file */
     bool reused;                /* it existed with exactly the arena's size */
     uint64_t old_size;          /* its size when opened (0 when created) */
+    char tmpfs_huge[16];        /* on tmpfs: its mount's huge= option ("never" when unset) */
     char path[4096];
 };
 
@@ -37,7 +38,8 @@ struct alloc_file {
  * arena of *len bytes (whole 4 KiB pages). It must be a regular file owned by this user on
  * tmpfs or hugetlbfs (2 MiB pages); it is locked with flock(LOCK_EX | LOCK_NB) on a
  * descriptor of its own; group or other permission bits are removed. On hugetlbfs *len is
- * rounded down to whole 2 MiB pages. The file is then sized to *len (ftruncate; another size
+ * rounded down to whole 2 MiB pages; on tmpfs the mount's huge= option is read from
+ * /proc/self/mountinfo into tmpfs_huge. The file is then sized to *len (ftruncate; another size
  * is logged as resized), after checking that a tmpfs has room for what the file lacks.
  * Each refusal is logged with the path and the reason.
  *

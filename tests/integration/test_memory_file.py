@@ -9,8 +9,10 @@ a new key's place in the arena is not readable as the old value) and stores new 
 byte-exact. A second daemon on a file a live one holds refuses to start naming the path; a
 daemon killed with SIGKILL keeps no one out; a file on a disk filesystem is refused and not
 left behind; a file of another size is resized, saying so; a relative path is a config error.
-On hugetlbfs (skipped, saying why, without a mount and a hugetlb pool) the arena is 2 MiB
-pages and a restart reuses them.
+On a tmpfs mounted with huge=within_size (mounted by the test; skipped, saying why, when it
+cannot) the arena is transparent huge pages, and a restart reuses them. On hugetlbfs
+(skipped, saying why, without a mount and a hugetlb pool) the arena is 2 MiB pages and a
+restart reuses them.
 """
 
 import hashlib
@@ -99,7 +101,7 @@ def test_memory_file_serves_and_is_kept_warm_across_a_restart(work, shm_dir):
     d = daemon(work, path)
     try:
         d.wait_ready()
-        assert f"is on 4 KiB pages of the tmpfs file {path} (memory_file, created" in d.output()
+        assert f"of the tmpfs file {path} (memory_file, created" in d.output(), d.tail()
         with kvstash.Client(f"127.0.0.1:{d.port}") as c:
             st = c.stats()
             assert st["memory_file_reused"] == 0
@@ -118,7 +120,7 @@ def test_memory_file_serves_and_is_kept_warm_across_a_restart(work, shm_dir):
         d.wait_ready()
         out = d.output()
         assert f"of the tmpfs file {path} (memory_file, reused: the previous run's pages; " \
-            "64 of 64 MiB resident)" in out, out
+            "64 of 64 MiB resident" in out, out
         with kvstash.Client(d.unix_path) as c:
             st = c.stats()
             assert st["memory_file_reused"] == 1
@@ -282,3 +284,51 @@ def test_memory_file_on_hugetlbfs_reuses_the_pools_pages(work):
         if mounted:
             subprocess.run(["umount", mnt], check=False)
             os.rmdir(mnt)
+
+
+def pmd_mapped_kb(pid):
+    """kB of shared memory the process maps with 2 MiB page-table entries."""
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("ShmemPmdMapped:"):
+                return int(line.split()[1])
+    return 0
+
+
+def test_memory_file_on_a_huge_tmpfs_is_transparent_huge_pages(work):
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs with huge=within_size needs root")
+    mnt = tempfile.mkdtemp(prefix="kvstash-hugetmpfs-")
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=96m,huge=within_size,mode=0700",
+                        "none", mnt], capture_output=True, text=True)
+    if r.returncode != 0:
+        os.rmdir(mnt)
+        pytest.skip(f"cannot mount a tmpfs: {r.stderr.strip()}")
+    path = os.path.join(mnt, "arena")
+    try:
+        rnd = random.Random(11)
+        for run in range(2):
+            d = daemon(work, path)
+            try:
+                d.wait_ready()
+                out = d.output()
+                if "shmem_enabled deny" in out:
+                    pytest.skip("shmem_enabled is deny on this host: no huge tmpfs pages")
+                assert f"is on transparent huge pages of the tmpfs file {path}" in out, out
+                assert "its mount's huge=within_size" in out, out
+                with kvstash.Client(d.unix_path) as c:
+                    st = c.stats()
+                    assert st["memory_hugepages"] == 1
+                    assert st["memory_file_reused"] == run
+                    wait_for(lambda: c.stats()["memory_prefaulted"] == 64 * MIB, 60,
+                             "the population to cover the arena")
+                    if run == 1:
+                        assert st["memory_file_resident"] == 64 * MIB
+                    assert pmd_mapped_kb(d.pid) >= 64 * 1024, "mapped as 2 MiB pages"
+                store_all_ways(d, rnd, f"run{run}")
+                d.stop()
+            finally:
+                d.reap()
+    finally:
+        subprocess.run(["umount", mnt], check=False)
+        os.rmdir(mnt)
