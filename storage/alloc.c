@@ -380,12 +380,6 @@ alloc_thp_mode(bool shmem, char *buf, size_t len)
 }
 
 /*
- * alloc_back: make and map the arena for npages 4 KiB pages as `huge` says (alloc.h,
- * alloc_create), setting fd, base, map_len, npages, backing and backing_why. A hugetlb arena
- * is npages rounded down to whole 2 MiB pages; its mmap reserves them from the pool (fails
- * with ENOMEM when another process took them since the pool was read: then shmem).
- */
-/*
  * alloc_resident: bytes of the arena's mapping whose pages are resident (mincore: for a
  * shared file mapping, the file's pages in memory), counted 64 MiB at a time.
  */
@@ -499,6 +493,12 @@ alloc_back_file(struct alloc *a, uint64_t npages, enum alloc_huge huge, const ch
     return 0;
 }
 
+/*
+ * alloc_back: make and map the arena for npages 4 KiB pages as `huge` says (alloc.h,
+ * alloc_create), setting fd, base, map_len, npages, backing and backing_why. A hugetlb arena
+ * is npages rounded down to whole 2 MiB pages; its mmap reserves them from the pool (fails
+ * with ENOMEM when another process took them since the pool was read: then shmem).
+ */
 static int
 alloc_back(struct alloc *a, uint64_t npages, enum alloc_huge huge)
 {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # fill.sh: the first-fill section of `make bench`: how fast puts go into a DRAM tier whose
 # pages have never held a value, against the same daemon's rate once every page has been
-# written once ("steady"). Eight cases, each on a fresh kvstashd with BENCH_FILL_MEMORY of
+# written once ("steady"). Eleven cases, each on a fresh kvstashd with BENCH_FILL_MEMORY of
 # DRAM and no SSD tier:
 #   fresh:   4 KiB pages (memory_hugepages off); puts start the moment the daemon answers
 #            (the arena is being populated meanwhile);
@@ -22,9 +22,11 @@
 #   file_restart: a daemon started again on the file a daemon has populated and stopped
 #            (when no case before it did, a daemon is started and stopped once first); puts
 #            from the first second, the pages resident already;
-#   file_ready: as file_restart, but the puts start once memory_prefaulted covers the arena.
-# The file is removed at exit.
-# ready and file_ready print the time from the daemon's exec to memory_prefaulted covering
+#   file_ready: as file_restart, but the puts start once memory_prefaulted covers the arena;
+#   thp_file, thp_restart, thp_ready: the same three on a tmpfs the script mounts with
+#            huge=within_size (when root; else skipped), whose pages are 2 MiB.
+# The files are removed, and the tmpfs unmounted, at exit.
+# ready, file_ready and thp_ready print the time from the daemon's exec to memory_prefaulted covering
 # the arena (the population; /readyz says ready then).
 # Each case runs kvstash-bench in 1-second slices (batch_put_from of 8 x 1 MiB over the
 # Unix socket, one connection, depth 2, then batch_put over TCP the same way) until the
@@ -36,8 +38,8 @@
 #
 # Environment: KVSTASHD, BENCH, KVSTASH_CLI (binaries; set by make bench),
 # BENCH_FILL_MEMORY (4g), BENCH_FILL_IDLE (120), BENCH_FILL_STEADY (5),
-# BENCH_FILL_CASES ("fresh idle hugetlb restart ready file file_restart file_ready"),
-# BENCH_FILL_MODES
+# BENCH_FILL_CASES ("fresh idle hugetlb restart ready file file_restart file_ready thp_file
+# thp_restart thp_ready"), BENCH_FILL_MODES
 # ("put_from put"), BENCH_FILL_FILE (/dev/shm/kvstash-fill-<pid>.arena: the file cases' file;
 # it holds BENCH_FILL_MEMORY of RAM until removed).
 set -u -o pipefail
@@ -49,7 +51,7 @@ bench_paths "$here"    # root, KVSTASHD, BENCH, KVSTASH_CLI
 MEM=${BENCH_FILL_MEMORY:-4g}
 IDLE=${BENCH_FILL_IDLE:-120}
 STEADY=${BENCH_FILL_STEADY:-5}
-CASES=${BENCH_FILL_CASES:-fresh idle hugetlb restart ready file file_restart file_ready}
+CASES=${BENCH_FILL_CASES:-fresh idle hugetlb restart ready file file_restart file_ready thp_file thp_restart thp_ready}
 MEMFILE=${BENCH_FILL_FILE:-/dev/shm/kvstash-fill-$$.arena}
 MODES=${BENCH_FILL_MODES:-put_from put}
 
@@ -73,7 +75,16 @@ pool_restore() {
     fi
 }
 file_warm=0
-trap 'pool_restore; rm -f "$MEMFILE"; bench_exit' EXIT
+thp_warm=0
+thp_dir=$work/thp
+# thp_unmount: unmount the huge tmpfs if this script mounted it (at exit, with the trap).
+# shellcheck disable=SC2317  # invoked by the EXIT trap
+thp_unmount() {
+    if mountpoint -q "$thp_dir"; then
+        umount "$thp_dir" && echo "   unmounted $thp_dir"
+    fi
+}
+trap 'pool_restore; thp_unmount; rm -f "$MEMFILE"; bench_exit' EXIT
 
 # pool_ready: the hugetlb pool has room for the arena, reserving what is missing when root
 # (at most the arena's 2 MiB pages). 1 (with the reason) when it cannot.
@@ -131,11 +142,34 @@ wait_populated() {
     return 1
 }
 
-# file_args CASE: the daemon's arguments for a file case (nothing for the others).
+# file_path CASE: the memory_file of a file case (/dev/shm) or a thp case (the huge tmpfs).
+file_path() {
+    case $1 in
+        file*) echo "$MEMFILE" ;;
+        thp*) echo "$thp_dir/arena" ;;
+    esac
+}
+
+# file_args CASE: the daemon's arguments for a file or thp case (nothing for the others).
 file_args() {
     case $1 in
-        file|file_restart|file_ready) echo "--memory_file=$MEMFILE" ;;
+        file*|thp*) echo "--memory_file=$(file_path "$1")" ;;
     esac
+}
+
+# warm_get CASE / warm_set CASE 0|1: whether a daemon has populated that kind's file.
+warm_get() { case $1 in file*) echo "$file_warm" ;; *) echo "$thp_warm" ;; esac; }
+warm_set() { case $1 in file*) file_warm=$2 ;; *) thp_warm=$2 ;; esac; }
+
+# thp_ready: a tmpfs mounted with huge=within_size at $thp_dir, sized for the arena (root
+# only; unmounted at exit). 1 (with the reason) when it cannot be.
+thp_ready() {
+    mountpoint -q "$thp_dir" && return 0
+    [ "$(id -u)" = 0 ] || { echo "   mounting a tmpfs needs root"; return 1; }
+    mkdir -p "$thp_dir"
+    mount -t tmpfs -o "size=$((mem_bytes / 1048576 + 64))m,huge=within_size,mode=0700" none \
+        "$thp_dir" || { echo "   cannot mount a tmpfs at $thp_dir"; return 1; }
+    echo "   mounted a tmpfs with huge=within_size at $thp_dir"
 }
 
 # slice MODE ID [-R]: one 1-second kvstash-bench run; its line on stderr, its GB/s on stdout.
@@ -175,22 +209,31 @@ run_case() {
         fi
         pool_warm=1
     fi
-    if [ "$case" = file ]; then
-        rm -f "$MEMFILE"                # a new file: its pages are new to the host
+    case $case in
+        thp*) thp_ready || { summary+=("$(printf '%-12s %-9s skipped: no huge tmpfs' "$case" \
+                                       "$mode")"); return 0; } ;;
+    esac
+    case $case in file*|thp*) huge=auto ;; esac
+    if [ "$case" = file ] || [ "$case" = thp_file ]; then
+        rm -f "$(file_path "$case")"    # a new file: its pages are new to the host
+        warm_set "$case" 0
     fi
-    if { [ "$case" = file_restart ] || [ "$case" = file_ready ]; } && [ "$file_warm" = 0 ]; then
-        echo "   warming the file: one daemon started and stopped once populated"
-        start_daemon off "$(file_args "$case")" || { echo "   kvstashd did not start"
-                                                    summary+=("$case $mode: failed"); return 1; }
-        wait_populated || { kvd_kill; summary+=("$case $mode: failed"); return 1; }
-        kvd_kill
-    fi
+    case $case in
+        file_restart|file_ready|thp_restart|thp_ready)
+            if [ "$(warm_get "$case")" = 0 ]; then
+                echo "   warming the file: one daemon started and stopped once populated"
+                start_daemon auto "$(file_args "$case")" || { echo "   kvstashd did not start"
+                    summary+=("$case $mode: failed"); return 1; }
+                wait_populated || { kvd_kill; summary+=("$case $mode: failed"); return 1; }
+                kvd_kill
+            fi ;;
+    esac
     # shellcheck disable=SC2046  # file_args is one word or none
     start_daemon "$huge" $(file_args "$case") || { echo "   kvstashd did not start"
         sed 's/^/   log: /' "$work/kvstashd.log"; summary+=("$case $mode: failed"); return 1; }
     grep -m1 "memory: the arena" "$work/kvstashd.log" | sed 's/^.*memory: /   /'
-    case $case in file*) file_warm=1 ;; esac
-    if [ "$case" = ready ] || [ "$case" = file_ready ]; then
+    case $case in file*|thp*) warm_set "$case" 1 ;; esac
+    if [ "$case" = ready ] || [ "$case" = file_ready ] || [ "$case" = thp_ready ]; then
         wait_populated || { kvd_kill; summary+=("$case $mode: failed"); return 1; }
     fi
     if [ "$case" = idle ]; then
