@@ -773,6 +773,43 @@ alloc_stamp_chunk(struct alloc *a, uint64_t first, uint64_t n)
 }
 
 /*
+ * alloc_pmd_mapped: bytes of the arena's mapping mapped with 2 MiB page-table entries, from
+ * its block of /proc/self/smaps (AnonHugePages, ShmemPmdMapped, FilePmdMapped), or -1.
+ */
+static long long
+alloc_pmd_mapped(const struct alloc *a)
+{
+    char line[256], head[32];
+    long long kb = 0, v;
+    bool in = false, found = false;
+    FILE *f = fopen("/proc/self/smaps", "re");
+
+    if (f == NULL) {
+        return -1;
+    }
+    snprintf(head, sizeof(head), "%lx-", (unsigned long)(uintptr_t)a->base);
+    while (fgets(line, sizeof(line), f) != NULL) {
+        if (strncmp(line, head, strlen(head)) == 0) {
+            in = found = true;
+            continue;
+        }
+        if (!in) {
+            continue;
+        }
+        if (strspn(line, "0123456789abcdef") > 0 && line[strspn(line, "0123456789abcdef")] == '-') {
+            break;      /* the next mapping's header (field names start with a capital) */
+        }
+        if ((sscanf(line, "AnonHugePages: %lld", &v) == 1
+                   || sscanf(line, "ShmemPmdMapped: %lld", &v) == 1
+                   || sscanf(line, "FilePmdMapped: %lld", &v) == 1)) {
+            kb += v;
+        }
+    }
+    fclose(f);
+    return found ? kb * 1024 : -1;
+}
+
+/*
  * Populating the page tables is not enough on a virtual machine whose host dedups pages of
  * zeros (measured here: pages populated with MADV_POPULATE_WRITE and left idle for two
  * minutes took 1-2 GB/s of non-temporal stores on their first write, against 15-20 GB/s on
@@ -827,6 +864,17 @@ alloc_prefault_main(void *arg)
 
         log_info("alloc: arena of %zu MiB populated in %llu ms (%.2f GB/s)", a->map_len >> 20,
                  (unsigned long long)ms, ms > 0 ? (double)a->map_len / 1e6 / (double)ms : 0.0);
+    }
+    if (a->backing == ALLOC_BACKING_THP
+        && atomic_load_explicit(&a->prefaulted, memory_order_relaxed) == a->map_len) {
+        long long huge = alloc_pmd_mapped(a);
+
+        if (huge >= 0 && (uint64_t)huge < a->map_len) {
+            /* transparent huge pages are best effort: 4 KiB ones where no 2 MiB block was free */
+            log_info("alloc: %lld of the arena's %zu MiB are mapped as 2 MiB pages, the rest as "
+                     "4 KiB pages (no free 2 MiB block when they were allocated, or a last "
+                     "part under 2 MiB)", huge >> 20, a->map_len >> 20);
+        }
     }
     atomic_store_explicit(&a->prefault_done, 1, memory_order_release);
     return NULL;

@@ -98,7 +98,8 @@ int alloc_create(uint64_t size, enum alloc_huge huge, struct alloc **out);
  * ALLOC_HUGE_OFF refuses); on tmpfs transparent huge pages where the mount's huge= option
  * gives them (ALLOC_BACKING_THP; not with ALLOC_HUGE_OFF), else 4 KiB pages (ALLOC_HUGE_ON
  * refuses). The population maps a tmpfs file with MADV_POPULATE_READ (fault-around maps its
- * resident pages 16 at a time; the mapping is writable). The file's old
+ * resident pages 16 at a time; the mapping is writable), and on transparent huge pages logs
+ * how much of the arena is not mapped as 2 MiB pages (they are best effort). The file's old
  * bytes are not cleared: every page is free and holds garbage. Unlike the memfd the file is
  * not sealed (tmpfs files cannot be): whoever may write it can shrink it. Each refusal is
  * logged with the path. Returns what alloc_create returns, and KV_INVALID_ARGUMENT (not

@@ -10,7 +10,9 @@ byte-exact. A second daemon on a file a live one holds refuses to start naming t
 daemon killed with SIGKILL keeps no one out; a file on a disk filesystem is refused and not
 left behind; a file of another size is resized, saying so; a relative path is a config error.
 On a tmpfs mounted with huge=within_size (mounted by the test; skipped, saying why, when it
-cannot) the arena is transparent huge pages, and a restart reuses them. On hugetlbfs
+cannot) the arena is transparent huge pages, mapped as 2 MiB pages, and a restart reuses
+them; an arena whose last MiB is no whole 2 MiB page is logged as 64 of 65 MiB on 2 MiB
+pages. On hugetlbfs
 (skipped, saying why, without a mount and a hugetlb pool) the arena is 2 MiB pages and a
 restart reuses them.
 """
@@ -299,13 +301,24 @@ def test_memory_file_on_a_huge_tmpfs_is_transparent_huge_pages(work):
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs with huge=within_size needs root")
     mnt = tempfile.mkdtemp(prefix="kvstash-hugetmpfs-")
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=96m,huge=within_size,mode=0700",
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=160m,huge=within_size,mode=0700",
                         "none", mnt], capture_output=True, text=True)
     if r.returncode != 0:
         os.rmdir(mnt)
         pytest.skip(f"cannot mount a tmpfs: {r.stderr.strip()}")
     path = os.path.join(mnt, "arena")
     try:
+        # an arena whose last MiB is no whole 2 MiB page: the population says how much is not
+        d = daemon(work, os.path.join(mnt, "odd"), size="65m")
+        try:
+            d.wait_ready()
+            wait_for(lambda: "of the arena's 65 MiB are mapped as 2 MiB pages" in d.output(), 60,
+                     "the population's line on the pages not mapped as 2 MiB ones", interval=0.1)
+            assert "alloc: 64 of the arena's 65 MiB are mapped as 2 MiB pages" in d.output()
+            d.stop()
+        finally:
+            d.reap()
+        os.unlink(os.path.join(mnt, "odd"))
         rnd = random.Random(11)
         for run in range(2):
             d = daemon(work, path)
@@ -325,6 +338,7 @@ def test_memory_file_on_a_huge_tmpfs_is_transparent_huge_pages(work):
                     if run == 1:
                         assert st["memory_file_resident"] == 64 * MIB
                     assert pmd_mapped_kb(d.pid) >= 64 * 1024, "mapped as 2 MiB pages"
+                    assert "are mapped as 2 MiB pages, the rest" not in d.output(), d.tail()
                 store_all_ways(d, rnd, f"run{run}")
                 d.stop()
             finally:
