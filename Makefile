@@ -55,7 +55,7 @@ endif
 #   src/       the daemon; src/rpc/ its request layer
 UTIL_SRC := util/log.c util/tcpopt.c util/sdnotify.c util/tls_error.c
 PROTO_SRC := protocol/kverr.c protocol/frame.c protocol/mp.c protocol/resp.c
-STORAGE_SRC := storage/alloc.c storage/store.c storage/store_tier.c storage/store_hash.c \
+STORAGE_SRC := storage/alloc.c storage/alloc_file.c storage/store.c storage/store_tier.c storage/store_hash.c \
                storage/store_evict.c storage/crc32c.c storage/ssd_record.c storage/ssd_index.c \
                storage/ssd.c storage/ssd_bucket.c storage/ssd_writer.c storage/ssd_scan.c \
                storage/ssd_rebuild.c storage/ssd_clean.c storage/ssd_compact.c storage/copier.c \

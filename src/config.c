@@ -73,6 +73,7 @@ struct conf_option {
 
 static conf_check_fn conf_check_unix_socket;
 static conf_check_fn conf_check_data_dir;
+static conf_check_fn conf_check_memory_file;
 static conf_check_fn conf_check_node_id;
 static conf_check_fn conf_check_ssd_dir;
 static conf_check_fn conf_check_congestion;
@@ -179,6 +180,8 @@ static const struct conf_option conf_options[] = {
     OPT_SIZE(memory_size,               MIB,      NO_MAX,    "1g",    RESTART),
     /*       name                       value names              noun         default   reload */
     OPT_ENUM(memory_hugepages,          conf_hugepages_names,    "value",     "auto",   RESTART),
+    /*         name                     default           reload   extra check */
+    OPT_STRING(memory_file,             "",               RESTART, conf_check_memory_file),
     /*         name                     min       max        default  reload */
     OPT_SIZE(max_key_size,              1,        64 * KIB,  "1k",    RELOAD),
     OPT_SIZE(max_value_size,            1,        4 * GIB,   "256m",  RELOAD),
@@ -357,6 +360,14 @@ conf_check_data_dir(const char *v)
     /* ssd_dir's default is written <data_dir>/ssd: a data_dir holding the tag would not
      * read back the same (found by the config fuzzer) */
     return strstr(v, CONF_DATA_DIR_TAG) != NULL ? "must not contain " CONF_DATA_DIR_TAG : NULL;
+}
+
+static const char *
+conf_check_memory_file(const char *v)
+{
+    /* "" is the memfd; a file is named from the root, whatever the daemon's directory */
+    return *v != '\0' && *v != '/' ? "must be an absolute path (e.g. /dev/shm/kvstash.arena)"
+                                    : NULL;
 }
 
 static const char *

@@ -64,6 +64,7 @@ struct kv_config {
     char node_id[CONF_STR_MAX];       /* "" = generated once and kept in <data_dir>/node_id */
     uint64_t memory_size;             /* DRAM tier bytes; default 1 GiB */
     int memory_hugepages;             /* enum conf_hugepages; default auto */
+    char memory_file[CONF_STR_MAX];   /* the arena's file on tmpfs/hugetlbfs; "" = a memfd */
     uint64_t max_key_size;            /* default 1 KiB */
     uint64_t max_value_size;          /* default 256 MiB */
     uint64_t max_batch;               /* keys per batch request; default 16384 */

@@ -298,6 +298,12 @@ metrics_tiers(struct metrics_buf *b, const struct metrics_sum *m, const struct s
     one(b, "kvstash_memory_hugepages", "gauge",
         "The arena's pages: 0 4 KiB, 1 transparent huge pages, 2 hugetlb (memory_hugepages).",
         st->memory_hugepages);
+    one(b, "kvstash_memory_file_reused", "gauge",
+        "1: the arena's memory_file existed with the arena's size at start (a warm restart).",
+        st->memory_file_reused);
+    one(b, "kvstash_memory_file_resident_bytes", "gauge",
+        "Bytes of the arena's memory_file resident in memory when it was mapped at start.",
+        st->memory_file_resident);
     one(b, "kvstash_metadata_bytes", "gauge", "Bytes of the store's own bookkeeping.",
         st->metadata_bytes);
 

@@ -1382,6 +1382,7 @@ server_create(const struct kv_config *conf, const char *config_path, int argc, c
         .hugepages = c->memory_hugepages == CONF_HUGEPAGES_ON    ? STORE_HUGEPAGES_ON
                      : c->memory_hugepages == CONF_HUGEPAGES_OFF ? STORE_HUGEPAGES_OFF
                                                                  : STORE_HUGEPAGES_AUTO,
+        .memory_file = c->memory_file,
     };
     rc = store_create(&sc, &s->store);
     if (rc != 0) {

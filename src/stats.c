@@ -119,6 +119,8 @@ stats_collect(void *arg, const char **names, uint64_t *values, int max)
     STAT("metadata_bytes", st.metadata_bytes);
     STAT("memory_prefaulted", st.memory_prefaulted);
     STAT("memory_hugepages", st.memory_hugepages);
+    STAT("memory_file_reused", st.memory_file_reused);
+    STAT("memory_file_resident", st.memory_file_resident);
     STAT("dram_objects", st.resident);
     STAT("dram_bytes", st.resident_bytes);
     /* objects' bytes / memory_size, in thousandths */

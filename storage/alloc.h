@@ -89,6 +89,37 @@ enum alloc_backing {
 int alloc_create(uint64_t size, enum alloc_huge huge, struct alloc **out);
 
 /*
+ * alloc_create_file: alloc_create, with the arena on the file `path` (memory_file; NULL or
+ * "" is alloc_create) instead of an anonymous memfd: a file on tmpfs or hugetlbfs, created
+ * with mode 0600 when missing, locked against a second process and sized to the arena
+ * (storage/alloc_file.h), mapped MAP_SHARED where the memfd would be, and kept at
+ * alloc_destroy, so that a daemon started again on it maps pages that are resident already.
+ * On hugetlbfs the arena is 2 MiB hugetlb pages (size rounded down to whole ones; `huge`
+ * ALLOC_HUGE_OFF refuses); on tmpfs transparent huge pages where the mount's huge= option
+ * gives them (ALLOC_BACKING_THP; not with ALLOC_HUGE_OFF), else 4 KiB pages (ALLOC_HUGE_ON
+ * refuses). The population maps a tmpfs file with MADV_POPULATE_READ (fault-around maps its
+ * resident pages 16 at a time; the mapping is writable), and on transparent huge pages logs
+ * how much of the arena is not mapped as 2 MiB pages (they are best effort). The file's old
+ * bytes are not cleared: every page is free and holds garbage. Unlike the memfd the file is
+ * not sealed (tmpfs files cannot be): whoever may write it can shrink it. Each refusal is
+ * logged with the path. Returns what alloc_create returns, and KV_INVALID_ARGUMENT (not
+ * tmpfs or hugetlbfs, not a regular file of this user's, a hugetlbfs of other pages, or
+ * `huge` against the filesystem), KV_UNSUPPORTED (ALLOC_HUGE_ON on a tmpfs without huge
+ * pages), -EBUSY (another
+ * process holds the file), KV_NO_SPACE (the tmpfs or the cgroup's hugetlb limit has no room
+ * for the arena), -errno (open, ftruncate, mmap: -ENOMEM when the hugetlb pool lacks pages).
+ */
+int alloc_create_file(uint64_t size, enum alloc_huge huge, const char *path,
+                      struct alloc **out);
+
+/*
+ * alloc_file_reused: the arena is on a memory_file that existed with exactly the arena's
+ * size (a restart on a kept file); *resident (may be NULL) gets the bytes of the file that
+ * were resident when it was mapped (0 without a file).
+ */
+bool alloc_file_reused(const struct alloc *a, uint64_t *resident);
+
+/*
  * alloc_backing: which pages back the arena; *why (may be NULL) gets a
  * sentence for the log saying which and why (valid until alloc_destroy).
  */
@@ -144,7 +175,7 @@ int alloc_take(struct alloc *a, uint64_t npages, struct alloc_extent *ext, int m
 void alloc_give(struct alloc *a, const struct alloc_extent *ext, int n);
 
 /*
- * alloc_fd: the memfd behind the arena (owned by the allocator, valid until
+ * alloc_fd: the memfd (or memory_file) behind the arena (owned by the allocator, valid until
  * alloc_destroy; mapping it at offset 0 shows the arena), or -1 when the
  * arena is private memory.
  */

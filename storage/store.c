@@ -420,11 +420,11 @@ store_create(const struct store_config *cfg, struct store **out)
     }
     s->grave_ready = true;
 
-    rc = alloc_create(cfg->memory_size,
-                      cfg->hugepages == STORE_HUGEPAGES_ON    ? ALLOC_HUGE_ON
-                      : cfg->hugepages == STORE_HUGEPAGES_OFF ? ALLOC_HUGE_OFF
-                                                              : ALLOC_HUGE_AUTO,
-                      &s->alloc);
+    rc = alloc_create_file(cfg->memory_size,
+                           cfg->hugepages == STORE_HUGEPAGES_ON    ? ALLOC_HUGE_ON
+                           : cfg->hugepages == STORE_HUGEPAGES_OFF ? ALLOC_HUGE_OFF
+                                                                   : ALLOC_HUGE_AUTO,
+                           cfg->memory_file, &s->alloc);
     if (rc != 0) {
         goto fail;
     }
@@ -1489,6 +1489,7 @@ store_stats(struct store *s, struct store_stats *out)
     out->memory_prefaulted = alloc_prefaulted(s->alloc);
     out->memory_prefault_done = alloc_prefault_done(s->alloc);
     out->memory_hugepages = (uint64_t)alloc_backing(s->alloc, NULL);
+    out->memory_file_reused = alloc_file_reused(s->alloc, &out->memory_file_resident);
     out->offloading = atomic_load_explicit(&s->offloading, memory_order_relaxed);
     out->offload_bytes = atomic_load_explicit(&s->offload_bytes, memory_order_relaxed);
     out->offload_dropped = atomic_load_explicit(&s->offload_dropped, memory_order_relaxed);

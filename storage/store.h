@@ -124,6 +124,12 @@ struct store_config {
      * (KV_UNSUPPORTED) without huge pages; _OFF 4 KiB pages. Fixed at create.
      */
     enum store_hugepages hugepages;
+    /*
+     * memory_file: the arena's backing file on tmpfs or hugetlbfs, kept when the store is
+     * destroyed (storage/alloc.h, alloc_create_file); NULL or "" an anonymous memfd. Borrowed
+     * for store_create only. Fixed at create.
+     */
+    const char *memory_file;
 };
 
 struct store_stats {
@@ -141,6 +147,8 @@ struct store_stats {
     uint64_t memory_prefaulted; /* arena bytes whose pages are populated (see alloc.h) */
     uint64_t memory_prefault_done; /* 1 once populating the arena has ended (alloc.h) */
     uint64_t memory_hugepages;  /* the arena's pages: 0 4 KiB, 1 transparent huge, 2 hugetlb */
+    uint64_t memory_file_reused; /* 1: the arena's memory_file existed with its size */
+    uint64_t memory_file_resident; /* bytes of the memory_file resident when mapped */
     uint64_t resident;         /* published objects whose bytes are in the arena */
     uint64_t resident_bytes;   /* their value bytes */
     uint64_t stored;           /* published objects with a copy on the SSD tier */

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # fill.sh: the first-fill section of `make bench`: how fast puts go into a DRAM tier whose
 # pages have never held a value, against the same daemon's rate once every page has been
-# written once ("steady"). Five cases, each on a fresh kvstashd with BENCH_FILL_MEMORY of
+# written once ("steady"). Eleven cases, each on a fresh kvstashd with BENCH_FILL_MEMORY of
 # DRAM and no SSD tier:
 #   fresh:   4 KiB pages (memory_hugepages off); puts start the moment the daemon answers
 #            (the arena is being populated meanwhile);
@@ -16,7 +16,18 @@
 #            on a pool reserved at boot: the operator's case; docs/operations.md); when no
 #            case before it touched the pool, a daemon is started and stopped once first;
 #   ready:   as restart, but the puts start once memory_prefaulted covers the arena (when
-#            /readyz says ready, as an orchestrator that waits for readiness would).
+#            /readyz says ready, as an orchestrator that waits for readiness would);
+#   file:    4 KiB pages of a memory_file on tmpfs (BENCH_FILL_FILE), the file removed first:
+#            the first start on a new file; puts from the first second;
+#   file_restart: a daemon started again on the file a daemon has populated and stopped
+#            (when no case before it did, a daemon is started and stopped once first); puts
+#            from the first second, the pages resident already;
+#   file_ready: as file_restart, but the puts start once memory_prefaulted covers the arena;
+#   thp_file, thp_restart, thp_ready: the same three on a tmpfs the script mounts with
+#            huge=within_size (when root; else skipped), whose pages are 2 MiB.
+# The files are removed, and the tmpfs unmounted, at exit.
+# ready, file_ready and thp_ready print the time from the daemon's exec to memory_prefaulted covering
+# the arena (the population; /readyz says ready then).
 # Each case runs kvstash-bench in 1-second slices (batch_put_from of 8 x 1 MiB over the
 # Unix socket, one connection, depth 2, then batch_put over TCP the same way) until the
 # slices have put BENCH_FILL_MEMORY bytes (the first pass: every page written once), then
@@ -27,7 +38,10 @@
 #
 # Environment: KVSTASHD, BENCH, KVSTASH_CLI (binaries; set by make bench),
 # BENCH_FILL_MEMORY (4g), BENCH_FILL_IDLE (120), BENCH_FILL_STEADY (5),
-# BENCH_FILL_CASES ("fresh idle hugetlb restart ready"), BENCH_FILL_MODES ("put_from put").
+# BENCH_FILL_CASES ("fresh idle hugetlb restart ready file file_restart file_ready thp_file
+# thp_restart thp_ready"), BENCH_FILL_MODES
+# ("put_from put"), BENCH_FILL_FILE (/dev/shm/kvstash-fill-<pid>.arena: the file cases' file;
+# it holds BENCH_FILL_MEMORY of RAM until removed).
 set -u -o pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -37,7 +51,8 @@ bench_paths "$here"    # root, KVSTASHD, BENCH, KVSTASH_CLI
 MEM=${BENCH_FILL_MEMORY:-4g}
 IDLE=${BENCH_FILL_IDLE:-120}
 STEADY=${BENCH_FILL_STEADY:-5}
-CASES=${BENCH_FILL_CASES:-fresh idle hugetlb restart ready}
+CASES=${BENCH_FILL_CASES:-fresh idle hugetlb restart ready file file_restart file_ready thp_file thp_restart thp_ready}
+MEMFILE=${BENCH_FILL_FILE:-/dev/shm/kvstash-fill-$$.arena}
 MODES=${BENCH_FILL_MODES:-put_from put}
 
 [ -x "$KVSTASHD" ] || die "no daemon at $KVSTASHD (run make first)"
@@ -59,7 +74,17 @@ pool_restore() {
         pool_orig=""
     fi
 }
-trap 'pool_restore; bench_exit' EXIT
+file_warm=0
+thp_warm=0
+thp_dir=$work/thp
+# thp_unmount: unmount the huge tmpfs if this script mounted it (at exit, with the trap).
+# shellcheck disable=SC2317  # invoked by the EXIT trap
+thp_unmount() {
+    if mountpoint -q "$thp_dir"; then
+        umount "$thp_dir" && echo "   unmounted $thp_dir"
+    fi
+}
+trap 'pool_restore; thp_unmount; rm -f "$MEMFILE"; bench_exit' EXIT
 
 # pool_ready: the hugetlb pool has room for the arena, reserving what is missing when root
 # (at most the arena's 2 MiB pages). 1 (with the reason) when it cannot.
@@ -77,34 +102,74 @@ pool_ready() {
     [ "$room" -ge "$need" ] || { echo "   the kernel gave only $room pages"; return 1; }
 }
 
-# start_daemon HUGEPAGES: a fresh kvstashd in $work with memory_hugepages HUGEPAGES; sets
-# kvd_pid, port, sock. 1 if it never answers.
+# start_daemon HUGEPAGES [ARG...]: a fresh kvstashd in $work with memory_hugepages HUGEPAGES
+# and ARGs; sets kvd_pid, port, sock, start_ms. 1 if it never answers.
 start_daemon() {
+    local huge=$1
+    shift
     rm -rf "$work/data"
     mkdir -p "$work/data"
     port=$(free_port) || die "no free port"
     sock="$work/data/kv.sock"
     show "$KVSTASHD" --listen="127.0.0.1:$port" --unix_socket="$sock" --data_dir="$work/data" \
-        --memory_size="$MEM" --memory_hugepages="$1" --ssd_dir= --metrics_listen= \
-        --log_level=info
+        --memory_size="$MEM" --memory_hugepages="$huge" --ssd_dir= --metrics_listen= \
+        --log_level=info "$@"
+    start_ms=$(date +%s%3N)
     "$KVSTASHD" --listen="127.0.0.1:$port" --unix_socket="$sock" --data_dir="$work/data" \
-        --memory_size="$MEM" --memory_hugepages="$1" --ssd_dir= --metrics_listen= \
-        --log_level=info >"$work/kvstashd.log" 2>&1 &
+        --memory_size="$MEM" --memory_hugepages="$huge" --ssd_dir= --metrics_listen= \
+        --log_level=info "$@" >"$work/kvstashd.log" 2>&1 &
     kvd_pid=$!
     answers_ping "$KVSTASH_CLI" "$port" "$kvd_pid" 100 0.05
 }
 
-# wait_populated: until memory_prefaulted reaches the arena's size (600 s at most).
+# prefaulted: the daemon's memory_prefaulted (bytes), or nothing.
+prefaulted() {
+    "$KVSTASH_CLI" -S "$sock" stats --json 2>/dev/null \
+        | tr ',{}' '\n\n\n' | awk -F: '/"memory_prefaulted"/ { gsub(/ /, "", $2); print $2 }'
+}
+
+# wait_populated: until memory_prefaulted reaches the arena's size (600 s at most); says how
+# long after the daemon's exec that was (to 0.1 s).
 wait_populated() {
     local t0=$SECONDS s
     while [ $((SECONDS - t0)) -lt 600 ]; do
-        s=$("$KVSTASH_CLI" -S "$sock" stats --json 2>/dev/null \
-            | tr ',{}' '\n\n\n' | awk -F: '/"memory_prefaulted"/ { gsub(/ /, "", $2); print $2 }')
-        [ "${s:-0}" -ge "$mem_bytes" ] && { echo "   populated after $((SECONDS - t0)) s"; return 0; }
-        sleep 1
+        s=$(prefaulted)
+        [ "${s:-0}" -ge "$mem_bytes" ] && {
+            echo "   populated $(( $(date +%s%3N) - start_ms )) ms after exec"; return 0; }
+        sleep 0.1
     done
     echo "   not populated after 600 s"
     return 1
+}
+
+# file_path CASE: the memory_file of a file case (/dev/shm) or a thp case (the huge tmpfs).
+file_path() {
+    case $1 in
+        file*) echo "$MEMFILE" ;;
+        thp*) echo "$thp_dir/arena" ;;
+    esac
+}
+
+# file_args CASE: the daemon's arguments for a file or thp case (nothing for the others).
+file_args() {
+    case $1 in
+        file*|thp*) echo "--memory_file=$(file_path "$1")" ;;
+    esac
+}
+
+# warm_get CASE / warm_set CASE 0|1: whether a daemon has populated that kind's file.
+warm_get() { case $1 in file*) echo "$file_warm" ;; *) echo "$thp_warm" ;; esac; }
+warm_set() { case $1 in file*) file_warm=$2 ;; *) thp_warm=$2 ;; esac; }
+
+# thp_ready: a tmpfs mounted with huge=within_size at $thp_dir, sized for the arena (root
+# only; unmounted at exit). 1 (with the reason) when it cannot be.
+thp_ready() {
+    mountpoint -q "$thp_dir" && return 0
+    [ "$(id -u)" = 0 ] || { echo "   mounting a tmpfs needs root"; return 1; }
+    mkdir -p "$thp_dir"
+    mount -t tmpfs -o "size=$((mem_bytes / 1048576 + 64))m,huge=within_size,mode=0700" none \
+        "$thp_dir" || { echo "   cannot mount a tmpfs at $thp_dir"; return 1; }
+    echo "   mounted a tmpfs with huge=within_size at $thp_dir"
 }
 
 # slice MODE ID [-R]: one 1-second kvstash-bench run; its line on stderr, its GB/s on stdout.
@@ -132,7 +197,7 @@ run_case() {
             pool_warm=0
             sleep 10
         fi
-        pool_ready || { summary+=("$(printf '%-7s %-9s skipped: no hugetlb pool' "$case" "$mode")")
+        pool_ready || { summary+=("$(printf '%-12s %-9s skipped: no hugetlb pool' "$case" "$mode")")
                         return 0; }
         if [ "$case" != hugetlb ] && [ "$pool_warm" = 0 ]; then
             # restart and ready are a daemon started again on a pool a daemon has touched
@@ -144,10 +209,31 @@ run_case() {
         fi
         pool_warm=1
     fi
-    start_daemon "$huge" || { echo "   kvstashd did not start"; sed 's/^/   log: /' \
-                              "$work/kvstashd.log"; summary+=("$case $mode: failed"); return 1; }
+    case $case in
+        thp*) thp_ready || { summary+=("$(printf '%-12s %-9s skipped: no huge tmpfs' "$case" \
+                                       "$mode")"); return 0; } ;;
+    esac
+    case $case in file*|thp*) huge=auto ;; esac
+    if [ "$case" = file ] || [ "$case" = thp_file ]; then
+        rm -f "$(file_path "$case")"    # a new file: its pages are new to the host
+        warm_set "$case" 0
+    fi
+    case $case in
+        file_restart|file_ready|thp_restart|thp_ready)
+            if [ "$(warm_get "$case")" = 0 ]; then
+                echo "   warming the file: one daemon started and stopped once populated"
+                start_daemon auto "$(file_args "$case")" || { echo "   kvstashd did not start"
+                    summary+=("$case $mode: failed"); return 1; }
+                wait_populated || { kvd_kill; summary+=("$case $mode: failed"); return 1; }
+                kvd_kill
+            fi ;;
+    esac
+    # shellcheck disable=SC2046  # file_args is one word or none
+    start_daemon "$huge" $(file_args "$case") || { echo "   kvstashd did not start"
+        sed 's/^/   log: /' "$work/kvstashd.log"; summary+=("$case $mode: failed"); return 1; }
     grep -m1 "memory: the arena" "$work/kvstashd.log" | sed 's/^.*memory: /   /'
-    if [ "$case" = ready ]; then
+    case $case in file*|thp*) warm_set "$case" 1 ;; esac
+    if [ "$case" = ready ] || [ "$case" = file_ready ] || [ "$case" = thp_ready ]; then
         wait_populated || { kvd_kill; summary+=("$case $mode: failed"); return 1; }
     fi
     if [ "$case" = idle ]; then
@@ -177,12 +263,12 @@ run_case() {
     grep -m1 "populated in" "$work/kvstashd.log" | sed 's/^/   log: /'
     kvd_kill
     if [ -z "$first" ] || [ "${#steady[@]}" -eq 0 ]; then
-        summary+=("$(printf '%-7s %-9s failed' "$case" "$mode")")
+        summary+=("$(printf '%-12s %-9s failed' "$case" "$mode")")
         return 1
     fi
     local med
     med=$(printf '%s\n' "${steady[@]}" | sort -g | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')
-    summary+=("$(printf '%-7s %-9s first 1 s %6.2f GB/s  slowest %6.2f  steady %6.2f  first/steady %.2f  slowest/steady %.2f' \
+    summary+=("$(printf '%-12s %-9s first 1 s %6.2f GB/s  slowest %6.2f  steady %6.2f  first/steady %.2f  slowest/steady %.2f' \
         "$case" "$mode" "$first" "$slowest" "$med" \
         "$(awk -v a="$first" -v b="$med" 'BEGIN { print a / b }')" \
         "$(awk -v a="$slowest" -v b="$med" 'BEGIN { print a / b }')")")

@@ -702,3 +702,62 @@ Test(alloc, hugepages_on_refused_without_them)
     cr_assert_eq(alloc_backing(a, NULL), ALLOC_BACKING_4K);
     alloc_destroy(a);
 }
+
+/* t_tmpfs_dir: a fresh directory under /dev/shm (tmpfs), or skip the test saying why. */
+static void
+t_tmpfs_dir(char *dir, size_t len)
+{
+    snprintf(dir, len, "/dev/shm/kvstash-alloc-XXXXXX");
+    if (mkdtemp(dir) == NULL) {
+        cr_skip_test("no /dev/shm to make a directory in: %s", strerror(errno));
+    }
+}
+
+Test(alloc, memory_file_is_shared_locked_and_kept_with_its_bytes)
+{
+    char dir[64], path[128];
+    struct alloc *a, *b = NULL;
+    uint64_t resident = 1;
+    uint8_t *view;
+    int rc;
+
+    t_tmpfs_dir(dir, sizeof(dir));
+    snprintf(path, sizeof(path), "%s/arena", dir);
+    rc = alloc_create_file(8 * MiB, ALLOC_HUGE_AUTO, path, &a);
+    if (rc == KV_INVALID_ARGUMENT) {
+        rmdir(dir);
+        cr_skip_test("/dev/shm is not a tmpfs on this host");
+    }
+    cr_assert_eq(rc, 0);
+    cr_assert_not(alloc_file_reused(a, &resident), "a file made now is not reused");
+    cr_assert_eq(alloc_backing(a, NULL), ALLOC_BACKING_4K);
+    /* the descriptor clients get maps the same bytes */
+    view = mmap(NULL, 8 * MiB, PROT_READ | PROT_WRITE, MAP_SHARED, alloc_fd(a), 0);
+    cr_assert_neq(view, MAP_FAILED);
+    memcpy((uint8_t *)alloc_base(a) + 5 * MiB, "kept", 4);
+    cr_assert_eq(memcmp(view + 5 * MiB, "kept", 4), 0);
+    munmap(view, 8 * MiB);
+    /* a second arena on the file while the first lives is refused */
+    cr_assert_eq(alloc_create_file(8 * MiB, ALLOC_HUGE_AUTO, path, &b), -EBUSY);
+    cr_assert_null(b);
+    alloc_destroy(a);
+
+    cr_assert_eq(alloc_create_file(8 * MiB, ALLOC_HUGE_AUTO, path, &a), 0);
+    cr_assert(alloc_file_reused(a, &resident), "the kept file of the arena's size is reused");
+    cr_assert_geq(resident, ALLOC_PAGE_SIZE, "the page written before is resident");
+    cr_assert_eq(alloc_free_pages(a), alloc_total_pages(a), "every page free at start");
+    cr_assert_eq(memcmp((uint8_t *)alloc_base(a) + 5 * MiB, "kept", 4), 0,
+                 "the file's bytes are not cleared");
+    alloc_destroy(a);
+
+    /* another size: resized, not reused */
+    cr_assert_eq(alloc_create_file(4 * MiB, ALLOC_HUGE_AUTO, path, &a), 0);
+    cr_assert_not(alloc_file_reused(a, NULL));
+    cr_assert_eq(alloc_total_pages(a), 4 * MiB / ALLOC_PAGE_SIZE);
+    /* tmpfs with memory_hugepages on: refused */
+    alloc_destroy(a);
+    cr_assert_eq(alloc_create_file(4 * MiB, ALLOC_HUGE_ON, path, &a), KV_UNSUPPORTED);
+    cr_assert(access(path, F_OK) == 0, "a refusal never removes a file it did not make");
+    unlink(path);
+    rmdir(dir);
+}

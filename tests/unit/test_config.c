@@ -121,6 +121,7 @@ static const char *const changed_values[][2] = {
     {"node_id", "node-7"},
     {"memory_size", "2g"},
     {"memory_hugepages", "off"},
+    {"memory_file", "/dev/shm/kvstash-test.arena"},
     {"max_key_size", "2k"},
     {"max_value_size", "128m"},
     {"max_batch", "100"},
@@ -803,7 +804,7 @@ Test(config, apply_reloadable_copies_only_reloadable_keys)
     conf_apply_reloadable(&running, &fresh);
 
     /* What still differs from the new config is exactly the restart-only keys... */
-    cr_expect_eq(conf_diff(&running, &fresh, diff_collect, &d), 29);
+    cr_expect_eq(conf_diff(&running, &fresh, diff_collect, &d), 30);
     for (int i = 0; i < d.n; i++) {
         cr_expect_not(d.reloadable[i], "%s should have been applied", d.keys[i]);
     }
