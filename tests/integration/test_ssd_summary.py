@@ -215,3 +215,28 @@ def test_summaries_go_with_their_buckets(work, kv):
     assert kvh and kvh <= kvb, (kvh, kvb)
     assert len(kvh) >= len(kvb) - 1                         # all but the open one
     assert not glob.glob(os.path.join(ssd_dir(data), "*.tmp"))
+
+
+def test_files_of_no_bucket_in_the_index_are_removed_at_start(work, kv):
+    """A bucket file the index does not know, a summary whose bucket is gone and a summary
+    never finished (.kvh.tmp) are removed at start, each saying why; the rest is served."""
+    data = os.path.join(work, "data")
+    table = fill(kv, data)
+    sdir = ssd_dir(data)
+    stray_kvb = os.path.join(sdir, "bucket-00000000000fffff.kvb")
+    stray_kvh = os.path.join(sdir, "bucket-00000000000ffffe.kvh")
+    stray_tmp = summary_of(summarized_buckets(data)[0]) + ".tmp"
+    other = os.path.join(sdir, "bucket-00000000000ffffd.keep")
+    nsum = len(summaries(data))
+    for p in (stray_kvb, stray_kvh, stray_tmp, other):
+        with open(p, "wb") as f:
+            f.write(b"x" * 100)
+    d, c = restart(kv, data)
+    out = d.output()
+    assert f"removing {stray_kvb} (not in the index)" in out, out
+    assert f"removing {stray_kvh} (its bucket file is gone)" in out, out
+    assert f"removing {stray_tmp} (a summary never finished)" in out, out
+    assert not any(os.path.exists(p) for p in (stray_kvb, stray_kvh, stray_tmp))
+    assert os.path.exists(other), "a file of another kind is left alone"
+    assert len(summaries(data)) == nsum, "the real summaries stay"
+    assert served(c, table) == set(table)
