@@ -11,7 +11,6 @@
 #include "ssd_int.h"
 #include "clock.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -571,34 +570,15 @@ ssd_index_bucket_fn(void *arg, const struct idx_bucket *r)
 
 /* Remove bucket files the index does not know (created, then a crash before their commit). */
 static void
-ssd_remove_orphans(struct ssd *t)
+ssd_remove_orphan(struct ssd *t, uint64_t id, const char *suffix, const char *name)
 {
-    DIR *d = opendir(t->dir);
-    struct dirent *e;
-
-    if (d == NULL) {
+    if (strncmp(suffix, "kvb", 3) != 0 || ssd_bucket_find_locked(t, id) != NULL) {
         return;
     }
-    while ((e = readdir(d)) != NULL) {
-        unsigned long long id;
-        char tail[8];
-        char path[SSD_PATH_MAX + 300];
-
-        if (sscanf(e->d_name, "bucket-%16llx.%3s", &id, tail) != 2 || strcmp(tail, "kvb") != 0) {
-            continue;
-        }
-        if (ssd_bucket_find_locked(t, id) == NULL) {
-            snprintf(path, sizeof(path), "%s/%s", t->dir, e->d_name);
-            log_info("ssd: removing %s (not in the index)", path);
-            if (unlink(path) != 0) {
-                log_error("ssd: unlink(%s): %s", path, strerror(errno));
-            }
-            if ((uint64_t)id >= t->next_id) {
-                t->next_id = (uint64_t)id + 1;
-            }
-        }
+    ssd_dir_unlink(t, name, "not in the index");
+    if (id >= t->next_id) {
+        t->next_id = id + 1;
     }
-    closedir(d);
 }
 
 static int
@@ -793,7 +773,7 @@ ssd_load_index(struct ssd *t, char *err, size_t errlen)
                   chk.entries);
         return SSD_LOAD_REBUILD;
     }
-    ssd_remove_orphans(t);
+    ssd_dir_each(t, ssd_remove_orphan);
     ssd_sumfile_remove_orphans(t);
     rc = idx_scan_objects(t->idx, ssd_index_obj_fn, &c);
     if (rc == 0) {

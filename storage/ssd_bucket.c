@@ -21,6 +21,7 @@
 #include "ssd_int.h"
 #include "clock.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -43,6 +44,38 @@ void
 ssd_bucket_path(const struct ssd *t, uint64_t id, char *buf, size_t len)
 {
     snprintf(buf, len, "%s/bucket-%016" PRIx64 ".kvb", t->dir, id);
+}
+
+void
+ssd_dir_each(struct ssd *t, ssd_dir_each_fn fn)
+{
+    DIR *d = opendir(t->dir);
+    struct dirent *e;
+
+    if (d == NULL) {
+        return;
+    }
+    while ((e = readdir(d)) != NULL) {
+        unsigned long long id;
+        int suffix = -1;
+
+        if (sscanf(e->d_name, "bucket-%16llx.%n", &id, &suffix) == 1 && suffix > 0) {
+            fn(t, (uint64_t)id, e->d_name + suffix, e->d_name);
+        }
+    }
+    closedir(d);
+}
+
+void
+ssd_dir_unlink(const struct ssd *t, const char *name, const char *why)
+{
+    char path[SSD_PATH_MAX + 300];
+
+    snprintf(path, sizeof(path), "%s/%s", t->dir, name);
+    log_info("ssd: removing %s (%s)", path, why);
+    if (unlink(path) != 0 && errno != ENOENT) {
+        log_error("ssd: unlink(%s): %s", path, strerror(errno));
+    }
 }
 
 static size_t

@@ -235,6 +235,21 @@ void ssd_forget_free(struct ssd_forget *f);
 /* ssd_bucket_path: <dir>/bucket-<id as 16 hex digits>.kvb into buf. */
 void ssd_bucket_path(const struct ssd *t, uint64_t id, char *buf, size_t len);
 
+/*
+ * ssd_dir_each_fn: one file of the tier's directory named bucket-<hex id>.<suffix>;
+ * suffix is what follows the dot ("kvb", "kvh", "kvh.tmp", or anything else).
+ */
+typedef void (*ssd_dir_each_fn)(struct ssd *t, uint64_t id, const char *suffix,
+                                const char *name);
+
+/* ssd_dir_each: call fn for every bucket-<id>.* file in t->dir; nothing when it cannot be
+ * opened. */
+void ssd_dir_each(struct ssd *t, ssd_dir_each_fn fn);
+
+/* ssd_dir_unlink: log that t->dir/name goes and why, and unlink it (a file already gone is
+ * no error). */
+void ssd_dir_unlink(const struct ssd *t, const char *name, const char *why);
+
 /* ssd_bucket_find_locked: bucket id, or NULL (blk held, or start-up: one thread). */
 struct ssd_bucket *ssd_bucket_find_locked(const struct ssd *t, uint64_t id);
 

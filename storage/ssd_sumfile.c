@@ -14,7 +14,6 @@
  */
 #include "ssd_int.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -249,39 +248,26 @@ ssd_sumfile_read(const struct ssd *t, uint64_t id, uint64_t max_len, uint8_t **b
     return 0;
 }
 
+static void
+ssd_sumfile_remove_orphan(struct ssd *t, uint64_t id, const char *suffix, const char *name)
+{
+    bool tmp = strcmp(suffix, "kvh.tmp") == 0;
+    bool known;
+
+    if (!tmp && strcmp(suffix, "kvh") != 0) {
+        return;
+    }
+    pthread_mutex_lock(&t->blk);
+    known = ssd_bucket_find_locked(t, id) != NULL;
+    pthread_mutex_unlock(&t->blk);
+    if (known && !tmp) {
+        return;
+    }
+    ssd_dir_unlink(t, name, tmp ? "a summary never finished" : "its bucket file is gone");
+}
+
 void
 ssd_sumfile_remove_orphans(struct ssd *t)
 {
-    DIR *d = opendir(t->dir);
-    struct dirent *e;
-
-    if (d == NULL) {
-        return;
-    }
-    while ((e = readdir(d)) != NULL) {
-        unsigned long long id;
-        char tail[8];
-        char path[SSD_PATH_MAX + 300];
-        bool known;
-        bool tmp;
-
-        if (sscanf(e->d_name, "bucket-%16llx.%7s", &id, tail) != 2
-            || (strcmp(tail, "kvh") != 0 && strcmp(tail, "kvh.tmp") != 0)) {
-            continue;
-        }
-        tmp = strcmp(tail, "kvh.tmp") == 0;
-        pthread_mutex_lock(&t->blk);
-        known = ssd_bucket_find_locked(t, (uint64_t)id) != NULL;
-        pthread_mutex_unlock(&t->blk);
-        if (known && !tmp) {
-            continue;
-        }
-        snprintf(path, sizeof(path), "%s/%s", t->dir, e->d_name);
-        log_info("ssd: removing %s (%s)", path, tmp ? "a summary never finished"
-                                                    : "its bucket file is gone");
-        if (unlink(path) != 0 && errno != ENOENT) {
-            log_error("ssd: unlink(%s): %s", path, strerror(errno));
-        }
-    }
-    closedir(d);
+    ssd_dir_each(t, ssd_sumfile_remove_orphan);
 }

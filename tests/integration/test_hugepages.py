@@ -9,26 +9,14 @@ batch_put_from and batch_get_into through a registered buffer, get over TCP. `of
 pages whatever the host offers; `on` without huge pages refuses to start, saying why.
 """
 
-import hashlib
-import os
 import random
 
 import pytest
 
-import kvstash
+from arena_fixture import MIB, pool_room, skip_without_hugetlb_room, store_all_ways
 from kvtest import Daemon, wait_for
 
-MIB = 1 << 20
-POOL = "/sys/kernel/mm/hugepages/hugepages-2048kB/"
-
-
-def pool_room():
-    """2 MiB pages a new mapping could reserve from the hugetlb pool now; -1: no pool."""
-    try:
-        with open(POOL + "free_hugepages") as f, open(POOL + "resv_hugepages") as r:
-            return int(f.read()) - int(r.read())
-    except OSError:
-        return -1
+import kvstash  # noqa: E402  (importable once arena_fixture has set the path)
 
 
 def thp_shmem():
@@ -49,10 +37,7 @@ def hugetlb_kb(pid):
 
 
 def test_hugetlb_arena_serves_every_client_path(work):
-    room = pool_room()
-    if room < 40:
-        pytest.skip(f"no hugetlb pool with 40 free 2 MiB pages ({room}): reserve one with "
-                    "`echo 64 > /proc/sys/vm/nr_hugepages` to run this test")
+    skip_without_hugetlb_room(40)
     d = Daemon(work, ["--memory_size=65m", "--memory_hugepages=on", "--ssd_dir="])
     try:
         d.wait_ready()
@@ -66,32 +51,8 @@ def test_hugetlb_arena_serves_every_client_path(work):
                      "the population to cover the arena")
             assert hugetlb_kb(d.pid) == 64 * 1024, "the arena is the daemon's hugetlb pages"
             assert len(c.map_arena()) == 64 * MIB
-            rnd = random.Random(19)
-            table = {}
-            # put_start: the client writes into the arena through its own mapping of the memfd
-            vals = [rnd.randbytes(n) for n in (4096, 3 * MIB + 5, 2 * MIB, 777)]
-            keys = [f"direct-{i}".encode() for i in range(len(vals))]
-            places = c.put_start(keys, [len(v) for v in vals])
-            for v, views in zip(vals, places):
-                off = 0
-                for m in views:
-                    m[:] = v[off:off + len(m)]
-                    off += len(m)
-            assert c.put_end(keys) == [0] * len(keys)
-            table.update(zip(keys, vals))
-            # batch_put_from / batch_get_into through a registered buffer (zero copy)
-            buf = c.register_buffer(8 * MIB)
-            src = rnd.randbytes(8 * MIB)
-            buf.memory[:] = src
-            keys = [f"from-{i}".encode() for i in range(8)]
-            assert c.batch_put_from(keys, [(buf, i * MIB, MIB) for i in range(8)]) == [0] * 8
-            table.update((k, src[i * MIB:(i + 1) * MIB]) for i, k in enumerate(keys))
-            buf.memory[:] = bytes(8 * MIB)
-            assert c.batch_get_into(keys, [(buf, i * MIB, MIB) for i in range(8)]) == [MIB] * 8
-            assert hashlib.sha256(buf.memory).digest() == hashlib.sha256(src).digest()
-        with kvstash.Client(f"127.0.0.1:{d.port}") as t:
-            for k, v in table.items():
-                assert t.get(k) == v, k
+        store_all_ways(d, random.Random(19), "h", sizes=(4096, 3 * MIB + 5, 2 * MIB, 777),
+                       tcp_values=0)
         d.stop()
     finally:
         d.reap()

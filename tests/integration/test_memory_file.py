@@ -17,7 +17,6 @@ pages. On hugetlbfs
 restart reuses them.
 """
 
-import hashlib
 import os
 import random
 import shutil
@@ -27,12 +26,12 @@ import tempfile
 
 import pytest
 
-import kvstash
+from arena_fixture import MIB, skip_without_hugetlb_room, store_all_ways
 from kvtest import Daemon, wait_for
 
-MIB = 1 << 20
+import kvstash  # noqa: E402  (importable once arena_fixture has set the path)
+
 TMPFS_MAGIC = 0x01021994
-POOL = "/sys/kernel/mm/hugepages/hugepages-2048kB/"
 
 
 def fs_type(path):
@@ -60,41 +59,6 @@ def shm_dir():
 def daemon(work, path, size="64m", extra=()):
     return Daemon(work, [f"--memory_size={size}", f"--memory_file={path}", "--ssd_dir=",
                          "--memory_hugepages=auto", *extra])
-
-
-def store_all_ways(d, rnd, prefix):
-    """Put values over TCP, through a registered buffer and through the mapped arena; read each
-    back every way; return {key: value}."""
-    table = {}
-    with kvstash.Client(d.unix_path) as c:
-        assert len(c.map_arena()) == c.stats()["memory_capacity"]
-        vals = [rnd.randbytes(n) for n in (4096, 3 * MIB + 5, 777)]
-        keys = [f"{prefix}-direct-{i}".encode() for i in range(len(vals))]
-        places = c.put_start(keys, [len(v) for v in vals])
-        for v, views in zip(vals, places):
-            off = 0
-            for m in views:
-                m[:] = v[off:off + len(m)]
-                off += len(m)
-        assert c.put_end(keys) == [0] * len(keys)
-        table.update(zip(keys, vals))
-        buf = c.register_buffer(8 * MIB)
-        src = rnd.randbytes(8 * MIB)
-        buf.memory[:] = src
-        keys = [f"{prefix}-from-{i}".encode() for i in range(8)]
-        assert c.batch_put_from(keys, [(buf, i * MIB, MIB) for i in range(8)]) == [0] * 8
-        table.update((k, src[i * MIB:(i + 1) * MIB]) for i, k in enumerate(keys))
-        buf.memory[:] = bytes(8 * MIB)
-        assert c.batch_get_into(keys, [(buf, i * MIB, MIB) for i in range(8)]) == [MIB] * 8
-        assert hashlib.sha256(buf.memory).digest() == hashlib.sha256(src).digest()
-    with kvstash.Client(f"127.0.0.1:{d.port}") as t:
-        for i in range(4):
-            k, v = f"{prefix}-tcp-{i}".encode(), rnd.randbytes(100_000 * (i + 1))
-            t.put(k, v)
-            table[k] = v
-        for k, v in table.items():
-            assert t.get(k) == v, k
-    return table
 
 
 def test_memory_file_serves_and_is_kept_warm_across_a_restart(work, shm_dir):
@@ -234,19 +198,8 @@ def hugetlbfs_mount():
     return None
 
 
-def pool_room():
-    try:
-        with open(POOL + "free_hugepages") as f, open(POOL + "resv_hugepages") as r:
-            return int(f.read()) - int(r.read())
-    except OSError:
-        return -1
-
-
 def test_memory_file_on_hugetlbfs_reuses_the_pools_pages(work):
-    room = pool_room()
-    if room < 40:
-        pytest.skip(f"no hugetlb pool with 40 free 2 MiB pages ({room}): reserve one with "
-                    "`echo 64 > /proc/sys/vm/nr_hugepages` to run this test")
+    skip_without_hugetlb_room(40)
     mnt, mounted = hugetlbfs_mount(), False
     if mnt is None:
         if os.geteuid() != 0:

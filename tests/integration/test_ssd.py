@@ -13,6 +13,7 @@ used. Every wait is bounded in time and every loop in count.
 
 import collections
 import errno
+import hashlib
 import os
 import random
 import signal
@@ -85,6 +86,27 @@ def walk_records(path):
         hdr_block = align(REC_HDR.size + key_len)
         yield key, off + hdr_block, value_len
         off += hdr_block + align(value_len)
+
+
+def put_digests(c, keys, value_for):
+    """Put value_for(key) under each key (answered 0); returns {key: sha256 of its value}."""
+    table = {}
+    for key in keys:
+        v = value_for(key)
+        assert c.call("put", key, v) == 0
+        table[key] = hashlib.sha256(v).hexdigest()
+    return table
+
+
+def served_digests(c, table):
+    """Every key of {key: sha256}: a miss or its exact bytes. Returns the keys served."""
+    served = set()
+    for key, digest in table.items():
+        got = c.call("get", key)
+        if got is not None:
+            assert hashlib.sha256(got).hexdigest() == digest, f"{key}: wrong bytes"
+            served.add(key)
+    return served
 
 
 @pytest.fixture

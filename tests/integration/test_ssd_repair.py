@@ -17,7 +17,8 @@ import os
 import random
 
 from kvtest import wait_for
-from test_ssd import bucket_files, flip_byte, kv, walk_records  # noqa: F401 (kv: a fixture)
+from test_ssd import (bucket_files, flip_byte, kv, put_digests,  # noqa: F401 (kv: a fixture)
+                      served_digests, walk_records)
 
 KIB = 1 << 10
 ARGS = ("--memory_size=16m", "--ssd_bucket_size=2m", "--ssd_offload=write_through")
@@ -34,12 +35,7 @@ def fill(kv, data):
     """A tier of N objects on SSD, the daemon stopped cleanly. Returns {key: sha256}."""
     d = kv(data, *ARGS)
     c = d.client()
-    table = {}
-    for i in range(N):
-        key = f"obj-{i:03d}".encode()
-        v = value_for(key)
-        assert c.call("put", key, v) == 0
-        table[key] = hashlib.sha256(v).hexdigest()
+    table = put_digests(c, [f"obj-{i:03d}".encode() for i in range(N)], value_for)
     wait_for(lambda: c.call("stats")["ssd_objects"] == N, 20, "every object on the SSD tier")
     d.stop()
     return table
@@ -60,12 +56,7 @@ def restart(kv, data, extra=()):
 
 def check(c, table):
     """Every key: a miss or its exact bytes. Returns the keys served."""
-    served = set()
-    for key, digest in table.items():
-        got = c.call("get", key)
-        if got is not None:
-            assert hashlib.sha256(got).hexdigest() == digest, f"{key}: wrong bytes"
-            served.add(key)
+    served = served_digests(c, table)
     s = c.call("stats")
     assert s["ssd_checksum_errors"] == 0, s
     return served

@@ -10,12 +10,12 @@ was damaged is a miss, never wrong bytes. Every wait is bounded.
 """
 
 import glob
-import hashlib
 import os
 import random
 
 from kvtest import wait_for
-from test_ssd import bucket_files, flip_byte, kv, walk_records  # noqa: F401 (kv: a fixture)
+from test_ssd import (bucket_files, flip_byte, kv, put_digests,  # noqa: F401 (kv: a fixture)
+                      served_digests, walk_records)
 
 KIB = 1 << 10
 ARGS = ("--memory_size=16m", "--ssd_bucket_size=1m", "--ssd_offload=write_through")
@@ -48,12 +48,7 @@ def fill(kv, data, extra=()):
     """N objects on SSD, the daemon stopped cleanly. Returns {key: sha256}."""
     d = kv(data, *ARGS, *extra)
     c = d.client()
-    table = {}
-    for i in range(N):
-        key = f"sum-{i:03d}".encode()
-        v = value_for(key)
-        assert c.call("put", key, v) == 0
-        table[key] = hashlib.sha256(v).hexdigest()
+    table = put_digests(c, [f"sum-{i:03d}".encode() for i in range(N)], value_for)
     wait_for(lambda: c.call("stats")["ssd_objects"] == N, 30, "every object on the SSD tier")
     d.stop()
     buckets = bucket_files(ssd_dir(data))
@@ -82,17 +77,6 @@ def wait_scrub(c):
     return wait_for(done, 60, "the scrub to finish")
 
 
-def served(c, table):
-    """Every key: a miss or its exact bytes. Returns the keys served."""
-    out = set()
-    for key, digest in table.items():
-        got = c.call("get", key)
-        if got is not None:
-            assert hashlib.sha256(got).hexdigest() == digest, f"{key}: wrong bytes"
-            out.add(key)
-    return out
-
-
 def test_zeroed_index_is_rebuilt_from_the_summaries(work, kv):
     data = os.path.join(work, "data")
     table = fill(kv, data)
@@ -101,7 +85,7 @@ def test_zeroed_index_is_rebuilt_from_the_summaries(work, kv):
     zero_index(data)
     d, c = restart(kv, data)
     s = wait_scrub(c)
-    assert served(c, table) == set(table)
+    assert served_digests(c, table) == set(table)
     assert s["ssd_rebuild_summary_buckets"] == nsum, s
     assert s["ssd_rebuild_scanned_buckets"] == nbuckets - nsum, s
     assert s["ssd_scrub_buckets"] == nsum and s["ssd_scrub_bad"] == 0, s
@@ -114,7 +98,7 @@ def test_zeroed_index_is_rebuilt_from_the_summaries(work, kv):
     assert len(summaries(data)) == nsum
     d, c = restart(kv, data)
     assert "rebuilding" not in d.output()
-    assert served(c, table) == set(table)
+    assert served_digests(c, table) == set(table)
 
 
 def damage_a_summarized_value(data):
@@ -135,7 +119,7 @@ def test_a_damaged_value_is_a_miss_before_the_scrub(work, kv):
     s = c.call("stats")
     assert s["ssd_checksum_errors"] == 1, s
     assert s["ssd_scrub_buckets_done"] == 0 and s["ssd_scrub_bad"] == 0, s
-    assert served(c, table) == set(table) - {bad}
+    assert served_digests(c, table) == set(table) - {bad}
     assert "not scrubbed" in d.output()
 
 
@@ -151,7 +135,7 @@ def test_the_scrub_drops_a_damaged_value(work, kv):
     assert c.call("get", bad) is None
     s = c.call("stats")
     assert s["ssd_checksum_errors"] == 0, s                 # the scrub got there first
-    assert served(c, table) == set(table) - {bad}
+    assert served_digests(c, table) == set(table) - {bad}
     assert "1 values failed their checksum (1 entries dropped" in d.output()
     # dropped from the index too: a clean restart does not bring it back
     d.stop()
@@ -172,7 +156,7 @@ def test_a_summary_damaged_or_deleted_means_that_bucket_is_read_whole(work, kv):
     zero_index(data)
     d, c = restart(kv, data)
     s = wait_scrub(c)
-    assert served(c, table) == set(table)
+    assert served_digests(c, table) == set(table)
     assert s["ssd_rebuild_summary_buckets"] == nsum - 3, s
     assert s["ssd_scrub_buckets"] == nsum - 3, s
     out = d.output()
@@ -194,7 +178,7 @@ def test_a_cut_bucket_keeps_the_records_before_the_cut(work, kv):
     zero_index(data)
     d, c = restart(kv, data)
     wait_scrub(c)
-    assert served(c, table) == set(table) - lost
+    assert served_digests(c, table) == set(table) - lost
     assert "covers past the end of the bucket file" in d.output()
     assert c.call("stats")["ssd_checksum_errors"] == 0
 
@@ -215,3 +199,28 @@ def test_summaries_go_with_their_buckets(work, kv):
     assert kvh and kvh <= kvb, (kvh, kvb)
     assert len(kvh) >= len(kvb) - 1                         # all but the open one
     assert not glob.glob(os.path.join(ssd_dir(data), "*.tmp"))
+
+
+def test_files_of_no_bucket_in_the_index_are_removed_at_start(work, kv):
+    """A bucket file the index does not know, a summary whose bucket is gone and a summary
+    never finished (.kvh.tmp) are removed at start, each saying why; the rest is served."""
+    data = os.path.join(work, "data")
+    table = fill(kv, data)
+    sdir = ssd_dir(data)
+    stray_kvb = os.path.join(sdir, "bucket-00000000000fffff.kvb")
+    stray_kvh = os.path.join(sdir, "bucket-00000000000ffffe.kvh")
+    stray_tmp = summary_of(summarized_buckets(data)[0]) + ".tmp"
+    other = os.path.join(sdir, "bucket-00000000000ffffd.keep")
+    nsum = len(summaries(data))
+    for p in (stray_kvb, stray_kvh, stray_tmp, other):
+        with open(p, "wb") as f:
+            f.write(b"x" * 100)
+    d, c = restart(kv, data)
+    out = d.output()
+    assert f"removing {stray_kvb} (not in the index)" in out, out
+    assert f"removing {stray_kvh} (its bucket file is gone)" in out, out
+    assert f"removing {stray_tmp} (a summary never finished)" in out, out
+    assert not any(os.path.exists(p) for p in (stray_kvb, stray_kvh, stray_tmp))
+    assert os.path.exists(other), "a file of another kind is left alone"
+    assert len(summaries(data)) == nsum, "the real summaries stay"
+    assert served_digests(c, table) == set(table)
