@@ -28,6 +28,10 @@
  * object reference, its owner and ticket per key and owner) until the request
  * layer calls repl_flush at the end of the request; the flush sends one
  * peer_put per owner and tenant, its answer (peer thread) settles each key.
+ * Over RDMA (a connected queue pair to the owner) it is a peer_put_from
+ * instead, naming each value's extents in the registered arena for the owner
+ * to RDMA-READ, the objects' references held until its answer; any failure
+ * sends the same keys as a peer_put (repl_from_answer).
  *
  * Must not: block an event loop (everything it sends goes through the peer
  * pool's queue), take the table lock around store calls, or keep a view

@@ -5,7 +5,10 @@
  * matches; values served go out by reference from the arena, as get's do,
  * with the CRC-32C of the bytes being sent. Over RDMA (peer_sizes, then
  * peer_get_into) values are RDMA-WRITten into the asking node's registered
- * arena by the transfer machinery of rpc_defer.c, as batch_get_into's are.
+ * arena by the transfer machinery of rpc_defer.c, as batch_get_into's are;
+ * peer_put_from's are RDMA-READ from the sending node's arena into
+ * reservations by the same machinery, as batch_put_from's are, and checked
+ * against their CRC-32C before they are published (rpc_peer_from_settle).
  */
 #include "rpc_peer.h"
 
