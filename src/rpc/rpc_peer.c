@@ -206,6 +206,40 @@ rpc_peer_segs_read(struct mp_reader *rd, struct rpc_piece *pc, uint32_t *np, uin
     }
 }
 
+/*
+ * rpc_peer_rdma_keys: the keys param of an RDMA peer method (skipped, *keys where they are)
+ * and the connection's queue pair, which it needs: else UNSUPPORTED.
+ */
+static int
+rpc_peer_rdma_keys(struct rpc_req *rq, uint32_t *n, struct mp_reader *keys)
+{
+    int rc = rpc_keys_skip(rq, n, keys);
+
+    if (rc == 0 && rpc_rdma_qp(rq->ctx) == NULL) {
+        rq->errmsg = "this peer method needs the connection's queue pair (rdma_connect first)";
+        rc = KV_UNSUPPORTED;
+    }
+    return rc;
+}
+
+/* rpc_peer_crcs_check: the crcs param: an array of n uint32 (read past). */
+static int
+rpc_peer_crcs_check(struct rpc_req *rq, uint32_t n)
+{
+    uint32_t nc;
+    uint64_t c;
+
+    if (mp_read_array(&rq->rd, &nc) != 0 || nc != n) {
+        return rpc_invalid(rq, "crcs must be an array as long as keys");
+    }
+    for (uint32_t i = 0; i < nc; i++) {
+        if (mp_read_uint(&rq->rd, &c) != 0 || c > UINT32_MAX) {
+            return rpc_invalid(rq, "crcs must be uint32");
+        }
+    }
+    return 0;
+}
+
 int
 rpc_peer_get_into(struct rpc_req *rq)
 {
@@ -218,11 +252,7 @@ rpc_peer_get_into(struct rpc_req *rq)
     if (rc != 0) {
         return rc;
     }
-    rc = rpc_keys_skip(rq, &n, &keys);
-    if (rc == 0 && rpc_rdma_qp(rq->ctx) == NULL) {
-        rq->errmsg = "peer_get_into needs this connection's queue pair (rdma_connect first)";
-        rc = KV_UNSUPPORTED;
-    }
+    rc = rpc_peer_rdma_keys(rq, &n, &keys);
     if (rc == 0) {
         segs = rq->rd;
         rc = rpc_peer_segs_check(rq, n, &maxp);
@@ -399,15 +429,7 @@ rpc_peer_put(struct rpc_req *rq)
     }
     if (rc == 0) {
         crcs = rq->rd;
-        if (mp_read_array(&rq->rd, &nc) != 0 || nc != n) {
-            rc = rpc_invalid(rq, "crcs must be an array as long as keys");
-        }
-        for (uint32_t i = 0; rc == 0 && i < nc; i++) {
-            uint64_t c;
-            if (mp_read_uint(&rq->rd, &c) != 0 || c > UINT32_MAX) {
-                rc = rpc_invalid(rq, "crcs must be uint32");
-            }
-        }
+        rc = rpc_peer_crcs_check(rq, n);
     }
     if (rc == 0) {
         mp_read_array(&vals, &nv);
@@ -486,23 +508,13 @@ rpc_peer_from_settle(struct rpc_ctx *ctx, struct rpc_xfer *x, msgpack_packer *pk
 static int
 rpc_peer_from_check(struct rpc_req *rq, uint32_t n, uint32_t *maxp)
 {
-    uint32_t nc;
-    uint64_t c;
     int rc = rpc_peer_segs_check(rq, n, maxp);
 
     if (rc != 0) {
         return rc;
     }
     (void)mp_skip(&rq->rd);                     /* the extents, checked */
-    if (mp_read_array(&rq->rd, &nc) != 0 || nc != n) {
-        return rpc_invalid(rq, "crcs must be an array as long as keys");
-    }
-    for (uint32_t i = 0; i < nc; i++) {
-        if (mp_read_uint(&rq->rd, &c) != 0 || c > UINT32_MAX) {
-            return rpc_invalid(rq, "crcs must be uint32");
-        }
-    }
-    return 0;
+    return rpc_peer_crcs_check(rq, n);
 }
 
 /*
@@ -559,11 +571,7 @@ rpc_peer_put_from(struct rpc_req *rq)
     if (rc != 0) {
         return rc;
     }
-    rc = rpc_keys_skip(rq, &n, &keys);
-    if (rc == 0 && rpc_rdma_qp(rq->ctx) == NULL) {
-        rq->errmsg = "peer_put_from needs this connection's queue pair (rdma_connect first)";
-        rc = KV_UNSUPPORTED;
-    }
+    rc = rpc_peer_rdma_keys(rq, &n, &keys);
     if (rc == 0) {
         segs = rq->rd;
         rc = rpc_peer_from_check(rq, n, &maxp);
