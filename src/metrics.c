@@ -570,10 +570,13 @@ metrics_cluster_data(struct metrics_buf *b, const struct metrics_sum *m, struct 
         rs.peer_rdma_connects);
     one(b, "kvstash_cluster_peer_rdma_fallbacks_total", "counter",
         "Peer connections left on TCP: the peer refused RDMA (no device there), or a queue "
-        "pair or an RDMA fetch failed on it.", rs.peer_rdma_fallbacks);
+        "pair, an RDMA fetch or an RDMA put failed on it.", rs.peer_rdma_fallbacks);
     one(b, "kvstash_cluster_peer_rdma_fetch_bytes_total", "counter",
         "Value bytes fetched from peers over RDMA (their writes into this node's arena).",
         rs.peer_rdma_fetch_bytes);
+    one(b, "kvstash_cluster_peer_rdma_put_bytes_total", "counter",
+        "Replica value bytes owners stored by RDMA-READing them from this node's arena "
+        "(peer_put_from).", rs.peer_rdma_put_bytes);
     peer_tls_stats(&ts);
     fam(b, "kvstash_cluster_peer_tls_refused_total", "counter",
         "TLS handshakes to peers refused for the peer's certificate: not for the host of its "

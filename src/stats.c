@@ -137,6 +137,7 @@ stats_collect(void *arg, const char **names, uint64_t *values, int max)
         STAT("peer_rdma_connects", rs.peer_rdma_connects);
         STAT("peer_rdma_fallbacks", rs.peer_rdma_fallbacks);
         STAT("peer_rdma_fetch_bytes", rs.peer_rdma_fetch_bytes);
+        STAT("peer_rdma_put_bytes", rs.peer_rdma_put_bytes);
     }
     if (sv.ssd != NULL) {
         struct ssd_stats ss;

@@ -1253,6 +1253,12 @@ peer_expire(struct peer_pool *p)
                 wait = m->deadline - now;
             }
             live |= m->done != NULL;
+            if (m->msgid == PEER_RDMA_ID && m->deadline > now) {
+                /* a dial for an RDMA call alone (answered UNSUPPORTED until the queue pair
+                   is connected, its caller going over TCP): the connection is still wanted */
+                live = true;
+                wait = m->deadline - now < wait ? m->deadline - now : wait;
+            }
         }
         if ((c->state == PEER_CONNECTING || c->state == PEER_HANDSHAKE) && !live
             && c->fq == NULL && c->wq != NULL) {

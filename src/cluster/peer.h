@@ -156,13 +156,14 @@ int peer_call_sink(struct peer_pool *p, const char *addr, const char *method, ui
 
 /*
  * peer_call_rdma: peer_call for a call of the RDMA path (peer_sizes, and with into
- * peer_get_into, which names this node's memory for the peer to write into). Answered
+ * peer_get_into or peer_put_from, which name this node's memory for the peer to write
+ * into or read from). Answered
  * KV_UNSUPPORTED at once, without sending anything, when the connection to addr has no
  * queue pair (no device here, the peer refused rdma_connect, or RDMA failed on it) or, for
  * into, not a connected one yet: the caller then asks over TCP. An into call that ends
  * without the peer's answer (timeout, connection lost) destroys the queue pair before done
- * is called, so no write of the peer lands after it: the caller may free the memory it
- * named. Returns as peer_call.
+ * is called, so no write or read of the peer lands after it: the caller may free or reuse
+ * the memory it named. Returns as peer_call.
  */
 int peer_call_rdma(struct peer_pool *p, const char *addr, const char *method, uint8_t *params,
                    size_t plen, bool into, peer_done_fn *done, void *arg);

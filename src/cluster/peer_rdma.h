@@ -2,13 +2,15 @@
  * peer_rdma: the RDMA side of one peer connection (peer.c's): the reliable-connected queue
  * pair this node sets up towards a peer over that msgpack connection, with the peer's
  * rdma_connect method (the exchange a client does, protocol/SPEC.md "RDMA"), so that the
- * peer can RDMA-WRITE values straight into this node's registered arena (peer_get_into).
- * This node only exposes memory through it: it posts nothing on the queue pair, so no
- * completion ever arrives on its completion queue.
+ * peer can RDMA-WRITE values straight into this node's registered arena (peer_get_into)
+ * and RDMA-READ replicas out of it (peer_put_from; the arena is registered with remote
+ * READ and WRITE). This node only exposes memory through it: it posts nothing on the queue
+ * pair, so no completion ever arrives on its completion queue.
  *
  * Must not: outlive the completion queue it was made on, or keep a queue pair of a
- * connection that failed: a peer whose writes could still arrive after this node gave up
- * on them must find the queue pair gone (its writes then fail there, nothing lands here).
+ * connection that failed: a peer whose writes or reads could still arrive after this node
+ * gave up on them must find the queue pair gone (they then fail there, nothing lands here
+ * and nothing of reused pages is read).
  * The pool's thread only.
  */
 #ifndef PEER_RDMA_H

@@ -28,6 +28,10 @@
  * object reference, its owner and ticket per key and owner) until the request
  * layer calls repl_flush at the end of the request; the flush sends one
  * peer_put per owner and tenant, its answer (peer thread) settles each key.
+ * Over RDMA (a connected queue pair to the owner) it is a peer_put_from
+ * instead, naming each value's extents in the registered arena for the owner
+ * to RDMA-READ, the objects' references held until its answer; any failure
+ * sends the same keys as a peer_put (repl_from_answer).
  *
  * Must not: block an event loop (everything it sends goes through the peer
  * pool's queue), take the table lock around store calls, or keep a view
@@ -84,7 +88,7 @@ struct repl {
     _Atomic uint64_t remote_hits, remote_misses, checksum_mismatches;
     _Atomic uint64_t repl_sent, repl_acked, repl_failed, repl_conflicts, repl_drops;
     _Atomic uint64_t queue_bytes, queue_depth;
-    _Atomic uint64_t rdma_fetch_bytes;
+    _Atomic uint64_t rdma_fetch_bytes, rdma_put_bytes;
 };
 
 /* A value of a peer_get's reply being received straight into its reservation. */
@@ -922,13 +926,35 @@ repl_out_fail(struct repl *r, struct repl_item *it)
     it->o = NULL;
 }
 
+static int repl_send_from(struct repl *r, const char *addr, uint32_t tenant,
+                          struct repl_item **g, uint32_t m);
+static void repl_send_tcp(struct repl *r, const char *addr, uint32_t tenant,
+                          struct repl_item **g, uint32_t m, int niov, bool count);
+
 /*
- * repl_send_group: one peer_put to node of the m items g[0..m) (one tenant): [tenant, keys,
- * values, crcs], the values' bytes written from the objects' extents by reference.
+ * repl_send_group: the m items g[0..m) (one tenant) to the owner at addr: as one
+ * peer_put_from when this node has an RDMA device and tcp is false (repl_send_from: the owner
+ * READs the values; its failure comes back here with tcp true), else as one peer_put:
+ * [tenant, keys, values, crcs], the values' bytes written from the objects' extents by
+ * reference. tcp true: a resend of items counted in repl_sent already.
  */
 static void
-repl_send_group(struct repl *r, const struct cluster_view *v, uint16_t node, uint32_t tenant,
-                struct repl_item **g, uint32_t m, int niov)
+repl_send_group(struct repl *r, const char *addr, uint32_t tenant, struct repl_item **g,
+                uint32_t m, int niov, bool tcp)
+{
+    if (!tcp && r->cfg.rdma_arena != NULL) {
+        if (repl_send_from(r, addr, tenant, g, m) == 0) {
+            repl_add(&r->repl_sent, m);
+            return;
+        }
+    }
+    repl_send_tcp(r, addr, tenant, g, m, niov, !tcp);
+}
+
+/* repl_send_tcp: repl_send_group's peer_put; count: add the items to repl_sent. */
+static void
+repl_send_tcp(struct repl *r, const char *addr, uint32_t tenant, struct repl_item **g,
+              uint32_t m, int niov, bool count)
 {
     struct iovec *iov = malloc((size_t)niov * sizeof(*iov));
     struct repl_put *p = malloc(sizeof(*p) + m * sizeof(p->k[0]));
@@ -990,8 +1016,8 @@ repl_send_group(struct repl *r, const struct cluster_view *v, uint16_t node, uin
     x.tail_len = tb.size;
     x.release = repl_hold_release;
     x.release_arg = h;
-    repl_add(&r->repl_sent, m);
-    if (peer_call_ext(r->pool, v->nodes[node].addr, "peer_put", (uint8_t *)sb.data, sb.size,
+    repl_add(&r->repl_sent, count ? m : 0);
+    if (peer_call_ext(r->pool, addr, "peer_put", (uint8_t *)sb.data, sb.size,
                       &x, repl_put_answer, p) != 0) {
         repl_put_answer(p, KV_UNAVAILABLE, NULL, 0);
     }
@@ -1007,6 +1033,186 @@ fail:
     for (uint32_t i = 0; i < m; i++) {
         repl_out_fail(r, g[i]);
     }
+}
+
+/* ---- replicas put over RDMA ---- */
+
+/*
+ * One peer_put_from in flight: its items (each holding its object's reference until the
+ * owner's answer: the owner READs the object's extents) and the owner's address, to send
+ * the batch over TCP should RDMA fail.
+ */
+struct repl_from {
+    struct repl *r;
+    char *addr;
+    uint32_t tenant;
+    uint32_t n;
+    struct repl_item it[];
+};
+
+/* repl_items_niov: the iovecs a peer_put of g[0..m) takes (a header and extents each). */
+static int
+repl_items_niov(struct repl_item **g, uint32_t m)
+{
+    struct iovec ext[STORE_MAX_EXTENTS];
+    int niov = 0;
+
+    for (uint32_t i = 0; i < m; i++) {
+        niov += 1 + store_obj_iov(g[i]->o, ext, STORE_MAX_EXTENTS);
+    }
+    return niov;
+}
+
+/*
+ * repl_from_tcp: the items g[0..m) of f go as a peer_put (their RDMA failed, or was not
+ * tried on that connection), split where one message would pass PEER_EXTRA_MAX iovecs.
+ */
+static void
+repl_from_tcp(struct repl_from *f, struct repl_item **g, uint32_t m)
+{
+    uint32_t i = 0;
+
+    while (i < m) {
+        struct iovec ext[STORE_MAX_EXTENTS];
+        uint32_t k = 0;
+        int niov = 0;
+
+        while (i + k < m) {
+            int ne = 1 + store_obj_iov(g[i + k]->o, ext, STORE_MAX_EXTENTS);
+
+            if (k > 0 && niov + ne > PEER_EXTRA_MAX) {
+                break;
+            }
+            niov += ne;
+            k++;
+        }
+        repl_send_tcp(f->r, f->addr, f->tenant, g + i, k, repl_items_niov(g + i, k), false);
+        i += k;
+    }
+}
+
+/*
+ * The answer to a peer_put_from (peer thread): per key [code, crc] (settled as peer_put's),
+ * or a bare code (the owner's READs of it failed). Those keys, or all of them when the call
+ * failed (not sent: no connected queue pair; timeout, connection lost: peer.c destroyed the
+ * queue pair already, so no READ of these objects lands after their references go), are
+ * sent again as a peer_put.
+ */
+static void
+repl_from_answer(void *arg, int status, const uint8_t *res, size_t len)
+{
+    struct repl_from *f = arg;
+    struct repl *r = f->r;
+    struct repl_item **again = malloc((f->n ? f->n : 1) * sizeof(*again));
+    struct mp_reader rd;
+    uint32_t n = 0, nagain = 0, i = 0;
+    bool waited = false, broken = false;
+    static const uint8_t none[1];
+
+    mp_reader_init(&rd, res != NULL ? res : none, res != NULL ? len : 0);
+    if (status == 0 && (mp_read_array(&rd, &n) != 0 || n != f->n)) {
+        broken = true;
+    }
+    if (status != 0 && status != KV_UNSUPPORTED) {
+        peer_rdma_fail(r->pool, f->addr, "a peer_put_from was not answered");
+    }
+    for (; i < f->n; i++) {
+        struct repl_item *it = &f->it[i];
+        struct repl_put_key k = {.ticket = it->ticket, .bytes = store_obj_size(it->o),
+                                 .crc = it->crc};
+        uint32_t two;
+        uint64_t code = KV_INTERNAL, crc = 0;
+
+        if (status == 0 && !broken && mp_peek(&rd) == MP_ARRAY) {
+            if (mp_read_array(&rd, &two) != 0 || two != 2 || mp_read_uint(&rd, &code) != 0
+                || mp_read_uint(&rd, &crc) != 0) {
+                broken = true;      /* a broken reply: this key and the rest failed */
+                code = KV_INTERNAL;
+            }
+        } else if (again != NULL && (status != 0 || (!broken && mp_skip(&rd) == 0))) {
+            if (status == 0) {
+                peer_rdma_fail(r->pool, f->addr, "its RDMA reads of a put failed");
+            }
+            again[nagain++] = it;   /* keeps its reference and ticket: settled by the peer_put */
+            continue;
+        }
+        repl_add(&r->rdma_put_bytes, code == 0 ? k.bytes : 0);
+        waited |= k.ticket != NULL;
+        repl_put_settle(r, &k, code, crc);
+        store_obj_unref(r->cfg.store, it->o);
+        it->o = NULL;
+    }
+    if (nagain > 0) {
+        repl_from_tcp(f, again, nagain);
+    }
+    if (waited) {
+        r->cfg.wake(r->cfg.wake_arg);   /* write_ack all replies may go now */
+    }
+    free(again);
+    free(f->addr);
+    free(f);
+}
+
+/*
+ * repl_send_from: one peer_put_from to the owner at addr of the m items g[0..m) (one
+ * tenant): [tenant, keys, extents, crcs], each value named by the (addr, length, rkey) of its
+ * extents in the registered arena, for the owner to READ. The items' references become the
+ * call's (g[i]->o NULL) until the answer. 0, or -1 with nothing sent (an extent outside the
+ * registered arena, no memory): the caller sends them over TCP.
+ */
+static int
+repl_send_from(struct repl *r, const char *addr, uint32_t tenant, struct repl_item **g,
+               uint32_t m)
+{
+    struct repl_from *f = malloc(sizeof(*f) + m * sizeof(f->it[0]));
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+    int rc = f == NULL ? -1 : 0;
+
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    msgpack_pack_array(&pk, 4);
+    msgpack_pack_uint32(&pk, tenant);
+    msgpack_pack_array(&pk, m);
+    for (uint32_t i = 0; i < m; i++) {
+        struct kv_key key;
+
+        store_obj_key(g[i]->o, &key);
+        msgpack_pack_bin(&pk, key.len);
+        msgpack_pack_bin_body(&pk, key.ptr, key.len);
+    }
+    msgpack_pack_array(&pk, m);
+    for (uint32_t i = 0; rc == 0 && i < m; i++) {
+        rc = repl_rdma_pack_segs(r, g[i]->o, &pk);
+    }
+    msgpack_pack_array(&pk, m);
+    for (uint32_t i = 0; i < m; i++) {
+        msgpack_pack_uint32(&pk, g[i]->crc);
+    }
+    if (rc == 0 && (sb.data == NULL || (f->addr = strdup(addr)) == NULL)) {
+        rc = -1;
+    }
+    if (rc != 0) {
+        msgpack_sbuffer_destroy(&sb);
+        free(f);
+        return -1;
+    }
+    f->r = r;
+    f->tenant = tenant;
+    f->n = m;
+    for (uint32_t i = 0; i < m; i++) {
+        f->it[i] = *g[i];               /* the item's reference, now the call's */
+    }
+    if (peer_call_rdma(r->pool, addr, "peer_put_from", (uint8_t *)sb.data, sb.size, true,
+                       repl_from_answer, f) != 0) {
+        free(f->addr);                  /* nothing sent: the items keep their references */
+        free(f);
+        return -1;
+    }
+    for (uint32_t i = 0; i < m; i++) {
+        g[i]->o = NULL;
+    }
+    return 0;
 }
 
 /*
@@ -1067,7 +1273,7 @@ repl_flush(void *arg)
             bytes += size;
             niov += ne;
         }
-        repl_send_group(b->r, b->v, first->node, k0.tenant, g, m, niov);
+        repl_send_group(b->r, b->v->nodes[first->node].addr, k0.tenant, g, m, niov, false);
     }
     free(g);
     free(b->items);                 /* nothing of a thread's outlives its request (or it) */
@@ -1251,4 +1457,5 @@ repl_stats(struct repl *r, struct repl_stats *out)
     out->peer_rdma_connects = ps.rdma_connects;
     out->peer_rdma_fallbacks = ps.rdma_fallbacks;
     out->peer_rdma_fetch_bytes = atomic_load_explicit(&r->rdma_fetch_bytes, memory_order_relaxed);
+    out->peer_rdma_put_bytes = atomic_load_explicit(&r->rdma_put_bytes, memory_order_relaxed);
 }

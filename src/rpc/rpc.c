@@ -84,6 +84,7 @@ static const char *const rpc_names[RPC_METHOD_COUNT] = {
     [RPC_PEER_PUT] = "peer_put",
     [RPC_PEER_SIZES] = "peer_sizes",
     [RPC_PEER_GET_INTO] = "peer_get_into",
+    [RPC_PEER_PUT_FROM] = "peer_put_from",
 };
 
 const char *
@@ -783,6 +784,7 @@ static rpc_handler_fn *const rpc_handlers[RPC_METHOD_COUNT] = {
     [RPC_PEER_PUT] = rpc_peer_put,
     [RPC_PEER_SIZES] = rpc_peer_sizes,
     [RPC_PEER_GET_INTO] = rpc_peer_get_into,
+    [RPC_PEER_PUT_FROM] = rpc_peer_put_from,
 };
 
 /* ---- dispatch ---- */

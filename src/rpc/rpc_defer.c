@@ -227,6 +227,7 @@ rpc_xfer_free(struct rpc_xfer *x)
     free(x->dreads);
     free(x->segs);
     free(x->rops);
+    free(x->settle_arg);
     free(x);
 }
 
@@ -629,7 +630,7 @@ rpc_xfer_answer(struct rpc_ctx *ctx, struct outq *out)
             x->objs[i] = NULL;
         }
     }
-    if (x->put) {
+    if (x->put && x->settle == NULL) {
         int rc = rpc_xfer_commit(ctx, x);
 
         if (rc != 0) {
@@ -638,8 +639,12 @@ rpc_xfer_answer(struct rpc_ctx *ctx, struct outq *out)
     }
     msgpack_packer_init(&pk, out, outq_pack_write);
     rpc_pack_head(&pk, x->msgid);
-    msgpack_pack_array(&pk, x->n);
-    for (uint32_t i = 0; i < x->n; i++) {
+    if (x->settle != NULL) {
+        x->settle(ctx, x, &pk);     /* its objects published or aborted: none left to free */
+    } else {
+        msgpack_pack_array(&pk, x->n);
+    }
+    for (uint32_t i = 0; x->settle == NULL && i < x->n; i++) {
         if (!x->peer) {
             msgpack_pack_int64(&pk, x->res[i]);
         } else if (x->res[i] >= 0) {

@@ -33,6 +33,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <msgpack.h>
+
 #include "copier.h"
 #include "rpc_ctx.h"
 
@@ -175,6 +177,14 @@ struct rpc_xfer {
     bool abandoned;                 /* its connection closed: freed by the last completion */
     bool peer;                      /* peer_get_into: answered per key nil, [crc, length] or a
                                        code (rpc_peer.c), not with res as they are */
+    /*
+     * A put whose handler answers it (peer_put_from, rpc_peer.c), called once its RDMA work is
+     * done, the keys whose work failed aborted already (objs[i] NULL, res[i] the code): it
+     * publishes or aborts every object left (objs[i] NULL after) and packs the result into pk.
+     * Such a put is not handed to the pool's owners. settle_arg is freed with the transfer.
+     */
+    void (*settle)(struct rpc_ctx *ctx, struct rpc_xfer *x, msgpack_packer *pk);
+    void *settle_arg;
 };
 
 /*

@@ -5,7 +5,10 @@
  * matches; values served go out by reference from the arena, as get's do,
  * with the CRC-32C of the bytes being sent. Over RDMA (peer_sizes, then
  * peer_get_into) values are RDMA-WRITten into the asking node's registered
- * arena by the transfer machinery of rpc_defer.c, as batch_get_into's are.
+ * arena by the transfer machinery of rpc_defer.c, as batch_get_into's are;
+ * peer_put_from's are RDMA-READ from the sending node's arena into
+ * reservations by the same machinery, as batch_put_from's are, and checked
+ * against their CRC-32C before they are published (rpc_peer_from_settle).
  */
 #include "rpc_peer.h"
 
@@ -55,25 +58,45 @@ rpc_peer_begin(struct rpc_req *rq, uint32_t min, uint32_t max, uint32_t *saved)
     return 0;
 }
 
+/*
+ * rpc_peer_refs: rpc_peer_begin (*saved: the tenant to restore, whatever the outcome), then
+ * the keys param and a reference on each key's object (NULL: absent; SSD-only objects loaded
+ * first) in *objsp: stack when n fits RPC_PEER_STACK, else malloc'd (the caller frees it
+ * when it is not stack).
+ */
+static int
+rpc_peer_refs(struct rpc_req *rq, struct store_obj **stack, struct store_obj ***objsp,
+              uint32_t *n, uint32_t *saved)
+{
+    int rc;
+
+    *saved = rq->ctx->tenant;
+    *objsp = stack;
+    rc = rpc_peer_begin(rq, 2, 2, saved);
+    if (rc == 0) {
+        rc = rpc_keys_check(rq, n);
+    }
+    if (rc == 0 && *n > RPC_PEER_STACK) {
+        *objsp = malloc(*n * sizeof(**objsp));
+        rc = *objsp == NULL ? -ENOMEM : 0;
+        if (rc != 0) {
+            *objsp = stack;
+        }
+    }
+    if (rc == 0) {
+        rc = rpc_get_refs(rq, rq->rd, *n, *objsp, NULL);
+    }
+    return rc;
+}
+
 int
 rpc_peer_get(struct rpc_req *rq)
 {
     struct store_obj *stack[RPC_PEER_STACK];
-    struct store_obj **objs = stack;
+    struct store_obj **objs;
     uint32_t n, saved;
-    int rc = rpc_peer_begin(rq, 2, 2, &saved);
+    int rc = rpc_peer_refs(rq, stack, &objs, &n, &saved);
 
-    if (rc != 0) {
-        return rc;
-    }
-    rc = rpc_keys_check(rq, &n);
-    if (rc == 0 && n > RPC_PEER_STACK) {
-        objs = malloc(n * sizeof(*objs));
-        rc = objs == NULL ? -ENOMEM : 0;
-    }
-    if (rc == 0) {
-        rc = rpc_get_refs(rq, rq->rd, n, objs, NULL);
-    }
     if (rc == 0) {
         uint64_t bytes = 0;
 
@@ -103,21 +126,10 @@ int
 rpc_peer_sizes(struct rpc_req *rq)
 {
     struct store_obj *stack[RPC_PEER_STACK];
-    struct store_obj **objs = stack;
+    struct store_obj **objs;
     uint32_t n, saved;
-    int rc = rpc_peer_begin(rq, 2, 2, &saved);
+    int rc = rpc_peer_refs(rq, stack, &objs, &n, &saved);
 
-    if (rc != 0) {
-        return rc;
-    }
-    rc = rpc_keys_check(rq, &n);
-    if (rc == 0 && n > RPC_PEER_STACK) {
-        objs = malloc(n * sizeof(*objs));
-        rc = objs == NULL ? -ENOMEM : 0;
-    }
-    if (rc == 0) {
-        rc = rpc_get_refs(rq, rq->rd, n, objs, NULL);   /* SSD-only objects: loaded first */
-    }
     if (rc == 0) {
         rpc_reply_head(rq);
         msgpack_pack_array(&rq->pk, n);
@@ -194,6 +206,40 @@ rpc_peer_segs_read(struct mp_reader *rd, struct rpc_piece *pc, uint32_t *np, uin
     }
 }
 
+/*
+ * rpc_peer_rdma_keys: the keys param of an RDMA peer method (skipped, *keys where they are)
+ * and the connection's queue pair, which it needs: else UNSUPPORTED.
+ */
+static int
+rpc_peer_rdma_keys(struct rpc_req *rq, uint32_t *n, struct mp_reader *keys)
+{
+    int rc = rpc_keys_skip(rq, n, keys);
+
+    if (rc == 0 && rpc_rdma_qp(rq->ctx) == NULL) {
+        rq->errmsg = "this peer method needs the connection's queue pair (rdma_connect first)";
+        rc = KV_UNSUPPORTED;
+    }
+    return rc;
+}
+
+/* rpc_peer_crcs_check: the crcs param: an array of n uint32 (read past). */
+static int
+rpc_peer_crcs_check(struct rpc_req *rq, uint32_t n)
+{
+    uint32_t nc;
+    uint64_t c;
+
+    if (mp_read_array(&rq->rd, &nc) != 0 || nc != n) {
+        return rpc_invalid(rq, "crcs must be an array as long as keys");
+    }
+    for (uint32_t i = 0; i < nc; i++) {
+        if (mp_read_uint(&rq->rd, &c) != 0 || c > UINT32_MAX) {
+            return rpc_invalid(rq, "crcs must be uint32");
+        }
+    }
+    return 0;
+}
+
 int
 rpc_peer_get_into(struct rpc_req *rq)
 {
@@ -206,11 +252,7 @@ rpc_peer_get_into(struct rpc_req *rq)
     if (rc != 0) {
         return rc;
     }
-    rc = rpc_keys_skip(rq, &n, &keys);
-    if (rc == 0 && rpc_rdma_qp(rq->ctx) == NULL) {
-        rq->errmsg = "peer_get_into needs this connection's queue pair (rdma_connect first)";
-        rc = KV_UNSUPPORTED;
-    }
+    rc = rpc_peer_rdma_keys(rq, &n, &keys);
     if (rc == 0) {
         segs = rq->rd;
         rc = rpc_peer_segs_check(rq, n, &maxp);
@@ -387,15 +429,7 @@ rpc_peer_put(struct rpc_req *rq)
     }
     if (rc == 0) {
         crcs = rq->rd;
-        if (mp_read_array(&rq->rd, &nc) != 0 || nc != n) {
-            rc = rpc_invalid(rq, "crcs must be an array as long as keys");
-        }
-        for (uint32_t i = 0; rc == 0 && i < nc; i++) {
-            uint64_t c;
-            if (mp_read_uint(&rq->rd, &c) != 0 || c > UINT32_MAX) {
-                rc = rpc_invalid(rq, "crcs must be uint32");
-            }
-        }
+        rc = rpc_peer_crcs_check(rq, n);
     }
     if (rc == 0) {
         mp_read_array(&vals, &nv);
@@ -420,4 +454,166 @@ rpc_peer_put(struct rpc_req *rq)
     }
     rq->ctx->tenant = saved;
     return rc;
+}
+
+/* What peer_put_from's settle needs of one key (the transfer's settle_arg, one per key). */
+struct rpc_peer_from {
+    uint32_t sent;                  /* the sender's CRC-32C of the value */
+    uint32_t crc;                   /* the answer's: the checksum of what the key holds now */
+    bool reserved;                  /* a reservation was made: no object left means its READs
+                                       failed */
+};
+
+/*
+ * rpc_peer_from_settle: peer_put_from's transfer, its READs done: each value read whole is
+ * checked against the sender's CRC-32C over the reservation and published (a mismatch is
+ * aborted and counted, as peer_put does); per key [code, crc], or a bare code for a key
+ * whose READs failed (the queue pair's error: the sender sends it again over TCP).
+ */
+static void
+rpc_peer_from_settle(struct rpc_ctx *ctx, struct rpc_xfer *x, msgpack_packer *pk)
+{
+    struct rpc_peer_from *f = x->settle_arg;
+
+    msgpack_pack_array(pk, x->n);
+    for (uint32_t i = 0; i < x->n; i++) {
+        struct store_obj *o = x->objs[i];
+        int code = (int)x->res[i];
+
+        x->objs[i] = NULL;
+        if (f[i].reserved && o == NULL) {
+            msgpack_pack_int(pk, code != 0 ? code : KV_INTERNAL);
+            continue;
+        }
+        if (o != NULL) {
+            if (store_obj_crc(o) != f[i].sent) {
+                store_abort(x->st, o);      /* not the bytes the sender summed: nothing kept */
+                ctr_add(&ctx->ctr->peer_checksum_mismatches, 1);
+                code = KV_CHECKSUM_MISMATCH;
+            } else {
+                code = store_commit(x->st, o);
+                f[i].crc = code == 0 ? f[i].sent : 0;
+            }
+        }
+        msgpack_pack_array(pk, 2);
+        msgpack_pack_int(pk, code < 0 ? KV_INTERNAL : code);
+        msgpack_pack_uint32(pk, f[i].crc);
+    }
+}
+
+/*
+ * rpc_peer_from_check: the params of peer_put_from after keys, shape only: extents (one list
+ * of [addr, length, rkey] per key) and crcs. *maxp: the most extents of one key.
+ */
+static int
+rpc_peer_from_check(struct rpc_req *rq, uint32_t n, uint32_t *maxp)
+{
+    int rc = rpc_peer_segs_check(rq, n, maxp);
+
+    if (rc != 0) {
+        return rc;
+    }
+    (void)mp_skip(&rq->rd);                     /* the extents, checked */
+    return rpc_peer_crcs_check(rq, n);
+}
+
+/*
+ * rpc_peer_from_reserve: key i of peer_put_from: a reservation of its value's length and the
+ * READs of extents pc[0..np) (total bytes) into it, or the key's code in x->res[i] (EXISTS
+ * with the stored checksum in f->crc, counted when it differs, as peer_put does). 0 or
+ * -ENOMEM.
+ */
+static int
+rpc_peer_from_reserve(struct rpc_req *rq, struct rpc_xfer *x, uint32_t i, const uint8_t *kp,
+                      uint32_t klen, const struct rpc_piece *pc, uint32_t np, uint64_t total,
+                      struct rpc_peer_from *f)
+{
+    struct kv_key key;
+    int rc;
+
+    if (klen > rq->ctx->lim->max_key_size || total > rq->ctx->lim->max_value_size) {
+        x->res[i] = KV_TOO_LARGE;
+        return 0;
+    }
+    if (np == 0 || total == 0) {
+        x->res[i] = KV_INVALID_ARGUMENT;        /* a value is sent as its extents */
+        return 0;
+    }
+    rpc_key(rq, kp, klen, &key);
+    rc = store_reserve(x->st, &key, total, &x->objs[i]);
+    if (rc == 0) {
+        f->reserved = true;
+        return rpc_xfer_map(x, i, x->objs[i], pc, np, total, true);
+    }
+    x->objs[i] = NULL;
+    if (rc == KV_EXISTS) {
+        f->crc = rpc_peer_stored_crc(x->st, &key);
+        if (f->crc != f->sent) {
+            /* Two writers stored different bytes under one key: the first stays. */
+            ctr_add(&rq->ctx->ctr->peer_checksum_conflicts, 1);
+        }
+    }
+    /* -EAGAIN (room being freed by SSD writes) is not waited for: the sender's copy stays. */
+    x->res[i] = rc == -EAGAIN ? KV_NO_SPACE : rc < 0 ? KV_INTERNAL : rc;
+    return 0;
+}
+
+int
+rpc_peer_put_from(struct rpc_req *rq)
+{
+    struct mp_reader keys, segs, crcs;
+    struct rpc_piece *pc = NULL;
+    struct rpc_xfer *x = NULL;
+    struct rpc_peer_from *f = NULL;
+    uint32_t n, maxp = 1, saved;
+    int rc = rpc_peer_begin(rq, 4, 4, &saved);
+
+    if (rc != 0) {
+        return rc;
+    }
+    rc = rpc_peer_rdma_keys(rq, &n, &keys);
+    if (rc == 0) {
+        segs = rq->rd;
+        rc = rpc_peer_from_check(rq, n, &maxp);
+    }
+    if (rc == 0) {
+        x = rpc_xfer_new(rq, n, 0, true);
+        pc = malloc(maxp * sizeof(*pc));
+        f = calloc(n ? n : 1, sizeof(*f));
+        rc = x == NULL || pc == NULL || f == NULL ? -ENOMEM : 0;
+    }
+    if (rc == 0) {
+        x->peer = true;
+        x->settle = rpc_peer_from_settle;
+        x->settle_arg = f;
+        f = NULL;
+        mp_read_array(&segs, &n);
+        crcs = segs;
+        for (uint32_t i = 0; i < n; i++) {
+            (void)mp_skip(&crcs);
+        }
+        mp_read_array(&crcs, &n);
+    }
+    for (uint32_t i = 0; rc == 0 && i < n; i++) {
+        struct rpc_peer_from *fi = (struct rpc_peer_from *)x->settle_arg + i;
+        const uint8_t *kp;
+        uint32_t klen, np;
+        uint64_t total, sent;
+
+        rpc_read_key(&keys, &kp, &klen);
+        rpc_peer_segs_read(&segs, pc, &np, &total);
+        mp_read_uint(&crcs, &sent);
+        fi->sent = (uint32_t)sent;
+        rc = rpc_peer_from_reserve(rq, x, i, kp, klen, pc, np, total, fi);
+    }
+    free(pc);
+    free(f);
+    rq->ctx->tenant = saved;
+    if (rc != 0) {
+        if (x != NULL) {
+            rpc_xfer_free(x);       /* its reservations are aborted */
+        }
+        return rc;
+    }
+    return rpc_xfer_start(rq->ctx, x, rpc_rdma_qp(rq->ctx), rq->out);
 }

@@ -9,6 +9,11 @@
  * (B falls back to TCP, counted, and still serves every byte), and a device missing on
  * either side (TCP from the start).
  *
+ * Puts the other way (B with R = 2, so A owns every key too): values put into B reach A as
+ * a peer_put_from naming B's arena, A RDMA-READing each value into its reservation over the
+ * same queue pair; a queue pair in error sends the batch again as a peer_put over TCP; a
+ * value damaged in B's arena after its CRC-32C was taken is refused by A, never stored.
+ *
  * Why A is not a pool member too: the membership view is one global of the process
  * (src/cluster/view.c, view_publish/view_acquire), so two members in one process would
  * share one view and one idea of "self". A plain daemon serves the peer methods all the
@@ -16,6 +21,7 @@
  */
 #include <criterion/criterion.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -111,7 +117,7 @@ t_node_stop(struct t_node *n)
  * both, R = 1), each with an emulated device unless told otherwise.
  */
 static void
-t_start(int a_devices, int b_devices)
+t_start_r(int a_devices, int b_devices, const char *replicas)
 {
     char view[160];
 
@@ -126,10 +132,16 @@ t_start(int a_devices, int b_devices)
     const char *a_kv[][2] = {{"node_id", "a"}};
     const char *b_kv[][2] = {
         {"node_id", "b"}, {"cluster_name", "t"}, {"etcd_endpoints", "http://127.0.0.1:9"},
-        {"replicas", "1"},
+        {"replicas", replicas},
     };
     t_node_start(&t_a, a_devices, a_kv, 1);
     t_node_start(&t_b, b_devices, b_kv, sizeof(b_kv) / sizeof(b_kv[0]));
+}
+
+static void
+t_start(int a_devices, int b_devices)
+{
+    t_start_r(a_devices, b_devices, "1");
 }
 
 static void
@@ -412,6 +424,204 @@ Test(peer_rdma, damaged_value_is_never_kept)
         free(got);
     }
     cr_assert_gt(t_b_stats().peer_rdma_fetch_bytes, after.peer_rdma_fetch_bytes);
+    kvstash_close(c);
+    t_set_free(&s);
+}
+
+/* ---- replica puts over RDMA (B writes, A owns) ---- */
+
+/* t_a_sum: the sum over A's workers of one request-layer counter (field offset). */
+static uint64_t
+t_a_sum(size_t off)
+{
+    struct server_stats sv;
+    uint64_t n = 0;
+
+    server_stats(t_a.srv, &sv);
+    for (int i = 0; i < sv.nworkers; i++) {
+        n += atomic_load((_Atomic uint64_t *)((char *)&worker_counters(sv.workers[i])->rpc + off));
+    }
+    return n;
+}
+
+#define T_A_SUM(field) t_a_sum(offsetof(struct rpc_counters, field))
+
+/* t_put_b: every value of s into B in one batch_put (write_ack all: A has answered). */
+static void
+t_put_b(const struct t_set *s)
+{
+    struct kvstash *c;
+    const void *keys[T_KEYS], *vals[T_KEYS];
+    size_t klens[T_KEYS], vlens[T_KEYS];
+    int codes[T_KEYS];
+
+    for (int i = 0; i < T_KEYS; i++) {
+        keys[i] = s->key[i];
+        klens[i] = strlen(s->key[i]);
+        vals[i] = s->val[i];
+        vlens[i] = s->len[i];
+    }
+    cr_assert_eq(harness_client(t_b.addr, T_TIMEOUT, &c), 0);
+    cr_assert_eq(kvstash_batch_put(c, T_KEYS, keys, klens, vals, vlens, codes), 0);
+    for (int i = 0; i < T_KEYS; i++) {
+        cr_assert_eq(codes[i], 0, "put %s into B: code %d", s->key[i], codes[i]);
+    }
+    kvstash_close(c);
+}
+
+/* t_get_a: every key of s read from A's own store (A asks nobody): each value byte-exact. */
+static void
+t_get_a(const struct t_set *s)
+{
+    struct kvstash *c;
+
+    cr_assert_eq(harness_client(t_a.addr, T_TIMEOUT, &c), 0);
+    for (int i = 0; i < T_KEYS; i++) {
+        void *got = NULL;
+        size_t vlen = 0;
+
+        cr_assert_eq(kvstash_get_alloc(c, s->key[i], strlen(s->key[i]), &got, &vlen), 0,
+                     "%s is not at A", s->key[i]);
+        cr_assert_eq(vlen, s->len[i], "%s at A: %zu bytes, not %zu", s->key[i], vlen, s->len[i]);
+        cr_assert(memcmp(got, s->val[i], vlen) == 0, "%s at A: other bytes", s->key[i]);
+        free(got);
+    }
+    kvstash_close(c);
+}
+
+/*
+ * t_put_warm: B's connection to A made and its queue pair connected (bounded wait). The
+ * first put on a new connection goes over TCP: the queue pair is connected only once A
+ * answered rdma_connect, which follows the first call.
+ */
+static void
+t_put_warm(void)
+{
+    struct kvstash *c;
+    int i;
+
+    cr_assert_eq(harness_client(t_a.addr, T_TIMEOUT, &c), 0);     /* A is up */
+    kvstash_close(c);
+    cr_assert_eq(harness_client(t_b.addr, T_TIMEOUT, &c), 0);
+    for (i = 0; i < 400 && t_b_stats().peer_rdma_connects == 0; i++) {
+        if (i % 40 == 0) {          /* a put now and then: a dial that failed is retried */
+            char key[32];
+            int kl = snprintf(key, sizeof(key), "warm-%d", i);
+
+            cr_assert_eq(kvstash_put(c, key, (size_t)kl, "up", 2), 0);
+        }
+        harness_sleep_ms(25);
+    }
+    kvstash_close(c);
+    cr_assert_eq(t_b_stats().peer_rdma_connects, 1, "no queue pair to A within 10 s");
+}
+
+Test(peer_rdma, put_read_by_the_owner)
+{
+    struct t_set s;
+    struct repl_stats before, after;
+    uint64_t a_tcp_in;
+
+    t_start_r(1, 1, "2");
+    t_set_make(&s, "put");
+    t_put_warm();
+    before = t_b_stats();
+    a_tcp_in = T_A_SUM(peer_bytes_in);
+    t_put_b(&s);
+    after = t_b_stats();
+    cr_assert_eq(after.repl_acked - before.repl_acked, T_KEYS, "A stored every value");
+    cr_assert_eq(after.peer_rdma_put_bytes - before.peer_rdma_put_bytes, s.total,
+                 "every value byte went over RDMA");
+    cr_assert_eq(after.peer_rdma_fallbacks, 0);
+    /* The socket carried the keys and the extents, not the values. */
+    cr_assert_lt(after.peer_bytes_out - before.peer_bytes_out, 4 * KIB);
+    cr_assert_eq(T_A_SUM(peer_bytes_in), a_tcp_in, "no value bytes through A's socket");
+    t_get_a(&s);
+    t_set_free(&s);
+}
+
+Test(peer_rdma, put_queue_pair_in_error_falls_back_to_tcp)
+{
+    struct t_set s1, s2;
+    struct repl_stats mid, after;
+    uint64_t a_tcp_in;
+
+    t_start_r(1, 1, "2");
+    t_set_make(&s1, "pfirst");
+    t_set_make(&s2, "psecond");
+    t_put_warm();
+    t_put_b(&s1);                   /* the queue pair is up and carried s1 */
+    mid = t_b_stats();
+    cr_assert_eq(mid.peer_rdma_put_bytes, s1.total);
+    cr_assert_geq(rdma_emu_qp_force_error_all(), 2);
+    a_tcp_in = T_A_SUM(peer_bytes_in);
+    t_put_b(&s2);                   /* A's READs fail: B sends the batch again over TCP */
+    after = t_b_stats();
+    cr_assert_eq(after.peer_rdma_fallbacks, 1, "the fallback is counted");
+    cr_assert_eq(after.peer_rdma_put_bytes, mid.peer_rdma_put_bytes);
+    cr_assert_eq(after.repl_acked - mid.repl_acked, T_KEYS, "A stored every value");
+    cr_assert_eq(after.repl_failed, mid.repl_failed, "no replica failed");
+    cr_assert_eq(T_A_SUM(peer_bytes_in) - a_tcp_in, s2.total, "s2 came over TCP");
+    t_get_a(&s1);
+    t_get_a(&s2);
+    t_set_free(&s1);
+    t_set_free(&s2);
+}
+
+Test(peer_rdma, put_damaged_in_the_writer_is_refused)
+{
+    struct t_set s;
+    struct repl_stats before, after;
+    struct server_stats sv;
+    struct store_obj *o;
+    struct iovec iov[STORE_MAX_EXTENTS];
+    struct kvstash *c;
+    const char *bad;
+    void *t, *got = NULL;
+    size_t vlen = 0;
+    int i;
+
+    t_start_r(1, 1, "2");
+    t_set_make(&s, "pdamaged");
+    t_put_warm();
+    /* Key 3 (1 MiB) lands in B's store with the CRC-32C of its good bytes taken, then one
+     * byte of it changes in B's arena; B replicates it as a client put would. */
+    bad = s.key[3];
+    server_stats(t_b.srv, &sv);
+    struct kv_key k = {.tenant = 0, .len = (uint32_t)strlen(bad), .ptr = (const uint8_t *)bad};
+    cr_assert_eq(store_reserve(sv.store, &k, s.len[3], &o), 0);
+    int n = store_obj_iov(o, iov, STORE_MAX_EXTENTS);
+    size_t off = 0;
+    for (int e = 0; e < n && off < s.len[3]; e++) {
+        size_t len = iov[e].iov_len < s.len[3] - off ? iov[e].iov_len : s.len[3] - off;
+
+        memcpy(iov[e].iov_base, s.val[3] + off, len);
+        off += len;
+    }
+    (void)store_obj_crc(o);         /* the good bytes' checksum, kept on the object */
+    ((uint8_t *)iov[0].iov_base)[12345 % iov[0].iov_len] ^= 0x40;
+    cr_assert_eq(store_commit(sv.store, o), 0);
+    cr_assert_eq(store_get(sv.store, &k, &o), 0);
+    before = t_b_stats();
+    uint64_t a_bad = T_A_SUM(peer_checksum_mismatches);
+    t = repl_stored(sv.repl, &k, o);
+    repl_flush(sv.repl);
+    store_obj_unref(sv.store, o);
+    cr_assert_not_null(t, "write_ack all: a ticket");
+    for (i = 0; i < 400 && !repl_ticket_done(sv.repl, t); i++) {
+        harness_sleep_ms(25);
+    }
+    cr_assert(repl_ticket_done(sv.repl, t), "A did not answer within 10 s");
+    repl_ticket_put(sv.repl, t);
+    after = t_b_stats();
+    cr_assert_eq(after.repl_failed - before.repl_failed, 1, "A refused it");
+    cr_assert_eq(after.peer_rdma_put_bytes, before.peer_rdma_put_bytes);
+    cr_assert_eq(after.peer_rdma_fallbacks, 0, "a bad value is not an RDMA failure");
+    cr_assert_eq(T_A_SUM(peer_checksum_mismatches) - a_bad, 1, "counted at A");
+    /* A never stored the damaged bytes */
+    cr_assert_eq(harness_client(t_a.addr, T_TIMEOUT, &c), 0);
+    cr_assert_eq(kvstash_get_alloc(c, bad, strlen(bad), &got, &vlen), KVSTASH_ENOTFOUND);
+    free(got);
     kvstash_close(c);
     t_set_free(&s);
 }
