@@ -951,6 +951,25 @@ repl_send_group(struct repl *r, const char *addr, uint32_t tenant, struct repl_i
     repl_send_tcp(r, addr, tenant, g, m, niov, !tcp);
 }
 
+/*
+ * repl_pack_put_head: [tenant, keys of g[0..m), (two more params follow)] into pk: the head of
+ * peer_put's and peer_put_from's params.
+ */
+static void
+repl_pack_put_head(msgpack_packer *pk, uint32_t tenant, struct repl_item **g, uint32_t m)
+{
+    msgpack_pack_array(pk, 4);
+    msgpack_pack_uint32(pk, tenant);
+    msgpack_pack_array(pk, m);
+    for (uint32_t i = 0; i < m; i++) {
+        struct kv_key key;
+
+        store_obj_key(g[i]->o, &key);
+        msgpack_pack_bin(pk, key.len);
+        msgpack_pack_bin_body(pk, key.ptr, key.len);
+    }
+}
+
 /* repl_send_tcp: repl_send_group's peer_put; count: add the items to repl_sent. */
 static void
 repl_send_tcp(struct repl *r, const char *addr, uint32_t tenant, struct repl_item **g,
@@ -970,16 +989,7 @@ repl_send_tcp(struct repl *r, const char *addr, uint32_t tenant, struct repl_ite
         goto fail;
     }
     msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    msgpack_pack_array(&pk, 4);
-    msgpack_pack_uint32(&pk, tenant);
-    msgpack_pack_array(&pk, m);
-    for (uint32_t i = 0; i < m; i++) {
-        struct kv_key key;
-
-        store_obj_key(g[i]->o, &key);
-        msgpack_pack_bin(&pk, key.len);
-        msgpack_pack_bin_body(&pk, key.ptr, key.len);
-    }
+    repl_pack_put_head(&pk, tenant, g, m);
     msgpack_pack_array(&pk, m);
     msgpack_packer_init(&tk, &tb, msgpack_sbuffer_write);
     msgpack_pack_array(&tk, m);
@@ -1171,16 +1181,7 @@ repl_send_from(struct repl *r, const char *addr, uint32_t tenant, struct repl_it
 
     msgpack_sbuffer_init(&sb);
     msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    msgpack_pack_array(&pk, 4);
-    msgpack_pack_uint32(&pk, tenant);
-    msgpack_pack_array(&pk, m);
-    for (uint32_t i = 0; i < m; i++) {
-        struct kv_key key;
-
-        store_obj_key(g[i]->o, &key);
-        msgpack_pack_bin(&pk, key.len);
-        msgpack_pack_bin_body(&pk, key.ptr, key.len);
-    }
+    repl_pack_put_head(&pk, tenant, g, m);
     msgpack_pack_array(&pk, m);
     for (uint32_t i = 0; rc == 0 && i < m; i++) {
         rc = repl_rdma_pack_segs(r, g[i]->o, &pk);
