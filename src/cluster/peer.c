@@ -447,6 +447,22 @@ peer_head(uint8_t *h, uint32_t msgid, const char *method, size_t mlen)
     return n + mlen;
 }
 
+/*
+ * peer_msg_control: m, whose buf holds len bytes of a login or rdma_connect built here, as
+ * one segment with msgid, due within peer_timeout.
+ */
+static void
+peer_msg_control(struct peer_pool *p, struct peer_msg *m, size_t len, uint32_t msgid)
+{
+    m->len = len;
+    m->seg = m->seg_in;
+    m->seg[0].iov_base = m->buf;
+    m->seg[0].iov_len = len;
+    m->nseg = 1;
+    m->msgid = msgid;
+    m->deadline = clock_ms() + p->cfg.timeout_ms;
+}
+
 /* peer_hello: the login message with the pool's token, or NULL without memory. */
 static struct peer_msg *
 peer_hello(struct peer_pool *p)
@@ -481,13 +497,7 @@ peer_hello(struct peer_pool *p)
     m->buf[n++] = (uint8_t)tl;
     memcpy(m->buf + n, token, tl);
     explicit_bzero(token, sizeof(token));
-    m->len = n + tl;
-    m->seg = m->seg_in;
-    m->seg[0].iov_base = m->buf;
-    m->seg[0].iov_len = m->len;
-    m->nseg = 1;
-    m->msgid = PEER_HELLO_ID;
-    m->deadline = clock_ms() + p->cfg.timeout_ms;   /* unanswered by then: the connection goes */
+    peer_msg_control(p, m, n + tl, PEER_HELLO_ID);    /* unanswered: the connection goes */
     return m;
 }
 
@@ -668,13 +678,7 @@ peer_rdma_msg(struct peer_pool *p, struct peer_conn *c)
     m->buf[n++] = 0xc4;
     m->buf[n++] = RDMA_QP_INFO_LEN;
     memcpy(m->buf + n, info, RDMA_QP_INFO_LEN);
-    m->len = n + RDMA_QP_INFO_LEN;
-    m->seg = m->seg_in;
-    m->seg[0].iov_base = m->buf;
-    m->seg[0].iov_len = m->len;
-    m->nseg = 1;
-    m->msgid = PEER_RDMA_ID;
-    m->deadline = clock_ms() + p->cfg.timeout_ms;   /* unanswered by then: RDMA off */
+    peer_msg_control(p, m, n + RDMA_QP_INFO_LEN, PEER_RDMA_ID);  /* unanswered: RDMA off */
     return m;
 }
 
