@@ -525,6 +525,11 @@ struct repl_put {
 void
 repl_put_settle(struct repl *r, const struct repl_put_key *k, uint64_t code, uint64_t crc)
 {
+    if (k->push != NULL) {
+        /* a rebalance push: the walk counts what moved, not the replication counters */
+        repl_push_settle(k->push, k->idx, code <= (uint64_t)INT32_MAX ? (int)code : KV_INTERNAL);
+        return;
+    }
     if (code == 0 || (code == KV_EXISTS && crc == k->crc)) {
         repl_add(&r->repl_acked, 1);
     } else if (code == KV_EXISTS) {
@@ -614,6 +619,12 @@ repl_out_fail(struct repl *r, struct repl_item *it)
 {
     struct repl_put_key k = {.ticket = it->ticket, .bytes = store_obj_size(it->o), .crc = 0};
 
+    if (it->push != NULL) {
+        repl_push_settle(it->push, it->idx, KV_INTERNAL);     /* not sent: no memory */
+        store_obj_unref(r->cfg.store, it->o);
+        it->o = NULL;
+        return;
+    }
     repl_add(&r->repl_drops, 1);
     atomic_fetch_sub_explicit(&r->queue_bytes, k.bytes, memory_order_relaxed);
     atomic_fetch_sub_explicit(&r->queue_depth, 1, memory_order_relaxed);
@@ -712,6 +723,8 @@ repl_send_tcp(struct repl *r, const char *addr, uint32_t tenant, struct repl_ite
     for (uint32_t i = 0; i < m; i++) {
         h->o[i] = g[i]->o;          /* the item's reference, now the hold's */
         p->k[i].ticket = g[i]->ticket;
+        p->k[i].push = g[i]->push;
+        p->k[i].idx = g[i]->idx;
         p->k[i].bytes = store_obj_size(g[i]->o);
         p->k[i].crc = g[i]->crc;
         g[i]->o = NULL;
@@ -853,6 +866,8 @@ repl_queue(struct repl *r, struct cluster_view *v, uint16_t node, struct store_o
     it->node = node;
     it->sent = false;
     it->ticket = t;
+    it->push = NULL;
+    it->idx = 0;
     if (t != NULL) {
         atomic_fetch_add_explicit(&t->refs, 1, memory_order_relaxed);
         atomic_fetch_add_explicit(&t->pending, 1, memory_order_relaxed);

@@ -17,6 +17,7 @@
 #include "place.h"
 #include "repl.h"
 
+struct repl_push;
 struct store_obj;
 
 #define REPL_BUCKETS 4096u          /* fetch table chains; a power of two */
@@ -84,18 +85,24 @@ struct repl_ticket {
  */
 struct repl_put_key {
     struct repl_ticket *ticket;     /* or NULL (write_ack local) */
+    struct repl_push *push;         /* a rebalance push's key (then no ticket), or NULL */
     uint64_t bytes;
     uint32_t crc;
+    uint32_t idx;                   /* push: the key's index in it */
 };
 
 /*
  * A client put queued on this thread until the end of its request (repl_flush): its object
- * (a reference), the owner it goes to (an index into the batch's view) and its ticket.
+ * (a reference), the owner it goes to (an index into the batch's view) and its ticket. A
+ * rebalance push's keys are items too (repl_push: the node unused, the push instead of a
+ * ticket), so they travel the same peer_put_from and peer_put.
  */
 struct repl_item {
     struct store_obj *o;
     struct repl_ticket *ticket;
+    struct repl_push *push;         /* a rebalance push's key (repl_push), or NULL */
     uint32_t crc;
+    uint32_t idx;                   /* push: the key's index in it */
     uint16_t node;
     bool sent;
 };
@@ -150,6 +157,12 @@ void repl_send_tcp(struct repl *r, const char *addr, uint32_t tenant, struct rep
                    uint32_t m, int niov, bool count);
 
 /* ---- repl_rdma.c ---- */
+
+/*
+ * repl_push_settle: key idx of push p has its answer (code: the owner's, or the call's
+ * failure). The last one wakes repl_push. Peer thread (or the walk's, when nothing was sent).
+ */
+void repl_push_settle(struct repl_push *p, uint32_t idx, int code);
 
 /*
  * repl_rdma_sizes: the peer_done_fn of a batch's peer_sizes (arg: the struct repl_batch):

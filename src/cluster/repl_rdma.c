@@ -19,7 +19,9 @@
  */
 #include "repl_int.h"
 
+#include <errno.h>
 #include <msgpack.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -265,11 +267,13 @@ repl_items_niov(struct repl_item **g, uint32_t m)
 }
 
 /*
- * repl_from_tcp: the items g[0..m) of f go as a peer_put (their RDMA failed, or was not
- * tried on that connection), split where one message would pass PEER_EXTRA_MAX iovecs.
+ * repl_from_tcp: the items g[0..m) (one tenant) go to the owner at addr as a peer_put (their
+ * RDMA failed, or was not tried on that connection), split where one message would pass
+ * PEER_EXTRA_MAX iovecs.
  */
 static void
-repl_from_tcp(struct repl_from *f, struct repl_item **g, uint32_t m)
+repl_from_tcp(struct repl *r, const char *addr, uint32_t tenant, struct repl_item **g,
+              uint32_t m)
 {
     uint32_t i = 0;
 
@@ -287,7 +291,7 @@ repl_from_tcp(struct repl_from *f, struct repl_item **g, uint32_t m)
             niov += ne;
             k++;
         }
-        repl_send_tcp(f->r, f->addr, f->tenant, g + i, k, repl_items_niov(g + i, k), false);
+        repl_send_tcp(r, addr, tenant, g + i, k, repl_items_niov(g + i, k), false);
         i += k;
     }
 }
@@ -319,8 +323,8 @@ repl_from_answer(void *arg, int status, const uint8_t *res, size_t len)
     }
     for (; i < f->n; i++) {
         struct repl_item *it = &f->it[i];
-        struct repl_put_key k = {.ticket = it->ticket, .bytes = store_obj_size(it->o),
-                                 .crc = it->crc};
+        struct repl_put_key k = {.ticket = it->ticket, .push = it->push,
+                                 .bytes = store_obj_size(it->o), .crc = it->crc, .idx = it->idx};
         uint32_t two;
         uint64_t code = KV_INTERNAL, crc = 0;
 
@@ -344,7 +348,7 @@ repl_from_answer(void *arg, int status, const uint8_t *res, size_t len)
         it->o = NULL;
     }
     if (nagain > 0) {
-        repl_from_tcp(f, again, nagain);
+        repl_from_tcp(r, f->addr, f->tenant, again, nagain);
     }
     if (waited) {
         r->cfg.wake(r->cfg.wake_arg);   /* write_ack all replies may go now */
@@ -404,5 +408,73 @@ repl_send_from(struct repl *r, const char *addr, uint32_t tenant, struct repl_it
     for (uint32_t i = 0; i < m; i++) {
         g[i]->o = NULL;
     }
+    return 0;
+}
+
+/* ---- the rebalance walk's pushes ---- */
+
+/* What repl_push waits on: the keys not answered yet, and each one's code. */
+struct repl_push {
+    pthread_mutex_t m;
+    pthread_cond_t c;
+    uint32_t pending;
+    int *codes;
+};
+
+void
+repl_push_settle(struct repl_push *p, uint32_t idx, int code)
+{
+    pthread_mutex_lock(&p->m);
+    p->codes[idx] = code;
+    if (--p->pending == 0) {
+        pthread_cond_signal(&p->c);     /* p is the waiter's: not touched after the unlock */
+    }
+    pthread_mutex_unlock(&p->m);
+}
+
+int
+repl_push(struct repl *r, const char *addr, uint32_t tenant, struct store_obj *const *objs,
+          uint32_t n, int *codes)
+{
+    struct repl_push p = {.pending = n, .codes = codes};
+    struct repl_item *items;
+    struct repl_item **g;
+
+    if (r->cfg.rdma_arena == NULL) {
+        return KV_UNSUPPORTED;          /* no device here: the walk sends its own peer_put */
+    }
+    if (n == 0) {
+        return 0;
+    }
+    items = calloc(n, sizeof(*items));
+    g = malloc(n * sizeof(*g));
+    if (items == NULL || g == NULL) {
+        free(items);
+        free(g);
+        return -ENOMEM;
+    }
+    pthread_mutex_init(&p.m, NULL);
+    pthread_cond_init(&p.c, NULL);
+    for (uint32_t i = 0; i < n; i++) {
+        codes[i] = KV_INTERNAL;
+        store_obj_ref(objs[i]);         /* the call's, until the owner's answer */
+        items[i].o = objs[i];
+        items[i].crc = store_obj_crc(objs[i]);
+        items[i].push = &p;
+        items[i].idx = i;
+        g[i] = &items[i];
+    }
+    if (repl_send_from(r, addr, tenant, g, n) != 0) {
+        repl_from_tcp(r, addr, tenant, g, n);   /* not READable from the arena: a peer_put */
+    }
+    pthread_mutex_lock(&p.m);
+    while (p.pending > 0) {
+        pthread_cond_wait(&p.c, &p.m);  /* each call is answered within peer_timeout */
+    }
+    pthread_mutex_unlock(&p.m);
+    pthread_cond_destroy(&p.c);
+    pthread_mutex_destroy(&p.m);
+    free(g);
+    free(items);
     return 0;
 }

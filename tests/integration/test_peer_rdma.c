@@ -36,6 +36,7 @@
 #include "log.h"
 #include "rdma_emu.h"
 #include "rdma_port.h"
+#include "rebalance.h"
 #include "repl.h"
 #include "server.h"
 #include "store.h"
@@ -625,4 +626,225 @@ Test(peer_rdma, put_damaged_in_the_writer_is_refused)
     free(got);
     kvstash_close(c);
     t_set_free(&s);
+}
+
+/* ---- the rebalance walk's pushes over RDMA (B drains, A takes its keys) ---- */
+
+#define T_PUSH_KEYS 150
+
+/*
+ * Keys B alone owns in the view of A and B (R = 1), their lengths and a digest of each value
+ * (FNV-1a 64 of its bytes) taken as it was put: more keys than one push message carries
+ * (REBALANCE_BATCH) and more bytes (8 MiB), values of one byte to past 1 MiB.
+ */
+struct t_push {
+    char key[T_PUSH_KEYS][32];
+    size_t len[T_PUSH_KEYS];
+    uint64_t digest[T_PUSH_KEYS];
+    uint64_t total;
+};
+
+static size_t
+t_push_size(int i)
+{
+    static const size_t base[] = {1, 100, 4096, 64 * KIB + 3, 200 * KIB, MIB + 17};
+
+    return base[i % 6] + (size_t)i;
+}
+
+/* t_push_make: the keys (bounded search) and their values put into B; nothing sent to A. */
+static void
+t_push_make(struct t_push *s, const char *tag)
+{
+    struct cluster_view *v = NULL;
+    struct kvstash *c;
+    int found = 0;
+
+    for (int i = 0; i < 200 && v == NULL; i++) {
+        v = view_acquire();
+        if (v == NULL) {
+            harness_sleep_ms(25);
+        }
+    }
+    cr_assert_not_null(v, "B published no view");
+    cr_assert_eq(harness_client(t_b.addr, T_TIMEOUT, &c), 0);
+    s->total = 0;
+    for (int i = 0; i < 100000 && found < T_PUSH_KEYS; i++) {
+        char key[32];
+        size_t own[1];
+        int kl = snprintf(key, sizeof(key), "%s-%d", tag, i);
+        uint8_t *val;
+
+        if (view_owners(v, key, (size_t)kl, 1, own) != 1 || strcmp(v->nodes[own[0]].id, "b") != 0) {
+            continue;
+        }
+        memcpy(s->key[found], key, (size_t)kl + 1);
+        s->len[found] = t_push_size(found);
+        val = malloc(s->len[found]);
+        cr_assert_not_null(val);
+        harness_fill(val, s->len[found], harness_seed(key, (size_t)kl));
+        s->digest[found] = harness_seed(val, s->len[found]);
+        cr_assert_eq(kvstash_put(c, key, (size_t)kl, val, s->len[found]), 0, "put %s into B", key);
+        free(val);
+        s->total += s->len[found];
+        found++;
+    }
+    kvstash_close(c);
+    view_release(v);
+    cr_assert_eq(found, T_PUSH_KEYS, "too few keys owned by b");
+    cr_assert_eq(t_b_stats().repl_sent, 0, "B owns them: nothing went to A yet");
+}
+
+/* t_b_rebalance: B's rebalance counters. */
+static struct rebalance_stats
+t_b_rebalance(void)
+{
+    struct server_stats sv;
+    struct rebalance_stats bs;
+
+    server_stats(t_b.srv, &sv);
+    cr_assert_not_null(sv.rebalance);
+    rebalance_stats(sv.rebalance, &bs);
+    return bs;
+}
+
+/*
+ * t_drain_b: B's view with B draining (as member.c publishes it once B registered so): its
+ * walk hands every key it owns to A. Waits (bounded) until the walk completed.
+ */
+static void
+t_drain_b(void)
+{
+    struct cluster_view *cur = view_acquire(), *v;
+    int i;
+
+    cr_assert_not_null(cur);
+    cr_assert_eq(view_create(cur->n, &v), 0);
+    v->revision = cur->revision + 1;
+    memcpy(v->nodes, cur->nodes, cur->n * sizeof(cur->nodes[0]));
+    view_release(cur);
+    for (size_t j = 0; j < v->n; j++) {
+        if (strcmp(v->nodes[j].id, "b") == 0) {
+            v->nodes[j].state = VIEW_DRAINING;
+        }
+    }
+    view_seal(v, "b");
+    view_publish(v);
+    for (i = 0; i < 2400 && t_b_rebalance().walks == 0; i++) {
+        harness_sleep_ms(25);
+    }
+    cr_assert_geq(t_b_rebalance().walks, 1, "B's drain walk did not complete within 60 s");
+}
+
+/* t_push_check_a: every key of s at A, read from A's own store: its length and digest. */
+static void
+t_push_check_a(const struct t_push *s)
+{
+    struct kvstash *c;
+
+    cr_assert_eq(harness_client(t_a.addr, T_TIMEOUT, &c), 0);
+    for (int i = 0; i < T_PUSH_KEYS; i++) {
+        void *got = NULL;
+        size_t vlen = 0;
+
+        cr_assert_eq(kvstash_get_alloc(c, s->key[i], strlen(s->key[i]), &got, &vlen), 0,
+                     "%s was not handed to A", s->key[i]);
+        cr_assert_eq(vlen, s->len[i], "%s at A: %zu bytes, not %zu", s->key[i], vlen, s->len[i]);
+        cr_assert_eq(harness_seed(got, vlen), s->digest[i], "%s at A: other bytes", s->key[i]);
+        free(got);
+    }
+    kvstash_close(c);
+}
+
+Test(peer_rdma, drain_pushes_read_by_the_new_owner)
+{
+    static struct t_push s;
+    struct repl_stats before, after;
+    struct rebalance_stats bs;
+    uint64_t a_tcp_in;
+
+    t_start(1, 1);
+    t_push_make(&s, "drain");
+    before = t_b_stats();
+    a_tcp_in = T_A_SUM(peer_bytes_in);
+    t_drain_b();
+    after = t_b_stats();
+    bs = t_b_rebalance();
+    cr_assert_eq(bs.keys_moved, T_PUSH_KEYS, "the walk pushed every key A lacked");
+    cr_assert_eq(bs.bytes_moved, s.total);
+    cr_assert_eq(after.peer_rdma_put_bytes - before.peer_rdma_put_bytes, s.total,
+                 "every value byte went over RDMA (A READ it)");
+    cr_assert_eq(after.peer_rdma_connects, 1, "one queue pair to A");
+    cr_assert_eq(after.peer_rdma_fallbacks, 0);
+    cr_assert_eq(after.repl_sent, before.repl_sent, "pushes are not counted as replicas");
+    /* The sockets carried the keys and the extents, not the values. */
+    cr_assert_lt(after.peer_bytes_out - before.peer_bytes_out, 64 * KIB);
+    cr_assert_eq(T_A_SUM(peer_bytes_in), a_tcp_in, "no value bytes through A's socket");
+    t_push_check_a(&s);
+}
+
+/*
+ * t_push_over_tcp: with devices at A and B as given, B's drain moves every key to A over TCP
+ * (peer_put): nothing READ, fallbacks counted as said.
+ */
+static void
+t_push_over_tcp(int devices_a, int devices_b, const char *tag, uint64_t fallbacks,
+                const char *why)
+{
+    static struct t_push s;
+    struct repl_stats after;
+    struct rebalance_stats bs;
+    uint64_t a_tcp_in;
+
+    t_start(devices_a, devices_b);
+    t_push_make(&s, tag);
+    a_tcp_in = T_A_SUM(peer_bytes_in);
+    t_drain_b();
+    after = t_b_stats();
+    bs = t_b_rebalance();
+    cr_assert_eq(bs.keys_moved, T_PUSH_KEYS, "the walk pushed every key A lacked");
+    cr_assert_eq(bs.bytes_moved, s.total);
+    cr_assert_eq(after.peer_rdma_put_bytes, 0);
+    cr_assert_eq(after.peer_rdma_connects, 0);
+    cr_assert_eq(after.peer_rdma_fallbacks, fallbacks, "%s", why);
+    cr_assert_geq(T_A_SUM(peer_bytes_in) - a_tcp_in, s.total, "the values came over TCP");
+    t_push_check_a(&s);
+}
+
+Test(peer_rdma, drain_push_refused_rdma_falls_back_to_tcp)
+{
+    t_push_over_tcp(0, 1, "drain-nodev-a", 1, "A refused rdma_connect: counted once");
+}
+
+Test(peer_rdma, drain_push_without_a_device_here_is_tcp)
+{
+    t_push_over_tcp(1, 0, "drain-nodev-b", 0, "nothing tried: no device here");
+}
+
+Test(peer_rdma, drain_push_queue_pair_in_error_falls_back_to_tcp)
+{
+    static struct t_push s;
+    struct t_set warm;
+    struct repl_stats mid, after;
+    struct rebalance_stats bs;
+    uint64_t a_tcp_in;
+
+    t_start(1, 1);
+    t_set_make(&warm, "pwarm");
+    t_put_a(&warm);
+    t_get_b(&warm);                 /* B's queue pair to A is up and carried these */
+    mid = t_b_stats();
+    cr_assert_eq(mid.peer_rdma_fetch_bytes, warm.total);
+    t_push_make(&s, "drain-qperr");
+    cr_assert_geq(rdma_emu_qp_force_error_all(), 2);
+    a_tcp_in = T_A_SUM(peer_bytes_in);
+    t_drain_b();                    /* A's READs fail: B sends each message again over TCP */
+    after = t_b_stats();
+    bs = t_b_rebalance();
+    cr_assert_eq(bs.keys_moved, T_PUSH_KEYS, "the walk pushed every key A lacked");
+    cr_assert_eq(after.peer_rdma_fallbacks, 1, "the fallback is counted");
+    cr_assert_eq(after.peer_rdma_put_bytes, 0);
+    cr_assert_geq(T_A_SUM(peer_bytes_in) - a_tcp_in, s.total, "the values came over TCP");
+    t_push_check_a(&s);
+    t_set_free(&warm);
 }
