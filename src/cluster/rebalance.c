@@ -4,7 +4,9 @@
  * weights differ, it walks the store one table part at a time (store_walk_shard copies the
  * keys out under that part's lock), and for each key whose owner set changed asks the new
  * owners what they lack and pushes it. Peer calls are synchronous here (a condition
- * variable waits for the pool's answer, bounded by peer_timeout).
+ * variable waits for the pool's answer, bounded by peer_timeout); with an RDMA device here a
+ * message's resident values go by repl_push (repl.h), which waits the same way, its objects
+ * referenced until the new owner has READ them and answered.
  *
  * Must not: hold a store lock while calling a peer (keys are copied out first), push a key
  * it is not responsible for (see rebalance.h), or run faster than REBALANCE_RATE.

@@ -77,7 +77,8 @@ struct repl_stats {
     uint64_t peer_rdma_connects;    /* queue pairs connected to peers (peer.h) */
     uint64_t peer_rdma_fallbacks;   /* peer connections left on TCP: RDMA refused or failed */
     uint64_t peer_rdma_fetch_bytes; /* value bytes fetched over RDMA (owners' writes) */
-    uint64_t peer_rdma_put_bytes;   /* replica value bytes owners stored by RDMA-READing them */
+    uint64_t peer_rdma_put_bytes;   /* value bytes owners stored by RDMA-READing them (replica
+                                       puts, and rebalance pushes: repl_push) */
 };
 
 /* repl_create: the pool's thread and an empty fetch table. 0 and *out, or -errno. */
