@@ -114,11 +114,12 @@ t_node_stop(struct t_node *n)
 }
 
 /*
- * t_start: A (a plain daemon, node "a") and B (a pool member "b" with the fixed view of
- * both, R = 1), each with an emulated device unless told otherwise.
+ * t_start_w: A (a plain daemon, node "a") and B (a pool member "b" with the fixed view of
+ * both, R replicas, A's weight suffix a_weight: "" or e.g. "*0"), each with an emulated
+ * device unless told otherwise.
  */
 static void
-t_start_r(int a_devices, int b_devices, const char *replicas)
+t_start_w(int a_devices, int b_devices, const char *replicas, const char *a_weight)
 {
     char view[160];
 
@@ -128,7 +129,7 @@ t_start_r(int a_devices, int b_devices, const char *replicas)
     t_b.port = harness_free_port();
     snprintf(t_a.addr, sizeof(t_a.addr), "127.0.0.1:%d", t_a.port);
     snprintf(t_b.addr, sizeof(t_b.addr), "127.0.0.1:%d", t_b.port);
-    snprintf(view, sizeof(view), "a@%s,b@%s", t_a.addr, t_b.addr);
+    snprintf(view, sizeof(view), "a@%s%s,b@%s", t_a.addr, a_weight, t_b.addr);
     cr_assert_eq(setenv("KVSTASH_TEST_VIEW", view, 1), 0);
     const char *a_kv[][2] = {{"node_id", "a"}};
     const char *b_kv[][2] = {
@@ -137,6 +138,12 @@ t_start_r(int a_devices, int b_devices, const char *replicas)
     };
     t_node_start(&t_a, a_devices, a_kv, 1);
     t_node_start(&t_b, b_devices, b_kv, sizeof(b_kv) / sizeof(b_kv[0]));
+}
+
+static void
+t_start_r(int a_devices, int b_devices, const char *replicas)
+{
+    t_start_w(a_devices, b_devices, replicas, "");
 }
 
 static void
@@ -652,21 +659,17 @@ t_push_size(int i)
     return base[i % 6] + (size_t)i;
 }
 
-/* t_push_make: the keys (bounded search) and their values put into B; nothing sent to A. */
+/*
+ * t_push_make_in: keys that owner alone owns in view sel (R = 1; bounded search), and their
+ * values put into B; nothing sent to A.
+ */
 static void
-t_push_make(struct t_push *s, const char *tag)
+t_push_make_in(struct t_push *s, const char *tag, const struct cluster_view *sel,
+               const char *owner)
 {
-    struct cluster_view *v = NULL;
     struct kvstash *c;
     int found = 0;
 
-    for (int i = 0; i < 200 && v == NULL; i++) {
-        v = view_acquire();
-        if (v == NULL) {
-            harness_sleep_ms(25);
-        }
-    }
-    cr_assert_not_null(v, "B published no view");
     cr_assert_eq(harness_client(t_b.addr, T_TIMEOUT, &c), 0);
     s->total = 0;
     for (int i = 0; i < 100000 && found < T_PUSH_KEYS; i++) {
@@ -675,7 +678,8 @@ t_push_make(struct t_push *s, const char *tag)
         int kl = snprintf(key, sizeof(key), "%s-%d", tag, i);
         uint8_t *val;
 
-        if (view_owners(v, key, (size_t)kl, 1, own) != 1 || strcmp(v->nodes[own[0]].id, "b") != 0) {
+        if (view_owners(sel, key, (size_t)kl, 1, own) != 1
+            || strcmp(sel->nodes[own[0]].id, owner) != 0) {
             continue;
         }
         memcpy(s->key[found], key, (size_t)kl + 1);
@@ -690,10 +694,39 @@ t_push_make(struct t_push *s, const char *tag)
         found++;
     }
     kvstash_close(c);
-    view_release(v);
-    cr_assert_eq(found, T_PUSH_KEYS, "too few keys owned by b");
+    cr_assert_eq(found, T_PUSH_KEYS, "too few keys owned by %s", owner);
     cr_assert_eq(t_b_stats().repl_sent, 0, "B owns them: nothing went to A yet");
 }
+
+/* t_b_view: B's current view (a reference), waited for (bounded) as B publishes it. */
+static struct cluster_view *
+t_b_view(void)
+{
+    struct cluster_view *v = NULL;
+
+    for (int i = 0; i < 200 && v == NULL; i++) {
+        v = view_acquire();
+        if (v == NULL) {
+            harness_sleep_ms(25);
+        }
+    }
+    cr_assert_not_null(v, "B published no view");
+    return v;
+}
+
+/* t_push_make: keys B alone owns in its view, put into B. */
+static void
+t_push_make(struct t_push *s, const char *tag)
+{
+    struct cluster_view *v = t_b_view();
+
+    t_push_make_in(s, tag, v, "b");
+    view_release(v);
+}
+
+/* t_b_walked: wait (bounded) until B's walk has completed once. */
+static void
+t_b_walked(void);
 
 /* t_b_rebalance: B's rebalance counters. */
 static struct rebalance_stats
@@ -716,7 +749,6 @@ static void
 t_drain_b(void)
 {
     struct cluster_view *cur = view_acquire(), *v;
-    int i;
 
     cr_assert_not_null(cur);
     cr_assert_eq(view_create(cur->n, &v), 0);
@@ -730,10 +762,16 @@ t_drain_b(void)
     }
     view_seal(v, "b");
     view_publish(v);
-    for (i = 0; i < 2400 && t_b_rebalance().walks == 0; i++) {
+    t_b_walked();
+}
+
+static void
+t_b_walked(void)
+{
+    for (int i = 0; i < 2400 && t_b_rebalance().walks == 0; i++) {
         harness_sleep_ms(25);
     }
-    cr_assert_geq(t_b_rebalance().walks, 1, "B's drain walk did not complete within 60 s");
+    cr_assert_geq(t_b_rebalance().walks, 1, "B's walk did not complete within 60 s");
 }
 
 /* t_push_check_a: every key of s at A, read from A's own store: its length and digest. */
@@ -847,4 +885,47 @@ Test(peer_rdma, drain_push_queue_pair_in_error_falls_back_to_tcp)
     cr_assert_geq(T_A_SUM(peer_bytes_in) - a_tcp_in, s.total, "the values came over TCP");
     t_push_check_a(&s);
     t_set_free(&warm);
+}
+
+/*
+ * A join, as the pool sees one: B's view had A at weight 0 (it owned nothing: B took every
+ * key); the next view gives A its weight, so A owns about half the keys, and B's walk pushes
+ * those to A over RDMA and keeps its own copies as cache copies.
+ */
+Test(peer_rdma, join_pushes_read_by_the_new_owner)
+{
+    static struct t_push s;
+    struct cluster_view *cur, *v;
+    struct repl_stats before, after;
+    struct rebalance_stats bs;
+    uint64_t a_tcp_in;
+
+    t_start_w(1, 1, "1", "*0");
+    cur = t_b_view();
+    cr_assert_eq(view_create(cur->n, &v), 0);
+    v->revision = cur->revision + 1;
+    memcpy(v->nodes, cur->nodes, cur->n * sizeof(cur->nodes[0]));
+    view_release(cur);
+    for (size_t j = 0; j < v->n; j++) {
+        v->nodes[j].weight = 1;
+    }
+    view_seal(v, "b");
+    t_push_make_in(&s, "join", v, "a");     /* A's in the new view, all B's in the old */
+    /* The walk compares a new view with the last one its thread saw, looked at every 100 ms:
+     * the puts above took longer, and this leaves ten more looks at the old view. */
+    harness_sleep_ms(1000);
+    cr_assert_eq(t_b_rebalance().walks, 0, "nothing to walk before the view changes");
+    before = t_b_stats();
+    a_tcp_in = T_A_SUM(peer_bytes_in);
+    view_publish(v);
+    t_b_walked();
+    after = t_b_stats();
+    bs = t_b_rebalance();
+    cr_assert_eq(bs.keys_moved, T_PUSH_KEYS, "the walk pushed every key A now owns");
+    cr_assert_eq(bs.bytes_moved, s.total);
+    cr_assert_eq(after.peer_rdma_put_bytes - before.peer_rdma_put_bytes, s.total,
+                 "every value byte went over RDMA (A READ it)");
+    cr_assert_eq(after.peer_rdma_fallbacks, 0);
+    cr_assert_eq(T_A_SUM(peer_bytes_in), a_tcp_in, "no value bytes through A's socket");
+    t_push_check_a(&s);
 }
