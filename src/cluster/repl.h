@@ -19,10 +19,15 @@
  *     what does not fit is dropped and counted. With write_ack all the client's answer
  *     waits until every owner answered (a ticket, repl_ticket_done); with
  *     write_ack local it goes at once.
+ *   - over RDMA (repl_rdma.c), a fetch is a peer_sizes and a peer_get_into (the owner
+ *     WRITEs the values here) and a put to an owner a peer_put_from (the owner READs them
+ *     from here), each falling back to TCP; the rebalance walk's pushes of values in DRAM
+ *     go by that peer_put_from too (repl_push), its thread waiting for the answers.
  *
- * Threads: repl_remote's functions run on the event loops; the answers run
- * on the peer pool's thread. One mutex guards the fetch table (a leaf: no
- * other lock is taken under it; the store is called outside it).
+ * Threads: repl_remote's functions run on the event loops, repl_push on the
+ * rebalance thread; the answers run on the peer pool's thread. One mutex
+ * guards the fetch table (a leaf: no other lock is taken under it; the store
+ * is called outside it).
  */
 #ifndef REPL_H
 #define REPL_H
