@@ -575,8 +575,8 @@ metrics_cluster_data(struct metrics_buf *b, const struct metrics_sum *m, struct 
         "Value bytes fetched from peers over RDMA (their writes into this node's arena).",
         rs.peer_rdma_fetch_bytes);
     one(b, "kvstash_cluster_peer_rdma_put_bytes_total", "counter",
-        "Replica value bytes owners stored by RDMA-READing them from this node's arena "
-        "(peer_put_from).", rs.peer_rdma_put_bytes);
+        "Value bytes owners stored by RDMA-READing them from this node's arena "
+        "(peer_put_from): replica puts and rebalance pushes.", rs.peer_rdma_put_bytes);
     peer_tls_stats(&ts);
     fam(b, "kvstash_cluster_peer_tls_refused_total", "counter",
         "TLS handshakes to peers refused for the peer's certificate: not for the host of its "

@@ -852,6 +852,7 @@ server_cluster_start(struct server *s, const struct kv_config *c)
     struct rebalance_config rbc = {
         .store = s->store,
         .pool = repl_pool(s->repl),
+        .repl = s->repl,
         .replicas = (unsigned)c->replicas,
         .delay_ms = c->rebalance_delay,
         .peer_timeout_ms = c->peer_timeout,

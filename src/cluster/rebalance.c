@@ -4,7 +4,9 @@
  * weights differ, it walks the store one table part at a time (store_walk_shard copies the
  * keys out under that part's lock), and for each key whose owner set changed asks the new
  * owners what they lack and pushes it. Peer calls are synchronous here (a condition
- * variable waits for the pool's answer, bounded by peer_timeout).
+ * variable waits for the pool's answer, bounded by peer_timeout); with an RDMA device here a
+ * message's resident values go by repl_push (repl.h), which waits the same way, its objects
+ * referenced until the new owner has READ them and answered.
  *
  * Must not: hold a store lock while calling a peer (keys are copied out first), push a key
  * it is not responsible for (see rebalance.h), or run faster than REBALANCE_RATE.
@@ -29,6 +31,7 @@
 #include "mp.h"
 #include "peer.h"
 #include "place.h"
+#include "repl.h"
 #include "store.h"
 #include "view.h"
 
@@ -250,10 +253,15 @@ rb_has_id(const struct cluster_view *v, const size_t *own, size_t n, const char 
     return false;
 }
 
-/* rb_value: the bytes of k into a malloc'd buffer (*buf), *crc; 0, or -1 when gone. */
+/*
+ * rb_value: key k's value. With obj non-NULL and the value resident and not empty: a
+ * reference on its object in *obj (repl_push names its extents), *buf NULL. Otherwise its
+ * bytes copied into a malloc'd buffer *buf (an SSD-only value is read here, without loading
+ * it) and their CRC-32C in *crc. *len either way. 0, or -1 when gone.
+ */
 static int
-rb_value(struct rebalance *rb, const struct rb_key *k, uint8_t **buf, uint64_t *len,
-         uint32_t *crc)
+rb_value(struct rebalance *rb, const struct rb_key *k, struct store_obj **obj, uint8_t **buf,
+         uint64_t *len, uint32_t *crc)
 {
     struct kv_key key = {.tenant = k->tenant, .len = k->klen, .ptr = k->key};
     struct store *st = rb->cfg.store;
@@ -261,6 +269,10 @@ rb_value(struct rebalance *rb, const struct rb_key *k, uint8_t **buf, uint64_t *
     struct iovec iov[STORE_MAX_EXTENTS];
     int rc = store_get_stored(st, &key, &o);
 
+    *buf = NULL;
+    if (obj != NULL) {
+        *obj = NULL;
+    }
     if (rc == 0) {
         /* on the SSD only: read it here (this thread may block) without loading it */
         uint64_t size = store_obj_size(o);
@@ -288,6 +300,10 @@ rb_value(struct rebalance *rb, const struct rb_key *k, uint8_t **buf, uint64_t *
         return -1;                      /* removed or evicted meanwhile */
     }
     *len = store_obj_size(o);
+    if (obj != NULL && *len > 0) {
+        *obj = o;                       /* the caller's reference now */
+        return 0;
+    }
     *buf = malloc(*len ? *len : 1);
     if (*buf == NULL) {
         store_obj_unref(st, o);
@@ -319,7 +335,110 @@ rb_rate(struct rebalance *rb, uint64_t bytes)
     return false;
 }
 
-/* rb_push_batch: p[0..n) go to one node, one tenant: ask, then send what is missing. */
+/* rb_moved: key j of a push has its owner's answer code: counted when it was stored there. */
+static void
+rb_moved(struct rebalance *rb, uint64_t code, uint64_t len)
+{
+    if (code == 0) {
+        rb_add(&rb->keys_moved, 1);
+        rb_add(&rb->bytes_moved, len);
+    }
+}
+
+/*
+ * rb_put_copies: one peer_put to addr of the c values vals[0..c) (copies; freed here) of
+ * keys ks[0..c) (one tenant), with their lengths and CRC-32Cs, waited for.
+ */
+static void
+rb_put_copies(struct rebalance *rb, const char *addr, uint32_t tenant,
+              const struct rb_key *const *ks, uint8_t **vals, const uint64_t *lens,
+              const uint32_t *crcs, size_t c)
+{
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+    struct mp_reader rd;
+    uint8_t *res = NULL;
+    size_t len = 0;
+    uint32_t an, two;
+
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    msgpack_pack_array(&pk, 4);
+    msgpack_pack_uint32(&pk, tenant);
+    msgpack_pack_array(&pk, c);
+    for (size_t j = 0; j < c; j++) {
+        msgpack_pack_bin(&pk, ks[j]->klen);
+        msgpack_pack_bin_body(&pk, ks[j]->key, ks[j]->klen);
+    }
+    msgpack_pack_array(&pk, c);
+    for (size_t j = 0; j < c; j++) {
+        msgpack_pack_bin(&pk, (size_t)lens[j]);
+        msgpack_pack_bin_body(&pk, vals[j], (size_t)lens[j]);
+        free(vals[j]);
+    }
+    msgpack_pack_array(&pk, c);
+    for (size_t j = 0; j < c; j++) {
+        msgpack_pack_uint32(&pk, crcs[j]);
+    }
+    if (rb_call(rb, addr, "peer_put", &sb, &res, &len) == 0) {
+        mp_reader_init(&rd, res, len);
+        if (mp_read_array(&rd, &an) == 0 && an == c) {
+            for (size_t j = 0; j < c; j++) {
+                uint64_t code, crc;
+                if (mp_read_array(&rd, &two) == 0 && mp_read_uint(&rd, &code) == 0
+                    && mp_read_uint(&rd, &crc) == 0) {
+                    rb_moved(rb, code, lens[j]);
+                }
+            }
+        }
+    }
+    free(res);
+    msgpack_sbuffer_destroy(&sb);
+}
+
+/*
+ * rb_push_objs: the c resident values objs[0..c) of keys ks[0..c) (one tenant; references,
+ * given back here) to addr over RDMA (repl_push: the owner READs them, or a peer_put when it
+ * cannot); with no device here, copied and sent as rb_put_copies.
+ */
+static void
+rb_push_objs(struct rebalance *rb, const char *addr, uint32_t tenant,
+             const struct rb_key *const *ks, struct store_obj **objs, size_t c)
+{
+    int codes[REBALANCE_BATCH];
+    uint8_t *vals[REBALANCE_BATCH];
+    uint64_t lens[REBALANCE_BATCH];
+    uint32_t crcs[REBALANCE_BATCH];
+    const struct rb_key *kc[REBALANCE_BATCH];
+    size_t m = 0;
+
+    if (repl_push(rb->cfg.repl, addr, tenant, objs, (uint32_t)c, codes) == 0) {
+        for (size_t j = 0; j < c; j++) {
+            rb_moved(rb, (uint64_t)codes[j], store_obj_size(objs[j]));
+            store_obj_unref(rb->cfg.store, objs[j]);
+        }
+        return;
+    }
+    for (size_t j = 0; j < c; j++) {
+        lens[m] = store_obj_size(objs[j]);
+        vals[m] = malloc(lens[m]);
+        if (vals[m] != NULL) {
+            store_obj_read(objs[j], 0, vals[m], lens[m]);
+            crcs[m] = store_obj_crc(objs[j]);
+            kc[m++] = ks[j];
+        }
+        store_obj_unref(rb->cfg.store, objs[j]);
+    }
+    if (m > 0) {
+        rb_put_copies(rb, addr, tenant, kc, vals, lens, crcs, m);
+    }
+}
+
+/*
+ * rb_push_batch: p[0..n) go to one node, one tenant: ask, then send what is missing, at most
+ * RB_MSG_BYTES of values a message: the resident ones over RDMA where this node has a device
+ * (rb_push_objs), the others (on the SSD only, or no device) copied into a peer_put.
+ */
 static void
 rb_push_batch(struct rebalance *rb, const struct cluster_view *v, const struct rb_push *p,
               size_t n)
@@ -361,60 +480,41 @@ rb_push_batch(struct rebalance *rb, const struct cluster_view *v, const struct r
         missing[j] = mp_read_bool(&rd, &has) == 0 && !has;
     }
     free(res);
-    /* send the missing ones, RB_MSG_BYTES of values per message */
     while (i < n) {
         uint8_t *vals[REBALANCE_BATCH];
         uint64_t lens[REBALANCE_BATCH], bytes = 0;
         uint32_t crcs[REBALANCE_BATCH];
-        size_t idx[REBALANCE_BATCH], c = 0;
+        const struct rb_key *kv[REBALANCE_BATCH], *ko[REBALANCE_BATCH];
+        struct store_obj *objs[REBALANCE_BATCH];
+        size_t c = 0, co = 0;
 
         for (; i < n && bytes < RB_MSG_BYTES; i++) {
-            if (missing[i] && rb_value(rb, p[i].k, &vals[c], &lens[c], &crcs[c]) == 0) {
-                idx[c] = i;
-                bytes += lens[c];
-                c++;
+            struct store_obj *o;
+            uint64_t vlen;
+
+            if (!missing[i]
+                || rb_value(rb, p[i].k, rb->cfg.repl != NULL ? &o : NULL, &vals[c], &vlen,
+                            &crcs[c]) != 0) {
+                continue;
             }
+            if (vals[c] == NULL) {
+                objs[co] = o;
+                ko[co++] = p[i].k;
+            } else {
+                lens[c] = vlen;
+                kv[c++] = p[i].k;
+            }
+            bytes += vlen;
         }
-        if (c == 0) {
+        if (c == 0 && co == 0) {
             break;
         }
-        msgpack_sbuffer_init(&sb);
-        msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-        msgpack_pack_array(&pk, 4);
-        msgpack_pack_uint32(&pk, tenant);
-        msgpack_pack_array(&pk, c);
-        for (size_t j = 0; j < c; j++) {
-            msgpack_pack_bin(&pk, p[idx[j]].k->klen);
-            msgpack_pack_bin_body(&pk, p[idx[j]].k->key, p[idx[j]].k->klen);
+        if (co > 0) {
+            rb_push_objs(rb, addr, tenant, ko, objs, co);
         }
-        msgpack_pack_array(&pk, c);
-        for (size_t j = 0; j < c; j++) {
-            msgpack_pack_bin(&pk, (size_t)lens[j]);
-            msgpack_pack_bin_body(&pk, vals[j], (size_t)lens[j]);
-            free(vals[j]);
+        if (c > 0) {
+            rb_put_copies(rb, addr, tenant, kv, vals, lens, crcs, c);
         }
-        msgpack_pack_array(&pk, c);
-        for (size_t j = 0; j < c; j++) {
-            msgpack_pack_uint32(&pk, crcs[j]);
-        }
-        if (rb_call(rb, addr, "peer_put", &sb, &res, &len) == 0) {
-            uint32_t an, two;
-            uint64_t code;
-            mp_reader_init(&rd, res, len);
-            if (mp_read_array(&rd, &an) == 0 && an == c) {
-                for (size_t j = 0; j < c; j++) {
-                    uint64_t crc;
-                    if (mp_read_array(&rd, &two) == 0 && mp_read_uint(&rd, &code) == 0
-                        && mp_read_uint(&rd, &crc) == 0 && code == 0) {
-                        rb_add(&rb->keys_moved, 1);
-                        rb_add(&rb->bytes_moved, lens[j]);
-                    }
-                }
-            }
-        }
-        free(res);
-        res = NULL;
-        msgpack_sbuffer_destroy(&sb);
         if (rb_rate(rb, bytes)) {
             return;
         }

@@ -8,7 +8,10 @@
  *     copy of a key it never owned is not pushed;
  *   - it asks each new owner first (peer_exists, one message per owner per batch of keys)
  *     and sends only what is missing (peer_put with the CRC-32C, one message per owner per
- *     batch), at most REBALANCE_RATE bytes a second, so reads keep their latency;
+ *     batch), at most REBALANCE_RATE bytes a second, so reads keep their latency; where this
+ *     node has an RDMA device, the values in DRAM go as a peer_put_from instead (repl_push:
+ *     the new owner RDMA-READs them, the objects held until it answered; a peer_put over
+ *     TCP when the connection has no queue pair or the READs fail);
  *   - a key this node no longer owns stays as a cache copy (store_set_cache); one it owns
  *     again is owned (not evicted first) again;
  *   - a view that moves again during a walk restarts it against the newer view; the old
@@ -29,6 +32,7 @@
 
 struct peer_pool;
 struct rebalance;
+struct repl;
 struct store;
 
 #define REBALANCE_RATE (256ull << 20)   /* bytes a second a walk may push */
@@ -37,6 +41,8 @@ struct store;
 struct rebalance_config {
     struct store *store;                /* borrowed */
     struct peer_pool *pool;             /* borrowed; outlives the rebalance */
+    struct repl *repl;                  /* borrowed, outlives the rebalance: pushes over RDMA
+                                           (repl_push); NULL: every push a copying peer_put */
     unsigned replicas;
     uint64_t delay_ms;                  /* rebalance_delay */
     uint64_t peer_timeout_ms;

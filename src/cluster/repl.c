@@ -13,25 +13,15 @@
  * are checksummed in pieces while they are in the CPU cache), then published
  * when the whole reply is in and each one's CRC-32C matches; a value that
  * could not be reserved is buffered and copied in as before.
- *
- * Over RDMA (this node has a device and the connection to the owner a queue
- * pair, peer.h): the batch asks the owner for the values' sizes
- * (peer_sizes), reserves them here, and names the reservations as (addr,
- * length, rkey) of the registered arena in a peer_get_into, whose answer
- * comes once the owner RDMA-WRITTEN every value into them: each one's
- * CRC-32C is then computed over the reservation and checked as above. A
- * connection without a queue pair, or an owner that says its writes failed,
- * sends the same batch as a peer_get over TCP instead (peer_rdma_fail: that
- * connection stays on TCP), so RDMA never fails a get.
+ * Over RDMA the same batch is a peer_sizes and a peer_get_into instead
+ * (repl_rdma.c).
  *
  * A client's puts wait in their event loop's thread-local batch (repl_out: an
  * object reference, its owner and ticket per key and owner) until the request
  * layer calls repl_flush at the end of the request; the flush sends one
  * peer_put per owner and tenant, its answer (peer thread) settles each key.
- * Over RDMA (a connected queue pair to the owner) it is a peer_put_from
- * instead, naming each value's extents in the registered arena for the owner
- * to RDMA-READ, the objects' references held until its answer; any failure
- * sends the same keys as a peer_put (repl_from_answer).
+ * Over RDMA it is a peer_put_from instead (repl_rdma.c), which falls back to
+ * a peer_put here (repl_send_tcp).
  *
  * Must not: block an event loop (everything it sends goes through the peer
  * pool's queue), take the table lock around store calls, or keep a view
@@ -43,6 +33,7 @@
 #include <msgpack.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/uio.h>
@@ -54,68 +45,9 @@
 #include "mp.h"
 #include "peer.h"
 #include "place.h"
-#include "rdma_port.h"
+#include "repl_int.h"
 #include "store.h"
 #include "view.h"
-
-#define REPL_BUCKETS 4096u          /* fetch table chains; a power of two */
-
-enum repl_fetch_state { REPL_PENDING = 1, REPL_DONE = 2 };
-
-struct repl_fetch {
-    struct repl_fetch *hnext;       /* table chain */
-    struct repl_fetch *dnext;       /* the done FIFO */
-    uint64_t hash;
-    uint64_t done_ms;
-    struct cluster_view *view;      /* PENDING: the view owners index into (a reference) */
-    uint32_t tenant;
-    uint32_t klen;
-    uint8_t state;
-    uint8_t nowners;
-    uint8_t next;                   /* the owner being asked */
-    bool owned;                     /* this node is one of the owners: keep it as owned */
-    uint16_t owners[PLACE_R_MAX];
-    uint8_t key[];
-};
-
-struct repl {
-    struct repl_config cfg;
-    struct peer_pool *pool;
-    pthread_mutex_t lock;           /* the fetch table */
-    struct repl_fetch *table[REPL_BUCKETS];
-    struct repl_fetch *dhead, *dtail;
-    uint64_t entries;
-    _Atomic uint64_t remote_hits, remote_misses, checksum_mismatches;
-    _Atomic uint64_t repl_sent, repl_acked, repl_failed, repl_conflicts, repl_drops;
-    _Atomic uint64_t queue_bytes, queue_depth;
-    _Atomic uint64_t rdma_fetch_bytes, rdma_put_bytes;
-};
-
-/* A value of a peer_get's reply being received straight into its reservation. */
-struct repl_slot {
-    struct store_obj *obj;          /* reserved for entry i (writer reference), or NULL */
-    uint32_t crc;                   /* CRC-32C of the bytes landed so far */
-    int8_t got;                     /* RDMA: entry i not reserved: 1 there already, 0 not */
-};
-
-/* One peer_get in flight: the entries it asks for, in the order of its keys. */
-struct repl_batch {
-    struct repl *r;
-    uint32_t tenant;
-    uint32_t n;
-    uint32_t cur;                   /* the entry whose value is landing (peer thread) */
-    struct repl_slot *slot;         /* [n] */
-    struct repl_fetch *e[];
-};
-
-/*
- * What a write_ack all reply waits on: the owners not answered yet. One reference for the
- * request layer (repl_ticket_put), one per peer_put in flight.
- */
-struct repl_ticket {
-    _Atomic uint32_t refs;
-    _Atomic uint32_t pending;
-};
 
 static void
 repl_ticket_unref(struct repl_ticket *t)
@@ -139,12 +71,6 @@ repl_ticket_put(void *arg, void *ticket)
 {
     (void)arg;
     repl_ticket_unref(ticket);
-}
-
-static void
-repl_add(_Atomic uint64_t *c, uint64_t n)
-{
-    atomic_fetch_add_explicit(c, n, memory_order_relaxed);
 }
 
 static uint64_t
@@ -285,7 +211,7 @@ repl_batch_free(struct repl_batch *b)
 }
 
 /* repl_batch_addr: the owner batch b asks (all its entries ask the same one). */
-static const char *
+const char *
 repl_batch_addr(const struct repl_batch *b)
 {
     const struct repl_fetch *e = b->e[0];
@@ -294,7 +220,7 @@ repl_batch_addr(const struct repl_batch *b)
 }
 
 /* repl_pack_keys: [tenant, keys, (one more param follows when more)] of b into pk. */
-static void
+void
 repl_pack_keys(const struct repl_batch *b, msgpack_packer *pk, bool more)
 {
     msgpack_pack_array(pk, more ? 3 : 2);
@@ -306,14 +232,12 @@ repl_pack_keys(const struct repl_batch *b, msgpack_packer *pk, bool more)
     }
 }
 
-static void repl_rdma_sizes(void *arg, int status, const uint8_t *res, size_t len);
-
 /*
  * repl_batch_go: send b: over RDMA (peer_sizes first) when this node has a device, else (or
  * tcp) as a peer_get whose values land in reservations through repl_sink. 0, or -1 when
  * nothing was sent (b is the caller's still).
  */
-static int
+int
 repl_batch_go(struct repl_batch *b, bool tcp)
 {
     struct repl *r = b->r;
@@ -453,7 +377,7 @@ repl_fetch_value(struct repl *r, struct mp_reader *rd, const struct repl_fetch *
  * failed). Entries not kept go to their next owner, the others are done; b is freed and the
  * waiting requests woken (peer thread).
  */
-static void
+void
 repl_batch_settle(struct repl_batch *b, const int8_t *got)
 {
     struct repl *r = b->r;
@@ -507,209 +431,6 @@ repl_fetch_answer(void *arg, int status, struct mp_reader *res)
         if (got[i] == -1) {
             ok = false;             /* a broken reply: the rest is not read */
         }
-    }
-    repl_batch_settle(b, got);
-    free(got);
-}
-
-/* ---- fetching over RDMA ---- */
-
-#define REPL_RDMA_SEGS 64           /* segments of one reservation (its extents, split at MRs) */
-
-/* repl_rdma_tcp: RDMA to b's owner failed (why): that connection goes to TCP, b with it. */
-static void
-repl_rdma_tcp(struct repl_batch *b, const char *why)
-{
-    if (why != NULL) {
-        peer_rdma_fail(b->r->pool, repl_batch_addr(b), why);
-    }
-    if (repl_batch_go(b, true) != 0) {
-        repl_batch_settle(b, NULL);
-    }
-}
-
-/*
- * repl_rdma_pack_segs: the (addr, length, rkey) segments of reservation o in the arena, as
- * [[addr, length, rkey], ...] into pk. 0, or -1 (not arena memory, or too many segments).
- */
-static int
-repl_rdma_pack_segs(struct repl *r, struct store_obj *o, msgpack_packer *pk)
-{
-    struct iovec iov[STORE_MAX_EXTENTS];
-    struct rdma_seg segs[REPL_RDMA_SEGS];
-    int n = store_obj_iov(o, iov, STORE_MAX_EXTENTS);
-    int total = 0;
-
-    for (int i = 0; i < n; i++) {
-        int k;
-
-        if (rdma_region_segs(r->cfg.rdma_arena, iov[i].iov_base, iov[i].iov_len, segs + total,
-                             REPL_RDMA_SEGS - total, &k) != 0) {
-            return -1;
-        }
-        total += k;
-    }
-    msgpack_pack_array(pk, (size_t)total);
-    for (int i = 0; i < total; i++) {
-        msgpack_pack_array(pk, 3);
-        msgpack_pack_uint64(pk, segs[i].addr);
-        msgpack_pack_uint64(pk, segs[i].len);
-        msgpack_pack_uint32(pk, segs[i].rkey);
-    }
-    return 0;
-}
-
-static void repl_rdma_into(void *arg, int status, const uint8_t *res, size_t len);
-
-/*
- * The answer to a batch's peer_sizes (peer thread): reserve each value here and ask the
- * owner to write them into the reservations (peer_get_into).
- */
-static void
-repl_rdma_sizes(void *arg, int status, const uint8_t *res, size_t len)
-{
-    struct repl_batch *b = arg;
-    struct repl *r = b->r;
-    struct mp_reader rd;
-    msgpack_sbuffer sb;
-    msgpack_packer pk;
-    uint32_t n;
-
-    if (status == KV_UNSUPPORTED) {
-        repl_rdma_tcp(b, NULL);     /* no queue pair on that connection: over TCP */
-        return;
-    }
-    mp_reader_init(&rd, res, len);
-    if (status != 0 || mp_read_array(&rd, &n) != 0 || n != b->n) {
-        repl_batch_settle(b, NULL);     /* as a failed peer_get: the next owners */
-        return;
-    }
-    msgpack_sbuffer_init(&sb);
-    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    repl_pack_keys(b, &pk, true);
-    msgpack_pack_array(&pk, b->n);
-    for (uint32_t i = 0; i < b->n; i++) {
-        const struct repl_fetch *e = b->e[i];
-        struct kv_key key = {.tenant = e->tenant, .len = e->klen, .ptr = e->key};
-        uint64_t size;
-        int rc;
-
-        if (mp_peek(&rd) == MP_NIL) {
-            mp_read_nil(&rd);
-            msgpack_pack_array(&pk, 0);     /* not there: nothing to write */
-            continue;
-        }
-        if (mp_read_uint(&rd, &size) != 0) {
-            msgpack_sbuffer_destroy(&sb);
-            repl_batch_settle(b, NULL);
-            return;
-        }
-        rc = store_reserve(r->cfg.store, &key, size, &b->slot[i].obj);
-        if (rc != 0) {
-            b->slot[i].obj = NULL;
-            b->slot[i].got = rc == KV_EXISTS || rc == KV_BUSY;  /* there, or being written */
-            msgpack_pack_array(&pk, 0);
-            continue;
-        }
-        if (repl_rdma_pack_segs(r, b->slot[i].obj, &pk) != 0) {
-            msgpack_sbuffer_destroy(&sb);
-            repl_rdma_tcp(b, "a reservation is not in the registered arena");
-            return;
-        }
-    }
-    if (sb.data == NULL
-        || peer_call_rdma(r->pool, repl_batch_addr(b), "peer_get_into", (uint8_t *)sb.data,
-                          sb.size, true, repl_rdma_into, b) != 0) {
-        if (sb.data == NULL) {
-            msgpack_sbuffer_destroy(&sb);
-        }
-        repl_batch_settle(b, NULL);
-    }
-}
-
-/* repl_rdma_crc: the CRC-32C of reservation o's bytes (written by the owner). */
-static uint32_t
-repl_rdma_crc(struct store_obj *o)
-{
-    struct iovec iov[STORE_MAX_EXTENTS];
-    int n = store_obj_iov(o, iov, STORE_MAX_EXTENTS);
-    uint64_t left = store_obj_size(o);
-    uint32_t crc = 0;
-
-    for (int i = 0; i < n && left > 0; i++) {
-        size_t k = iov[i].iov_len < left ? iov[i].iov_len : (size_t)left;
-
-        crc = crc32c_extend(crc, iov[i].iov_base, k);
-        left -= k;
-    }
-    return crc;
-}
-
-/*
- * The answer to a batch's peer_get_into (peer thread): per key nil, [crc, length] (written
- * into its reservation) or a code (the owner's writes failed). Each written value is checked
- * against its CRC-32C here and published; a code sends the batch over TCP.
- */
-static void
-repl_rdma_into(void *arg, int status, const uint8_t *res, size_t len)
-{
-    struct repl_batch *b = arg;
-    struct repl *r = b->r;
-    struct mp_reader rd, scan;
-    int8_t *got;
-    uint32_t n;
-
-    if (status == KV_UNSUPPORTED) {
-        /* no connected queue pair (not yet, after a new dial; or refused, counted then) */
-        repl_rdma_tcp(b, NULL);
-        return;
-    }
-    mp_reader_init(&rd, res, len);
-    if (status != 0 || mp_read_array(&rd, &n) != 0 || n != b->n) {
-        repl_batch_settle(b, NULL);     /* timeout, lost: peer.c destroyed the queue pair */
-        return;
-    }
-    scan = rd;
-    for (uint32_t i = 0; i < n; i++) {
-        enum mp_type t = mp_peek(&scan);
-
-        if (t != MP_NIL && t != MP_ARRAY) {
-            repl_rdma_tcp(b, "its RDMA writes failed");     /* a code: the queue pair's error */
-            return;
-        }
-        (void)mp_skip(&scan);
-    }
-    got = calloc(b->n ? b->n : 1, sizeof(*got));
-    for (uint32_t i = 0; got != NULL && i < b->n; i++) {
-        const struct repl_fetch *e = b->e[i];
-        struct store_obj *o = b->slot[i].obj;
-        uint32_t two;
-        uint64_t crc, vlen;
-        int rc;
-
-        if (mp_peek(&rd) == MP_NIL) {
-            mp_read_nil(&rd);
-            got[i] = b->slot[i].got;
-            continue;
-        }
-        if (mp_read_array(&rd, &two) != 0 || two != 2 || mp_read_uint(&rd, &crc) != 0
-            || mp_read_uint(&rd, &vlen) != 0 || o == NULL) {
-            free(got);
-            repl_batch_settle(b, NULL);     /* a broken answer */
-            return;
-        }
-        b->slot[i].obj = NULL;
-        if (crc > UINT32_MAX || vlen != store_obj_size(o) || repl_rdma_crc(o) != (uint32_t)crc) {
-            store_abort(r->cfg.store, o);
-            repl_add(&r->checksum_mismatches, 1);
-            log_warn("cluster: a value fetched over RDMA from %s failed its CRC-32C; asking "
-                     "the next owner", repl_batch_addr(b));
-            got[i] = -2;
-            continue;
-        }
-        rc = store_commit_crc(r->cfg.store, o, (uint32_t)crc, !e->owned);
-        got[i] = rc == 0 || rc == KV_EXISTS || rc == KV_BUSY;
-        repl_add(&r->rdma_fetch_bytes, rc == 0 ? vlen : 0);
     }
     repl_batch_settle(b, got);
     free(got);
@@ -794,16 +515,6 @@ repl_fetch(void *arg, const struct kv_key *keys, uint32_t n, bool final)
 
 /* ---- replication of puts ---- */
 
-/*
- * One peer_put in flight: every key of a request's batch that one owner is sent, with what
- * each key's answer settles (its ticket, its checksum).
- */
-struct repl_put_key {
-    struct repl_ticket *ticket;     /* or NULL (write_ack local) */
-    uint64_t bytes;
-    uint32_t crc;
-};
-
 struct repl_put {
     struct repl *r;
     uint32_t n;
@@ -811,9 +522,14 @@ struct repl_put {
 };
 
 /* repl_put_settle: key i of p has its answer (code, the owner's checksum of it). */
-static void
+void
 repl_put_settle(struct repl *r, const struct repl_put_key *k, uint64_t code, uint64_t crc)
 {
+    if (k->push != NULL) {
+        /* a rebalance push: the walk counts what moved, not the replication counters */
+        repl_push_settle(k->push, k->idx, code <= (uint64_t)INT32_MAX ? (int)code : KV_INTERNAL);
+        return;
+    }
     if (code == 0 || (code == KV_EXISTS && crc == k->crc)) {
         repl_add(&r->repl_acked, 1);
     } else if (code == KV_EXISTS) {
@@ -884,18 +600,6 @@ repl_hold_release(void *arg)
     free(h);
 }
 
-/*
- * A client put queued on this thread until the end of its request (repl_flush): its object
- * (a reference), the owner it goes to (an index into the batch's view) and its ticket.
- */
-struct repl_item {
-    struct store_obj *o;
-    struct repl_ticket *ticket;
-    uint32_t crc;
-    uint16_t node;
-    bool sent;
-};
-
 /* This thread's batch: the puts of the request being dispatched, grouped at the flush. */
 struct repl_batch_out {
     struct repl *r;
@@ -915,6 +619,12 @@ repl_out_fail(struct repl *r, struct repl_item *it)
 {
     struct repl_put_key k = {.ticket = it->ticket, .bytes = store_obj_size(it->o), .crc = 0};
 
+    if (it->push != NULL) {
+        repl_push_settle(it->push, it->idx, KV_INTERNAL);     /* not sent: no memory */
+        store_obj_unref(r->cfg.store, it->o);
+        it->o = NULL;
+        return;
+    }
     repl_add(&r->repl_drops, 1);
     atomic_fetch_sub_explicit(&r->queue_bytes, k.bytes, memory_order_relaxed);
     atomic_fetch_sub_explicit(&r->queue_depth, 1, memory_order_relaxed);
@@ -925,11 +635,6 @@ repl_out_fail(struct repl *r, struct repl_item *it)
     store_obj_unref(r->cfg.store, it->o);
     it->o = NULL;
 }
-
-static int repl_send_from(struct repl *r, const char *addr, uint32_t tenant,
-                          struct repl_item **g, uint32_t m);
-static void repl_send_tcp(struct repl *r, const char *addr, uint32_t tenant,
-                          struct repl_item **g, uint32_t m, int niov, bool count);
 
 /*
  * repl_send_group: the m items g[0..m) (one tenant) to the owner at addr: as one
@@ -955,7 +660,7 @@ repl_send_group(struct repl *r, const char *addr, uint32_t tenant, struct repl_i
  * repl_pack_put_head: [tenant, keys of g[0..m), (two more params follow)] into pk: the head of
  * peer_put's and peer_put_from's params.
  */
-static void
+void
 repl_pack_put_head(msgpack_packer *pk, uint32_t tenant, struct repl_item **g, uint32_t m)
 {
     msgpack_pack_array(pk, 4);
@@ -971,7 +676,7 @@ repl_pack_put_head(msgpack_packer *pk, uint32_t tenant, struct repl_item **g, ui
 }
 
 /* repl_send_tcp: repl_send_group's peer_put; count: add the items to repl_sent. */
-static void
+void
 repl_send_tcp(struct repl *r, const char *addr, uint32_t tenant, struct repl_item **g,
               uint32_t m, int niov, bool count)
 {
@@ -1018,6 +723,8 @@ repl_send_tcp(struct repl *r, const char *addr, uint32_t tenant, struct repl_ite
     for (uint32_t i = 0; i < m; i++) {
         h->o[i] = g[i]->o;          /* the item's reference, now the hold's */
         p->k[i].ticket = g[i]->ticket;
+        p->k[i].push = g[i]->push;
+        p->k[i].idx = g[i]->idx;
         p->k[i].bytes = store_obj_size(g[i]->o);
         p->k[i].crc = g[i]->crc;
         g[i]->o = NULL;
@@ -1043,177 +750,6 @@ fail:
     for (uint32_t i = 0; i < m; i++) {
         repl_out_fail(r, g[i]);
     }
-}
-
-/* ---- replicas put over RDMA ---- */
-
-/*
- * One peer_put_from in flight: its items (each holding its object's reference until the
- * owner's answer: the owner READs the object's extents) and the owner's address, to send
- * the batch over TCP should RDMA fail.
- */
-struct repl_from {
-    struct repl *r;
-    char *addr;
-    uint32_t tenant;
-    uint32_t n;
-    struct repl_item it[];
-};
-
-/* repl_items_niov: the iovecs a peer_put of g[0..m) takes (a header and extents each). */
-static int
-repl_items_niov(struct repl_item **g, uint32_t m)
-{
-    struct iovec ext[STORE_MAX_EXTENTS];
-    int niov = 0;
-
-    for (uint32_t i = 0; i < m; i++) {
-        niov += 1 + store_obj_iov(g[i]->o, ext, STORE_MAX_EXTENTS);
-    }
-    return niov;
-}
-
-/*
- * repl_from_tcp: the items g[0..m) of f go as a peer_put (their RDMA failed, or was not
- * tried on that connection), split where one message would pass PEER_EXTRA_MAX iovecs.
- */
-static void
-repl_from_tcp(struct repl_from *f, struct repl_item **g, uint32_t m)
-{
-    uint32_t i = 0;
-
-    while (i < m) {
-        struct iovec ext[STORE_MAX_EXTENTS];
-        uint32_t k = 0;
-        int niov = 0;
-
-        while (i + k < m) {
-            int ne = 1 + store_obj_iov(g[i + k]->o, ext, STORE_MAX_EXTENTS);
-
-            if (k > 0 && niov + ne > PEER_EXTRA_MAX) {
-                break;
-            }
-            niov += ne;
-            k++;
-        }
-        repl_send_tcp(f->r, f->addr, f->tenant, g + i, k, repl_items_niov(g + i, k), false);
-        i += k;
-    }
-}
-
-/*
- * The answer to a peer_put_from (peer thread): per key [code, crc] (settled as peer_put's),
- * or a bare code (the owner's READs of it failed). Those keys, or all of them when the call
- * failed (not sent: no connected queue pair; timeout, connection lost: peer.c destroyed the
- * queue pair already, so no READ of these objects lands after their references go), are
- * sent again as a peer_put.
- */
-static void
-repl_from_answer(void *arg, int status, const uint8_t *res, size_t len)
-{
-    struct repl_from *f = arg;
-    struct repl *r = f->r;
-    struct repl_item **again = malloc((f->n ? f->n : 1) * sizeof(*again));
-    struct mp_reader rd;
-    uint32_t n = 0, nagain = 0, i = 0;
-    bool waited = false, broken = false;
-    static const uint8_t none[1];
-
-    mp_reader_init(&rd, res != NULL ? res : none, res != NULL ? len : 0);
-    if (status == 0 && (mp_read_array(&rd, &n) != 0 || n != f->n)) {
-        broken = true;
-    }
-    if (status != 0 && status != KV_UNSUPPORTED) {
-        peer_rdma_fail(r->pool, f->addr, "a peer_put_from was not answered");
-    }
-    for (; i < f->n; i++) {
-        struct repl_item *it = &f->it[i];
-        struct repl_put_key k = {.ticket = it->ticket, .bytes = store_obj_size(it->o),
-                                 .crc = it->crc};
-        uint32_t two;
-        uint64_t code = KV_INTERNAL, crc = 0;
-
-        if (status == 0 && !broken && mp_peek(&rd) == MP_ARRAY) {
-            if (mp_read_array(&rd, &two) != 0 || two != 2 || mp_read_uint(&rd, &code) != 0
-                || mp_read_uint(&rd, &crc) != 0) {
-                broken = true;      /* a broken reply: this key and the rest failed */
-                code = KV_INTERNAL;
-            }
-        } else if (again != NULL && (status != 0 || (!broken && mp_skip(&rd) == 0))) {
-            if (status == 0) {
-                peer_rdma_fail(r->pool, f->addr, "its RDMA reads of a put failed");
-            }
-            again[nagain++] = it;   /* keeps its reference and ticket: settled by the peer_put */
-            continue;
-        }
-        repl_add(&r->rdma_put_bytes, code == 0 ? k.bytes : 0);
-        waited |= k.ticket != NULL;
-        repl_put_settle(r, &k, code, crc);
-        store_obj_unref(r->cfg.store, it->o);
-        it->o = NULL;
-    }
-    if (nagain > 0) {
-        repl_from_tcp(f, again, nagain);
-    }
-    if (waited) {
-        r->cfg.wake(r->cfg.wake_arg);   /* write_ack all replies may go now */
-    }
-    free(again);
-    free(f->addr);
-    free(f);
-}
-
-/*
- * repl_send_from: one peer_put_from to the owner at addr of the m items g[0..m) (one
- * tenant): [tenant, keys, extents, crcs], each value named by the (addr, length, rkey) of its
- * extents in the registered arena, for the owner to READ. The items' references become the
- * call's (g[i]->o NULL) until the answer. 0, or -1 with nothing sent (an extent outside the
- * registered arena, no memory): the caller sends them over TCP.
- */
-static int
-repl_send_from(struct repl *r, const char *addr, uint32_t tenant, struct repl_item **g,
-               uint32_t m)
-{
-    struct repl_from *f = malloc(sizeof(*f) + m * sizeof(f->it[0]));
-    msgpack_sbuffer sb;
-    msgpack_packer pk;
-    int rc = f == NULL ? -1 : 0;
-
-    msgpack_sbuffer_init(&sb);
-    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    repl_pack_put_head(&pk, tenant, g, m);
-    msgpack_pack_array(&pk, m);
-    for (uint32_t i = 0; rc == 0 && i < m; i++) {
-        rc = repl_rdma_pack_segs(r, g[i]->o, &pk);
-    }
-    msgpack_pack_array(&pk, m);
-    for (uint32_t i = 0; i < m; i++) {
-        msgpack_pack_uint32(&pk, g[i]->crc);
-    }
-    if (rc == 0 && (sb.data == NULL || (f->addr = strdup(addr)) == NULL)) {
-        rc = -1;
-    }
-    if (rc != 0) {
-        msgpack_sbuffer_destroy(&sb);
-        free(f);
-        return -1;
-    }
-    f->r = r;
-    f->tenant = tenant;
-    f->n = m;
-    for (uint32_t i = 0; i < m; i++) {
-        f->it[i] = *g[i];               /* the item's reference, now the call's */
-    }
-    if (peer_call_rdma(r->pool, addr, "peer_put_from", (uint8_t *)sb.data, sb.size, true,
-                       repl_from_answer, f) != 0) {
-        free(f->addr);                  /* nothing sent: the items keep their references */
-        free(f);
-        return -1;
-    }
-    for (uint32_t i = 0; i < m; i++) {
-        g[i]->o = NULL;
-    }
-    return 0;
 }
 
 /*
@@ -1330,6 +866,8 @@ repl_queue(struct repl *r, struct cluster_view *v, uint16_t node, struct store_o
     it->node = node;
     it->sent = false;
     it->ticket = t;
+    it->push = NULL;
+    it->idx = 0;
     if (t != NULL) {
         atomic_fetch_add_explicit(&t->refs, 1, memory_order_relaxed);
         atomic_fetch_add_explicit(&t->pending, 1, memory_order_relaxed);

@@ -19,10 +19,15 @@
  *     what does not fit is dropped and counted. With write_ack all the client's answer
  *     waits until every owner answered (a ticket, repl_ticket_done); with
  *     write_ack local it goes at once.
+ *   - over RDMA (repl_rdma.c), a fetch is a peer_sizes and a peer_get_into (the owner
+ *     WRITEs the values here) and a put to an owner a peer_put_from (the owner READs them
+ *     from here), each falling back to TCP; the rebalance walk's pushes of values in DRAM
+ *     go by that peer_put_from too (repl_push), its thread waiting for the answers.
  *
- * Threads: repl_remote's functions run on the event loops; the answers run
- * on the peer pool's thread. One mutex guards the fetch table (a leaf: no
- * other lock is taken under it; the store is called outside it).
+ * Threads: repl_remote's functions run on the event loops, repl_push on the
+ * rebalance thread; the answers run on the peer pool's thread. One mutex
+ * guards the fetch table (a leaf: no other lock is taken under it; the store
+ * is called outside it).
  */
 #ifndef REPL_H
 #define REPL_H
@@ -77,7 +82,8 @@ struct repl_stats {
     uint64_t peer_rdma_connects;    /* queue pairs connected to peers (peer.h) */
     uint64_t peer_rdma_fallbacks;   /* peer connections left on TCP: RDMA refused or failed */
     uint64_t peer_rdma_fetch_bytes; /* value bytes fetched over RDMA (owners' writes) */
-    uint64_t peer_rdma_put_bytes;   /* replica value bytes owners stored by RDMA-READing them */
+    uint64_t peer_rdma_put_bytes;   /* value bytes owners stored by RDMA-READing them (replica
+                                       puts, and rebalance pushes: repl_push) */
 };
 
 /* repl_create: the pool's thread and an empty fetch table. 0 and *out, or -errno. */
@@ -116,6 +122,26 @@ void repl_ticket_put(void *arg, void *ticket);
  * (the environment variable KVSTASH_TEST_VIEW; never changes afterwards). 0, -EINVAL, -ENOMEM.
  */
 int repl_static_view(const char *spec, const char *self_id);
+
+/*
+ * repl_push: the rebalance walk's push of objs[0..n) (one tenant; the keys the owner at addr
+ * lacks) over RDMA, by the path of replica puts: one peer_put_from naming the values' extents
+ * in the registered arena, the owner RDMA-READing each into its reservation and checking its
+ * CRC-32C (first writer wins there). Where the connection to addr has no connected queue pair
+ * (no device there, rdma_connect refused, not up yet) or the owner's READs fail, the same keys
+ * go as a peer_put over TCP (a failure is logged and counted in peer_rdma_fallbacks, once per
+ * connection). Bytes stored by READs count in peer_rdma_put_bytes; the replication counters
+ * (repl_sent, repl_acked, ...) are not moved. Waits until every key has its answer: each call
+ * ends within peer_timeout, a fallback is one more call. codes[i] (out): key i's: 0 stored
+ * there, KV_EXISTS there already, or the failure (KV_TIMEOUT, KV_UNAVAILABLE,
+ * KV_CHECKSUM_MISMATCH, ...). objs[i]: borrowed (the call takes its own references until the
+ * answers); each a resident, published value of at least one byte (peer_put_from names no
+ * empty value). Returns 0, KV_UNSUPPORTED with nothing sent when this node has no RDMA device
+ * (the caller pushes its own way), or -ENOMEM. A thread that may block (the walk's): never an
+ * event loop or the pool's thread.
+ */
+int repl_push(struct repl *r, const char *addr, uint32_t tenant, struct store_obj *const *objs,
+              uint32_t n, int *codes);
 
 /* repl_pool: the peer pool repl sends through (for rebalance.c); valid until repl_destroy. */
 struct peer_pool *repl_pool(struct repl *r);

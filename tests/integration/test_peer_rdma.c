@@ -36,6 +36,7 @@
 #include "log.h"
 #include "rdma_emu.h"
 #include "rdma_port.h"
+#include "rebalance.h"
 #include "repl.h"
 #include "server.h"
 #include "store.h"
@@ -113,11 +114,12 @@ t_node_stop(struct t_node *n)
 }
 
 /*
- * t_start: A (a plain daemon, node "a") and B (a pool member "b" with the fixed view of
- * both, R = 1), each with an emulated device unless told otherwise.
+ * t_start_w: A (a plain daemon, node "a") and B (a pool member "b" with the fixed view of
+ * both, R replicas, A's weight suffix a_weight: "" or e.g. "*0"), each with an emulated
+ * device unless told otherwise.
  */
 static void
-t_start_r(int a_devices, int b_devices, const char *replicas)
+t_start_w(int a_devices, int b_devices, const char *replicas, const char *a_weight)
 {
     char view[160];
 
@@ -127,7 +129,7 @@ t_start_r(int a_devices, int b_devices, const char *replicas)
     t_b.port = harness_free_port();
     snprintf(t_a.addr, sizeof(t_a.addr), "127.0.0.1:%d", t_a.port);
     snprintf(t_b.addr, sizeof(t_b.addr), "127.0.0.1:%d", t_b.port);
-    snprintf(view, sizeof(view), "a@%s,b@%s", t_a.addr, t_b.addr);
+    snprintf(view, sizeof(view), "a@%s%s,b@%s", t_a.addr, a_weight, t_b.addr);
     cr_assert_eq(setenv("KVSTASH_TEST_VIEW", view, 1), 0);
     const char *a_kv[][2] = {{"node_id", "a"}};
     const char *b_kv[][2] = {
@@ -136,6 +138,12 @@ t_start_r(int a_devices, int b_devices, const char *replicas)
     };
     t_node_start(&t_a, a_devices, a_kv, 1);
     t_node_start(&t_b, b_devices, b_kv, sizeof(b_kv) / sizeof(b_kv[0]));
+}
+
+static void
+t_start_r(int a_devices, int b_devices, const char *replicas)
+{
+    t_start_w(a_devices, b_devices, replicas, "");
 }
 
 static void
@@ -625,4 +633,299 @@ Test(peer_rdma, put_damaged_in_the_writer_is_refused)
     free(got);
     kvstash_close(c);
     t_set_free(&s);
+}
+
+/* ---- the rebalance walk's pushes over RDMA (B drains, A takes its keys) ---- */
+
+#define T_PUSH_KEYS 150
+
+/*
+ * Keys B alone owns in the view of A and B (R = 1), their lengths and a digest of each value
+ * (FNV-1a 64 of its bytes) taken as it was put: more keys than one push message carries
+ * (REBALANCE_BATCH) and more bytes (8 MiB), values of one byte to past 1 MiB.
+ */
+struct t_push {
+    char key[T_PUSH_KEYS][32];
+    size_t len[T_PUSH_KEYS];
+    uint64_t digest[T_PUSH_KEYS];
+    uint64_t total;
+};
+
+static size_t
+t_push_size(int i)
+{
+    static const size_t base[] = {1, 100, 4096, 64 * KIB + 3, 200 * KIB, MIB + 17};
+
+    return base[i % 6] + (size_t)i;
+}
+
+/*
+ * t_push_make_in: keys that owner alone owns in view sel (R = 1; bounded search), and their
+ * values put into B; nothing sent to A.
+ */
+static void
+t_push_make_in(struct t_push *s, const char *tag, const struct cluster_view *sel,
+               const char *owner)
+{
+    struct kvstash *c;
+    int found = 0;
+
+    cr_assert_eq(harness_client(t_b.addr, T_TIMEOUT, &c), 0);
+    s->total = 0;
+    for (int i = 0; i < 100000 && found < T_PUSH_KEYS; i++) {
+        char key[32];
+        size_t own[1];
+        int kl = snprintf(key, sizeof(key), "%s-%d", tag, i);
+        uint8_t *val;
+
+        if (view_owners(sel, key, (size_t)kl, 1, own) != 1
+            || strcmp(sel->nodes[own[0]].id, owner) != 0) {
+            continue;
+        }
+        memcpy(s->key[found], key, (size_t)kl + 1);
+        s->len[found] = t_push_size(found);
+        val = malloc(s->len[found]);
+        cr_assert_not_null(val);
+        harness_fill(val, s->len[found], harness_seed(key, (size_t)kl));
+        s->digest[found] = harness_seed(val, s->len[found]);
+        cr_assert_eq(kvstash_put(c, key, (size_t)kl, val, s->len[found]), 0, "put %s into B", key);
+        free(val);
+        s->total += s->len[found];
+        found++;
+    }
+    kvstash_close(c);
+    cr_assert_eq(found, T_PUSH_KEYS, "too few keys owned by %s", owner);
+    cr_assert_eq(t_b_stats().repl_sent, 0, "B owns them: nothing went to A yet");
+}
+
+/* t_b_view: B's current view (a reference), waited for (bounded) as B publishes it. */
+static struct cluster_view *
+t_b_view(void)
+{
+    struct cluster_view *v = NULL;
+
+    for (int i = 0; i < 200 && v == NULL; i++) {
+        v = view_acquire();
+        if (v == NULL) {
+            harness_sleep_ms(25);
+        }
+    }
+    cr_assert_not_null(v, "B published no view");
+    return v;
+}
+
+/* t_push_make: keys B alone owns in its view, put into B. */
+static void
+t_push_make(struct t_push *s, const char *tag)
+{
+    struct cluster_view *v = t_b_view();
+
+    t_push_make_in(s, tag, v, "b");
+    view_release(v);
+}
+
+/* t_b_walked: wait (bounded) until B's walk has completed once. */
+static void
+t_b_walked(void);
+
+/* t_b_rebalance: B's rebalance counters. */
+static struct rebalance_stats
+t_b_rebalance(void)
+{
+    struct server_stats sv;
+    struct rebalance_stats bs;
+
+    server_stats(t_b.srv, &sv);
+    cr_assert_not_null(sv.rebalance);
+    rebalance_stats(sv.rebalance, &bs);
+    return bs;
+}
+
+/*
+ * t_drain_b: B's view with B draining (as member.c publishes it once B registered so): its
+ * walk hands every key it owns to A. Waits (bounded) until the walk completed.
+ */
+static void
+t_drain_b(void)
+{
+    struct cluster_view *cur = view_acquire(), *v;
+
+    cr_assert_not_null(cur);
+    cr_assert_eq(view_create(cur->n, &v), 0);
+    v->revision = cur->revision + 1;
+    memcpy(v->nodes, cur->nodes, cur->n * sizeof(cur->nodes[0]));
+    view_release(cur);
+    for (size_t j = 0; j < v->n; j++) {
+        if (strcmp(v->nodes[j].id, "b") == 0) {
+            v->nodes[j].state = VIEW_DRAINING;
+        }
+    }
+    view_seal(v, "b");
+    view_publish(v);
+    t_b_walked();
+}
+
+static void
+t_b_walked(void)
+{
+    for (int i = 0; i < 2400 && t_b_rebalance().walks == 0; i++) {
+        harness_sleep_ms(25);
+    }
+    cr_assert_geq(t_b_rebalance().walks, 1, "B's walk did not complete within 60 s");
+}
+
+/* t_push_check_a: every key of s at A, read from A's own store: its length and digest. */
+static void
+t_push_check_a(const struct t_push *s)
+{
+    struct kvstash *c;
+
+    cr_assert_eq(harness_client(t_a.addr, T_TIMEOUT, &c), 0);
+    for (int i = 0; i < T_PUSH_KEYS; i++) {
+        void *got = NULL;
+        size_t vlen = 0;
+
+        cr_assert_eq(kvstash_get_alloc(c, s->key[i], strlen(s->key[i]), &got, &vlen), 0,
+                     "%s was not handed to A", s->key[i]);
+        cr_assert_eq(vlen, s->len[i], "%s at A: %zu bytes, not %zu", s->key[i], vlen, s->len[i]);
+        cr_assert_eq(harness_seed(got, vlen), s->digest[i], "%s at A: other bytes", s->key[i]);
+        free(got);
+    }
+    kvstash_close(c);
+}
+
+Test(peer_rdma, drain_pushes_read_by_the_new_owner)
+{
+    static struct t_push s;
+    struct repl_stats before, after;
+    struct rebalance_stats bs;
+    uint64_t a_tcp_in;
+
+    t_start(1, 1);
+    t_push_make(&s, "drain");
+    before = t_b_stats();
+    a_tcp_in = T_A_SUM(peer_bytes_in);
+    t_drain_b();
+    after = t_b_stats();
+    bs = t_b_rebalance();
+    cr_assert_eq(bs.keys_moved, T_PUSH_KEYS, "the walk pushed every key A lacked");
+    cr_assert_eq(bs.bytes_moved, s.total);
+    cr_assert_eq(after.peer_rdma_put_bytes - before.peer_rdma_put_bytes, s.total,
+                 "every value byte went over RDMA (A READ it)");
+    cr_assert_eq(after.peer_rdma_connects, 1, "one queue pair to A");
+    cr_assert_eq(after.peer_rdma_fallbacks, 0);
+    cr_assert_eq(after.repl_sent, before.repl_sent, "pushes are not counted as replicas");
+    /* The sockets carried the keys and the extents, not the values. */
+    cr_assert_lt(after.peer_bytes_out - before.peer_bytes_out, 64 * KIB);
+    cr_assert_eq(T_A_SUM(peer_bytes_in), a_tcp_in, "no value bytes through A's socket");
+    t_push_check_a(&s);
+}
+
+/*
+ * t_push_over_tcp: with devices at A and B as given, B's drain moves every key to A over TCP
+ * (peer_put): nothing READ, fallbacks counted as said.
+ */
+static void
+t_push_over_tcp(int devices_a, int devices_b, const char *tag, uint64_t fallbacks,
+                const char *why)
+{
+    static struct t_push s;
+    struct repl_stats after;
+    struct rebalance_stats bs;
+    uint64_t a_tcp_in;
+
+    t_start(devices_a, devices_b);
+    t_push_make(&s, tag);
+    a_tcp_in = T_A_SUM(peer_bytes_in);
+    t_drain_b();
+    after = t_b_stats();
+    bs = t_b_rebalance();
+    cr_assert_eq(bs.keys_moved, T_PUSH_KEYS, "the walk pushed every key A lacked");
+    cr_assert_eq(bs.bytes_moved, s.total);
+    cr_assert_eq(after.peer_rdma_put_bytes, 0);
+    cr_assert_eq(after.peer_rdma_connects, 0);
+    cr_assert_eq(after.peer_rdma_fallbacks, fallbacks, "%s", why);
+    cr_assert_geq(T_A_SUM(peer_bytes_in) - a_tcp_in, s.total, "the values came over TCP");
+    t_push_check_a(&s);
+}
+
+Test(peer_rdma, drain_push_refused_rdma_falls_back_to_tcp)
+{
+    t_push_over_tcp(0, 1, "drain-nodev-a", 1, "A refused rdma_connect: counted once");
+}
+
+Test(peer_rdma, drain_push_without_a_device_here_is_tcp)
+{
+    t_push_over_tcp(1, 0, "drain-nodev-b", 0, "nothing tried: no device here");
+}
+
+Test(peer_rdma, drain_push_queue_pair_in_error_falls_back_to_tcp)
+{
+    static struct t_push s;
+    struct t_set warm;
+    struct repl_stats mid, after;
+    struct rebalance_stats bs;
+    uint64_t a_tcp_in;
+
+    t_start(1, 1);
+    t_set_make(&warm, "pwarm");
+    t_put_a(&warm);
+    t_get_b(&warm);                 /* B's queue pair to A is up and carried these */
+    mid = t_b_stats();
+    cr_assert_eq(mid.peer_rdma_fetch_bytes, warm.total);
+    t_push_make(&s, "drain-qperr");
+    cr_assert_geq(rdma_emu_qp_force_error_all(), 2);
+    a_tcp_in = T_A_SUM(peer_bytes_in);
+    t_drain_b();                    /* A's READs fail: B sends each message again over TCP */
+    after = t_b_stats();
+    bs = t_b_rebalance();
+    cr_assert_eq(bs.keys_moved, T_PUSH_KEYS, "the walk pushed every key A lacked");
+    cr_assert_eq(after.peer_rdma_fallbacks, 1, "the fallback is counted");
+    cr_assert_eq(after.peer_rdma_put_bytes, 0);
+    cr_assert_geq(T_A_SUM(peer_bytes_in) - a_tcp_in, s.total, "the values came over TCP");
+    t_push_check_a(&s);
+    t_set_free(&warm);
+}
+
+/*
+ * A join, as the pool sees one: B's view had A at weight 0 (it owned nothing: B took every
+ * key); the next view gives A its weight, so A owns about half the keys, and B's walk pushes
+ * those to A over RDMA and keeps its own copies as cache copies.
+ */
+Test(peer_rdma, join_pushes_read_by_the_new_owner)
+{
+    static struct t_push s;
+    struct cluster_view *cur, *v;
+    struct repl_stats before, after;
+    struct rebalance_stats bs;
+    uint64_t a_tcp_in;
+
+    t_start_w(1, 1, "1", "*0");
+    cur = t_b_view();
+    cr_assert_eq(view_create(cur->n, &v), 0);
+    v->revision = cur->revision + 1;
+    memcpy(v->nodes, cur->nodes, cur->n * sizeof(cur->nodes[0]));
+    view_release(cur);
+    for (size_t j = 0; j < v->n; j++) {
+        v->nodes[j].weight = 1;
+    }
+    view_seal(v, "b");
+    t_push_make_in(&s, "join", v, "a");     /* A's in the new view, all B's in the old */
+    /* The walk compares a new view with the last one its thread saw, looked at every 100 ms:
+     * the puts above took longer, and this leaves ten more looks at the old view. */
+    harness_sleep_ms(1000);
+    cr_assert_eq(t_b_rebalance().walks, 0, "nothing to walk before the view changes");
+    before = t_b_stats();
+    a_tcp_in = T_A_SUM(peer_bytes_in);
+    view_publish(v);
+    t_b_walked();
+    after = t_b_stats();
+    bs = t_b_rebalance();
+    cr_assert_eq(bs.keys_moved, T_PUSH_KEYS, "the walk pushed every key A now owns");
+    cr_assert_eq(bs.bytes_moved, s.total);
+    cr_assert_eq(after.peer_rdma_put_bytes - before.peer_rdma_put_bytes, s.total,
+                 "every value byte went over RDMA (A READ it)");
+    cr_assert_eq(after.peer_rdma_fallbacks, 0);
+    cr_assert_eq(T_A_SUM(peer_bytes_in), a_tcp_in, "no value bytes through A's socket");
+    t_push_check_a(&s);
 }
