@@ -69,6 +69,7 @@ struct rebalance {
     uint64_t window_ms;                 /* the rate limit's window start */
     uint64_t window_bytes;
     _Atomic uint64_t walks, restarts, keys_moved, bytes_moved, keys_checked, running;
+    _Atomic uint64_t settled;           /* revision of the view the thread last settled on */
     _Atomic bool drain_asked;           /* member.c's drain hook ran (registered as draining) */
     bool drained;                       /* a walk completed under a view where this node drains */
     bool left;                          /* member_leave was called */
@@ -693,6 +694,15 @@ rb_as_active(const struct cluster_view *v)
     return c;
 }
 
+/* rb_settle: v becomes the view walks compare against (done's reference given back). */
+static struct cluster_view *
+rb_settle(struct rebalance *rb, struct cluster_view *done, struct cluster_view *v)
+{
+    view_release(done);
+    atomic_store_explicit(&rb->settled, v->revision, memory_order_relaxed);
+    return v;
+}
+
 static void *
 rb_main(void *arg)
 {
@@ -726,16 +736,14 @@ rb_main(void *arg)
                          (unsigned long long)atomic_load_explicit(&rb->keys_moved,
                                                                   memory_order_relaxed));
                 rb_maybe_leave(rb);
-                view_release(done);
-                done = v;
+                done = rb_settle(rb, done, v);
             } else {
                 view_release(v);
             }
             continue;
         }
         if (done == NULL || rb_same(done, v)) {
-            view_release(done);
-            done = v;
+            done = rb_settle(rb, done, v);
             lost_since = 0;
             continue;
         }
@@ -767,8 +775,7 @@ rb_main(void *arg)
                  (unsigned long long)v->revision, (unsigned long long)(clock_ms() - t0),
                  (unsigned long long)(atomic_load_explicit(&rb->keys_moved, memory_order_relaxed)
                                       - moved));
-        view_release(done);
-        done = v;
+        done = rb_settle(rb, done, v);
         lost_since = 0;
     }
     view_release(done);
@@ -825,4 +832,5 @@ rebalance_stats(struct rebalance *rb, struct rebalance_stats *out)
     out->bytes_moved = atomic_load_explicit(&rb->bytes_moved, memory_order_relaxed);
     out->keys_checked = atomic_load_explicit(&rb->keys_checked, memory_order_relaxed);
     out->running = atomic_load_explicit(&rb->running, memory_order_relaxed);
+    out->settled = atomic_load_explicit(&rb->settled, memory_order_relaxed);
 }

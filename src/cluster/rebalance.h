@@ -55,6 +55,7 @@ struct rebalance_stats {
     uint64_t bytes_moved;
     uint64_t keys_checked;              /* keys whose owner set changed, asked about */
     uint64_t running;                   /* 1 while a walk runs */
+    uint64_t settled;                   /* revision of the view walks now compare against */
 };
 
 /* rebalance_start: the thread. 0 and *out, or -errno. */

@@ -898,10 +898,11 @@ Test(peer_rdma, join_pushes_read_by_the_new_owner)
     struct cluster_view *cur, *v;
     struct repl_stats before, after;
     struct rebalance_stats bs;
-    uint64_t a_tcp_in;
+    uint64_t a_tcp_in, old_rev;
 
     t_start_w(1, 1, "1", "*0");
     cur = t_b_view();
+    old_rev = cur->revision;
     cr_assert_eq(view_create(cur->n, &v), 0);
     v->revision = cur->revision + 1;
     memcpy(v->nodes, cur->nodes, cur->n * sizeof(cur->nodes[0]));
@@ -911,9 +912,12 @@ Test(peer_rdma, join_pushes_read_by_the_new_owner)
     }
     view_seal(v, "b");
     t_push_make_in(&s, "join", v, "a");     /* A's in the new view, all B's in the old */
-    /* The walk compares a new view with the last one its thread saw, looked at every 100 ms:
-     * the puts above took longer, and this leaves ten more looks at the old view. */
-    harness_sleep_ms(1000);
+    /* The walk compares a new view with the last one its thread settled on: wait until that
+     * is the old view, so that the new one reads as a change. */
+    for (int i = 0; i < 2400 && t_b_rebalance().settled < old_rev; i++) {
+        harness_sleep_ms(25);
+    }
+    cr_assert_geq(t_b_rebalance().settled, old_rev, "B's walk thread never saw the old view");
     cr_assert_eq(t_b_rebalance().walks, 0, "nothing to walk before the view changes");
     before = t_b_stats();
     a_tcp_in = T_A_SUM(peer_bytes_in);
