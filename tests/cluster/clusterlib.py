@@ -555,6 +555,8 @@ class ViewPool:
     subclass adds node i's own before them (node_args). A start that fails leaves no
     daemon behind."""
 
+    env = {}                    # more environment for every daemon (a subclass's)
+
     def __init__(self, work, n, extra=(), unix=False, replicas=2, data_prefix=None):
         self.work = work
         self.extra = list(extra)
@@ -587,7 +589,7 @@ class ViewPool:
                 "--cluster_name=t", "--etcd_endpoints=http://127.0.0.1:9",
                 f"--replicas={self.replicas}", "--memory_size=64m", *self.extra]
         d = kvtest.Daemon(self.work, args, data_dir=self.data[i], unix=self.unix,
-                          env={"KVSTASH_TEST_VIEW": self.view})
+                          env={"KVSTASH_TEST_VIEW": self.view, **self.env})
         d.port = self.ports[i]
         self.daemons[i] = d
         return d.wait_ready() if ready else d
