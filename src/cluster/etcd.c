@@ -725,7 +725,7 @@ etcd_login_done(struct etcd *e, int status, const char *body, size_t len)
     if (status == 0) {
         e->login = ETCD_LOGIN_OK;
         e->token_gen++;
-        e->logins++;
+        e->logins += e->token[0] != '\0';
     } else {
         e->login = ETCD_LOGIN_NEEDED;
         if (status == -EPROTO) {

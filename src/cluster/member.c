@@ -441,8 +441,8 @@ member_on_watch_end(int status, void *arg)
      * or cancels with compact_revision when that history is gone: a full re-read). */
     if (status == -EKEYEXPIRED) {
         if (m->backoff_ms == 0) {       /* once in a row */
-            log_info("cluster: the watch's etcd token was refused (expired, or etcd "
-                     "restarted); logging in again as %s", m->etcd_user);
+            log_info("cluster: the watch's etcd token was refused (expired, etcd restarted, "
+                     "or its users changed); logging in again as %s", m->etcd_user);
         }
         m->backoff_ms = m->backoff_ms == 0 ? MEMBER_BACKOFF_MIN_MS : m->backoff_ms * 2;
         if (m->backoff_ms > MEMBER_BACKOFF_MAX_MS) {

@@ -9,6 +9,10 @@ prefix) made through the gateway, then auth enabled; every wait bounded.
     keepalives and watch: a member started later reaches every view;
   - etcd restarted (its simple tokens are in memory only): the members log in again with
     the same leases and keys, and see a member that joins afterwards;
+  - a user added in etcd (every token issued before is "revision of auth store is old"):
+    the members log in again and see a later join;
+  - members given etcd_user while etcd's auth is off call without a token, and log in once
+    auth is enabled;
   - a wrong password: refused, one log line with etcd's reason, the node serves its engine
     alone and retries (etcd_errors keeps growing) without registering;
   - etcd_user without etcd_password_file (and the reverse) is a config error; a password
@@ -17,6 +21,7 @@ prefix) made through the gateway, then auth enabled; every wait bounded.
 """
 
 import os
+import subprocess
 
 import pytest
 
@@ -113,6 +118,71 @@ def test_members_log_in_again_after_etcd_restarts(auth_pool, auth_etcd):
     assert leases(auth_etcd, [a, b]) == held
     for n in (a, b):
         assert counters(n)["lease_lost"] == 0, counters(n)
+
+
+def jwt_keys(work):
+    """An RSA key pair for etcd's JWT tokens (skips without an openssl command)."""
+    if subprocess.run(["which", "openssl"], capture_output=True).returncode != 0:
+        pytest.skip("no openssl command (apt-get install openssl, or make deps)")
+    priv, pub = os.path.join(work, "jwt.key"), os.path.join(work, "jwt.pub")
+    subprocess.run(["openssl", "genrsa", "-out", priv, "2048"], check=True,
+                   capture_output=True)
+    subprocess.run(["openssl", "rsa", "-in", priv, "-pubout", "-out", pub], check=True,
+                   capture_output=True)
+    return f"jwt,pub-key={pub},priv-key={priv},sign-method=RS256,ttl=10m"
+
+
+def test_a_change_to_etcd_users_makes_members_log_in_again(work):
+    """JWT tokens carry the auth store's revision: a user added makes every token issued
+    before it "etcdserver: revision of auth store is old"; the members log in again and
+    their watch still delivers a join."""
+    e = Etcd(work, args=["--auth-token", jwt_keys(work)])
+    try:
+        e.enable_auth("/kvstash/pool/", USER, PASSWORD)
+        path = os.path.join(work, "etcd_password")
+        write_secret(path, PASSWORD)
+        p = Pool(work, e, args=[f"--etcd_user={USER}", f"--etcd_password_file={path}"])
+        try:
+            a = p.start()
+            p.wait_view(1)
+            first = counters(a)["etcd_logins"]
+            e.call("/v3/auth/user/add", {"name": "someone-else", "password": "x"})
+            wait_until(lambda: counters(a)["etcd_logins"] > first, "a logging in again")
+            p.start()
+            p.wait_view(2)
+            assert counters(a)["lease_lost"] == 0 and counters(a)["registrations"] == 1
+        finally:
+            p.reap()
+            for n in p.nodes:
+                print(f"---- {n.node_id}\n{n.tail(25)}")
+    finally:
+        e.reap()
+
+
+def test_members_set_up_before_auth_is_enabled_log_in_once_it_is(work):
+    """etcd_user set while etcd's auth is off: the login answers "authentication is not
+    enabled", the member calls without a token; once auth is enabled, it logs in."""
+    e = Etcd(work, args=["--auth-token", "simple"])
+    try:
+        path = os.path.join(work, "etcd_password")
+        write_secret(path, PASSWORD)
+        p = Pool(work, e, args=[f"--etcd_user={USER}", f"--etcd_password_file={path}"])
+        try:
+            a = p.start()
+            p.wait_view(1)
+            assert counters(a)["etcd_logins"] == 0
+            e.enable_auth("/kvstash/pool/", USER, PASSWORD)
+            wait_until(lambda: counters(a)["etcd_logins"] >= 1, "a logging in")
+            p.start()
+            p.wait_view(2)
+            assert counters(a)["lease_lost"] == 0 and counters(a)["registrations"] == 1
+            assert "refused the login" not in a.output()
+        finally:
+            p.reap()
+            for n in p.nodes:
+                print(f"---- {n.node_id}\n{n.tail(25)}")
+    finally:
+        e.reap()
 
 
 def test_a_wrong_password_is_refused_and_the_node_serves_alone(auth_pool, auth_etcd):
