@@ -256,6 +256,8 @@ static const struct conf_option conf_options[] = {
     OPT_STRING(etcd_tls_ca_file,        "",               RESTART, NULL),
     OPT_STRING(etcd_tls_cert_file,      "",               RESTART, NULL),
     OPT_STRING(etcd_tls_key_file,       "",               RESTART, NULL),
+    OPT_STRING(etcd_user,               "",               RESTART, NULL),
+    OPT_STRING(etcd_password_file,      "",               RESTART, NULL),
     /*         name                     min       max        default  reload */
     OPT_DURATION(etcd_lease_ttl,        2000,     HOUR_MS,   "10s",   RESTART),
     /*         name                     default           reload   extra check */

@@ -121,6 +121,8 @@ struct kv_config {
     char etcd_tls_ca_file[CONF_STR_MAX];   /* https:// endpoints: PEM CAs; "" = the system's */
     char etcd_tls_cert_file[CONF_STR_MAX]; /* https:// endpoints: client certificate; "" = none */
     char etcd_tls_key_file[CONF_STR_MAX];  /* its PEM private key */
+    char etcd_user[CONF_STR_MAX];          /* etcd auth: the user logged in as; "" = no auth */
+    char etcd_password_file[CONF_STR_MAX]; /* its password, the file's first line (mode 0600) */
     uint64_t etcd_lease_ttl;          /* ms, whole seconds: the node key's lease; 10 s */
     char peer_advertise[CONF_STR_MAX]; /* host:port peers dial; "" before finalize = listen */
     uint64_t replicas;                /* owners of each key (R); default 2 */

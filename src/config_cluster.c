@@ -1,6 +1,6 @@
 /*
  * config_cluster: the pool's keys of the option table (cluster_name, etcd_endpoints,
- * etcd_prefix, etcd_tls_*, etcd_lease_ttl, peer_advertise and the rest; docs/cluster.md): their string
+ * etcd_prefix, etcd_tls_*, etcd_user, etcd_lease_ttl, peer_advertise and the rest; docs/cluster.md): their string
  * checks and the rules between them that conf_finalize applies. Pure, like config.c: no
  * I/O, no logging, no state. Shared with config.c through config_int.h only.
  */
@@ -140,6 +140,11 @@ conf_finalize_cluster(const struct kv_config *c, char *prefix, char *advertise, 
         strstr(c->etcd_endpoints, "https://") == NULL) {
         kv_errorf(err, errlen, "etcd_tls_* files are set but etcd_endpoints %s has no "
                   "https:// endpoint to use them", c->etcd_endpoints);
+        return -1;
+    }
+    if ((c->etcd_user[0] != '\0') != (c->etcd_password_file[0] != '\0')) {
+        kv_errorf(err, errlen, "etcd_user and etcd_password_file go together (the etcd user "
+                  "this node logs in as and the file holding its password)");
         return -1;
     }
     if (c->etcd_lease_ttl % 1000 != 0) {

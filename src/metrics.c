@@ -670,6 +670,9 @@ metrics_cluster(struct metrics_buf *b)
         "Member lists read whole (start, compaction, lost history).", ms.full_reads);
     one(b, "kvstash_cluster_watch_rearms_total", "counter",
         "Watches restarted before their idle timeout.", ms.watch_rearms);
+    one(b, "kvstash_cluster_etcd_logins_total", "counter",
+        "Logins to etcd as etcd_user answered with a token (the first, then one per token "
+        "etcd refused).", ms.etcd_logins);
 }
 
 int

@@ -53,6 +53,7 @@ struct member {
     char prefix[CONF_STR_MAX];
     char advertise[CONF_STR_MAX];
     char tls[CONF_STR_MAX];
+    char etcd_user[CONF_STR_MAX];   /* "" = no etcd authentication */
     char lease_path[CONF_STR_MAX + 32];
     uint64_t ttl_ms;
     unsigned replicas;
@@ -98,7 +99,7 @@ static struct member *member_global;
 /* Counters, relaxed atomics: written by the member thread, read by anyone. */
 static struct {
     uint64_t etcd_errors, lease_renewals, lease_lost, registrations, views, full_reads,
-        watch_rearms;
+        watch_rearms, etcd_logins;
     int etcd_ok, registered, refused;
 } member_ctr;
 
@@ -148,6 +149,7 @@ member_refuse(struct member *m, int rc, const char *fmt, const char *detail)
 static void
 member_ok(struct member *m)
 {
+    CTR_SET(etcd_logins, etcd_logins(m->etcd));
     m->busy = false;
     m->backoff_ms = 0;
     CTR_SET(etcd_ok, 1);
@@ -159,7 +161,11 @@ member_fail(struct member *m, const char *what, int status, const char *body)
 {
     m->busy = false;
     CTR_ADD(etcd_errors);
-    if (CTR_GET(etcd_ok) || m->backoff_ms == 0) {
+    if (status == -EPERM && (CTR_GET(etcd_ok) || m->backoff_ms == 0)) {
+        log_error("cluster: etcd at %s refused the login as etcd_user %s: %.200s (see "
+                  "etcd_user, etcd_password_file); serving on without etcd, retrying with "
+                  "backoff", etcd_endpoint(m->etcd), m->etcd_user, body != NULL ? body : "");
+    } else if (CTR_GET(etcd_ok) || m->backoff_ms == 0) {
         log_warn("cluster: etcd %s at %s failed: %s%s%.200s%s", what, etcd_endpoint(m->etcd),
                  status == -EIO ? "no answer" : status == -EACCES ? "TLS refused" :
                  status == -EPROTO ? "error answer" : "bad answer",
@@ -173,7 +179,7 @@ member_fail(struct member *m, const char *what, int status, const char *body)
         m->backoff_ms = MEMBER_BACKOFF_MAX_MS;
     }
     m->next_try_ms = clock_ms() + m->backoff_ms;
-    if (status == -EIO || status == -EACCES) {
+    if (status == -EIO || status == -EACCES || status == -EPERM) {
         member_first_done(m, -EAGAIN);
     }
 }
@@ -433,12 +439,23 @@ member_on_watch_end(int status, void *arg)
 
     /* The stream ended: watch again from the next revision (etcd replays what was missed,
      * or cancels with compact_revision when that history is gone: a full re-read). */
-    if (status != 0) {
+    if (status == -EKEYEXPIRED) {
+        if (m->backoff_ms == 0) {       /* once in a row */
+            log_info("cluster: the watch's etcd token was refused (expired, etcd restarted, "
+                     "or its users changed); logging in again as %s", m->etcd_user);
+        }
+        m->backoff_ms = m->backoff_ms == 0 ? MEMBER_BACKOFF_MIN_MS : m->backoff_ms * 2;
+        if (m->backoff_ms > MEMBER_BACKOFF_MAX_MS) {
+            m->backoff_ms = MEMBER_BACKOFF_MAX_MS;
+        }
+        m->next_try_ms = clock_ms() + m->backoff_ms;
+    } else if (status != 0) {
         CTR_ADD(etcd_errors);
         if (CTR_GET(etcd_ok)) {
             log_warn("cluster: the watch on %s/nodes/ ended (%s); watching again from revision "
                      "%" PRIu64, m->prefix, status == -EIO ? "no answer" :
-                     status == -EACCES ? "TLS refused" : "bad answer",
+                     status == -EACCES ? "TLS refused" : status == -EPERM ? "login refused" :
+                     "bad answer",
                      m->revision + 1);
         }
         CTR_SET(etcd_ok, 0);
@@ -451,6 +468,19 @@ member_on_watch_end(int status, void *arg)
     etcd_watch_stop(m->watch);
     m->watch = NULL;
     member_step(m);
+}
+
+/* A watch cancelled for its token: etcd 3.4's cancel_reason "rpc error: code =
+ * Unauthenticated desc = etcdserver: invalid auth token" (and the others etcd.c logs in
+ * again for). */
+static bool
+member_watch_token_refused(const char *line, const struct json_tok *t, int res)
+{
+    char why[256] = "";
+
+    (void)json_str(line, t, json_get(line, t, res, "cancel_reason"), why, sizeof(why));
+    return strstr(why, "invalid auth token") != NULL || strstr(why, "user name is empty") != NULL
+           || strstr(why, "revision of auth store is old") != NULL;
 }
 
 static void
@@ -470,6 +500,14 @@ member_on_watch_line(const char *line, size_t len, void *arg)
         m->watch = NULL;
         m->listed = false;
         member_step(m);
+        return;
+    }
+    if (json_get(line, t, res, "canceled") >= 0 && member_watch_token_refused(line, t, res)) {
+        /* created and cancelled at once for its token (expired, or etcd restarted): log in
+         * again and watch from the same revision, after the backoff of a failed watch */
+        free(t);
+        etcd_login_again(m->etcd);
+        member_on_watch_end(-EKEYEXPIRED, m);
         return;
     }
     if (json_get(line, t, res, "created") >= 0) {
@@ -1129,6 +1167,14 @@ member_start(const struct kv_config *c, const char *node_id, struct member **out
         member_destroy(m);
         return rc;
     }
+    snprintf(m->etcd_user, sizeof(m->etcd_user), "%s", c->etcd_user);
+    rc = etcd_set_login(m->etcd, c->etcd_user, c->etcd_password_file, why, sizeof(why));
+    if (rc != 0) {
+        log_error("cluster: %s: refusing to start (etcd_user %s logs in with it)", why,
+                  c->etcd_user);
+        member_destroy(m);
+        return -EINVAL;
+    }
     m->kick = event_new(m->base, -1, 0, member_on_event, m);
     m->tick = evtimer_new(m->base, member_on_event, m);
     if (m->kick == NULL || m->tick == NULL) {
@@ -1153,8 +1199,9 @@ member_start(const struct kv_config *c, const char *node_id, struct member **out
         return -rc;
     }
     m->thread_started = true;
-    log_info("cluster: joining pool %s as %s (advertising %s, etcd %s, prefix %s)", m->cluster,
-             m->node_id, m->advertise, c->etcd_endpoints, m->prefix);
+    log_info("cluster: joining pool %s as %s (advertising %s, etcd %s%s%s, prefix %s)",
+             m->cluster, m->node_id, m->advertise, c->etcd_endpoints,
+             m->etcd_user[0] != '\0' ? " as user " : "", m->etcd_user, m->prefix);
     *out = m;
     return 0;
 }
@@ -1342,4 +1389,5 @@ member_stats(struct member_stats *out)
     out->views = CTR_GET(views);
     out->full_reads = CTR_GET(full_reads);
     out->watch_rearms = CTR_GET(watch_rearms);
+    out->etcd_logins = CTR_GET(etcd_logins);
 }

@@ -100,6 +100,8 @@ struct member_stats {
     uint64_t views;                /* views published */
     uint64_t full_reads;           /* member lists read whole (start, compaction, watch lost) */
     uint64_t watch_rearms;         /* watches restarted before their idle timeout */
+    uint64_t etcd_logins;          /* etcd_user's logins answered with a token (the first,
+                                      then one per token etcd refused) */
     char cluster[65];              /* cluster_name */
     char prefix[512];              /* etcd_prefix */
     char endpoint[512];            /* the etcd endpoint in use */

@@ -130,7 +130,10 @@ struct peer_pool {
     pthread_t thread;
     bool started;
     _Atomic bool stop;
-    pthread_mutex_t lock;           /* guards incoming and token (peer_pool_reload) */
+    pthread_mutex_t lock;           /* guards incoming, token and relogin (peer_pool_reload) */
+    bool relogin;                   /* a reload changed the token or the TLS files: the
+                                       connections refused for their login dial again now */
+    uint64_t auth_backoff_min;      /* PEER_AUTH_BACKOFF_MIN_MS (tests: the environment's) */
     struct peer_msg *incoming, *incoming_tail;
     _Atomic uint32_t next_id;
     struct peer_conn *conns;
@@ -285,8 +288,8 @@ peer_conn_refused(struct peer_pool *p, struct peer_conn *c)
     uint64_t next;
 
     peer_conn_close(p, c);
-    if (c->backoff < PEER_AUTH_BACKOFF_MIN_MS) {
-        c->backoff = PEER_AUTH_BACKOFF_MIN_MS;
+    if (c->backoff < p->auth_backoff_min) {
+        c->backoff = p->auth_backoff_min;
     }
     next = c->backoff * 2 > PEER_AUTH_BACKOFF_MAX_MS ? PEER_AUTH_BACKOFF_MAX_MS : c->backoff * 2;
     peer_conn_down(p, c, "", 0);    /* fd closed: fails what it carried, quietly */
@@ -682,12 +685,32 @@ peer_rdma_msg(struct peer_pool *p, struct peer_conn *c)
     return m;
 }
 
+/*
+ * peer_relogin: a reload changed what this node logs in with (the cluster token, or the TLS
+ * files): the connections whose login was refused are dialled by the next call that needs
+ * them, not after their backoff (up to PEER_AUTH_BACKOFF_MAX_MS), and a refusal of the new
+ * login is logged again.
+ */
+static void
+peer_relogin(struct peer_pool *p)
+{
+    for (struct peer_conn *c = p->conns; c != NULL; c = c->next) {
+        if (c->auth_refused && c->state == PEER_DOWN) {
+            c->retry_at = 0;
+            c->backoff = PEER_BACKOFF_MIN_MS;
+            c->auth_refused = false;
+            log_info("peer %s: dialled again with the reloaded cluster login", c->addr);
+        }
+    }
+}
+
 /* peer_take_incoming: move handed-over calls to their connections' write queues. */
 static void
 peer_take_incoming(struct peer_pool *p)
 {
     struct peer_msg *m;
     uint64_t v;
+    bool relogin;
 
     if (read(p->evfd, &v, sizeof(v)) < 0) {
         /* EAGAIN: nothing counted */
@@ -695,7 +718,12 @@ peer_take_incoming(struct peer_pool *p)
     pthread_mutex_lock(&p->lock);
     m = p->incoming;
     p->incoming = p->incoming_tail = NULL;
+    relogin = p->relogin;
+    p->relogin = false;
     pthread_mutex_unlock(&p->lock);
+    if (relogin) {
+        peer_relogin(p);
+    }
     while (m != NULL) {
         struct peer_msg *next = m->next;
         struct peer_conn *c = peer_conn_get(p, m->addr);
@@ -1398,6 +1426,12 @@ peer_pool_create(const struct peer_config *cfg, struct peer_pool **out)
     p->cfg.rdma_dev = NULL;
     atomic_init(&p->next_id, 1);
     pthread_mutex_init(&p->lock, NULL);
+    /* KVSTASH_TEST_PEER_AUTH_BACKOFF_MS (tests only): a refused login's first backoff */
+    const char *env = getenv("KVSTASH_TEST_PEER_AUTH_BACKOFF_MS");
+    p->auth_backoff_min = env != NULL ? strtoull(env, NULL, 10) : PEER_AUTH_BACKOFF_MIN_MS;
+    if (p->auth_backoff_min == 0 || p->auth_backoff_min > PEER_AUTH_BACKOFF_MAX_MS) {
+        p->auth_backoff_min = PEER_AUTH_BACKOFF_MIN_MS;
+    }
     p->epfd = epoll_create1(EPOLL_CLOEXEC);
     p->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (p->epfd < 0 || p->evfd < 0 || epoll_ctl(p->epfd, EPOLL_CTL_ADD, p->evfd, &ev) != 0) {
@@ -1427,9 +1461,20 @@ peer_pool_reload(struct peer_pool *p, const struct peer_config *cfg, char *err, 
             return rc;
         }
     }
+    const char *token = cfg->token != NULL ? cfg->token : "";
+    uint64_t one = 1;
+    bool changed;
+
     pthread_mutex_lock(&p->lock);
-    snprintf(p->token, sizeof(p->token), "%s", cfg->token != NULL ? cfg->token : "");
+    /* new TLS files were read above: they count as a change (a certificate fixed) */
+    changed = strcmp(p->token, token) != 0 || (p->tls != NULL && cfg->tls_cert != NULL &&
+                                                 cfg->tls_cert[0] != '\0');
+    snprintf(p->token, sizeof(p->token), "%s", token);
+    p->relogin |= changed;
     pthread_mutex_unlock(&p->lock);
+    if (changed && write(p->evfd, &one, sizeof(one)) < 0) {
+        /* the loop wakes within PEER_WAIT_MAX_MS anyway */
+    }
     return 0;
 }
 

@@ -83,8 +83,9 @@ int peer_pool_create(const struct peer_config *cfg, struct peer_pool **out);
  * peer_pool_reload: connections dialled from now on log in with cfg->token (NULL or "": no
  * login) and, when the pool was created with TLS and cfg->tls_cert is set, use the TLS files
  * of cfg, read again here (SIGHUP: a rotated cluster_token or certificate takes effect
- * without a restart); open connections keep what they have. Turning TLS on or off needs a
- * restart. Any thread. Returns 0, or -EINVAL with the reason in err (nothing changed).
+ * without a restart); open connections keep what they have. When the token changed or TLS
+ * files were read again, connections whose login a peer refused are dialled again by the
+ * next call, without waiting out their backoff. Turning TLS on or off needs a restart. Any thread. Returns 0, or -EINVAL with the reason in err (nothing changed).
  */
 int peer_pool_reload(struct peer_pool *p, const struct peer_config *cfg, char *err,
                      size_t errlen);

@@ -76,7 +76,7 @@ rpc_cluster_info(struct rpc_req *rq)
     mp_pack_cstr(&rq->pk, "self");
     msgpack_pack_int(&rq->pk, v != NULL ? v->self : -1);
     mp_pack_cstr(&rq->pk, "counters");
-    msgpack_pack_map(&rq->pk, 7);
+    msgpack_pack_map(&rq->pk, 8);
     rpc_cluster_uint(&rq->pk, "etcd_errors", ms.etcd_errors);
     rpc_cluster_uint(&rq->pk, "lease_renewals", ms.lease_renewals);
     rpc_cluster_uint(&rq->pk, "lease_lost", ms.lease_lost);
@@ -84,6 +84,7 @@ rpc_cluster_info(struct rpc_req *rq)
     rpc_cluster_uint(&rq->pk, "views", ms.views);
     rpc_cluster_uint(&rq->pk, "full_reads", ms.full_reads);
     rpc_cluster_uint(&rq->pk, "watch_rearms", ms.watch_rearms);
+    rpc_cluster_uint(&rq->pk, "etcd_logins", ms.etcd_logins);
     mp_pack_cstr(&rq->pk, "nodes");
     msgpack_pack_array(&rq->pk, v != NULL ? v->n : 0);
     for (size_t i = 0; v != NULL && i < v->n; i++) {

@@ -165,10 +165,15 @@ class Etcd:
     "key", "ca", and "client_cert"/"client_key" for the harness's own calls when
     "client_auth" is true): the client port is then https:// with that certificate; with
     client_auth etcd requires a client certificate chaining to ca (--trusted-ca-file and
-    --client-cert-auth: etcd 3.4 requires one whenever --trusted-ca-file is given)."""
+    --client-cert-auth: etcd 3.4 requires one whenever --trusted-ca-file is given). args:
+    more etcd flags (--auth-token-ttl ...). After enable_auth the harness's own calls log in
+    as root (again when etcd refuses the token)."""
 
-    def __init__(self, work, tls=None, also=()):
+    def __init__(self, work, tls=None, also=(), args=()):
         require_etcd()
+        self.args = list(args)
+        self.auth = None            # (user, password) of the harness's calls, or None
+        self.token = None
         self.dir = os.path.join(work, "etcd")
         self.log_path = os.path.join(work, "etcd.log")
         self.client_port = free_port()
@@ -195,7 +200,7 @@ class Etcd:
                "--listen-client-urls", ",".join([self.endpoint, *self.also_endpoints]),
                "--advertise-client-urls", self.endpoint,
                "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-               "--initial-cluster", f"kvt={peer}", "--log-level", "warn"]
+               "--initial-cluster", f"kvt={peer}", "--log-level", "warn", *self.args]
         if self.tls:
             cmd += ["--cert-file", self.tls["cert"], "--key-file", self.tls["key"]]
             if self.tls.get("client_auth"):
@@ -220,12 +225,47 @@ class Etcd:
         with open(self.log_path, "rb") as f:
             return "\n".join(f.read().decode(errors="replace").splitlines()[-n:])
 
-    def call(self, path, body, timeout=5.0):
-        """POST body (a dict) to the gateway; the answer as a dict."""
+    def _post(self, path, body, timeout, token=None):
+        headers = {"Content-Type": "application/json"}
+        if token:
+            headers["Authorization"] = token
         req = urllib.request.Request(self.endpoint + path, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+                                     headers=headers)
         with urllib.request.urlopen(req, timeout=timeout, context=self._ssl()) as r:
             return json.loads(r.read())
+
+    def call(self, path, body, timeout=5.0):
+        """POST body (a dict) to the gateway; the answer as a dict."""
+        if self.auth is None:
+            return self._post(path, body, timeout)
+        for attempt in (0, 1):
+            if self.token is None:
+                self.token = self._post("/v3/auth/authenticate",
+                                        {"name": self.auth[0], "password": self.auth[1]},
+                                        timeout)["token"]
+            try:
+                return self._post(path, body, timeout, self.token)
+            except urllib.error.HTTPError as e:
+                if e.code != 401 or attempt == 1:       # 401: the token expired
+                    raise
+                self.token = None
+
+    def enable_auth(self, prefix, user, password, root_password="root-secret"):
+        """etcd's authentication on: users root and user (with a role that may read and
+        write the keys under prefix), then auth enable; the harness logs in as root."""
+        end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+        for path, body in (
+                ("/v3/auth/role/add", {"name": "root"}),
+                ("/v3/auth/user/add", {"name": "root", "password": root_password}),
+                ("/v3/auth/user/grant", {"user": "root", "role": "root"}),
+                ("/v3/auth/role/add", {"name": "kvstash-rw"}),
+                ("/v3/auth/role/grant", {"name": "kvstash-rw", "perm": {
+                    "permType": "READWRITE", "key": b64(prefix), "range_end": b64(end)}}),
+                ("/v3/auth/user/add", {"name": user, "password": password}),
+                ("/v3/auth/user/grant", {"user": user, "role": "kvstash-rw"}),
+                ("/v3/auth/enable", {})):
+            self.call(path, body)
+        self.auth = ("root", root_password)
 
     def revision(self):
         return int(self.call("/v3/kv/range", {"key": b64("\0")})["header"]["revision"])
@@ -515,6 +555,8 @@ class ViewPool:
     subclass adds node i's own before them (node_args). A start that fails leaves no
     daemon behind."""
 
+    env = {}                    # more environment for every daemon (a subclass's)
+
     def __init__(self, work, n, extra=(), unix=False, replicas=2, data_prefix=None):
         self.work = work
         self.extra = list(extra)
@@ -547,7 +589,7 @@ class ViewPool:
                 "--cluster_name=t", "--etcd_endpoints=http://127.0.0.1:9",
                 f"--replicas={self.replicas}", "--memory_size=64m", *self.extra]
         d = kvtest.Daemon(self.work, args, data_dir=self.data[i], unix=self.unix,
-                          env={"KVSTASH_TEST_VIEW": self.view})
+                          env={"KVSTASH_TEST_VIEW": self.view, **self.env})
         d.port = self.ports[i]
         self.daemons[i] = d
         return d.wait_ready() if ready else d

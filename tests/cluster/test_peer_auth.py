@@ -14,7 +14,11 @@ of SHA-256 digests, every wait bounded.
   - SIGHUP: a member refused for its token gets the pool's token in its cluster_token and
     admin tenant line and reloads; its new peer connections log in with it and replicate,
     without a restart (a reload whose cluster_token does not match the admin tenant fails
-    and changes nothing).
+    and changes nothing);
+  - the connections refused for their login are dialled again as soon as such a reload
+    applies, not after their backoff: with that backoff made 30 s here
+    (KVSTASH_TEST_PEER_AUTH_BACKOFF_MS; up to 60 s in production), the fixed member reads
+    the pool's keys well within it.
 """
 
 import hashlib
@@ -62,8 +66,9 @@ class AuthPool(ViewPool):
     """n daemons with require_auth on; admin[i] is node i's admin token (its tenant line and
     its cluster_token file alike)."""
 
-    def __init__(self, work, admin):
+    def __init__(self, work, admin, env=None):
         self.admin = admin
+        self.env = env or {}
         super().__init__(work, len(admin), extra=["--ssd_dir="], data_prefix="auth-data")
 
     def node_args(self, i):
@@ -96,7 +101,7 @@ class AuthPool(ViewPool):
 @pytest.fixture
 def auth_pool(view_pools):
     """auth_pool(admin): len(admin) daemons in one fixed view, R = 2, require_auth on."""
-    return lambda admin: view_pools(AuthPool, admin)
+    return lambda admin, env=None: view_pools(AuthPool, admin, env)
 
 
 def values(n, tag, size=30000):
@@ -219,6 +224,49 @@ def test_a_reloaded_cluster_token_is_used_by_new_peer_connections(auth_pool):
                "connections are dialled again after their backoff)", timeout=40)
     assert d2.pid == pid and d2.alive()
     assert POOL_TOKEN not in d2.output() and OTHER_TOKEN not in d2.output()
+
+
+def reload_with_token(p, i, token):
+    """Node i gets token in its cluster_token and admin tenant line, and SIGHUP; waits until
+    the reload applied."""
+    write_secret(os.path.join(p.data[i], "cluster_token"), token)
+    with open(os.path.join(p.work, f"auth-{i}.conf"), "w") as f:
+        f.write("require_auth yes\n"
+                f"tenant admin token_sha256={sha(token)}\n"
+                f"tenant alpha token_sha256={sha(ALPHA_TOKEN)}\n")
+    before = p.daemons[i].output().count("cluster token and peer certificates reloaded")
+    p.daemons[i].proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: p.daemons[i].output().count("cluster token and peer certificates "
+                                                   "reloaded") > before, "the reload applied")
+    p.admin[i] = token
+
+
+def test_a_reload_dials_the_refused_peers_again_at_once(auth_pool):
+    backoff_s = 30
+    p = auth_pool([POOL_TOKEN, POOL_TOKEN, OTHER_TOKEN],
+                  env={"KVSTASH_TEST_PEER_AUTH_BACKOFF_MS": str(backoff_s * 1000)})
+    vals = values(12, b"hup-at-once", size=9000)
+    far = [k for k in vals if 2 not in p.owners(k)]
+    assert far
+    c0 = p.login(0)
+    assert c0.call("batch_put", far, [vals[k] for k in far]) == [0] * len(far)
+    # node 2's logins to both owners are refused: misses, and a 30 s backoff each
+    c2 = p.login(2)
+    assert c2.call("get", far[0]) is None
+    wait_until(lambda: p.metric(2, "kvstash_cluster_peer_auth_failures_total") >= 1,
+               "node 2's login refused")
+    assert c2.call("get", far[0]) is None               # within the backoff: not dialled
+    reload_with_token(p, 2, POOL_TOKEN)
+    c2 = p.login(2)
+    # dialled by the next read: well within the backoff (a third of it, on a loaded
+    # machine), where waiting it out would take all of it
+    wait_until(lambda: c2.call("get", far[0]) is not None, "a fetch by node 2 after the "
+               "reload", timeout=backoff_s / 3)
+    for k in far:
+        got = c2.call("get", k)
+        assert got is not None and hashlib.sha256(got).digest() == \
+            hashlib.sha256(vals[k]).digest()
+    assert "dialled again with the reloaded cluster login" in p.daemons[2].output()
 
 
 @pytest.mark.parametrize("case", ["missing", "open", "mismatch"])

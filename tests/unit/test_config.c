@@ -178,6 +178,8 @@ static const char *const changed_values[][2] = {
     {"etcd_tls_ca_file", "/etc/ssl/etcd-ca.pem"},
     {"etcd_tls_cert_file", "/etc/ssl/etcd-client.pem"},
     {"etcd_tls_key_file", "/etc/ssl/etcd-client.key"},
+    {"etcd_user", "kvstash"},
+    {"etcd_password_file", "/etc/kvstash/etcd_password"},
     {"etcd_lease_ttl", "20s"},
     {"peer_advertise", "10.0.0.1:7431"},
     {"replicas", "3"},
@@ -804,7 +806,7 @@ Test(config, apply_reloadable_copies_only_reloadable_keys)
     conf_apply_reloadable(&running, &fresh);
 
     /* What still differs from the new config is exactly the restart-only keys... */
-    cr_expect_eq(conf_diff(&running, &fresh, diff_collect, &d), 30);
+    cr_expect_eq(conf_diff(&running, &fresh, diff_collect, &d), 32);
     for (int i = 0; i < d.n; i++) {
         cr_expect_not(d.reloadable[i], "%s should have been applied", d.keys[i]);
     }
@@ -1571,6 +1573,10 @@ Test(config, cluster_rules_refuse_with_reasons)
          -1, "set peer_advertise"},
         {{"cluster_name", "p", "etcd_endpoints", "https://127.0.0.1:2379", "etcd_tls_cert_file",
           "/c.pem", NULL}, -1, "etcd_tls_cert_file and etcd_tls_key_file go together"},
+        {{"cluster_name", "p", "etcd_endpoints", "http://127.0.0.1:2379", "etcd_user", "kv",
+          NULL}, -1, "etcd_user and etcd_password_file go together"},
+        {{"cluster_name", "p", "etcd_endpoints", "http://127.0.0.1:2379", "etcd_password_file",
+          "/etc/kvstash/etcd_password", NULL}, -1, "etcd_user and etcd_password_file go together"},
         {{"cluster_name", "p", "etcd_endpoints", "http://127.0.0.1:2379", "etcd_tls_ca_file",
           "/ca.pem", NULL}, -1, "no https:// endpoint"},
         {{"cluster_name", "p q", NULL}, -2, "bad cluster_name"},
