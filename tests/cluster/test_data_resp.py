@@ -197,8 +197,10 @@ def test_write_ack_local_answers_while_an_owner_is_stopped(resp_pool):
     finally:
         os.kill(p.daemons[1].pid, signal.SIGCONT)
     raw.close()
-    # the copies follow once it runs again (the queue's peer_put waited within peer_timeout)
-    wait_until(lambda: all(p.has(1, keys)), "node 1's copies")
+    # the copies follow once it runs again (the queue's peer_put waited within peer_timeout);
+    # write_ack local answers before any owner's copy, so wait for every owner's, not node 1's
+    wait_until(lambda: all(all(p.has(i, [k])[0] for i in p.owners(k)) for k in keys),
+               "every owner's copy")
     assert_owners_hold(p, keys, digests({k: vals[k] for k in keys}))
 
 
