@@ -546,6 +546,12 @@ class Pool:
         for n in self.nodes:
             n.reap()
 
+    def reap_show(self, lines=25):
+        """reap(), then each node's command and the tail of its log (a test's teardown)."""
+        self.reap()
+        for n in self.nodes:
+            print(f"---- {n.node_id} {' '.join(n.cmd[1:])}\n{n.tail(lines)}")
+
 
 class ViewPool:
     """n daemons on 127.0.0.1 in one pool with no etcd: each knows the others through a

@@ -44,9 +44,7 @@ def etcd(work):
 def pool(work, etcd):
     p = Pool(work, etcd)
     yield p
-    p.reap()
-    for n in p.nodes:
-        print(f"---- {n.node_id} {' '.join(n.cmd[1:])}\n{n.tail(25)}")
+    p.reap_show()
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ prefix) made through the gateway, then auth enabled; every wait bounded.
     password is never in the log.
 """
 
+import contextlib
 import os
 import subprocess
 
@@ -64,9 +65,7 @@ def auth_pool(work, auth_etcd):
 
     yield start
     for p in made:
-        p.reap()
-        for n in p.nodes:
-            print(f"---- {n.node_id} {' '.join(n.cmd[1:])}\n{n.tail(25)}")
+        p.reap_show()
 
 
 def counters(node):
@@ -132,57 +131,53 @@ def jwt_keys(work):
     return f"jwt,pub-key={pub},priv-key={priv},sign-method=RS256,ttl=10m"
 
 
-def test_a_change_to_etcd_users_makes_members_log_in_again(work):
-    """JWT tokens carry the auth store's revision: a user added makes every token issued
-    before it "etcdserver: revision of auth store is old"; the members log in again and
-    their watch still delivers a join."""
-    e = Etcd(work, args=["--auth-token", jwt_keys(work)])
+@contextlib.contextmanager
+def own_etcd_pool(work, etcd_args):
+    """A test's own etcd (etcd_args: its auth token flags; auth not enabled yet) and a Pool
+    on it whose members log in as USER: (etcd, pool); both reaped on the way out, the
+    members' log tails printed."""
+    e = Etcd(work, args=etcd_args)
     try:
-        e.enable_auth("/kvstash/pool/", USER, PASSWORD)
         path = os.path.join(work, "etcd_password")
         write_secret(path, PASSWORD)
         p = Pool(work, e, args=[f"--etcd_user={USER}", f"--etcd_password_file={path}"])
         try:
-            a = p.start()
-            p.wait_view(1)
-            first = counters(a)["etcd_logins"]
-            e.call("/v3/auth/user/add", {"name": "someone-else", "password": "x"})
-            wait_until(lambda: counters(a)["etcd_logins"] > first, "a logging in again")
-            p.start()
-            p.wait_view(2)
-            assert counters(a)["lease_lost"] == 0 and counters(a)["registrations"] == 1
+            yield e, p
         finally:
-            p.reap()
-            for n in p.nodes:
-                print(f"---- {n.node_id}\n{n.tail(25)}")
+            p.reap_show()
     finally:
         e.reap()
+
+
+def test_a_change_to_etcd_users_makes_members_log_in_again(work):
+    """JWT tokens carry the auth store's revision: a user added makes every token issued
+    before it "etcdserver: revision of auth store is old"; the members log in again and
+    their watch still delivers a join."""
+    with own_etcd_pool(work, ["--auth-token", jwt_keys(work)]) as (e, p):
+        e.enable_auth("/kvstash/pool/", USER, PASSWORD)
+        a = p.start()
+        p.wait_view(1)
+        first = counters(a)["etcd_logins"]
+        e.call("/v3/auth/user/add", {"name": "someone-else", "password": "x"})
+        wait_until(lambda: counters(a)["etcd_logins"] > first, "a logging in again")
+        p.start()
+        p.wait_view(2)
+        assert counters(a)["lease_lost"] == 0 and counters(a)["registrations"] == 1
 
 
 def test_members_set_up_before_auth_is_enabled_log_in_once_it_is(work):
     """etcd_user set while etcd's auth is off: the login answers "authentication is not
     enabled", the member calls without a token; once auth is enabled, it logs in."""
-    e = Etcd(work, args=["--auth-token", "simple"])
-    try:
-        path = os.path.join(work, "etcd_password")
-        write_secret(path, PASSWORD)
-        p = Pool(work, e, args=[f"--etcd_user={USER}", f"--etcd_password_file={path}"])
-        try:
-            a = p.start()
-            p.wait_view(1)
-            assert counters(a)["etcd_logins"] == 0
-            e.enable_auth("/kvstash/pool/", USER, PASSWORD)
-            wait_until(lambda: counters(a)["etcd_logins"] >= 1, "a logging in")
-            p.start()
-            p.wait_view(2)
-            assert counters(a)["lease_lost"] == 0 and counters(a)["registrations"] == 1
-            assert "refused the login" not in a.output()
-        finally:
-            p.reap()
-            for n in p.nodes:
-                print(f"---- {n.node_id}\n{n.tail(25)}")
-    finally:
-        e.reap()
+    with own_etcd_pool(work, ["--auth-token", "simple"]) as (e, p):
+        a = p.start()
+        p.wait_view(1)
+        assert counters(a)["etcd_logins"] == 0
+        e.enable_auth("/kvstash/pool/", USER, PASSWORD)
+        wait_until(lambda: counters(a)["etcd_logins"] >= 1, "a logging in")
+        p.start()
+        p.wait_view(2)
+        assert counters(a)["lease_lost"] == 0 and counters(a)["registrations"] == 1
+        assert "refused the login" not in a.output()
 
 
 def test_a_wrong_password_is_refused_and_the_node_serves_alone(auth_pool, auth_etcd):

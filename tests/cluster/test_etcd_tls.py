@@ -46,9 +46,7 @@ def tls_pool(work):
 
     yield start
     for p in made:
-        p.reap()
-        for n in p.nodes:
-            print(f"---- {n.node_id} {' '.join(n.cmd[1:])}\n{n.tail(25)}")
+        p.reap_show()
         p.etcd.reap()
         print(f"---- etcd\n{p.etcd.tail(15)}")
 
