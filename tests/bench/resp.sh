@@ -256,12 +256,13 @@ run_row() {
     echo "   median: $med"
 }
 
-# tool_reps PORT ERR CMD...: REPS runs of CMD (kvstash-bench or mc-bench with -q: one result
-# line), each after a FLUSHALL of the RESP server on PORT, its stderr in ERR; the median line
-# (by req/s) in $med, or return 1 when no run succeeded.
+# tool_reps PORT ERR KEY CMD...: REPS runs of CMD (kvstash-bench or mc-bench with -q: one
+# result line), each after a FLUSHALL of the RESP server on PORT, its stderr in ERR; the
+# median line by the field KEY (req/s; a paced run's req/s is its rate, so those take the
+# median by daemon_core_s_per_GB) in $med, or return 1 when no run succeeded.
 tool_reps() {
-    local port=$1 err=$2 out lines=()
-    shift 2
+    local port=$1 err=$2 key=$3 out lines=()
+    shift 3
     show "$@"
     for rep in $(seq 1 "$REPS"); do
         timeout 60 redis-cli -p "$port" flushall >/dev/null
@@ -274,36 +275,38 @@ tool_reps() {
         lines+=("$out")
     done
     [ "${#lines[@]}" -gt 0 ] || return 1
-    med=$(printf '%s\n' "${lines[@]}" | awk '{ for (i = 1; i <= NF; i++) if ($i ~ /^req\/s=/) {
-              split($i, kv, "="); print kv[2] "\t" $0 } }' |
+    med=$(printf '%s\n' "${lines[@]}" | awk -v key="$key" '{ for (i = 1; i <= NF; i++)
+              if (index($i, key "=") == 1) { split($i, kv, "="); print kv[2] "\t" $0 } }' |
           sort -g | awk -F'\t' '{ l[NR] = $2 } END { print l[int((NR + 1) / 2)] }')
     echo "   median: $med"
 }
 
 # mp_row OP SIZE KEYS [RATE]: REPS runs of kvstash-bench against the msgpack port (OP get:
 # KEYS keys preloaded by it; put: new keys), paced at RATE requests/s in all when given
-# (-r); the median line (by req/s) in $med, or return 1.
+# (-r); the median line in $med (tool_reps), or return 1.
 mp_row() {
     local op=$1 size=$2 keys=$3 rate=${4:-} args
     args=("${cpin[@]}" "$KVBENCH" -H "127.0.0.1:$mport" -m "$op" -b 1 -d 16 -c 8 -s "$size"
           -t "$SECS" -p "$kvd_pid" -q)
     [ "$op" = get ] && args+=(-k $(( (keys + 7) / 8 )))
     [ "$op" = put ] && args+=(-C)
-    [ -n "$rate" ] && args+=(-r "$rate")
-    tool_reps "$kport" "$tmp/kb.err" "${args[@]}"
+    local key=req/s
+    [ -n "$rate" ] && { args+=(-r "$rate"); key=daemon_core_s_per_GB; }
+    tool_reps "$kport" "$tmp/kb.err" "$key" "${args[@]}"
 }
 
 # mc_row PORT PID OP SIZE KEYS [RATE]: REPS runs of mc-bench -P resp against PORT (a RESP
 # server of pid PID; get: KEYS keys preloaded by it, set: new keys), after a FLUSHALL
-# each, paced at RATE requests/s in all when given (-r); the median line (by req/s) in
-# $med, or return 1.
+# each, paced at RATE requests/s in all when given (-r); the median line in $med
+# (tool_reps), or return 1.
 mc_row() {
     local port=$1 pid=$2 op=$3 size=$4 keys=$5 rate=${6:-} args
     args=("${cpin[@]}" "$MCB" -P resp -H "127.0.0.1:$port" -m "$op" -b 1 -d 16 -c 8
           -s "$size" -t "$SECS" -p "$pid" -C -q)
     [ "$op" = get ] && args+=(-k $(( (keys + 7) / 8 )))
-    [ -n "$rate" ] && args+=(-r "$rate")
-    tool_reps "$port" "$tmp/mc.err" "${args[@]}"
+    local key=req/s
+    [ -n "$rate" ] && { args+=(-r "$rate"); key=daemon_core_s_per_GB; }
+    tool_reps "$port" "$tmp/mc.err" "$key" "${args[@]}"
 }
 
 # server_port_pid SERVER: port and pid of the RESP server SERVER (kvstash or redis) into
