@@ -530,9 +530,9 @@ bench_pace_idle(const struct bench_pace *p, int fd)
 {
     uint64_t due = bench_pace_due(p), now = bench_now_ns();
     uint64_t wait = due > now ? due - now : 0;
-    struct timespec ts = { .tv_sec = (time_t)(wait / 1000000000ull),
-                           .tv_nsec = (long)(wait % 1000000000ull) };
-    struct pollfd pfd = { .fd = fd, .events = POLLIN };
+    struct timespec ts = {.tv_sec = (time_t)(wait / 1000000000ull),
+                          .tv_nsec = (long)(wait % 1000000000ull)};
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
 
     /* readable, or an error or hang-up the caller's read will report */
     return ppoll(&pfd, fd >= 0 ? 1 : 0, &ts, NULL) > 0 && pfd.revents != 0;
