@@ -278,7 +278,7 @@ test-integration: $(INTEG) $(KVSTASHD) $(KVSTASH)
 
 # test_packaging.py checks the package (KVSTASH_DEB), so it is built first (from the release
 # build whatever VARIANT is: the package is what users install; DEB is defined further down)
-test-python: $(KVSTASHD) $(KVSTASH)
+test-python: $(KVSTASHD) $(KVSTASH) $(BENCH) $(MCBENCH)
 	$(Q)$(MAKE) --no-print-directory VARIANT=release deb
 	KVSTASHD=$(abspath $(KVSTASHD)) KVSTASH_CLI=$(abspath $(KVSTASH)) KVSTASH_DEB=$(abspath $(DEB)) \
 	    /usr/bin/python3 -m pytest -q -rs tests/integration

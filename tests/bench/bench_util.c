@@ -11,6 +11,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -489,6 +490,52 @@ bench_opt_secs(const char *s, double *out)
 
     *out = strtod(s, &end);
     return *end != '\0' || end == s || !(*out > 0 && *out <= 3600) ? -1 : 0;
+}
+
+int
+bench_opt_rate(const char *s, double *out)
+{
+    char *end = NULL;
+
+    *out = strtod(s, &end);
+    return *end != '\0' || end == s || !(*out > 0 && *out <= 1e9) ? -1 : 0;
+}
+
+void
+bench_pace_init(struct bench_pace *p, double rate, int thread, int threads, uint64_t now)
+{
+    p->start = now;
+    p->n = 0;
+    p->interval = rate > 0 && threads > 0 ? 1e9 * threads / rate : 0;
+    p->phase = threads > 0 ? p->interval * thread / threads : 0;
+}
+
+uint64_t
+bench_pace_due(const struct bench_pace *p)
+{
+    if (p->interval <= 0) {
+        return 0;
+    }
+    return p->start + (uint64_t)(p->phase + p->interval * (double)p->n);
+}
+
+void
+bench_pace_take(struct bench_pace *p)
+{
+    p->n++;
+}
+
+int
+bench_pace_idle(const struct bench_pace *p, int fd)
+{
+    uint64_t due = bench_pace_due(p), now = bench_now_ns();
+    uint64_t wait = due > now ? due - now : 0;
+    struct timespec ts = {.tv_sec = (time_t)(wait / 1000000000ull),
+                          .tv_nsec = (long)(wait % 1000000000ull)};
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+
+    /* readable, or an error or hang-up the caller's read will report */
+    return ppoll(&pfd, fd >= 0 ? 1 : 0, &ts, NULL) > 0 && pfd.revents != 0;
 }
 
 void

@@ -130,6 +130,42 @@ int bench_opt_count(const char *s, long long *out);
 /* bench_opt_secs: seconds in (0, 3600] from an option argument. 0 or -1. */
 int bench_opt_secs(const char *s, double *out);
 
+/* bench_opt_rate: requests per second in (0, 1e9] from an option argument. 0 or -1. */
+int bench_opt_rate(const char *s, double *out);
+
+/*
+ * Pacing (-r RATE in the tools): one thread's schedule of sends. A run paced at RATE
+ * requests/s in all gives each of its T threads RATE / T, request k of thread i due at
+ * start + (k + i / T) / (RATE / T) (the threads' phases spread over one interval). Sends
+ * stay closed-loop as well: a thread still keeps at most its depth in flight, so a server
+ * slower than RATE sets the pace. While nothing is due a thread reads the replies that
+ * have come (so the server never waits on a full socket for a paced client) or sleeps in
+ * ppoll until the next send is due: no spinning, an idle client costs no CPU.
+ */
+struct bench_pace {
+    uint64_t start;    /* bench_now_ns at the schedule's start */
+    double interval;   /* ns between this thread's requests; 0: not paced */
+    double phase;      /* ns: this thread's offset inside one interval */
+    uint64_t n;        /* requests released so far */
+};
+
+/* bench_pace_init: p for thread (0..threads-1) of a run at rate requests/s in all (0: not
+ * paced), starting now (bench_now_ns). */
+void bench_pace_init(struct bench_pace *p, double rate, int thread, int threads, uint64_t now);
+
+/* bench_pace_due: when p's next request is due (a bench_now_ns time; 0 when not paced). */
+uint64_t bench_pace_due(const struct bench_pace *p);
+
+/* bench_pace_take: release p's next request (the caller sends it). */
+void bench_pace_take(struct bench_pace *p);
+
+/*
+ * bench_pace_idle: wait until p's next request is due or, when fd >= 0, until fd is
+ * readable, whichever comes first (ppoll; EINTR returns early, the caller loops).
+ * Returns 1 when fd is readable (or in error), 0 otherwise.
+ */
+int bench_pace_idle(const struct bench_pace *p, int fd);
+
 /*
  * bench_print_result: the one result line run.sh parses: mode, size, batch, conns,
  * depth, secs, GB/s, keys/s, req/s, p50_us, p99_us, misses, errors, the server's CPU

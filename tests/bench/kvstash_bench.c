@@ -81,6 +81,7 @@ struct bench_cfg {
     uint32_t batch;
     size_t vsize;
     double secs;
+    double rate;                  /* -r: requests/s in all; 0 = unpaced */
     uint64_t max_reqs;            /* per connection; 0 = no limit */
     uint64_t keys;                /* working set per connection (get, exists) */
     int pid;                      /* daemon to charge CPU to; 0 = none */
@@ -891,37 +892,52 @@ bench_thread_main(void *arg)
     if (rc != 0) {
         return NULL;
     }
-    uint64_t deadline = bench_now_ns() + (uint64_t)(cfg->secs * 1e9);
+    uint64_t start = bench_now_ns();
+    uint64_t deadline = start + (uint64_t)(cfg->secs * 1e9);
     uint64_t sent = 0;
     int inflight = 0, head = 0;
+    bool more = true; /* requests left to send (-t, -n) */
+    struct bench_pace pace;
 
-    for (int s = 0; s < depth && (cfg->max_reqs == 0 || sent < cfg->max_reqs); s++) {
-        bench_slot_keys(t, s);
-        t->slots[s].t_sent = bench_now_ns();
-        if (bench_send(t, &t->slots[s]) != 0) {
-            return NULL;
-        }
-        sent++;
-        inflight++;
-    }
-    while (inflight > 0) {
-        bool verify = t->reqs == 0 && (cfg->mode == MODE_GET || cfg->mode == MODE_GET_INTO);
-        if (bench_reply(t, head, verify) != 0) {
-            return NULL;
-        }
+    /* Slots are used in order: head is the oldest in flight, (head + inflight) the next
+     * free. Unpaced, a free slot is sent at once; paced (-r), when its request is due, and
+     * until then the thread reads what replies have come, or sleeps. */
+    bench_pace_init(&pace, cfg->rate, t->id, cfg->conns, start);
+    for (;;) {
         uint64_t now = bench_now_ns();
-        t->hist[bench_hist_index(now - t->slots[head].t_sent)]++;
-        t->reqs++;
-        inflight--;
-        if (now < deadline && (cfg->max_reqs == 0 || sent < cfg->max_reqs)) {
-            bench_slot_keys(t, head);
-            t->slots[head].t_sent = now;
-            if (bench_send(t, &t->slots[head]) != 0) {
+        uint64_t due = bench_pace_due(&pace);
+        more = more && (cfg->max_reqs == 0 || sent < cfg->max_reqs) && now < deadline &&
+               due < deadline;
+        if (more && inflight < depth && due <= now) {
+            int s = (head + inflight) % depth;
+            bench_pace_take(&pace);
+            bench_slot_keys(t, s);
+            t->slots[s].t_sent = now;
+            if (bench_send(t, &t->slots[s]) != 0) {
                 return NULL;
             }
             sent++;
             inflight++;
+            continue;
         }
+        if (inflight == 0) {
+            if (!more) {
+                break;
+            }
+            bench_pace_idle(&pace, -1);
+            continue;
+        }
+        if (more && inflight < depth && t->rpos == t->rlen &&
+            bench_pace_idle(&pace, t->fd) == 0) {
+            continue; /* the next send is due before a reply came */
+        }
+        bool verify = t->reqs == 0 && (cfg->mode == MODE_GET || cfg->mode == MODE_GET_INTO);
+        if (bench_reply(t, head, verify) != 0) {
+            return NULL;
+        }
+        t->hist[bench_hist_index(bench_now_ns() - t->slots[head].t_sent)]++;
+        t->reqs++;
+        inflight--;
         head = (head + 1) % depth;
     }
     return NULL;
@@ -953,7 +969,7 @@ bench_thread_free(struct bench_thread *t)
 static const char bench_usage_text[] =
     "usage: kvstash-bench [-H host:port | -S socket] [-m MODE] [-c conns]\n"
     "                     [-d depth] [-b batch] [-s size] [-t seconds] [-n requests]\n"
-    "                     [-k keys] [-i id] [-N] [-p pid] [-R] [-C] [-q]\n"
+    "                     [-k keys] [-i id] [-N] [-p pid] [-r rate] [-R] [-C] [-q]\n"
     "  -m MODE     put, get, exists: batch_put, batch_get, batch_is_exist (default get);\n"
     "              put_from, get_into: batch_put_from, batch_get_into through one\n"
     "              registered shared-memory buffer of batch x depth x size bytes per\n"
@@ -966,6 +982,9 @@ static const char bench_usage_text[] =
     "  -s SIZE     value size: 4096, 64k, 1m, 4m (default 1m; 64 for exists)\n"
     "  -t SECS     run time (default 5)\n"
     "  -n N        stop each connection after N requests (default: time only)\n"
+    "  -r RATE     pace the run at RATE requests/s in all (RATE / conns per connection,\n"
+    "              each thread sleeping until its next send is due; still at most depth in\n"
+    "              flight); default: as fast as the server answers\n"
     "  -k N        keys preloaded per connection for get/get_into/exists (default: ~1 GiB\n"
     "              in all); memcpy: source blocks per thread\n"
     "  -i ID       key id (1-8 of [0-9a-z]) instead of a random one: a get run with -N\n"
@@ -1035,7 +1054,7 @@ main(int argc, char **argv)
     int opt;
 
     cfg.addr = env && env[0] ? env : "127.0.0.1:7431";
-    while ((opt = getopt(argc, argv, "H:S:m:c:d:b:s:t:n:k:i:p:NRCqh")) != -1) {
+    while ((opt = getopt(argc, argv, "H:S:m:c:d:b:s:t:n:k:i:p:r:NRCqh")) != -1) {
         long long v = 0;
         if (strchr("cdbnkp", opt) != NULL && bench_opt_count(optarg, &v) != 0) {
             return bench_usage("numeric option expected");
@@ -1076,6 +1095,11 @@ main(int argc, char **argv)
                 return bench_usage("-s wants a size like 4096, 64k, 1m");
             }
             size_given = true;
+            break;
+        case 'r':
+            if (bench_opt_rate(optarg, &cfg.rate) != 0) {
+                return bench_usage("-r wants requests/s in (0, 1e9]");
+            }
             break;
         case 't':
             if (bench_opt_secs(optarg, &cfg.secs) != 0) {

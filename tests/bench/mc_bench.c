@@ -70,6 +70,7 @@ struct mc_cfg {
     uint32_t batch;
     size_t vsize;
     double secs;
+    double rate;                      /* -r: requests/s in all; 0 = unpaced */
     uint64_t max_reqs;                /* per connection; 0 = no limit */
     uint64_t keys;                    /* get working set per connection */
     int pid;                          /* server to charge CPU to; 0 = none */
@@ -670,38 +671,53 @@ mc_thread_main(void *arg)
     if (rc != 0) {
         return NULL;
     }
-    uint64_t deadline = bench_now_ns() + (uint64_t)(cfg->secs * 1e9);
+    uint64_t start = bench_now_ns();
+    uint64_t deadline = start + (uint64_t)(cfg->secs * 1e9);
     uint64_t sent = 0;
     int inflight = 0, head = 0;
+    bool more = true; /* requests left to send (-t, -n) */
+    struct bench_pace pace;
 
-    for (int s = 0; s < depth && (cfg->max_reqs == 0 || sent < cfg->max_reqs); s++) {
-        mc_slot_keys(t, &t->slots[s]);
-        t->slots[s].t_sent = bench_now_ns();
-        if (mc_send(t, &t->slots[s]) != 0) {
-            return NULL;
+    /* Slots are used in order: head is the oldest in flight, (head + inflight) the next
+     * free. Unpaced, a free slot is sent at once; paced (-r), when its request is due, and
+     * until then the thread reads what replies have come, or sleeps. */
+    bench_pace_init(&pace, cfg->rate, t->id, cfg->conns, start);
+    for (;;) {
+        uint64_t now = bench_now_ns();
+        uint64_t due = bench_pace_due(&pace);
+        more = more && (cfg->max_reqs == 0 || sent < cfg->max_reqs) && now < deadline &&
+               due < deadline;
+        if (more && inflight < depth && due <= now) {
+            int s = (head + inflight) % depth;
+            bench_pace_take(&pace);
+            mc_slot_keys(t, &t->slots[s]);
+            t->slots[s].t_sent = now;
+            if (mc_send(t, &t->slots[s]) != 0) {
+                return NULL;
+            }
+            sent++;
+            inflight++;
+            continue;
         }
-        sent++;
-        inflight++;
-    }
-    while (inflight > 0) {
+        if (inflight == 0) {
+            if (!more) {
+                break;
+            }
+            bench_pace_idle(&pace, -1);
+            continue;
+        }
+        if (more && inflight < depth && t->rpos == t->rlen &&
+            bench_pace_idle(&pace, t->fd) == 0) {
+            continue; /* the next send is due before a reply came */
+        }
         rc = cfg->mode == MC_MODE_GET ? mc_get_reply(t, t->reqs == 0)
                                       : mc_set_replies(t, cfg->batch, true);
         if (rc != 0) {
             return NULL;
         }
-        uint64_t now = bench_now_ns();
-        t->hist[bench_hist_index(now - t->slots[head].t_sent)]++;
+        t->hist[bench_hist_index(bench_now_ns() - t->slots[head].t_sent)]++;
         t->reqs++;
         inflight--;
-        if (now < deadline && (cfg->max_reqs == 0 || sent < cfg->max_reqs)) {
-            mc_slot_keys(t, &t->slots[head]);
-            t->slots[head].t_sent = now;
-            if (mc_send(t, &t->slots[head]) != 0) {
-                return NULL;
-            }
-            sent++;
-            inflight++;
-        }
         head = (head + 1) % depth;
     }
     return NULL;
@@ -726,7 +742,7 @@ mc_thread_free(struct mc_thread *t)
 static const char mc_usage_text[] =
     "usage: mc-bench [-H host:port] [-P text|resp] [-m get|set] [-c conns] [-d depth]\n"
     "                [-b batch] [-s size] [-t seconds] [-n requests] [-k keys] [-p pid]\n"
-    "                [-C] [-q]\n"
+    "                [-r rate] [-C] [-q]\n"
     "  -P PROTO    text: memcached's text protocol (default); resp: Redis's RESP2\n"
     "              (GET, or MGET for batch > 1; SET answered +OK)\n"
     "  -m MODE     multi-key get or set load (default get; put is an alias of set)\n"
@@ -736,6 +752,9 @@ static const char mc_usage_text[] =
     "  -s SIZE     value size: 4096, 64k, 1m, 4m (default 1m)\n"
     "  -t SECS     run time (default 5)\n"
     "  -n N        stop each connection after N requests (default: time only)\n"
+    "  -r RATE     pace the run at RATE requests/s in all (RATE / conns per connection,\n"
+    "              each thread sleeping until its next send is due; still at most depth in\n"
+    "              flight); default: as fast as the server answers\n"
     "  -k N        keys preloaded per connection for get (default: ~1 GiB in all)\n"
     "  -p PID      charge the server's CPU time (/proc/PID/stat) to the bytes moved\n"
     "  -C          send set values (and the get preload's) by copying (sendmsg), as\n"
@@ -760,7 +779,7 @@ main(int argc, char **argv)
     int opt;
     bool addr_set = false;
 
-    while ((opt = getopt(argc, argv, "H:P:m:c:d:b:s:t:n:k:p:Cqh")) != -1) {
+    while ((opt = getopt(argc, argv, "H:P:m:c:d:b:s:t:n:k:p:r:Cqh")) != -1) {
         long long v = 0;
         if (strchr("cdbnkp", opt) != NULL && bench_opt_count(optarg, &v) != 0) {
             return mc_usage("numeric option expected");
@@ -797,6 +816,11 @@ main(int argc, char **argv)
         case 's':
             if (bench_parse_size(optarg, &cfg.vsize) != 0) {
                 return mc_usage("-s wants a size like 4096, 64k, 1m");
+            }
+            break;
+        case 'r':
+            if (bench_opt_rate(optarg, &cfg.rate) != 0) {
+                return mc_usage("-r wants requests/s in (0, 1e9]");
             }
             break;
         case 't':

@@ -30,6 +30,17 @@
 # bytes). mc-bench's rows compare the servers with a client that is not the limit, and
 # RESP's core-s/GB with the msgpack port's under the same kind of client.
 #
+# Like for like (BENCH_RESP_PACED=1, the default): under redis-benchmark kvstashd is often
+# mostly idle (one client thread is the limit), while kvstash-bench drives the msgpack port
+# at full speed, and a daemon that wakes often for little work spends more per GB whatever
+# the protocol. So each row runs twice more at the rate redis-benchmark reached on
+# kvstash's RESP port (same keys, 8 connections, 16 in flight): kvstash-bench on the msgpack
+# port and mc-bench on the RESP port, both paced with -r (requests spread evenly over each
+# connection's schedule). The last table puts RESP's core-s/GB beside the msgpack port's
+# at that one rate: mc-bench paced over kvstash-bench paced is the protocol (same rate,
+# same client shape); redis-benchmark's over mc-bench paced is the client's shape
+# (redis-benchmark sends 16 requests at once and reads replies 16 KiB a call).
+#
 # kvstashd is measured only once its arena is populated (the log line "arena of N MiB
 # populated"): the population thread runs for seconds after the start (10 s for 2 GiB on a
 # loaded VM here), and its CPU would be charged to the first rows.
@@ -45,7 +56,7 @@
 # BENCH_REPS (3), BENCH_RESP_MEMORY (2g: memory_size of kvstashd, maxmemory of
 # redis-server), BENCH_RESP_IO_THREADS (kvstashd's io_threads; default: its own default),
 # BENCH_RESP_CLIENT_THREADS (1: redis-benchmark --threads, the same for both servers),
-# BENCH_RESP_PIN (none; S:C above), MCBENCH (default build/release/mc-bench; absent: its
+# BENCH_RESP_PIN (none; S:C above), BENCH_RESP_PACED (1; 0 skips the paced runs), MCBENCH (default build/release/mc-bench; absent: its
 # rows are skipped).
 # Exits non-zero when kvstashd dies or a kvstash row fails; a missing redis-server is
 # reported and its rows skipped.
@@ -62,6 +73,7 @@ IO_THREADS=${BENCH_RESP_IO_THREADS:-}
 CLIENT_THREADS=${BENCH_RESP_CLIENT_THREADS:-1}
 MCB=${MCBENCH:-$root/build/release/mc-bench}
 PIN=${BENCH_RESP_PIN:-}
+PACED=${BENCH_RESP_PACED:-1}
 
 # shellcheck source=lib.sh
 . "$here/lib.sh"       # die, show, field, free_port, proc_cpu
@@ -71,6 +83,7 @@ if ! command -v redis-benchmark >/dev/null || ! command -v redis-cli >/dev/null;
     die "redis-benchmark and redis-cli (redis-tools) are needed"
 fi
 command -v perl >/dev/null || die "perl is needed (the preload)"
+case "$PACED" in 0|1) ;; *) die "BENCH_RESP_PACED must be 0 or 1" ;; esac
 case "$SECS$REPS$IO_THREADS$CLIENT_THREADS" in
     *[!0-9]*) die "BENCH_SECS, BENCH_REPS, BENCH_RESP_IO_THREADS and BENCH_RESP_CLIENT_THREADS must be whole numbers" ;;
 esac
@@ -243,12 +256,13 @@ run_row() {
     echo "   median: $med"
 }
 
-# tool_reps PORT ERR CMD...: REPS runs of CMD (kvstash-bench or mc-bench with -q: one result
-# line), each after a FLUSHALL of the RESP server on PORT, its stderr in ERR; the median line
-# (by req/s) in $med, or return 1 when no run succeeded.
+# tool_reps PORT ERR KEY CMD...: REPS runs of CMD (kvstash-bench or mc-bench with -q: one
+# result line), each after a FLUSHALL of the RESP server on PORT, its stderr in ERR; the
+# median line by the field KEY (req/s; a paced run's req/s is its rate, so those take the
+# median by daemon_core_s_per_GB) in $med, or return 1 when no run succeeded.
 tool_reps() {
-    local port=$1 err=$2 out lines=()
-    shift 2
+    local port=$1 err=$2 key=$3 out lines=()
+    shift 3
     show "$@"
     for rep in $(seq 1 "$REPS"); do
         timeout 60 redis-cli -p "$port" flushall >/dev/null
@@ -261,32 +275,38 @@ tool_reps() {
         lines+=("$out")
     done
     [ "${#lines[@]}" -gt 0 ] || return 1
-    med=$(printf '%s\n' "${lines[@]}" | awk '{ for (i = 1; i <= NF; i++) if ($i ~ /^req\/s=/) {
-              split($i, kv, "="); print kv[2] "\t" $0 } }' |
+    med=$(printf '%s\n' "${lines[@]}" | awk -v key="$key" '{ for (i = 1; i <= NF; i++)
+              if (index($i, key "=") == 1) { split($i, kv, "="); print kv[2] "\t" $0 } }' |
           sort -g | awk -F'\t' '{ l[NR] = $2 } END { print l[int((NR + 1) / 2)] }')
     echo "   median: $med"
 }
 
-# mp_row OP SIZE KEYS: REPS runs of kvstash-bench against the msgpack port (OP get: KEYS
-# keys preloaded by it; put: new keys); the median line (by req/s) in $med, or return 1.
+# mp_row OP SIZE KEYS [RATE]: REPS runs of kvstash-bench against the msgpack port (OP get:
+# KEYS keys preloaded by it; put: new keys), paced at RATE requests/s in all when given
+# (-r); the median line in $med (tool_reps), or return 1.
 mp_row() {
-    local op=$1 size=$2 keys=$3 args
+    local op=$1 size=$2 keys=$3 rate=${4:-} args
     args=("${cpin[@]}" "$KVBENCH" -H "127.0.0.1:$mport" -m "$op" -b 1 -d 16 -c 8 -s "$size"
           -t "$SECS" -p "$kvd_pid" -q)
     [ "$op" = get ] && args+=(-k $(( (keys + 7) / 8 )))
     [ "$op" = put ] && args+=(-C)
-    tool_reps "$kport" "$tmp/kb.err" "${args[@]}"
+    local key=req/s
+    [ -n "$rate" ] && { args+=(-r "$rate"); key=daemon_core_s_per_GB; }
+    tool_reps "$kport" "$tmp/kb.err" "$key" "${args[@]}"
 }
 
-# mc_row PORT PID OP SIZE KEYS: REPS runs of mc-bench -P resp against PORT (a RESP server
-# of pid PID; get: KEYS keys preloaded by it, set: new keys), after a FLUSHALL each; the
-# median line (by req/s) in $med, or return 1.
+# mc_row PORT PID OP SIZE KEYS [RATE]: REPS runs of mc-bench -P resp against PORT (a RESP
+# server of pid PID; get: KEYS keys preloaded by it, set: new keys), after a FLUSHALL
+# each, paced at RATE requests/s in all when given (-r); the median line in $med
+# (tool_reps), or return 1.
 mc_row() {
-    local port=$1 pid=$2 op=$3 size=$4 keys=$5 args
+    local port=$1 pid=$2 op=$3 size=$4 keys=$5 rate=${6:-} args
     args=("${cpin[@]}" "$MCB" -P resp -H "127.0.0.1:$port" -m "$op" -b 1 -d 16 -c 8
           -s "$size" -t "$SECS" -p "$pid" -C -q)
     [ "$op" = get ] && args+=(-k $(( (keys + 7) / 8 )))
-    tool_reps "$port" "$tmp/mc.err" "${args[@]}"
+    local key=req/s
+    [ -n "$rate" ] && { args+=(-r "$rate"); key=daemon_core_s_per_GB; }
+    tool_reps "$port" "$tmp/mc.err" "$key" "${args[@]}"
 }
 
 # server_port_pid SERVER: port and pid of the RESP server SERVER (kvstash or redis) into
@@ -309,7 +329,7 @@ kvd_alive() {
     fi
 }
 
-declare -A kv_row redis_row mp_row_med mc_kv_row mc_redis_row
+declare -A kv_row redis_row mp_row_med mc_kv_row mc_redis_row mp_paced mc_paced
 rows=()
 failed=0
 for op in get set; do
@@ -339,12 +359,35 @@ for op in get set; do
             kvd_alive
             echo
         done
+        mop="put"
+        [ "$op" = get ] && mop="get"
         if [ -n "$KVBENCH" ]; then
             echo "== kvstash msgpack $name"
-            mop="put"
-            [ "$op" = get ] && mop="get"
             if mp_row "$mop" "$size" "$keys"; then
                 mp_row_med[$name]=$med
+            else
+                failed=$(( failed + 1 ))
+            fi
+            kvd_alive
+            echo
+        fi
+        # at the rate redis-benchmark reached on kvstash's RESP port (same rows, same
+        # connections and depth): the msgpack port, and the RESP port under mc-bench
+        rate=$(field rps "${kv_row[$name]:-}")
+        if [ "$PACED" = 1 ] && [ -n "$rate" ] && [ -n "$KVBENCH" ]; then
+            echo "== kvstash msgpack $name, paced at $rate req/s"
+            if mp_row "$mop" "$size" "$keys" "$rate"; then
+                mp_paced[$name]=$med
+            else
+                failed=$(( failed + 1 ))
+            fi
+            kvd_alive
+            echo
+        fi
+        if [ "$PACED" = 1 ] && [ -n "$rate" ] && [ -n "$MCB" ]; then
+            echo "== kvstash $name, mc-bench -P resp paced at $rate req/s"
+            if mc_row "$kport" "$kvd_pid" "$op" "$size" "$keys" "$rate"; then
+                mc_paced[$name]=$med
             else
                 failed=$(( failed + 1 ))
             fi
@@ -422,6 +465,37 @@ if [ -n "$MCB" ]; then
                   -v b="$(field daemon_core_s_per_GB "$m")" \
                   'BEGIN { if (a > 0 && b > 0) printf "%.2fx", a / b; else print "-" }')
         printf '%-8s %-44s %-44s %-8s %s\n' "$name" "${cols[0]}" "${cols[1]}" "$ratio" "$cpu"
+    done
+fi
+# paced_col CORE_S_PER_GB REQ_S: one paced run's summary column, "-" when it did not run.
+paced_col() {
+    if [ -n "$1" ]; then echo "$1 core-s/GB ($(printf '%.0f' "$2") req/s)"; else echo "-"; fi
+}
+if [ "$PACED" = 1 ]; then
+    # Like for like: kvstashd's core-s/GB at the rate redis-benchmark reached on its RESP
+    # port, through the RESP port (redis-benchmark; mc-bench paced) and the msgpack port
+    # (kvstash-bench paced), the rate each paced client reached beside it. RESP/msgpack at
+    # one rate and one client shape is the paced mc-bench column over the paced msgpack
+    # one; redis-benchmark's over mc-bench's is the client's shape.
+    echo
+    printf '%-8s %-10s %-22s %-30s %-30s %-9s %s\n' "row" "rate" "RESP redis-benchmark" \
+           "RESP mc-bench paced" "msgpack kvstash-bench paced" "RESP(rb)" \
+           "RESP(mc)/msgpack at that rate"
+    for name in "${rows[@]}"; do
+        k=${kv_row[$name]:-}
+        [ -n "$(field rps "$k")" ] || continue
+        mc=${mc_paced[$name]:-}
+        mp=${mp_paced[$name]:-}
+        kcs=$(field core_s_per_GB "$k")
+        mccs=$(field daemon_core_s_per_GB "$mc")
+        mpcs=$(field daemon_core_s_per_GB "$mp")
+        printf '%-8s %-10s %-22s %-30s %-30s %-9s %s\n' "$name" "$(field rps "$k")" \
+               "$kcs core-s/GB" "$(paced_col "$mccs" "$(field req/s "$mc")")" \
+               "$(paced_col "$mpcs" "$(field req/s "$mp")")" \
+               "$(awk -v a="$kcs" -v b="$mpcs" \
+                      'BEGIN { if (a > 0 && b > 0) printf "%.2fx", a / b; else print "-" }')" \
+               "$(awk -v a="$mccs" -v b="$mpcs" \
+                      'BEGIN { if (a > 0 && b > 0) printf "%.2fx", a / b; else print "-" }')"
     done
 fi
 [ "$failed" -eq 0 ] || { echo "resp.sh: $failed kvstash row(s) failed" >&2; exit 1; }
