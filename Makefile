@@ -53,7 +53,7 @@ endif
 #   storage/   the store and its tiers;  rdma/  the RDMA data port
 #   client/    libkvstash and the kvstash CLI
 #   src/       the daemon; src/rpc/ its request layer
-UTIL_SRC := util/log.c util/tcpopt.c util/sdnotify.c util/tls_error.c
+UTIL_SRC := util/log.c util/tcpopt.c util/sdnotify.c util/tls_error.c util/prio.c
 PROTO_SRC := protocol/kverr.c protocol/frame.c protocol/mp.c protocol/resp.c
 STORAGE_SRC := storage/alloc.c storage/alloc_file.c storage/store.c storage/store_tier.c storage/store_hash.c \
                storage/store_evict.c storage/crc32c.c storage/ssd_record.c storage/ssd_index.c \

@@ -851,7 +851,7 @@ server_cluster_start(struct server *s, const struct kv_config *c)
     s->rpc.remote = &s->remote;
     struct rebalance_config rbc = {
         .store = s->store,
-        .pool = repl_pool(s->repl),
+        .pool = repl_walk_pool(s->repl),
         .repl = s->repl,
         .replicas = (unsigned)c->replicas,
         .delay_ms = c->rebalance_delay,
@@ -995,6 +995,9 @@ server_cluster_reload(struct server *s, const struct kv_config *c, bool apply, c
         peer_tls_ctx_free(check);
     } else {
         rc = peer_pool_reload(repl_pool(s->repl), &pc, err, errlen);
+        if (rc == 0 && repl_walk_pool(s->repl) != repl_pool(s->repl)) {
+            rc = peer_pool_reload(repl_walk_pool(s->repl), &pc, err, errlen);
+        }
     }
     explicit_bzero(token, sizeof(token));
     return rc == 0 ? 0 : -1;

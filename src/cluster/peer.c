@@ -46,6 +46,7 @@
 #include "mp.h"
 #include "peer_rdma.h"
 #include "peer_tls.h"
+#include "prio.h"
 #include "rdma_port.h"
 #include "view.h"
 
@@ -1335,7 +1336,13 @@ peer_main(void *arg)
 {
     struct peer_pool *p = arg;
     struct epoll_event evs[64];
+    const char *name = p->cfg.name != NULL ? p->cfg.name : "kvstash-peer";
+    int prc;
 
+    (void)pthread_setname_np(pthread_self(), name);
+    if (p->cfg.nice != 0 && (prc = prio_thread_nice(p->cfg.nice)) != 0) {
+        log_warn("cluster: the %s thread keeps the process's priority: %s", name, strerror(-prc));
+    }
     while (!atomic_load_explicit(&p->stop, memory_order_acquire)) {
         int n = epoll_wait(p->epfd, evs, 64, (int)peer_expire(p) + 1);
 

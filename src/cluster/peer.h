@@ -51,6 +51,10 @@ struct peer_config {
     const char *tls_ca;             /* none checked); tls_cert NULL or "": no TLS (read at create) */
     struct rdma_dev *rdma_dev;      /* this node's RDMA device (its arena registered), or NULL:
                                        no RDMA to peers; borrowed, outlives the pool */
+    int nice;                       /* the pool thread's nice above the process's (prio.h):
+                                       0 the same, > 0 a background pool (the rebalance walk's) */
+    const char *name;               /* the thread's name (static, at most 15 bytes), or NULL:
+                                       "kvstash-peer" */
 };
 
 /* Counters of the pool (relaxed atomics; any thread reads them). */

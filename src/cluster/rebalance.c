@@ -31,12 +31,14 @@
 #include "mp.h"
 #include "peer.h"
 #include "place.h"
+#include "prio.h"
 #include "repl.h"
 #include "store.h"
 #include "view.h"
 
 #define RB_POLL_MS 100                  /* how often the view is looked at */
-#define RB_MSG_BYTES (8ull << 20)       /* value bytes per peer_put */
+#define RB_MSG_BYTES (1ull << 20)       /* value bytes per peer_put: what goes at line rate */
+#define RB_PACE_SLACK_US 16000          /* behind the pacing by more than this: it starts anew */
 
 /* One key copied out of the store. */
 struct rb_key {
@@ -66,8 +68,7 @@ struct rebalance {
     pthread_mutex_t lock;
     pthread_cond_t cond;
     bool stop;
-    uint64_t window_ms;                 /* the rate limit's window start */
-    uint64_t window_bytes;
+    uint64_t due_us;                    /* pacing: when the bytes sent so far are due */
     _Atomic uint64_t walks, restarts, keys_moved, bytes_moved, keys_checked, running;
     _Atomic uint64_t settled;           /* revision of the view the thread last settled on */
     _Atomic bool drain_asked;           /* member.c's drain hook ran (registered as draining) */
@@ -316,22 +317,35 @@ rb_value(struct rebalance *rb, const struct rb_key *k, struct store_obj **obj, u
     return 0;
 }
 
-/* rb_rate: keep the walk under REBALANCE_RATE. Returns true when stopped. */
+static uint64_t
+rb_now_us(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+/*
+ * rb_rate: keep the walk under REBALANCE_RATE, paced message by message: the bytes just
+ * sent are due bytes/REBALANCE_RATE after the previous ones, and the walk sleeps until then.
+ * A message (at most RB_MSG_BYTES) goes at line rate, and nothing more: a walk does not send
+ * a second's worth in one burst and then wait, which on a small host queued the event loops'
+ * replies behind the burst. Behind schedule (a slow peer, a pause) by more than
+ * RB_PACE_SLACK_US, the schedule starts anew from now, so no burst catches up either.
+ * Returns true when stopped.
+ */
 static bool
 rb_rate(struct rebalance *rb, uint64_t bytes)
 {
-    uint64_t now = clock_ms();
+    uint64_t now = rb_now_us();
 
-    if (now - rb->window_ms >= 1000) {
-        rb->window_ms = now;
-        rb->window_bytes = 0;
+    if (rb->due_us + RB_PACE_SLACK_US < now) {
+        rb->due_us = now;
     }
-    rb->window_bytes += bytes;
-    if (rb->window_bytes >= REBALANCE_RATE) {
-        uint64_t left = 1000 - (now - rb->window_ms);
-        rb->window_ms = now + left;
-        rb->window_bytes = 0;
-        return rb_sleep(rb, left);
+    rb->due_us += bytes * 1000000u / REBALANCE_RATE;
+    if (rb->due_us > now + 1000) {
+        return rb_sleep(rb, (rb->due_us - now) / 1000);
     }
     return false;
 }
@@ -703,6 +717,23 @@ rb_settle(struct rebalance *rb, struct cluster_view *done, struct cluster_view *
     return v;
 }
 
+/*
+ * rb_background: this thread is a background job (rebalance.h): named, and at
+ * REPL_WALK_NICE, as the pool it sends through, so an event loop that wakes with a request
+ * takes the CPU from it at once.
+ */
+static void
+rb_background(void)
+{
+    int rc;
+
+    (void)pthread_setname_np(pthread_self(), "kvstash-rebal");
+    if ((rc = prio_thread_nice(REPL_WALK_NICE)) != 0) {
+        log_warn("cluster: the rebalance thread keeps the process's priority: %s",
+                 strerror(-rc));
+    }
+}
+
 static void *
 rb_main(void *arg)
 {
@@ -710,6 +741,7 @@ rb_main(void *arg)
     struct cluster_view *done = NULL;   /* the last view a walk completed under */
     uint64_t lost_since = 0;
 
+    rb_background();
     while (!rb_sleep(rb, RB_POLL_MS)) {
         struct cluster_view *v = view_acquire();
         int rc;

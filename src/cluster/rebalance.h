@@ -8,7 +8,8 @@
  *     copy of a key it never owned is not pushed;
  *   - it asks each new owner first (peer_exists, one message per owner per batch of keys)
  *     and sends only what is missing (peer_put with the CRC-32C, one message per owner per
- *     batch), at most REBALANCE_RATE bytes a second, so reads keep their latency; where this
+ *     batch), at most REBALANCE_RATE bytes a second, paced message by message (at most
+ *     1 MiB of values at line rate, then a pause), so reads keep their latency; where this
  *     node has an RDMA device, the values in DRAM go as a peer_put_from instead (repl_push:
  *     the new owner RDMA-READs them, the objects held until it answered; a peer_put over
  *     TCP when the connection has no queue pair or the READs fail);
@@ -22,8 +23,12 @@
  *   - once a walk completes under a view where this node is draining, and member.c's drain
  *     hook said it is registered so, it calls member_leave().
  *
- * Threads: one thread of its own; it blocks only on its peer calls (each bounded by
- * peer_timeout) and its rate limit. It calls the store (thread safe) and the peer pool.
+ * Threads: one thread of its own (kvstash-rebal), a background job: at REPL_WALK_NICE
+ * (repl.h), so an event loop woken by a request takes the CPU from it at once; it sends
+ * through cfg->pool, which the daemon makes repl_walk_pool (a pool of its own, its thread at
+ * the same nice, when the values go over TCP). It blocks only on its peer calls (each
+ * bounded by peer_timeout) and its rate limit. It calls the store (thread safe) and the
+ * peer pool.
  */
 #ifndef REBALANCE_H
 #define REBALANCE_H
@@ -40,7 +45,8 @@ struct store;
 
 struct rebalance_config {
     struct store *store;                /* borrowed */
-    struct peer_pool *pool;             /* borrowed; outlives the rebalance */
+    struct peer_pool *pool;             /* borrowed; outlives the rebalance: the walk's
+                                           messages (the daemon's: repl_walk_pool) */
     struct repl *repl;                  /* borrowed, outlives the rebalance: pushes over RDMA
                                            (repl_push); NULL: every push a copying peer_put */
     unsigned replicas;

@@ -934,7 +934,13 @@ repl_create(const struct repl_config *cfg, struct repl **out)
     r->cfg.tls_cert = r->cfg.tls_key = r->cfg.tls_ca = NULL;
     pthread_mutex_init(&r->lock, NULL);
     rc = peer_pool_create(&pc, &r->pool);
+    if (rc == 0 && pc.rdma_dev == NULL) {
+        pc.nice = REPL_WALK_NICE;
+        pc.name = "kvstash-rbpeer";
+        rc = peer_pool_create(&pc, &r->walk_pool);
+    }
     if (rc != 0) {
+        peer_pool_destroy(r->pool);
         pthread_mutex_destroy(&r->lock);
         free(r);
         return rc;
@@ -949,6 +955,7 @@ repl_destroy(struct repl *r)
     if (r == NULL) {
         return;
     }
+    peer_pool_destroy(r->walk_pool);
     peer_pool_destroy(r->pool);     /* every call is answered before it returns */
     for (unsigned i = 0; i < REPL_BUCKETS; i++) {
         while (r->table[i] != NULL) {
@@ -969,6 +976,12 @@ repl_pool(struct repl *r)
     return r->pool;
 }
 
+struct peer_pool *
+repl_walk_pool(struct repl *r)
+{
+    return r->walk_pool != NULL ? r->walk_pool : r->pool;
+}
+
 void
 repl_stats(struct repl *r, struct repl_stats *out)
 {
@@ -986,15 +999,22 @@ repl_stats(struct repl *r, struct repl_stats *out)
     out->repl_drops = atomic_load_explicit(&r->repl_drops, memory_order_relaxed);
     out->repl_queue_bytes = atomic_load_explicit(&r->queue_bytes, memory_order_relaxed);
     out->repl_queue_depth = atomic_load_explicit(&r->queue_depth, memory_order_relaxed);
-    peer_stats(r->pool, &ps);
-    out->peer_requests = ps.requests;
-    out->peer_errors = ps.errors;
-    out->peer_timeouts = ps.timeouts;
-    out->peer_bytes_out = ps.bytes_out;
-    out->peer_bytes_in = ps.bytes_in;
-    out->peer_auth_failures = ps.auth_failures;
-    out->peer_rdma_connects = ps.rdma_connects;
-    out->peer_rdma_fallbacks = ps.rdma_fallbacks;
+    for (int i = 0; i < 2; i++) {
+        struct peer_pool *p = i == 0 ? r->pool : r->walk_pool;
+
+        if (p == NULL) {
+            continue;
+        }
+        peer_stats(p, &ps);
+        out->peer_requests += ps.requests;
+        out->peer_errors += ps.errors;
+        out->peer_timeouts += ps.timeouts;
+        out->peer_bytes_out += ps.bytes_out;
+        out->peer_bytes_in += ps.bytes_in;
+        out->peer_auth_failures += ps.auth_failures;
+        out->peer_rdma_connects += ps.rdma_connects;
+        out->peer_rdma_fallbacks += ps.rdma_fallbacks;
+    }
     out->peer_rdma_fetch_bytes = atomic_load_explicit(&r->rdma_fetch_bytes, memory_order_relaxed);
     out->peer_rdma_put_bytes = atomic_load_explicit(&r->rdma_put_bytes, memory_order_relaxed);
 }

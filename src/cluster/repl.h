@@ -143,8 +143,20 @@ int repl_static_view(const char *spec, const char *self_id);
 int repl_push(struct repl *r, const char *addr, uint32_t tenant, struct store_obj *const *objs,
               uint32_t n, int *codes);
 
-/* repl_pool: the peer pool repl sends through (for rebalance.c); valid until repl_destroy. */
+/* repl_pool: the peer pool repl sends through; valid until repl_destroy. */
 struct peer_pool *repl_pool(struct repl *r);
+
+/*
+ * repl_walk_pool: the peer pool the rebalance walk sends through (rebalance.c); valid until
+ * repl_destroy. Without an RDMA device here, a pool of its own: its own connections and
+ * thread (kvstash-rbpeer, at REPL_WALK_NICE), so the walk's sends neither queue a fetch or a
+ * replica put behind them on a connection nor take the CPU from an event loop. With one,
+ * repl_pool: its connections carry the queue pairs repl_push's peer_put_from goes through
+ * (the walk's first peer_exists to a node sets its queue pair up), and the values move by
+ * the peer's READs, not by this node's sends. repl_stats counts both pools.
+ */
+#define REPL_WALK_NICE 10           /* the walk's threads' nice above the process's (prio.h) */
+struct peer_pool *repl_walk_pool(struct repl *r);
 
 /* repl_stats: a snapshot of the counters. Any thread. */
 void repl_stats(struct repl *r, struct repl_stats *out);

@@ -43,6 +43,7 @@ struct repl_fetch {
 struct repl {
     struct repl_config cfg;
     struct peer_pool *pool;
+    struct peer_pool *walk_pool;    /* the rebalance walk's (repl_walk_pool), or NULL: pool */
     pthread_mutex_t lock;           /* the fetch table */
     struct repl_fetch *table[REPL_BUCKETS];
     struct repl_fetch *dhead, *dtail;
