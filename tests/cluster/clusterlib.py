@@ -308,7 +308,7 @@ class Etcd:
                 self.proc.wait(5)
 
     def pause(self):
-        self.proc.send_signal(signal.SIGSTOP)
+        kvtest.stop_process(self.proc.pid)      # returns once every thread has stopped
 
     def resume(self):
         self.proc.send_signal(signal.SIGCONT)
@@ -458,7 +458,7 @@ class Node(Daemon):
         return self.call("cluster_drain")
 
     def pause(self):
-        self.proc.send_signal(signal.SIGSTOP)
+        kvtest.stop_process(self.proc.pid)      # returns once every thread has stopped
 
     def resume(self):
         self.proc.send_signal(signal.SIGCONT)

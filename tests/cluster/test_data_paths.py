@@ -25,6 +25,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "integration"))
 sys.path.insert(0, HERE)
 
 from clusterlib import crc32c, shm_values, wait_until  # noqa: E402
+from kvtest import stop_process  # noqa: E402
 
 pytestmark = pytest.mark.quick     # all of them are in make test's short set
 
@@ -118,7 +119,7 @@ def test_a_stopped_owner_costs_peer_timeout_then_the_next_owner_answers(fixed_po
     # node 0 wrote them, so it keeps cache copies: drop those, then stop the first owner
     assert c0.call("batch_remove", keys) == [0] * len(keys)
     assert not any(p.has(0, keys))
-    os.kill(p.daemons[1].pid, signal.SIGSTOP)
+    stop_process(p.daemons[1].pid)   # every thread stopped: node 1 answers nothing
     try:
         for k in keys:
             assert c0.call("get", k) == vals[k]

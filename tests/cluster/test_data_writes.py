@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "integration"))
 sys.path.insert(0, HERE)
 
 from clusterlib import crc32c, shm_values, wait_until  # noqa: E402
-from kvtest import Client  # noqa: E402
+from kvtest import Client, stop_process  # noqa: E402
 from test_direct import DirectClient  # noqa: E402
 
 pytestmark = pytest.mark.quick     # all of them are in make test's short set
@@ -97,7 +97,7 @@ def held_while_stopped(p, stopped, client, method, params):
     """method(params) on client, with node `stopped` SIGSTOPped: the reply must not come
     while it is stopped; returns the result once it runs again."""
     _, data = client.request(method, params)
-    os.kill(p.daemons[stopped].pid, signal.SIGSTOP)
+    stop_process(p.daemons[stopped].pid)
     try:
         w = Waiter(client, data)
         w.start()
