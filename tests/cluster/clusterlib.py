@@ -559,7 +559,8 @@ class ViewPool:
     own port and metrics port (and data dir data[i] when data_prefix names one, so start(i)
     brings it back as itself). extra: more flags for every node, after the pool's; a
     subclass adds node i's own before them (node_args). A start that fails leaves no
-    daemon behind."""
+    daemon behind; one that failed only because a port picked for it was taken meanwhile
+    (by any process's outbound connection) is tried again on new ports, twice at most."""
 
     env = {}                    # more environment for every daemon (a subclass's)
 
@@ -568,21 +569,27 @@ class ViewPool:
         self.extra = list(extra)
         self.unix = unix
         self.replicas = replicas
-        self.ports = [kvtest.free_port() for _ in range(n)]
-        self.mports = [kvtest.free_port() for _ in range(n)]
         self.ids = [f"node-{i}" for i in range(n)]
         self.data = [os.path.join(work, f"{data_prefix}-{i}") if data_prefix else None
                      for i in range(n)]
-        self.view = ",".join(f"{nid}@127.0.0.1:{p}" for nid, p in zip(self.ids, self.ports))
-        self.daemons = [None] * n
-        try:
-            for i in range(n):
-                self.start(i, ready=False)
-            for d in self.daemons:
-                d.wait_ready()
-        except BaseException:
-            self.close()        # a start that failed leaves no daemon behind
-            raise
+        for attempt in range(3):
+            self.ports = [kvtest.free_port() for _ in range(n)]
+            self.mports = [kvtest.free_port() for _ in range(n)]
+            self.view = ",".join(f"{nid}@127.0.0.1:{p}"
+                                 for nid, p in zip(self.ids, self.ports))
+            self.daemons = [None] * n
+            try:
+                for i in range(n):
+                    self.start(i, ready=False)
+                for d in self.daemons:
+                    d.wait_ready()
+                return
+            except BaseException:
+                taken = any(d is not None and d.proc.poll() is not None
+                            and "Address already in use" in d.tail() for d in self.daemons)
+                self.close()    # a start that failed leaves no daemon behind
+                if not taken or attempt == 2:
+                    raise
 
     def node_args(self, i):
         """Node i's own flags, before the pool's (a subclass's config file, say)."""
