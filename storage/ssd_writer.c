@@ -25,7 +25,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
@@ -35,6 +34,7 @@
 #include "kverr.h"
 #include "crc32c.h"
 #include "log.h"
+#include "prio.h"
 #include "ssd_index.h"
 #include "ssd_record.h"
 
@@ -932,17 +932,11 @@ ssd_admit_group(struct ssd *t, struct ssd_group *g)
 static void
 ssd_writer_priority(void)
 {
-    id_t tid = (id_t)syscall(SYS_gettid);
-    int now;
+    int rc = prio_thread_nice(-SSD_WRITER_NICE);
 
-    errno = 0;
-    now = getpriority(PRIO_PROCESS, tid);
-    if (now == -1 && errno != 0) {
-        return;
-    }
-    if (setpriority(PRIO_PROCESS, tid, now - SSD_WRITER_NICE) != 0) {
+    if (rc != 0) {
         log_info("ssd: the writer thread keeps the process's priority (raising it by %d: %s)",
-                 SSD_WRITER_NICE, strerror(errno));
+                 SSD_WRITER_NICE, strerror(-rc));
     }
 }
 

@@ -1,8 +1,9 @@
 /*
  * prio: the calling thread's scheduling priority (its nice value; Linux gives each thread
- * its own), for the daemon's background threads: a job that must never make a request wait
- * (the pool's rebalance walk and the connections it sends through) runs at a higher nice
- * than the event loops, so a loop that wakes with a request takes the CPU from it at once.
+ * its own), for the daemon's threads set apart from the event loops: a job that must never
+ * make a request wait (the pool's rebalance walk and the connections it sends through) runs
+ * at a higher nice, so a loop that wakes with a request takes the CPU from it at once; the
+ * SSD writer at a lower one, so that it keeps the disk busy on a loaded host.
  *
  * Plain system calls on the calling thread: no state, safe from any thread.
  */
