@@ -560,3 +560,52 @@ bench_print_result(const struct bench_run *r, const struct bench_totals *tot)
     }
     printf(" client_cpu_s=%.2f\n", r->self1 - r->self0);
 }
+
+void
+bench_loop_run(const struct bench_loop *l)
+{
+    uint64_t t_sent[BENCH_LOOP_MAX_DEPTH];
+    uint64_t start = bench_now_ns();
+    uint64_t deadline = start + (uint64_t)(l->secs * 1e9);
+    uint64_t sent = 0;
+    int inflight = 0, head = 0;
+    bool more = true; /* requests left to send (time, max_reqs) */
+    struct bench_pace pace;
+
+    bench_pace_init(&pace, l->rate, l->thread, l->threads, start);
+    for (;;) {
+        uint64_t now = bench_now_ns();
+        uint64_t due = bench_pace_due(&pace);
+        more = more && (l->max_reqs == 0 || sent < l->max_reqs) && now < deadline &&
+               due < deadline;
+        if (more && inflight < l->depth && due <= now) {
+            int s = (head + inflight) % l->depth;
+            bench_pace_take(&pace);
+            t_sent[s] = now;
+            if (l->send(l->arg, s) != 0) {
+                return;
+            }
+            sent++;
+            inflight++;
+            continue;
+        }
+        if (inflight == 0) {
+            if (!more) {
+                return;
+            }
+            bench_pace_idle(&pace, -1);
+            continue;
+        }
+        if (more && inflight < l->depth && !l->buffered(l->arg) &&
+            bench_pace_idle(&pace, l->fd) == 0) {
+            continue; /* the next send is due before a reply came */
+        }
+        if (l->reply(l->arg, head) != 0) {
+            return;
+        }
+        l->hist[bench_hist_index(bench_now_ns() - t_sent[head])]++;
+        (*l->reqs)++;
+        inflight--;
+        head = (head + 1) % l->depth;
+    }
+}

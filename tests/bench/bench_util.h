@@ -166,6 +166,31 @@ void bench_pace_take(struct bench_pace *p);
  */
 int bench_pace_idle(const struct bench_pace *p, int fd);
 
+/* One connection's closed loop of requests (bench_loop_run), for a tool's thread. */
+#define BENCH_LOOP_MAX_DEPTH 64
+struct bench_loop {
+    void *arg;                       /* the tool's thread, given to the calls below */
+    int fd;                          /* the connection (readable: a reply has come) */
+    int depth;                       /* requests in flight at most, 1..BENCH_LOOP_MAX_DEPTH */
+    int thread, threads;             /* this thread's number and the run's count (pacing) */
+    double secs, rate;               /* the run's length; requests/s in all (0: unpaced) */
+    uint64_t max_reqs;               /* requests to send at most (0: no limit) */
+    uint64_t *reqs;                  /* the thread's count of replies, one more per reply */
+    uint64_t *hist;                  /* its BENCH_HIST latency buckets */
+    int (*send)(void *arg, int slot);    /* build and send slot's request: 0, or stop */
+    int (*reply)(void *arg, int slot);   /* read the oldest request's (slot's) reply: 0, or stop */
+    bool (*buffered)(void *arg);         /* reply bytes already read and not yet taken */
+};
+
+/*
+ * bench_loop_run: l's requests until l->secs pass or l->max_reqs are sent, then their
+ * replies. Slots are used in order: the oldest in flight is answered first, the next free
+ * one sent. Unpaced, a free slot is sent at once; paced, when its request is due, and
+ * until then the thread reads the replies that have come, or sleeps. Each reply's latency
+ * goes into l->hist. Returns when done, or when send or reply asks to stop.
+ */
+void bench_loop_run(const struct bench_loop *l);
+
 /*
  * bench_print_result: the one result line run.sh parses: mode, size, batch, conns,
  * depth, secs, GB/s, keys/s, req/s, p50_us, p99_us, misses, errors, the server's CPU

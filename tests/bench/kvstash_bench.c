@@ -57,6 +57,7 @@
 #define BENCH_PEEK 512u               /* refill after a body went straight to the sink */
 #define BENCH_RECV_PIECE (64u * 1024u) /* a body's recv: the sender waits on long ones */
 #define BENCH_MAX_DEPTH 64            /* msgids stay positive fixints */
+_Static_assert(BENCH_MAX_DEPTH <= BENCH_LOOP_MAX_DEPTH, "bench_loop_run keeps a send time per slot");
 #define BENCH_MAX_CONNS 1024
 #define BENCH_KEY_LEN 25              /* "kb" runid(8) "-" thread(3) "-" counter(10) */
 #define BENCH_CTR_OFF 15              /* offset of the counter digits in a key */
@@ -115,7 +116,6 @@ struct bench_slot {
     size_t *ctr_off;              /* batch offsets of key counter digits in hdr */
     struct iovec *iov;
     size_t niov;
-    uint64_t t_sent;
 };
 
 struct bench_thread {
@@ -859,6 +859,33 @@ bench_memcpy_main(struct bench_thread *t)
     return NULL;
 }
 
+/* bench_loop_send, _reply, _buffered: bench_loop_run's calls for a thread of this tool. */
+static int
+bench_loop_send(void *arg, int s)
+{
+    struct bench_thread *t = arg;
+
+    bench_slot_keys(t, s);
+    return bench_send(t, &t->slots[s]);
+}
+
+static int
+bench_loop_reply(void *arg, int s)
+{
+    struct bench_thread *t = arg;
+    const struct bench_cfg *cfg = t->cfg;
+
+    return bench_reply(t, s, t->reqs == 0 && (cfg->mode == MODE_GET || cfg->mode == MODE_GET_INTO));
+}
+
+static bool
+bench_loop_buffered(void *arg)
+{
+    const struct bench_thread *t = arg;
+
+    return t->rpos != t->rlen;
+}
+
 static void *
 bench_thread_main(void *arg)
 {
@@ -892,54 +919,13 @@ bench_thread_main(void *arg)
     if (rc != 0) {
         return NULL;
     }
-    uint64_t start = bench_now_ns();
-    uint64_t deadline = start + (uint64_t)(cfg->secs * 1e9);
-    uint64_t sent = 0;
-    int inflight = 0, head = 0;
-    bool more = true; /* requests left to send (-t, -n) */
-    struct bench_pace pace;
-
-    /* Slots are used in order: head is the oldest in flight, (head + inflight) the next
-     * free. Unpaced, a free slot is sent at once; paced (-r), when its request is due, and
-     * until then the thread reads what replies have come, or sleeps. */
-    bench_pace_init(&pace, cfg->rate, t->id, cfg->conns, start);
-    for (;;) {
-        uint64_t now = bench_now_ns();
-        uint64_t due = bench_pace_due(&pace);
-        more = more && (cfg->max_reqs == 0 || sent < cfg->max_reqs) && now < deadline &&
-               due < deadline;
-        if (more && inflight < depth && due <= now) {
-            int s = (head + inflight) % depth;
-            bench_pace_take(&pace);
-            bench_slot_keys(t, s);
-            t->slots[s].t_sent = now;
-            if (bench_send(t, &t->slots[s]) != 0) {
-                return NULL;
-            }
-            sent++;
-            inflight++;
-            continue;
-        }
-        if (inflight == 0) {
-            if (!more) {
-                break;
-            }
-            bench_pace_idle(&pace, -1);
-            continue;
-        }
-        if (more && inflight < depth && t->rpos == t->rlen &&
-            bench_pace_idle(&pace, t->fd) == 0) {
-            continue; /* the next send is due before a reply came */
-        }
-        bool verify = t->reqs == 0 && (cfg->mode == MODE_GET || cfg->mode == MODE_GET_INTO);
-        if (bench_reply(t, head, verify) != 0) {
-            return NULL;
-        }
-        t->hist[bench_hist_index(bench_now_ns() - t->slots[head].t_sent)]++;
-        t->reqs++;
-        inflight--;
-        head = (head + 1) % depth;
-    }
+    struct bench_loop l = {
+        .arg = t, .fd = t->fd, .depth = depth, .thread = t->id, .threads = cfg->conns,
+        .secs = cfg->secs, .rate = cfg->rate, .max_reqs = cfg->max_reqs,
+        .reqs = &t->reqs, .hist = t->hist,
+        .send = bench_loop_send, .reply = bench_loop_reply, .buffered = bench_loop_buffered,
+    };
+    bench_loop_run(&l);
     return NULL;
 }
 

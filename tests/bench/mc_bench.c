@@ -48,6 +48,7 @@
 #define MC_PEEK 512u                  /* refill size after a body went straight to the sink */
 #define MC_MAX_LINE 1024u             /* longest reply line accepted */
 #define MC_MAX_DEPTH 64
+_Static_assert(MC_MAX_DEPTH <= BENCH_LOOP_MAX_DEPTH, "bench_loop_run keeps a send time per slot");
 #define MC_MAX_CONNS 1024
 #define MC_MAX_BATCH 4096
 #define MC_MAX_BODY (1ull << 31)      /* larger VALUE lengths are a protocol error */
@@ -88,7 +89,6 @@ struct mc_slot {
     size_t *ctr_off;                  /* batch offsets of key counter digits in hdr */
     struct iovec *iov;
     size_t niov;
-    uint64_t t_sent;
 };
 
 struct mc_thread {
@@ -651,6 +651,34 @@ mc_preload(struct mc_thread *t)
     return 0;
 }
 
+/* mc_loop_send, _reply, _buffered: bench_loop_run's calls for a thread of this tool. */
+static int
+mc_loop_send(void *arg, int s)
+{
+    struct mc_thread *t = arg;
+
+    mc_slot_keys(t, &t->slots[s]);
+    return mc_send(t, &t->slots[s]);
+}
+
+static int
+mc_loop_reply(void *arg, int s)
+{
+    struct mc_thread *t = arg;
+
+    (void)s;                            /* replies come in order: the oldest is the next */
+    return t->cfg->mode == MC_MODE_GET ? mc_get_reply(t, t->reqs == 0)
+                                       : mc_set_replies(t, t->cfg->batch, true);
+}
+
+static bool
+mc_loop_buffered(void *arg)
+{
+    const struct mc_thread *t = arg;
+
+    return t->rpos != t->rlen;
+}
+
 static void *
 mc_thread_main(void *arg)
 {
@@ -671,55 +699,13 @@ mc_thread_main(void *arg)
     if (rc != 0) {
         return NULL;
     }
-    uint64_t start = bench_now_ns();
-    uint64_t deadline = start + (uint64_t)(cfg->secs * 1e9);
-    uint64_t sent = 0;
-    int inflight = 0, head = 0;
-    bool more = true; /* requests left to send (-t, -n) */
-    struct bench_pace pace;
-
-    /* Slots are used in order: head is the oldest in flight, (head + inflight) the next
-     * free. Unpaced, a free slot is sent at once; paced (-r), when its request is due, and
-     * until then the thread reads what replies have come, or sleeps. */
-    bench_pace_init(&pace, cfg->rate, t->id, cfg->conns, start);
-    for (;;) {
-        uint64_t now = bench_now_ns();
-        uint64_t due = bench_pace_due(&pace);
-        more = more && (cfg->max_reqs == 0 || sent < cfg->max_reqs) && now < deadline &&
-               due < deadline;
-        if (more && inflight < depth && due <= now) {
-            int s = (head + inflight) % depth;
-            bench_pace_take(&pace);
-            mc_slot_keys(t, &t->slots[s]);
-            t->slots[s].t_sent = now;
-            if (mc_send(t, &t->slots[s]) != 0) {
-                return NULL;
-            }
-            sent++;
-            inflight++;
-            continue;
-        }
-        if (inflight == 0) {
-            if (!more) {
-                break;
-            }
-            bench_pace_idle(&pace, -1);
-            continue;
-        }
-        if (more && inflight < depth && t->rpos == t->rlen &&
-            bench_pace_idle(&pace, t->fd) == 0) {
-            continue; /* the next send is due before a reply came */
-        }
-        rc = cfg->mode == MC_MODE_GET ? mc_get_reply(t, t->reqs == 0)
-                                      : mc_set_replies(t, cfg->batch, true);
-        if (rc != 0) {
-            return NULL;
-        }
-        t->hist[bench_hist_index(bench_now_ns() - t->slots[head].t_sent)]++;
-        t->reqs++;
-        inflight--;
-        head = (head + 1) % depth;
-    }
+    struct bench_loop l = {
+        .arg = t, .fd = t->fd, .depth = depth, .thread = t->id, .threads = cfg->conns,
+        .secs = cfg->secs, .rate = cfg->rate, .max_reqs = cfg->max_reqs,
+        .reqs = &t->reqs, .hist = t->hist,
+        .send = mc_loop_send, .reply = mc_loop_reply, .buffered = mc_loop_buffered,
+    };
+    bench_loop_run(&l);
     return NULL;
 }
 
